@@ -1,0 +1,212 @@
+"""Every message in the log: commands (subjects `gs.c.<Type>`) and events (subjects `gs.e.<Type>`).
+
+Each carries the same envelope fields: a derived `id` (also the `Nats-Msg-Id`, so a redelivered trigger
+cannot produce a duplicate), `ts` (the time the decision is about, taken from the trigger, never from the
+decider's wall clock), the producing `source`, the `trigger_seq` stream sequence of the trigger, and
+causation / correlation ids.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+from contracts.model import JobSpec, NodeSpec, PriorityClass, QueueSpec, ReplicaPlacement, Victim
+
+SUBJECT_PREFIX: Final = "gs"
+
+
+class EventBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True):
+    id: str
+    ts: float
+    source: str
+    trigger_seq: int = 0
+    causation_id: str = ""
+    correlation_id: str = ""
+
+
+# --- commands (inputs from producers and operators) ---------------------------------------------
+
+
+class SubmitJob(EventBase, frozen=True, kw_only=True):
+    job_id: str
+    spec: JobSpec
+
+
+class CancelJob(EventBase, frozen=True, kw_only=True):
+    job_id: str
+    team: str = ""
+    reason: str = "user_request"
+
+
+# --- admission ----------------------------------------------------------------------------------
+
+
+class JobSubmitted(EventBase, frozen=True, kw_only=True):
+    job_id: str
+    spec: JobSpec
+
+
+class JobAdmitted(EventBase, frozen=True, kw_only=True):
+    job_id: str
+    queue: str
+
+
+class JobRejected(EventBase, frozen=True, kw_only=True):
+    job_id: str
+    code: str
+    message: str
+    spec: JobSpec | None = None
+
+
+class JobCancelled(EventBase, frozen=True, kw_only=True):
+    job_id: str
+    reason: str
+
+
+# --- quota --------------------------------------------------------------------------------------
+
+
+class QueuePolicyChanged(EventBase, frozen=True, kw_only=True):
+    queue: QueueSpec
+    version: int
+
+
+class PriorityClassesChanged(EventBase, frozen=True, kw_only=True):
+    classes: tuple[PriorityClass, ...]
+    version: int
+
+
+class QuotaReserved(EventBase, frozen=True, kw_only=True):
+    job_id: str
+    queue: str
+    gpu_milli: int
+
+
+class QuotaReleased(EventBase, frozen=True, kw_only=True):
+    job_id: str
+    queue: str
+    gpu_milli: int
+    reason: str
+
+
+class QuotaDeferred(EventBase, frozen=True, kw_only=True):
+    job_id: str
+    queue: str
+    code: str
+    message: str
+    shortfall_milli: int = 0
+
+
+# --- placement ----------------------------------------------------------------------------------
+
+
+class JobPlaced(EventBase, frozen=True, kw_only=True):
+    job_id: str
+    placements: tuple[ReplicaPlacement, ...]
+    policy: str = "best-fit"
+
+
+class PlacementDeferred(EventBase, frozen=True, kw_only=True):
+    job_id: str
+    code: str
+    message: str
+    # GPUs (in thousandths) the best candidate lacked.
+    shortfall_milli: int = 0
+
+
+# --- preemption ---------------------------------------------------------------------------------
+
+
+class PreemptionDecided(EventBase, frozen=True, kw_only=True):
+    preemptor_id: str
+    victims: tuple[Victim, ...]
+    code: str
+
+
+# --- executors ----------------------------------------------------------------------------------
+
+
+class JobStarted(EventBase, frozen=True, kw_only=True):
+    job_id: str
+    executor: str = "sim"
+
+
+class JobFinished(EventBase, frozen=True, kw_only=True):
+    job_id: str
+    exit_code: int = 0
+
+
+class JobFailed(EventBase, frozen=True, kw_only=True):
+    job_id: str
+    exit_code: int
+    reason: str
+
+
+class JobEvicted(EventBase, frozen=True, kw_only=True):
+    job_id: str
+    reason: str
+    checkpoint: str = ""
+
+
+# --- node telemetry -----------------------------------------------------------------------------
+
+
+class NodeRegistered(EventBase, frozen=True, kw_only=True):
+    node: NodeSpec
+
+
+class NodeLost(EventBase, frozen=True, kw_only=True):
+    node: str
+    reason: str
+
+
+class GpuHealthChanged(EventBase, frozen=True, kw_only=True):
+    node: str
+    index: int
+    healthy: bool
+    reason: str
+    xid: int = 0
+
+
+class ClockTick(EventBase, frozen=True, kw_only=True):
+    pass
+
+
+Event = (
+    SubmitJob
+    | CancelJob
+    | JobSubmitted
+    | JobAdmitted
+    | JobRejected
+    | JobCancelled
+    | QueuePolicyChanged
+    | PriorityClassesChanged
+    | QuotaReserved
+    | QuotaReleased
+    | QuotaDeferred
+    | JobPlaced
+    | PlacementDeferred
+    | PreemptionDecided
+    | JobStarted
+    | JobFinished
+    | JobFailed
+    | JobEvicted
+    | NodeRegistered
+    | NodeLost
+    | GpuHealthChanged
+    | ClockTick
+)
+
+ALL_EVENT_TYPES: Final[tuple[type[EventBase], ...]] = Event.__args__  # type: ignore[attr-defined]
+COMMAND_TYPES: Final[frozenset[type[EventBase]]] = frozenset({SubmitJob, CancelJob})
+
+
+def subject_for_type(event_type: type[EventBase]) -> str:
+    kind = "c" if event_type in COMMAND_TYPES else "e"
+    return f"{SUBJECT_PREFIX}.{kind}.{event_type.__name__}"
+
+
+def subject_for(event: EventBase) -> str:
+    return subject_for_type(type(event))

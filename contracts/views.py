@@ -1,0 +1,69 @@
+"""Read models served by the API and kept in Redis: projections of the log, never the truth."""
+
+from __future__ import annotations
+
+import msgspec
+
+from contracts.model import JobSpec, ReplicaPlacement
+
+JOB_STATES = ("pending", "running", "succeeded", "failed", "cancelled", "rejected")
+
+
+class JobView(msgspec.Struct, kw_only=True):
+    id: str
+    state: str
+    team: str
+    queue: str
+    spec: JobSpec | None = None
+    # Finer than `state`: submitted, admitted, reserved, placed, preempting, ...
+    phase: str = ""
+    reason: str = ""
+    message: str = ""
+    placements: tuple[ReplicaPlacement, ...] = ()
+    submitted_at: float | None = None
+    admitted_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    exit_code: int | None = None
+    evictions: int = 0
+    gpu_seconds: float = 0.0
+    # Stream sequence of the last event this view reflects: writes are idempotent and ordered by it.
+    seq: int = 0
+
+
+class QueueView(msgspec.Struct, kw_only=True):
+    name: str
+    team: str
+    nominal_gpus: int | None = None
+    reserved_gpus: float = 0.0
+    pending: int = 0
+    running: int = 0
+    seq: int = 0
+
+
+class NodeView(msgspec.Struct, kw_only=True):
+    name: str
+    online: bool = True
+    gpus: int = 0
+    models: tuple[str, ...] = ()
+    allocated_gpus: float = 0.0
+    healthy_gpus: int = 0
+    gpu_free_milli: tuple[int, ...] = ()
+    seq: int = 0
+
+
+class TeamUsage(msgspec.Struct, kw_only=True):
+    team: str
+    gpu_seconds: float = 0.0
+    jobs_finished: int = 0
+
+
+class ApiError(msgspec.Struct, kw_only=True):
+    code: str
+    message: str
+
+
+class JobCreated(msgspec.Struct, kw_only=True):
+    id: str
+    state: str
+    duplicate: bool = False

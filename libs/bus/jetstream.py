@@ -1,0 +1,193 @@
+"""The JetStream adapter: one append-only stream for every command and event, a dead-letter stream,
+idempotent setup, de-duplicated publishing and in-order batched pull consumers.
+
+Needs nats-server >= 2.10 (consumers with several filter subjects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import NotFoundError
+
+from contracts.codec import encode
+from contracts.events import SUBJECT_PREFIX, EventBase, subject_for
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STREAM = "GPUSCHED"
+DLQ_PREFIX = "gsdlq"
+# Long enough to cover a service restart that re-derives decisions it published before it crashed.
+DUPLICATE_WINDOW_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class BusConfig:
+    url: str = "nats://127.0.0.1:4222"
+    stream: str = DEFAULT_STREAM
+    replicas: int = 1
+
+    @property
+    def dlq_stream(self) -> str:
+        return f"{self.stream}_DLQ"
+
+
+class Bus:
+    """A connection plus the stream conventions every service shares."""
+
+    def __init__(self, nc: NatsClient, config: BusConfig) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream(timeout=10.0)
+        self.config = config
+
+    @classmethod
+    async def connect(cls, config: BusConfig, name: str = "gpusched") -> Bus:
+        nc = await nats.connect(
+            config.url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+            connect_timeout=5, allow_reconnect=True,
+        )
+        bus = cls(nc, config)
+        await bus.ensure_streams()
+        return bus
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            await self.nc.drain()
+
+    async def ensure_streams(self) -> None:
+        """Create the streams if missing; an existing stream is left as it is (idempotent)."""
+        main = StreamConfig(
+            name=self.config.stream, subjects=[f"{SUBJECT_PREFIX}.c.>", f"{SUBJECT_PREFIX}.e.>"],
+            retention=RetentionPolicy.LIMITS, storage=StorageType.FILE, discard=DiscardPolicy.OLD,
+            duplicate_window=DUPLICATE_WINDOW_S, deny_delete=True, deny_purge=True,
+            num_replicas=self.config.replicas, max_msg_size=1 << 20,
+        )
+        dlq = StreamConfig(
+            name=self.config.dlq_stream, subjects=[f"{DLQ_PREFIX}.>"], retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE, num_replicas=self.config.replicas, max_age=30 * 86400.0,
+        )
+        for cfg in (main, dlq):
+            try:
+                await self.js.stream_info(cfg.name or "")
+            except NotFoundError:
+                try:
+                    await self.js.add_stream(cfg)
+                except nats.js.errors.BadRequestError as err:
+                    # Another process created it between our check and our add.
+                    if "already in use" not in str(err):
+                        raise
+
+    # --- publishing --------------------------------------------------------------------------------
+
+    async def publish(self, events: Sequence[EventBase]) -> None:
+        """Publish in order, pipelined, and wait until the server stored every one.
+
+        The event id is the Nats-Msg-Id: a decision re-derived after a crash is dropped by the server.
+        """
+        if not events:
+            return
+        if len(events) == 1:
+            e = events[0]
+            await self.js.publish(subject_for(e), encode(e), headers={"Nats-Msg-Id": e.id})
+            return
+        futures = [
+            await self.js.publish_async(subject_for(e), encode(e), headers={"Nats-Msg-Id": e.id})
+            for e in events
+        ]
+        await asyncio.gather(*futures)
+
+    async def dead_letter(self, service: str, msg: Msg, reason: str) -> None:
+        headers = {
+            "Gpusched-Reason": reason[:1000],
+            "Gpusched-Subject": msg.subject,
+            "Gpusched-Service": service,
+        }
+        try:
+            headers["Gpusched-Seq"] = str(msg.metadata.sequence.stream)
+        except Exception:  # a message without JetStream metadata still gets dead-lettered
+            pass
+        await self.js.publish(f"{DLQ_PREFIX}.{service}", msg.data, headers=headers)
+
+    # --- consuming ---------------------------------------------------------------------------------
+
+    async def durable(self, durable: str, subjects: Iterable[str], max_ack_pending: int = 20_000) -> Consumer:
+        subjects = sorted(set(subjects))
+        cfg = ConsumerConfig(
+            durable_name=durable, deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.ALL,
+            filter_subjects=subjects, ack_wait=60.0, max_ack_pending=max_ack_pending,
+            max_waiting=16,
+        )
+        sub = await self.js.pull_subscribe_bind(
+            durable=durable, stream=self.config.stream,
+        ) if await self._consumer_exists(durable) else await self.js.pull_subscribe(
+            subject="", durable=durable, stream=self.config.stream, config=cfg,
+        )
+        return Consumer(self, sub, durable)
+
+    async def reader(self, subjects: Iterable[str], start_seq: int = 1) -> Consumer:
+        """An ephemeral in-order reader of the log (replay, catch-up, audit); nothing is acknowledged."""
+        cfg = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq),
+            ack_policy=AckPolicy.NONE, filter_subjects=sorted(set(subjects)), inactive_threshold=30.0,
+            mem_storage=True,
+        )
+        sub = await self.js.pull_subscribe(subject="", stream=self.config.stream, config=cfg)
+        return Consumer(self, sub, durable=None)
+
+    async def _consumer_exists(self, durable: str) -> bool:
+        try:
+            await self.js.consumer_info(self.config.stream, durable)
+            return True
+        except NotFoundError:
+            return False
+
+    async def last_seq(self) -> int:
+        info = await self.js.stream_info(self.config.stream)
+        return int(info.state.last_seq)
+
+
+class Consumer:
+    def __init__(self, bus: Bus, sub: JetStreamContext.PullSubscription, durable: str | None) -> None:
+        self.bus = bus
+        self.sub = sub
+        self.durable = durable
+
+    async def fetch(self, batch: int, timeout: float) -> list[Msg]:
+        try:
+            return await self.sub.fetch(batch, timeout=timeout)
+        except (TimeoutError, nats.errors.TimeoutError):
+            return []
+
+    async def ack_floor(self) -> int:
+        info = await self.sub.consumer_info()
+        return int(info.ack_floor.stream_seq) if info.ack_floor else 0
+
+    async def pending(self) -> int:
+        info = await self.sub.consumer_info()
+        return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+
+    async def close(self) -> None:
+        try:
+            await self.sub.unsubscribe()
+        except Exception:  # closing a reader whose server went away is not an error worth raising
+            log.debug("unsubscribe failed", exc_info=True)
+
+
+def stream_seq(msg: Msg) -> int:
+    return int(msg.metadata.sequence.stream)

@@ -1,0 +1,186 @@
+"""Admission: validate, de-duplicate and accept or reject each submission; accept cancellations.
+
+The same `validate` answers the HTTP request at once and decides the logged outcome, so the API and the
+log never disagree about what is acceptable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from contracts import (
+    CancelJob,
+    EventBase,
+    JobAdmitted,
+    JobCancelled,
+    JobEvicted,
+    JobFailed,
+    JobFinished,
+    JobRejected,
+    JobSpec,
+    JobSubmitted,
+    NodeRegistered,
+    PriorityClassesChanged,
+    QueuePolicyChanged,
+    SubmitJob,
+)
+from libs.core.decider import Decisions, Trigger, derived_id
+from libs.core.policy import PolicyBook, demand_milli, replica_milli
+
+SERVICE = "admission"
+
+TERMINAL = frozenset({"rejected", "cancelled", "succeeded", "failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    code: str
+    message: str
+
+
+@dataclass(slots=True)
+class Inventory:
+    """What GPUs the cluster could ever offer, per model: the bound for 'could this ever run?'."""
+
+    max_per_node: dict[str, int] = field(default_factory=dict)
+    total: dict[str, int] = field(default_factory=dict)
+    nodes: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def register(self, event: NodeRegistered) -> None:
+        counts: dict[str, int] = {}
+        for g in event.node.gpus:
+            counts[g.model] = counts.get(g.model, 0) + 1
+        self.nodes[event.node.name] = counts
+        self.max_per_node = {}
+        self.total = {}
+        for name in sorted(self.nodes):
+            for model, n in self.nodes[name].items():
+                self.max_per_node[model] = max(self.max_per_node.get(model, 0), n)
+                self.total[model] = self.total.get(model, 0) + n
+
+
+def job_id_for_key(team: str, idempotency_key: str) -> str:
+    """Same team and key, same job id: a retried submission is recognised, never duplicated."""
+    return derived_id("job", team, idempotency_key)
+
+
+def validate(spec: JobSpec, policy: PolicyBook, inventory: Inventory) -> Rejection | None:
+    """Every reason a job can never be admitted, each with its own code; None when acceptable."""
+    queue = policy.queues.get(spec.queue)
+    teams = {q.team for q in policy.queues.values()}
+    if spec.team not in teams:
+        return Rejection("unknown_team", f"team {spec.team!r} has no queue")
+    if queue is None:
+        return Rejection("unknown_queue", f"queue {spec.queue!r} does not exist")
+    if queue.team != spec.team:
+        return Rejection("queue_not_of_team", f"queue {spec.queue!r} belongs to team {queue.team!r}")
+    if spec.priority not in policy.classes:
+        known = ", ".join(sorted(policy.classes))
+        return Rejection("unknown_priority_class", f"priority class {spec.priority!r} unknown ({known})")
+    if spec.replicas < 1:
+        return Rejection("invalid_replicas", f"replicas must be >= 1, got {spec.replicas}")
+    if spec.gpu_milli < 0 or spec.gpu_milli >= 1000:
+        return Rejection("gpu_milli_out_of_range", f"gpu_milli must be 1..999, got {spec.gpu_milli}")
+    if spec.gpu_milli == 0 and spec.gpus <= 0:
+        return Rejection("invalid_resources", f"a job needs at least one GPU or a GPU fraction, got gpus={spec.gpus}")
+    if spec.gpu_milli > 0 and spec.gpus > 1:
+        return Rejection("invalid_resources", "a GPU fraction is a share of one GPU: gpus must be 0 or 1")
+    for name, value in (("cpu_milli", spec.cpu_milli), ("memory_mib", spec.memory_mib),
+                        ("gpu_memory_mib", spec.gpu_memory_mib)):
+        if value < 0:
+            return Rejection("invalid_resources", f"{name} must be >= 0, got {value}")
+    for name, maybe in (("duration_s", spec.duration_s), ("max_runtime_s", spec.max_runtime_s)):
+        if maybe is not None and maybe <= 0:
+            return Rejection("invalid_duration", f"{name} must be > 0, got {maybe}")
+    unknown = [m for m in spec.gpu_models if m not in inventory.total]
+    if unknown:
+        known = ", ".join(sorted(inventory.total)) or "none registered"
+        return Rejection("unknown_gpu_model", f"GPU model(s) {', '.join(unknown)} unknown (cluster has {known})")
+    models = list(spec.gpu_models) or sorted(inventory.total)
+    per_replica_gpus = 1 if spec.gpu_milli > 0 else spec.gpus
+    largest = max((inventory.max_per_node.get(m, 0) for m in models), default=0)
+    if per_replica_gpus > largest:
+        return Rejection("exceeds_node_capacity",
+                         f"a replica needs {per_replica_gpus} GPUs; the largest node has {largest}")
+    total = sum(inventory.total.get(m, 0) for m in models)
+    if demand_milli(spec) > total * 1000:
+        return Rejection("exceeds_cluster_capacity",
+                         f"the gang needs {demand_milli(spec) / 1000:g} GPUs; the cluster has {total}")
+    quota = policy.quota_milli(spec.queue)
+    if quota is not None and demand_milli(spec) > quota:
+        return Rejection("exceeds_queue_quota",
+                         f"the job needs {demand_milli(spec) / 1000:g} GPUs; queue {spec.queue!r} has "
+                         f"{quota / 1000:g} ({replica_milli(spec) / 1000:g} per replica)")
+    return None
+
+
+class AdmissionDecider:
+    name = SERVICE
+
+    def __init__(self) -> None:
+        self.policy = PolicyBook()
+        self.inventory = Inventory()
+        self.jobs: dict[str, str] = {}
+        self.job_team: dict[str, str] = {}
+
+    def input_types(self) -> Iterable[type[EventBase]]:
+        return (SubmitJob, CancelJob, QueuePolicyChanged, PriorityClassesChanged, NodeRegistered,
+                JobFinished, JobFailed, JobEvicted)
+
+    def evolve(self, event: EventBase) -> None:
+        if self.policy.apply(event):
+            return
+        match event:
+            case NodeRegistered():
+                self.inventory.register(event)
+            case JobSubmitted():
+                self.jobs[event.job_id] = "submitted"
+                self.job_team[event.job_id] = event.spec.team
+            case JobAdmitted():
+                self.jobs[event.job_id] = "admitted"
+            case JobRejected():
+                self.jobs[event.job_id] = "rejected"
+            case JobCancelled():
+                self.jobs[event.job_id] = "cancelled"
+            case JobFinished() if event.job_id in self.jobs:
+                self.jobs[event.job_id] = "succeeded" if event.exit_code == 0 else "failed"
+            case JobFailed() if event.job_id in self.jobs:
+                self.jobs[event.job_id] = "failed"
+
+    def react(self, trigger: Trigger) -> list[EventBase]:
+        out = Decisions(SERVICE, trigger, self.evolve)
+        event = trigger.event
+        if isinstance(event, SubmitJob):
+            self._submit(event, out)
+        elif isinstance(event, CancelJob):
+            self._cancel(event, out)
+        return out.out
+
+    def _submit(self, cmd: SubmitJob, out: Decisions) -> None:
+        if cmd.job_id in self.jobs:
+            return  # the same submission again: the first one's outcome stands
+        rejection = validate(cmd.spec, self.policy, self.inventory)
+        if rejection is not None:
+            out.emit(JobRejected, correlation_id=cmd.job_id, job_id=cmd.job_id, code=rejection.code,
+                     message=rejection.message, spec=cmd.spec)
+            return
+        out.emit(JobSubmitted, correlation_id=cmd.job_id, job_id=cmd.job_id, spec=cmd.spec)
+        out.emit(JobAdmitted, correlation_id=cmd.job_id, job_id=cmd.job_id, queue=cmd.spec.queue)
+
+    def cancel_refusal(self, job_id: str, team: str) -> Rejection | None:
+        state = self.jobs.get(job_id)
+        if state is None or (team and self.job_team.get(job_id) != team):
+            return Rejection("unknown_job", f"job {job_id} not found")
+        if state in TERMINAL:
+            return Rejection("job_final", f"job {job_id} is already {state}")
+        return None
+
+    def _cancel(self, cmd: CancelJob, out: Decisions) -> None:
+        if self.cancel_refusal(cmd.job_id, cmd.team) is None:
+            out.emit(JobCancelled, correlation_id=cmd.job_id, job_id=cmd.job_id, reason=cmd.reason)
+
+    def snapshot(self) -> bytes:
+        return msgspec.json.encode({"jobs": self.jobs, "teams": self.job_team})

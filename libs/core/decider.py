@@ -1,0 +1,86 @@
+"""The shape every service core has: `evolve` folds an event into state, `react` decides.
+
+`react` applies each decision it makes to its own state at once (through `Decisions.emit`), so that the
+next decision within the same trigger, and the next trigger, see it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from contracts.events import EventBase
+
+# A fixed namespace: decision ids are uuid5(namespace, "service/trigger-id/index").
+DECISION_NAMESPACE = uuid.UUID("6f1d3a44-1c0e-5b7a-9a53-2f6c0c7e5a10")
+
+
+def derived_id(*parts: object) -> str:
+    return str(uuid.uuid5(DECISION_NAMESPACE, "/".join(str(p) for p in parts)))
+
+
+@dataclass(frozen=True, slots=True)
+class Trigger:
+    """What a decision reacts to: the event and its position in the log."""
+
+    event: EventBase
+    seq: int
+
+    @property
+    def now(self) -> float:
+        return self.event.ts
+
+
+@dataclass(slots=True)
+class Decisions:
+    """Collects a trigger's decisions, stamping each with a derived id and the trigger's envelope."""
+
+    service: str
+    trigger: Trigger
+    apply: Any  # Callable[[EventBase], None]: the decider's evolve
+    out: list[EventBase] = field(default_factory=list)
+
+    def emit(self, event_type: type[EventBase], correlation_id: str = "", **fields: Any) -> EventBase:
+        trig = self.trigger.event
+        event = event_type(
+            id=derived_id(self.service, trig.id, len(self.out)),
+            ts=trig.ts,
+            source=self.service,
+            trigger_seq=self.trigger.seq,
+            causation_id=trig.id,
+            correlation_id=correlation_id or trig.correlation_id,
+            **fields,
+        )
+        self.apply(event)
+        self.out.append(event)
+        return event
+
+
+class Decider(Protocol):
+    """A service's pure core."""
+
+    name: str
+
+    def input_types(self) -> Iterable[type[EventBase]]:
+        """The event types this decider consumes (its consumer's subject filter)."""
+        ...
+
+    def evolve(self, event: EventBase) -> None:
+        """Fold one event (an input, or one of its own decisions) into the state."""
+        ...
+
+    def react(self, trigger: Trigger) -> list[EventBase]:
+        """Decide what to do about an input already folded in; apply and return the decisions."""
+        ...
+
+    def snapshot(self) -> bytes:
+        """The whole state, encoded deterministically."""
+        ...
+
+
+def run_decider(decider: Decider, event: EventBase, seq: int) -> list[EventBase]:
+    """The one step every shell and the replayer run: fold the input, then react to it."""
+    decider.evolve(event)
+    return decider.react(Trigger(event=event, seq=seq))

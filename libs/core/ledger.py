@@ -1,0 +1,222 @@
+"""Accounting: the read models and the GPU-time ledger, as one fold over the whole log.
+
+It decides nothing; it records. The projector writes what `dirty_*` name to Redis after each batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from contracts import (
+    EventBase,
+    GpuHealthChanged,
+    JobAdmitted,
+    JobCancelled,
+    JobEvicted,
+    JobFailed,
+    JobFinished,
+    JobPlaced,
+    JobRejected,
+    JobStarted,
+    JobSubmitted,
+    NodeLost,
+    NodeRegistered,
+    PlacementDeferred,
+    PreemptionDecided,
+    QueuePolicyChanged,
+    QuotaDeferred,
+    QuotaReleased,
+    QuotaReserved,
+    ReplicaPlacement,
+)
+from contracts.views import JobView, NodeView, QueueView, TeamUsage
+from libs.core.cluster import FULL, Cluster
+from libs.core.policy import PolicyBook
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionWait:
+    queue: str
+    priority: str
+    seconds: float
+
+
+def gpu_count(view: JobView) -> float:
+    return sum(len(p.gpu_indices) * p.gpu_milli for p in view.placements) / FULL
+
+
+@dataclass(slots=True)
+class Ledger:
+    policy: PolicyBook = field(default_factory=PolicyBook)
+    cluster: Cluster = field(default_factory=Cluster)
+    jobs: dict[str, JobView] = field(default_factory=dict)
+    queues: dict[str, QueueView] = field(default_factory=dict)
+    teams: dict[str, TeamUsage] = field(default_factory=dict)
+    run_started: dict[str, float] = field(default_factory=dict)
+    # What changed since the projector last flushed (dicts keep a deterministic order).
+    dirty_jobs: dict[str, None] = field(default_factory=dict)
+    dirty_queues: dict[str, None] = field(default_factory=dict)
+    dirty_nodes: dict[str, None] = field(default_factory=dict)
+    dirty_teams: dict[str, None] = field(default_factory=dict)
+    waits: list[AdmissionWait] = field(default_factory=list)
+    last_seq: int = 0
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def _queue(self, name: str) -> QueueView:
+        q = self.queues.get(name)
+        if q is None:
+            q = self.queues[name] = QueueView(name=name, team="")
+        return q
+
+    def _set_state(self, view: JobView, state: str, seq: int) -> None:
+        q = self._queue(view.queue)
+        for s, delta in ((view.state, -1), (state, +1)):
+            if s == "pending":
+                q.pending += delta
+            elif s == "running":
+                q.running += delta
+        view.state = state
+        q.seq = seq
+        self.dirty_queues[view.queue] = None
+
+    def _touch(self, view: JobView, seq: int) -> None:
+        view.seq = seq
+        self.dirty_jobs[view.id] = None
+
+    def _touch_nodes(self, placements: tuple[ReplicaPlacement, ...]) -> None:
+        for p in placements:
+            self.dirty_nodes[p.node] = None
+
+    def _charge(self, view: JobView, now: float) -> None:
+        """Add the GPU time of the run that just ended to the job and its team."""
+        started = self.run_started.pop(view.id, None)
+        if started is None:
+            return
+        seconds = max(0.0, now - started) * gpu_count(view)
+        view.gpu_seconds += seconds
+        usage = self.teams.setdefault(view.team, TeamUsage(team=view.team))
+        usage.gpu_seconds += seconds
+        self.dirty_teams[view.team] = None
+
+    # --- the fold ------------------------------------------------------------------------------
+
+    def apply(self, event: EventBase, seq: int) -> None:
+        self.last_seq = max(self.last_seq, seq)
+        if self.policy.apply(event):
+            if isinstance(event, QueuePolicyChanged):
+                q = self._queue(event.queue.name)
+                q.team, q.nominal_gpus, q.seq = event.queue.team, event.queue.nominal_gpus, seq
+                self.dirty_queues[q.name] = None
+            return
+        if isinstance(event, NodeRegistered | NodeLost | GpuHealthChanged):
+            self._apply_node(event, seq)
+            return
+        job_id = getattr(event, "job_id", None)
+        if isinstance(event, PreemptionDecided):
+            for v in event.victims:
+                view = self.jobs.get(v.job_id)
+                if view is not None:
+                    view.phase, view.reason = "preempting", v.reason
+                    self._touch(view, seq)
+            return
+        if job_id is None:
+            return
+        view = self.jobs.get(job_id)
+        if view is None:
+            if not isinstance(event, JobSubmitted | JobRejected):
+                return
+            spec = event.spec
+            view = self.jobs[job_id] = JobView(id=job_id, state="", team=spec.team if spec else "",
+                                               queue=spec.queue if spec else "", spec=spec,
+                                               submitted_at=event.ts)
+        self._apply_job(view, event, seq)
+        self._touch(view, seq)
+
+    def _apply_node(self, event: NodeRegistered | NodeLost | GpuHealthChanged, seq: int) -> None:
+        if isinstance(event, NodeRegistered):
+            self.cluster.register(event.node)
+            self.dirty_nodes[event.node.name] = None
+        elif isinstance(event, NodeLost):
+            self.cluster.set_online(event.node, False)
+            self.dirty_nodes[event.node] = None
+        else:
+            self.cluster.set_gpu_health(event.node, event.index, event.healthy)
+            self.dirty_nodes[event.node] = None
+
+    def _apply_job(self, view: JobView, event: EventBase, seq: int) -> None:
+        match event:
+            case JobSubmitted():
+                self._set_state(view, "pending", seq)
+                view.phase = "submitted"
+            case JobRejected():
+                self._set_state(view, "rejected", seq)
+                view.phase, view.reason, view.message = "rejected", event.code, event.message
+            case JobAdmitted():
+                view.phase, view.admitted_at = "admitted", event.ts
+            case QuotaDeferred() | PlacementDeferred():
+                view.reason, view.message = event.code, event.message
+            case QuotaReserved():
+                view.phase, view.reason, view.message = "reserved", "", ""
+                prio = view.spec.priority if view.spec else ""
+                self.waits.append(AdmissionWait(view.queue, prio, event.ts - (view.submitted_at or event.ts)))
+                self._queue_reserved(event)
+            case QuotaReleased():
+                self._queue_reserved(event)
+            case JobPlaced():
+                view.phase, view.placements, view.reason, view.message = "placed", event.placements, "", ""
+                self.cluster.allocate(event.placements)
+                self._touch_nodes(event.placements)
+            case JobStarted():
+                self._set_state(view, "running", seq)
+                view.phase, view.started_at = "running", event.ts
+                self.run_started[view.id] = event.ts
+            case JobFinished() | JobFailed():
+                self._end_run(view, event.ts, seq)
+                ok = isinstance(event, JobFinished) and event.exit_code == 0
+                self._set_state(view, "succeeded" if ok else "failed", seq)
+                view.phase, view.exit_code, view.finished_at = view.state, event.exit_code, event.ts
+                if isinstance(event, JobFailed):
+                    view.reason = event.reason
+                self.teams.setdefault(view.team, TeamUsage(team=view.team)).jobs_finished += 1
+                self.dirty_teams[view.team] = None
+            case JobEvicted():
+                self._end_run(view, event.ts, seq)
+                view.evictions += 1
+                if event.reason == "cancelled" or view.phase == "cancelling":
+                    self._set_state(view, "cancelled", seq)
+                    view.phase, view.finished_at = "cancelled", event.ts
+                else:
+                    self._set_state(view, "pending", seq)
+                    view.phase, view.reason = "evicted", event.reason
+            case JobCancelled():
+                if view.placements:
+                    view.phase = "cancelling"
+                else:
+                    self._set_state(view, "cancelled", seq)
+                    view.phase, view.finished_at = "cancelled", event.ts
+                view.reason = event.reason
+
+    def _end_run(self, view: JobView, now: float, seq: int) -> None:
+        self._charge(view, now)
+        self.cluster.release(view.placements)
+        self._touch_nodes(view.placements)
+        view.placements = ()
+
+    # --- views ---------------------------------------------------------------------------------
+
+    def node_view(self, name: str) -> NodeView:
+        node = self.cluster.nodes[name]
+        free = tuple(g.free_milli for g in node.gpus)
+        return NodeView(
+            name=name, online=node.online, gpus=len(node.gpus),
+            models=tuple(sorted({g.model for g in node.gpus})),
+            allocated_gpus=sum(FULL - f for f in free) / FULL,
+            healthy_gpus=sum(1 for g in node.gpus if g.healthy), gpu_free_milli=free, seq=self.last_seq)
+
+    def _queue_reserved(self, event: QuotaReserved | QuotaReleased) -> None:
+        """Reserved GPUs per queue follow quota's own events."""
+        q = self._queue(event.queue)
+        sign = 1 if isinstance(event, QuotaReserved) else -1
+        q.reserved_gpus += sign * event.gpu_milli / FULL
+        self.dirty_queues[q.name] = None

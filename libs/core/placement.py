@@ -1,0 +1,134 @@
+"""Placement: where each job with reserved quota runs, all replicas or none.
+
+Capacity is taken at JobPlaced and given back only when an executor reports the job gone (finished,
+failed or evicted): between those two facts the GPUs are the job's, whatever else happens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from contracts import (
+    EventBase,
+    GpuHealthChanged,
+    JobCancelled,
+    JobEvicted,
+    JobFailed,
+    JobFinished,
+    JobPlaced,
+    JobSpec,
+    JobSubmitted,
+    NodeLost,
+    NodeRegistered,
+    PlacementDeferred,
+    PriorityClassesChanged,
+    QueuePolicyChanged,
+    QuotaReserved,
+    ReplicaPlacement,
+)
+from libs.core.cluster import Cluster
+from libs.core.decider import Decisions, Trigger
+from libs.core.fit import Shortfall, place_gang
+from libs.core.policy import PolicyBook, demand_milli
+
+SERVICE = "placement"
+POLICY = "best-fit"
+
+WaitKey = tuple[int, int, str]  # (-priority, reservation order, job id)
+
+
+class PlacementDecider:
+    name = SERVICE
+
+    def __init__(self) -> None:
+        self.policy = PolicyBook()
+        self.cluster = Cluster()
+        self.specs: dict[str, JobSpec] = {}
+        self.waiting: dict[str, WaitKey] = {}
+        self.placed: dict[str, tuple[ReplicaPlacement, ...]] = {}
+        self.deferred: dict[str, str] = {}
+        self._order = 0
+
+    def input_types(self) -> Iterable[type[EventBase]]:
+        return (NodeRegistered, NodeLost, GpuHealthChanged, QueuePolicyChanged, PriorityClassesChanged,
+                JobSubmitted, QuotaReserved, JobCancelled, JobFinished, JobFailed, JobEvicted)
+
+    def evolve(self, event: EventBase) -> None:
+        if self.policy.apply(event):
+            return
+        match event:
+            case NodeRegistered():
+                self.cluster.register(event.node)
+            case NodeLost():
+                self.cluster.set_online(event.node, False)
+            case GpuHealthChanged():
+                self.cluster.set_gpu_health(event.node, event.index, event.healthy)
+            case JobSubmitted():
+                self.specs[event.job_id] = event.spec
+            case QuotaReserved():
+                spec = self.specs.get(event.job_id)
+                if spec is not None and event.job_id not in self.placed:
+                    self._order += 1
+                    self.waiting[event.job_id] = (-self.policy.priority_of(spec), self._order, event.job_id)
+            case JobPlaced():
+                self.waiting.pop(event.job_id, None)
+                self.deferred.pop(event.job_id, None)
+                self.placed[event.job_id] = event.placements
+                self.cluster.allocate(event.placements)
+            case PlacementDeferred():
+                self.deferred[event.job_id] = event.code
+            case JobCancelled():
+                self.waiting.pop(event.job_id, None)
+                self.deferred.pop(event.job_id, None)
+                if event.job_id not in self.placed:
+                    self.specs.pop(event.job_id, None)
+            case JobFinished() | JobFailed() | JobEvicted():
+                placements = self.placed.pop(event.job_id, None)
+                if placements is not None:
+                    self.cluster.release(placements)
+                if not isinstance(event, JobEvicted):
+                    self.specs.pop(event.job_id, None)
+
+    def react(self, trigger: Trigger) -> list[EventBase]:
+        out = Decisions(SERVICE, trigger, self.evolve)
+        event = trigger.event
+        match event:
+            case QuotaReserved() if event.job_id in self.waiting:
+                self._try_place(event.job_id, out)
+            case JobFinished() | JobFailed() | JobEvicted() | NodeRegistered():
+                self._place_waiting(out)
+            case GpuHealthChanged() if event.healthy:
+                self._place_waiting(out)
+        return out.out
+
+    def _place_waiting(self, out: Decisions) -> None:
+        # A job asking for more than all free GPU share together cannot fit: skip it without a scan.
+        free = sum(g.free_milli for n in self.cluster.sorted_nodes() if n.online for g in n.gpus if g.healthy)
+        for key in sorted(self.waiting.values()):
+            job_id = key[2]
+            if demand_milli(self.specs[job_id]) > free:
+                continue
+            if self._try_place(job_id, out):
+                free -= demand_milli(self.specs[job_id])
+
+    def _try_place(self, job_id: str, out: Decisions) -> bool:
+        spec = self.specs[job_id]
+        result = place_gang(self.cluster, spec)
+        if isinstance(result, Shortfall):
+            if self.deferred.get(job_id) != result.code:
+                out.emit(PlacementDeferred, correlation_id=job_id, job_id=job_id, code=result.code,
+                         message=result.message, shortfall_milli=result.shortfall_milli)
+            return False
+        # place_gang allocated on the live cluster to try; JobPlaced's evolve allocates for the record.
+        self.cluster.release(result)
+        out.emit(JobPlaced, correlation_id=job_id, job_id=job_id, placements=result, policy=POLICY)
+        return True
+
+    def snapshot(self) -> bytes:
+        return msgspec.json.encode({
+            "placed": self.placed,
+            "waiting": self.waiting,
+            "free": {n.name: [g.free_milli for g in n.gpus] for n in self.cluster.sorted_nodes()},
+        })

@@ -1,0 +1,57 @@
+"""Queues, teams and priority classes as every decider sees them: a fold over policy events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from contracts import JobSpec, PriorityClass, PriorityClassesChanged, QueuePolicyChanged, QueueSpec
+
+# Used until the log carries a PriorityClassesChanged; part of the code, hence deterministic.
+DEFAULT_PRIORITY_CLASSES: tuple[PriorityClass, ...] = (
+    PriorityClass(name="production-inference", value=1000, preemptible=False),
+    PriorityClass(name="urgent", value=800),
+    PriorityClass(name="training", value=500),
+    PriorityClass(name="experiment", value=300),
+    PriorityClass(name="batch", value=100),
+)
+
+
+@dataclass(slots=True)
+class PolicyBook:
+    queues: dict[str, QueueSpec] = field(default_factory=dict)
+    classes: dict[str, PriorityClass] = field(
+        default_factory=lambda: {c.name: c for c in DEFAULT_PRIORITY_CLASSES}
+    )
+
+    def apply(self, event: object) -> bool:
+        """Fold a policy event; True when the event was one."""
+        if isinstance(event, QueuePolicyChanged):
+            self.queues[event.queue.name] = event.queue
+            return True
+        if isinstance(event, PriorityClassesChanged):
+            self.classes = {c.name: c for c in event.classes}
+            return True
+        return False
+
+    def priority_of(self, spec: JobSpec) -> int:
+        cls = self.classes.get(spec.priority)
+        return cls.value if cls else 0
+
+    def preemptible(self, spec: JobSpec) -> bool:
+        cls = self.classes.get(spec.priority)
+        return cls.preemptible if cls else True
+
+    def quota_milli(self, queue: str) -> int | None:
+        spec = self.queues.get(queue)
+        if spec is None or spec.nominal_gpus is None:
+            return None
+        return spec.nominal_gpus * 1000
+
+
+def replica_milli(spec: JobSpec) -> int:
+    """GPU demand of one replica, in thousandths of a GPU."""
+    return spec.gpu_milli if spec.gpu_milli > 0 else spec.gpus * 1000
+
+
+def demand_milli(spec: JobSpec) -> int:
+    return spec.replicas * replica_milli(spec)

@@ -1,0 +1,197 @@
+"""Preemption: whom to evict so that a higher-priority job of the same queue can run.
+
+Triggered when quota or placement defers a job. Candidates are running jobs of the preemptor's queue with
+a lower priority and a preemptible class, ordered:
+  1. lowest priority first,
+  2. most recently placed first (it has lost the least work),
+  3. job id.
+Victims are added in that order until a simulation says the preemptor would then get its quota and fit;
+a minimisation pass then drops every victim that is not needed. No fit in simulation, no eviction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from contracts import (
+    EventBase,
+    GpuHealthChanged,
+    JobCancelled,
+    JobEvicted,
+    JobFailed,
+    JobFinished,
+    JobPlaced,
+    JobSpec,
+    JobSubmitted,
+    NodeLost,
+    NodeRegistered,
+    PlacementDeferred,
+    PreemptionDecided,
+    PriorityClassesChanged,
+    QueuePolicyChanged,
+    QuotaDeferred,
+    QuotaReleased,
+    QuotaReserved,
+    ReplicaPlacement,
+    Victim,
+)
+from libs.core.cluster import Cluster
+from libs.core.decider import Decisions, Trigger
+from libs.core.fit import fits
+from libs.core.policy import PolicyBook, demand_milli
+
+SERVICE = "preemption"
+WITHIN_QUEUE_PRIORITY = "within_queue_priority"
+
+
+@dataclass(slots=True)
+class Running:
+    job_id: str
+    queue: str
+    priority: int
+    preemptible: bool
+    demand: int
+    placed_order: int
+    placements: tuple[ReplicaPlacement, ...]
+
+
+@dataclass(slots=True)
+class PreemptionState:
+    specs: dict[str, JobSpec] = field(default_factory=dict)
+    running: dict[str, Running] = field(default_factory=dict)
+    used: dict[str, int] = field(default_factory=dict)
+    # preemptor -> victims still being evicted; a victim -> its preemptor.
+    in_flight: dict[str, list[str]] = field(default_factory=dict)
+    victim_of: dict[str, str] = field(default_factory=dict)
+
+
+def choose_victims(candidates: list[Running], enough: Callable[[list[Running]], bool]) -> list[Running]:
+    """Greedy in candidate order until `enough`, then drop each victim (last added first) that is not
+    needed. Returns [] when even every candidate is not enough."""
+    chosen: list[Running] = []
+    for c in candidates:
+        chosen.append(c)
+        if enough(chosen):
+            break
+    else:
+        return []
+    for victim in reversed(list(chosen)):
+        trial = [v for v in chosen if v.job_id != victim.job_id]
+        if trial and enough(trial):
+            chosen = trial
+    return chosen
+
+
+class PreemptionDecider:
+    name = SERVICE
+
+    def __init__(self) -> None:
+        self.policy = PolicyBook()
+        self.cluster = Cluster()
+        self.s = PreemptionState()
+        self._placed = 0
+
+    def input_types(self) -> Iterable[type[EventBase]]:
+        return (NodeRegistered, NodeLost, GpuHealthChanged, QueuePolicyChanged, PriorityClassesChanged,
+                JobSubmitted, QuotaReserved, QuotaReleased, QuotaDeferred, JobPlaced, PlacementDeferred,
+                JobCancelled, JobFinished, JobFailed, JobEvicted)
+
+    def evolve(self, event: EventBase) -> None:
+        if self.policy.apply(event):
+            return
+        s = self.s
+        match event:
+            case NodeRegistered():
+                self.cluster.register(event.node)
+            case NodeLost():
+                self.cluster.set_online(event.node, False)
+            case GpuHealthChanged():
+                self.cluster.set_gpu_health(event.node, event.index, event.healthy)
+            case JobSubmitted():
+                s.specs[event.job_id] = event.spec
+            case QuotaReserved():
+                s.used[event.queue] = s.used.get(event.queue, 0) + event.gpu_milli
+            case QuotaReleased():
+                s.used[event.queue] = s.used.get(event.queue, 0) - event.gpu_milli
+            case JobPlaced():
+                spec = s.specs[event.job_id]
+                self._placed += 1
+                s.running[event.job_id] = Running(
+                    job_id=event.job_id, queue=spec.queue, priority=self.policy.priority_of(spec),
+                    preemptible=self.policy.preemptible(spec), demand=demand_milli(spec),
+                    placed_order=self._placed, placements=event.placements)
+                self.cluster.allocate(event.placements)
+            case PreemptionDecided():
+                s.in_flight[event.preemptor_id] = [v.job_id for v in event.victims]
+                for v in event.victims:
+                    s.victim_of[v.job_id] = event.preemptor_id
+            case JobFinished() | JobFailed() | JobEvicted() | JobCancelled():
+                self._gone(event.job_id, final=not isinstance(event, JobEvicted | JobCancelled))
+
+    def _gone(self, job_id: str, final: bool) -> None:
+        s = self.s
+        run = s.running.pop(job_id, None)
+        if run is not None:
+            self.cluster.release(run.placements)
+        preemptor = s.victim_of.pop(job_id, None)
+        if preemptor is not None:
+            left = [v for v in s.in_flight.get(preemptor, []) if v != job_id]
+            if left:
+                s.in_flight[preemptor] = left
+            else:
+                s.in_flight.pop(preemptor, None)
+        if final:
+            s.specs.pop(job_id, None)
+            s.in_flight.pop(job_id, None)
+
+    def react(self, trigger: Trigger) -> list[EventBase]:
+        out = Decisions(SERVICE, trigger, self.evolve)
+        event = trigger.event
+        if isinstance(event, QuotaDeferred | PlacementDeferred):
+            self._consider(event.job_id, quota_bound=isinstance(event, QuotaDeferred), out=out)
+        return out.out
+
+    def candidates(self, preemptor: JobSpec, preemptor_id: str) -> list[Running]:
+        prio = self.policy.priority_of(preemptor)
+        cands = [r for r in self.s.running.values()
+                 if r.queue == preemptor.queue and r.priority < prio and r.preemptible
+                 and r.job_id not in self.s.victim_of and r.job_id != preemptor_id]
+        cands.sort(key=lambda r: (r.priority, -r.placed_order, r.job_id))
+        return cands
+
+    def _consider(self, job_id: str, quota_bound: bool, out: Decisions) -> None:
+        spec = self.s.specs.get(job_id)
+        if spec is None or job_id in self.s.in_flight or job_id in self.s.running:
+            return
+        cands = self.candidates(spec, job_id)
+        if not cands:
+            return
+        quota = self.policy.quota_milli(spec.queue)
+        demand = demand_milli(spec)
+        used = self.s.used.get(spec.queue, 0)
+
+        def enough(victims: list[Running]) -> bool:
+            freed = sum(v.demand for v in victims)
+            if quota_bound and quota is not None and used - freed + demand > quota:
+                return False
+            for v in victims:
+                self.cluster.release(v.placements)
+            try:
+                return fits(self.cluster, spec)
+            finally:
+                for v in victims:
+                    self.cluster.allocate(v.placements)
+
+        victims = choose_victims(cands, enough)
+        if not victims:
+            return
+        out.emit(PreemptionDecided, correlation_id=job_id, preemptor_id=job_id, code=WITHIN_QUEUE_PRIORITY,
+                 victims=tuple(Victim(job_id=v.job_id, queue=v.queue, priority=v.priority,
+                                      gpu_milli=v.demand, reason=WITHIN_QUEUE_PRIORITY) for v in victims))
+
+    def snapshot(self) -> bytes:
+        return msgspec.json.encode({"running": sorted(self.s.running), "in_flight": self.s.in_flight,
+                                    "used": self.s.used})

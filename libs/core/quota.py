@@ -1,0 +1,175 @@
+"""Quota: which admitted job may consume its queue's GPU quota, in fair order.
+
+Inside a queue the order is priority (high first), then arrival, then job id. A job that does not fit
+yet does not block smaller ones behind it (best-effort FIFO); it gets one QuotaDeferred per reason, which
+the preemption service uses to reclaim quota from lower-priority jobs of the same queue.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import msgspec
+
+from contracts import (
+    EventBase,
+    JobAdmitted,
+    JobCancelled,
+    JobEvicted,
+    JobFailed,
+    JobFinished,
+    JobSubmitted,
+    PriorityClassesChanged,
+    QueuePolicyChanged,
+    QuotaDeferred,
+    QuotaReleased,
+    QuotaReserved,
+)
+from libs.core.decider import Decisions, Trigger
+from libs.core.policy import PolicyBook, demand_milli
+
+SERVICE = "quota"
+QUEUE_QUOTA_EXHAUSTED = "queue_quota_exhausted"
+
+PendingKey = tuple[int, int, str]  # (-priority, arrival, job id)
+
+
+@dataclass(slots=True)
+class QuotaJob:
+    queue: str
+    key: PendingKey
+    demand: int
+    state: str = "pending"  # pending | reserved | ended
+
+
+class QuotaDecider:
+    name = SERVICE
+
+    def __init__(self) -> None:
+        self.policy = PolicyBook()
+        self.jobs: dict[str, QuotaJob] = {}
+        self.pending: dict[str, list[PendingKey]] = {}
+        self.used: dict[str, int] = {}
+        self.deferred: dict[str, str] = {}
+        self._arrivals = 0
+        self._specs: dict[str, JobSubmitted] = {}
+
+    def input_types(self) -> Iterable[type[EventBase]]:
+        return (QueuePolicyChanged, PriorityClassesChanged, JobSubmitted, JobAdmitted, JobCancelled,
+                JobFinished, JobFailed, JobEvicted)
+
+    # --- state -----------------------------------------------------------------------------------
+
+    def _enqueue(self, job_id: str) -> None:
+        job = self.jobs[job_id]
+        job.state = "pending"
+        bisect.insort(self.pending.setdefault(job.queue, []), job.key)
+
+    def _dequeue(self, job: QuotaJob) -> None:
+        keys = self.pending.get(job.queue, [])
+        i = bisect.bisect_left(keys, job.key)
+        if i < len(keys) and keys[i] == job.key:
+            keys.pop(i)
+
+    def evolve(self, event: EventBase) -> None:
+        if self.policy.apply(event):
+            return
+        match event:
+            case JobSubmitted():
+                self._specs[event.job_id] = event
+            case JobAdmitted():
+                sub = self._specs.pop(event.job_id, None)
+                if sub is None or event.job_id in self.jobs:
+                    return
+                self._arrivals += 1
+                key = (-self.policy.priority_of(sub.spec), self._arrivals, event.job_id)
+                self.jobs[event.job_id] = QuotaJob(queue=sub.spec.queue, key=key, demand=demand_milli(sub.spec))
+                self._enqueue(event.job_id)
+            case QuotaReserved():
+                job = self.jobs[event.job_id]
+                self._dequeue(job)
+                job.state = "reserved"
+                self.used[job.queue] = self.used.get(job.queue, 0) + job.demand
+                self.deferred.pop(event.job_id, None)
+            case QuotaReleased():
+                job = self.jobs[event.job_id]
+                job.state = "released"
+                self.used[job.queue] -= job.demand
+            case QuotaDeferred():
+                self.deferred[event.job_id] = event.code
+            case JobCancelled() | JobFinished() | JobFailed():
+                self._end(event.job_id)
+
+    def _end(self, job_id: str) -> None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        if job.state == "pending":
+            self._dequeue(job)
+            job.state = "ended"
+        self.deferred.pop(job_id, None)
+
+    # --- decisions -------------------------------------------------------------------------------
+
+    def react(self, trigger: Trigger) -> list[EventBase]:
+        out = Decisions(SERVICE, trigger, self.evolve)
+        event = trigger.event
+        match event:
+            case JobAdmitted():
+                job = self.jobs.get(event.job_id)
+                if job is not None and job.state == "pending":
+                    self._try_reserve(event.job_id, job, out)
+            case JobFinished() | JobFailed() | JobCancelled() | JobEvicted():
+                self._release(event, out)
+            case QueuePolicyChanged():
+                self._serve_queue(event.queue.name, out)
+            case PriorityClassesChanged():
+                for queue in sorted(self.pending):
+                    self._serve_queue(queue, out)
+        return out.out
+
+    def _release(self, event: JobFinished | JobFailed | JobCancelled | JobEvicted, out: Decisions) -> None:
+        job = self.jobs.get(event.job_id)
+        if job is None or job.state != "reserved":
+            return
+        reason = type(event).__name__.removeprefix("Job").lower()
+        out.emit(QuotaReleased, correlation_id=event.job_id, job_id=event.job_id, queue=job.queue,
+                 gpu_milli=job.demand, reason=reason)
+        if isinstance(event, JobEvicted):
+            # An evicted job goes back to its queue with its original arrival; a cancelled one ends.
+            self._enqueue(event.job_id)
+        else:
+            job.state = "ended"
+        self._serve_queue(job.queue, out)
+
+    def free_milli(self, queue: str) -> int | None:
+        quota = self.policy.quota_milli(queue)
+        return None if quota is None else quota - self.used.get(queue, 0)
+
+    def _try_reserve(self, job_id: str, job: QuotaJob, out: Decisions) -> bool:
+        free = self.free_milli(job.queue)
+        if free is None or job.demand <= free:
+            out.emit(QuotaReserved, correlation_id=job_id, job_id=job_id, queue=job.queue, gpu_milli=job.demand)
+            return True
+        if self.deferred.get(job_id) != QUEUE_QUOTA_EXHAUSTED:
+            out.emit(QuotaDeferred, correlation_id=job_id, job_id=job_id, queue=job.queue,
+                     code=QUEUE_QUOTA_EXHAUSTED,
+                     message=f"queue {job.queue} has {free / 1000:g} of its quota free, the job needs "
+                             f"{job.demand / 1000:g} GPUs",
+                     shortfall_milli=job.demand - free)
+        return False
+
+    def _serve_queue(self, queue: str, out: Decisions) -> None:
+        # Every pending job in fair order; one that is already deferred and still does not fit costs a
+        # comparison and emits nothing.
+        for key in list(self.pending.get(queue, [])):
+            self._try_reserve(key[2], self.jobs[key[2]], out)
+
+    def snapshot(self) -> bytes:
+        return msgspec.json.encode({
+            "used": self.used,
+            "pending": self.pending,
+            "jobs": {k: (j.queue, j.state, j.demand) for k, j in self.jobs.items()},
+        })

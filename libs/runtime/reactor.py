@@ -1,0 +1,140 @@
+"""The one reactor shell every service runs: fetch a batch -> decode -> evolve -> react -> publish
+decisions -> acknowledge.
+
+- Batches: one fetch of up to `batch_size` events, all decisions published pipelined, one AckAll.
+- Idempotence: the shell remembers the last stream sequence it handled and skips redeliveries; decisions
+  re-derived after a crash carry the same ids, which the server de-duplicates.
+- Restart: replay the log up to the durable consumer's ack floor (no publishing), then go live.
+- Poison: a message that does not decode, or whose type does not match its subject, or that makes the
+  handler raise, goes to the dead-letter stream with its reason; the consumer keeps going.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import msgspec
+from nats.aio.msg import Msg
+
+from contracts.codec import decode
+from contracts.events import EventBase, subject_for_type
+from libs.bus.jetstream import Bus, Consumer, stream_seq
+from libs.runtime.handler import Handler
+from libs.telemetry import metrics
+
+log = logging.getLogger(__name__)
+
+
+class Reactor:
+    def __init__(self, bus: Bus, handler: Handler, durable: str | None = None, batch_size: int = 500,
+                 fetch_timeout: float = 0.5) -> None:
+        self.bus = bus
+        self.handler = handler
+        self.durable = durable or handler.name
+        self.batch_size = batch_size
+        self.fetch_timeout = fetch_timeout
+        self.subject_types = {subject_for_type(t): t for t in handler.input_types()}
+        self.last_seq = 0
+        self.ready = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._consumer: Consumer | None = None
+
+    async def start(self) -> None:
+        """Bind the durable consumer and catch up with what was handled before a restart."""
+        self._consumer = await self.bus.durable(self.durable, self.subject_types)
+        floor = await self._consumer.ack_floor()
+        started = time.perf_counter()
+        if floor > 0:
+            await self._catch_up(floor)
+        metrics.CATCH_UP_SECONDS.labels(self.handler.name).set(time.perf_counter() - started)
+        await self.handler.after_catch_up()
+        self.ready.set()
+        log.info("%s ready at sequence %d (replayed in %.2fs)", self.handler.name, self.last_seq,
+                 time.perf_counter() - started)
+
+    async def _catch_up(self, floor: int) -> None:
+        reader = await self.bus.reader(self.subject_types)
+        try:
+            while self.last_seq < floor:
+                msgs = await reader.fetch(1000, timeout=2.0)
+                if not msgs:
+                    break
+                for msg in msgs:
+                    seq = stream_seq(msg)
+                    if seq > floor:
+                        return
+                    event = self._decode(msg)
+                    if event is not None:
+                        try:
+                            self.handler.replay(seq, event)
+                        except Exception:  # it was dead-lettered the first time round too
+                            log.exception("replay of %d failed", seq)
+                    self.last_seq = seq
+        finally:
+            self.last_seq = max(self.last_seq, floor)
+            await reader.close()
+
+    def _decode(self, msg: Msg) -> EventBase | None:
+        return self._decode_or_reason(msg)[0]
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        if self._consumer is None:
+            await self.start()
+        assert self._consumer is not None
+        while not self._stop.is_set():
+            msgs = await self._consumer.fetch(self.batch_size, timeout=self.fetch_timeout)
+            if msgs:
+                await self.process(msgs)
+
+    async def process(self, msgs: list[Msg]) -> None:
+        started = time.perf_counter()
+        name = self.handler.name
+        decisions: list[EventBase] = []
+        handled = 0
+        for msg in msgs:
+            seq = stream_seq(msg)
+            if seq <= self.last_seq:
+                continue  # redelivered after a lost ack: already decided
+            event, reason = self._decode_or_reason(msg)
+            if event is None:
+                await self._dead_letter(msg, reason)
+            else:
+                try:
+                    decisions.extend(self.handler.on_event(seq, event))
+                    metrics.EVENTS.labels(name, type(event).__name__).inc()
+                    handled += 1
+                except Exception as err:
+                    log.exception("%s failed on %s at %d", name, type(event).__name__, seq)
+                    await self._dead_letter(msg, f"handler_error: {type(err).__name__}: {err}")
+            self.last_seq = seq
+        await self.bus.publish(decisions)
+        for d in decisions:
+            metrics.DECISIONS.labels(name, type(d).__name__).inc()
+        await self.handler.after_batch()
+        await msgs[-1].ack()
+        metrics.LAST_SEQ.labels(name).set(self.last_seq)
+        metrics.BATCH_SIZE.labels(name).observe(handled)
+        metrics.BATCH_SECONDS.labels(name).observe(time.perf_counter() - started)
+
+    def _decode_or_reason(self, msg: Msg) -> tuple[EventBase | None, str]:
+        try:
+            event = decode(msg.data)
+        except msgspec.ValidationError as err:
+            return None, f"invalid: {err}"
+        except msgspec.DecodeError as err:
+            return None, f"malformed: {err}"
+        expected = self.subject_types.get(msg.subject)
+        if expected is not type(event):
+            return None, f"type_mismatch: subject {msg.subject} carries {type(event).__name__}"
+        return event, ""
+
+    async def _dead_letter(self, msg: Msg, reason: str) -> None:
+        code = reason.split(":", 1)[0]
+        metrics.DEAD_LETTERS.labels(self.handler.name, code).inc()
+        log.warning("%s dead-letters sequence %s: %s", self.handler.name, msg.metadata.sequence.stream, reason)
+        await self.bus.dead_letter(self.handler.name, msg, reason)

@@ -1,0 +1,69 @@
+"""Settings from the environment, one place for every process. Secrets never come from code."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from libs.bus.jetstream import BusConfig
+
+# Default HTTP port of each service; admission's is the public API.
+DEFAULT_PORTS = {
+    "admission": 8080,
+    "quota": 8081,
+    "placement": 8082,
+    "preemption": 8083,
+    "accounting": 8084,
+    "node-telemetry": 8085,
+}
+
+SERVICES = tuple(DEFAULT_PORTS)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_POLICY = REPO_ROOT / "infra" / "config" / "demo.toml"
+DEFAULT_CLUSTER = REPO_ROOT / "infra" / "config" / "demo-cluster.csv"
+
+
+def _env_port(service: str) -> int:
+    key = f"GPUSCHED_{service.upper().replace('-', '_')}_PORT"
+    return int(os.environ.get(key, os.environ.get("GPUSCHED_HTTP_PORT", DEFAULT_PORTS[service])))
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    service: str
+    nats_url: str = "nats://127.0.0.1:4222"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    stream: str = "GPUSCHED"
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    policy_file: Path = DEFAULT_POLICY
+    cluster_csv: Path = DEFAULT_CLUSTER
+    node_backend: str = "sim"
+    tick_seconds: float = 5.0
+    # Simulated executor: declared durations are divided by this (benchmarks compress time).
+    time_scale: float = 1.0
+    batch_size: int = 500
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def bus(self) -> BusConfig:
+        return BusConfig(url=self.nats_url, stream=self.stream)
+
+    @classmethod
+    def from_env(cls, service: str) -> Settings:
+        env = os.environ
+        return cls(
+            service=service,
+            nats_url=env.get("NATS_URL", cls.nats_url),
+            redis_url=env.get("REDIS_URL", cls.redis_url),
+            stream=env.get("GPUSCHED_STREAM", cls.stream),
+            http_host=env.get("GPUSCHED_HTTP_HOST", cls.http_host),
+            http_port=_env_port(service),
+            policy_file=Path(env.get("GPUSCHED_POLICY", str(DEFAULT_POLICY))),
+            cluster_csv=Path(env.get("GPUSCHED_CLUSTER", str(DEFAULT_CLUSTER))),
+            node_backend=env.get("GPUSCHED_NODE_BACKEND", cls.node_backend),
+            tick_seconds=float(env.get("GPUSCHED_TICK_SECONDS", cls.tick_seconds)),
+            time_scale=float(env.get("GPUSCHED_TIME_SCALE", cls.time_scale)),
+            batch_size=int(env.get("GPUSCHED_BATCH_SIZE", cls.batch_size)),
+        )

@@ -1,0 +1,17 @@
+"""Accounting's metrics: the Kueue set (pending, admission wait, evictions) plus GPU allocation and cost."""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+PENDING = Gauge("gpusched_pending_jobs", "Jobs waiting, per queue", ["queue"])
+RUNNING = Gauge("gpusched_running_jobs", "Jobs running, per queue", ["queue"])
+ADMISSION_WAIT = Histogram(
+    "gpusched_admission_wait_time_seconds", "Submission to quota reservation", ["queue", "priority"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600))
+QUOTA_NOMINAL = Gauge("gpusched_queue_nominal_gpus", "Nominal GPU quota per queue", ["queue"])
+QUOTA_RESERVED = Gauge("gpusched_queue_reserved_gpus", "GPUs reserved per queue", ["queue"])
+TEAM_GPU_SECONDS = Gauge("gpusched_team_gpu_seconds", "GPU-seconds consumed per team", ["team"])
+GPUS = Gauge("gpusched_cluster_gpus", "GPUs in the cluster by state", ["state"])
+GPU_ALLOCATION = Gauge("gpusched_gpu_allocation_ratio", "Share of healthy GPU capacity allocated")
+PREEMPTIONS = Counter("gpusched_preemptions_total", "Jobs chosen as preemption victims", ["queue", "reason"])
+EVICTIONS = Counter("gpusched_evictions_total", "Jobs evicted by executors", ["reason"])
+FINISHED = Counter("gpusched_jobs_finished_total", "Jobs that reached a final state", ["queue", "state"])

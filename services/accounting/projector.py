@@ -1,0 +1,122 @@
+"""The accounting shell: fold every event into the ledger, then write the changed views to Redis once
+per batch and refresh the metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from contracts import ALL_EVENT_TYPES, COMMAND_TYPES, EventBase, JobEvicted, PreemptionDecided
+from libs.core.cluster import FULL
+from libs.core.ledger import Ledger
+from libs.views.store import ViewStore
+from services.accounting import metrics
+
+FINAL = ("succeeded", "failed", "cancelled", "rejected")
+
+
+class Projector:
+    name = "accounting"
+
+    def __init__(self, store: ViewStore) -> None:
+        self.store = store
+        self.ledger = Ledger()
+        self.first_seq: dict[str, int] = {}
+        self.written_state: dict[str, str] = {}
+        self._enc = msgspec.json.Encoder()
+
+    def input_types(self) -> Iterable[type[EventBase]]:
+        return tuple(t for t in ALL_EVENT_TYPES if t not in COMMAND_TYPES)
+
+    def replay(self, seq: int, event: EventBase) -> None:
+        self._fold(seq, event)
+
+    def on_event(self, seq: int, event: EventBase) -> list[EventBase]:
+        self._fold(seq, event)
+        self._observe(event)
+        return []
+
+    def _fold(self, seq: int, event: EventBase) -> None:
+        self.ledger.apply(event, seq)
+        job_id = getattr(event, "job_id", None)
+        if job_id is not None and job_id in self.ledger.jobs:
+            self.first_seq.setdefault(job_id, seq)
+
+    def _observe(self, event: EventBase) -> None:
+        if isinstance(event, PreemptionDecided):
+            for v in event.victims:
+                metrics.PREEMPTIONS.labels(v.queue, v.reason).inc()
+        elif isinstance(event, JobEvicted):
+            metrics.EVICTIONS.labels(event.reason).inc()
+
+    async def after_catch_up(self) -> None:
+        # The views are rebuilt from the log on every start: Redis is never the source of truth.
+        await self.store.clear()
+        self.written_state.clear()
+        await self.flush(force=True)
+
+    async def after_batch(self) -> None:
+        await self.flush()
+
+    def ops(self) -> list[list[Any]]:
+        led, store, enc = self.ledger, self.store, self._enc
+        ops: list[list[Any]] = []
+        for job_id in led.dirty_jobs:
+            view = led.jobs[job_id]
+            ops.append(["SET", store.job_key(job_id), enc.encode(view).decode()])
+            score = self.first_seq.get(job_id, view.seq)
+            old = self.written_state.get(job_id)
+            if old is None:
+                ops.append(["ZADD", store.index_key(), score, job_id])
+                ops.append(["ZADD", store.index_key("queue", view.queue), score, job_id])
+                ops.append(["ZADD", store.index_key("team", view.team), score, job_id])
+            if old != view.state:
+                if old is not None:
+                    ops.append(["ZREM", store.index_key("state", old), job_id])
+                    if view.state in FINAL:
+                        metrics.FINISHED.labels(view.queue, view.state).inc()
+                ops.append(["ZADD", store.index_key("state", view.state), score, job_id])
+                self.written_state[job_id] = view.state
+        for name in led.dirty_queues:
+            q = led.queues[name]
+            ops.append(["HSET", f"{store.p}:queues", name, enc.encode(q).decode()])
+            metrics.PENDING.labels(name).set(q.pending)
+            metrics.RUNNING.labels(name).set(q.running)
+            metrics.QUOTA_RESERVED.labels(name).set(q.reserved_gpus)
+            if q.nominal_gpus is not None:
+                metrics.QUOTA_NOMINAL.labels(name).set(q.nominal_gpus)
+        for name in led.dirty_nodes:
+            ops.append(["HSET", f"{store.p}:nodes", name, enc.encode(led.node_view(name)).decode()])
+        for team in led.dirty_teams:
+            usage = led.teams[team]
+            ops.append(["HSET", f"{store.p}:usage", team, enc.encode(usage).decode()])
+            metrics.TEAM_GPU_SECONDS.labels(team).set(usage.gpu_seconds)
+        for w in led.waits:
+            metrics.ADMISSION_WAIT.labels(w.queue, w.priority).observe(w.seconds)
+        if led.dirty_nodes:
+            self._gpu_gauges()
+        led.dirty_jobs.clear()
+        led.dirty_queues.clear()
+        led.dirty_nodes.clear()
+        led.dirty_teams.clear()
+        led.waits.clear()
+        return ops
+
+    def _gpu_gauges(self) -> None:
+        total = healthy = 0
+        allocated = 0.0
+        for node in self.ledger.cluster.sorted_nodes():
+            for g in node.gpus:
+                total += 1
+                if g.healthy and node.online:
+                    healthy += 1
+                    allocated += (FULL - g.free_milli) / FULL
+        metrics.GPUS.labels("total").set(total)
+        metrics.GPUS.labels("healthy").set(healthy)
+        metrics.GPUS.labels("allocated").set(allocated)
+        metrics.GPU_ALLOCATION.set(allocated / healthy if healthy else 0.0)
+
+    async def flush(self, force: bool = False) -> None:
+        await self.store.apply(self.ledger.last_seq, self.ops(), force=force)

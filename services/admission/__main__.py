@@ -1,0 +1,5 @@
+"""python -m services.admission"""
+
+from services.admission.app import main
+
+main()

@@ -1,0 +1,5 @@
+"""python -m services.node_telemetry"""
+
+from services.node_telemetry.app import main
+
+main()

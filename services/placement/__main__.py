@@ -1,0 +1,5 @@
+"""python -m services.placement"""
+
+from services.placement.app import main
+
+main()

@@ -1,0 +1,8 @@
+"""Placement wiring: the pure placement core on the reactor shell, nothing else."""
+
+from libs.core.placement import PlacementDecider
+from libs.runtime.main import decider_main
+
+
+def main() -> None:
+    decider_main("placement", PlacementDecider)

@@ -1,0 +1,5 @@
+"""python -m services.preemption"""
+
+from services.preemption.app import main
+
+main()

@@ -1,0 +1,5 @@
+"""python -m services.quota"""
+
+from services.quota.app import main
+
+main()
