@@ -7,6 +7,7 @@ Needs nats-server >= 2.10 (consumers with several filter subjects).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -27,12 +28,11 @@ from nats.js.api import (
 from nats.js.errors import NotFoundError
 
 from contracts.codec import encode
-from contracts.events import SUBJECT_PREFIX, EventBase, subject_for
+from contracts.events import SUBJECT_PREFIX, EventBase, subject_for_type
 
 log = logging.getLogger(__name__)
 
 DEFAULT_STREAM = "GPUSCHED"
-DLQ_PREFIX = "gsdlq"
 # Long enough to cover a service restart that re-derives decisions it published before it crashed.
 DUPLICATE_WINDOW_S = 600.0
 
@@ -41,6 +41,9 @@ DUPLICATE_WINDOW_S = 600.0
 class BusConfig:
     url: str = "nats://127.0.0.1:4222"
     stream: str = DEFAULT_STREAM
+    # Subjects are <prefix>.c.<Command>, <prefix>.e.<Event>, <prefix>.dlq.<service>. A second platform
+    # (or a test) on the same server uses another stream and prefix.
+    subject_prefix: str = SUBJECT_PREFIX
     replicas: int = 1
 
     @property
@@ -67,19 +70,21 @@ class Bus:
         return bus
 
     async def close(self) -> None:
+        # close, not drain: everything handled is already acknowledged, and draining waits for the
+        # server to expire outstanding pull requests.
         if not self.nc.is_closed:
-            await self.nc.drain()
+            await self.nc.close()
 
     async def ensure_streams(self) -> None:
         """Create the streams if missing; an existing stream is left as it is (idempotent)."""
         main = StreamConfig(
-            name=self.config.stream, subjects=[f"{SUBJECT_PREFIX}.c.>", f"{SUBJECT_PREFIX}.e.>"],
+            name=self.config.stream, subjects=self.log_subjects(),
             retention=RetentionPolicy.LIMITS, storage=StorageType.FILE, discard=DiscardPolicy.OLD,
             duplicate_window=DUPLICATE_WINDOW_S, deny_delete=True, deny_purge=True,
             num_replicas=self.config.replicas, max_msg_size=1 << 20,
         )
         dlq = StreamConfig(
-            name=self.config.dlq_stream, subjects=[f"{DLQ_PREFIX}.>"], retention=RetentionPolicy.LIMITS,
+            name=self.config.dlq_stream, subjects=[f"{self.config.subject_prefix}.dlq.>"], retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE, num_replicas=self.config.replicas, max_age=30 * 86400.0,
         )
         for cfg in (main, dlq):
@@ -93,6 +98,15 @@ class Bus:
                     if "already in use" not in str(err):
                         raise
 
+    # --- subjects ------------------------------------------------------------------------------------
+
+    def log_subjects(self) -> list[str]:
+        return [f"{self.config.subject_prefix}.c.>", f"{self.config.subject_prefix}.e.>"]
+
+    def subject_for_type(self, event_type: type[EventBase]) -> str:
+        logical = subject_for_type(event_type)
+        return self.config.subject_prefix + logical[len(SUBJECT_PREFIX):]
+
     # --- publishing --------------------------------------------------------------------------------
 
     async def publish(self, events: Sequence[EventBase]) -> None:
@@ -104,10 +118,10 @@ class Bus:
             return
         if len(events) == 1:
             e = events[0]
-            await self.js.publish(subject_for(e), encode(e), headers={"Nats-Msg-Id": e.id})
+            await self.js.publish(self.subject_for_type(type(e)), encode(e), headers={"Nats-Msg-Id": e.id})
             return
         futures = [
-            await self.js.publish_async(subject_for(e), encode(e), headers={"Nats-Msg-Id": e.id})
+            await self.js.publish_async(self.subject_for_type(type(e)), encode(e), headers={"Nats-Msg-Id": e.id})
             for e in events
         ]
         await asyncio.gather(*futures)
@@ -118,11 +132,9 @@ class Bus:
             "Gpusched-Subject": msg.subject,
             "Gpusched-Service": service,
         }
-        try:
+        with contextlib.suppress(Exception):  # a message without JetStream metadata is dead-lettered too
             headers["Gpusched-Seq"] = str(msg.metadata.sequence.stream)
-        except Exception:  # a message without JetStream metadata still gets dead-lettered
-            pass
-        await self.js.publish(f"{DLQ_PREFIX}.{service}", msg.data, headers=headers)
+        await self.js.publish(f"{self.config.subject_prefix}.dlq.{service}", msg.data, headers=headers)
 
     # --- consuming ---------------------------------------------------------------------------------
 

@@ -12,14 +12,16 @@ decisions -> acknowledge.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
 import msgspec
 from nats.aio.msg import Msg
+from nats.errors import MsgAlreadyAckdError
 
 from contracts.codec import decode
-from contracts.events import EventBase, subject_for_type
+from contracts.events import EventBase
 from libs.bus.jetstream import Bus, Consumer, stream_seq
 from libs.runtime.handler import Handler
 from libs.telemetry import metrics
@@ -35,7 +37,7 @@ class Reactor:
         self.durable = durable or handler.name
         self.batch_size = batch_size
         self.fetch_timeout = fetch_timeout
-        self.subject_types = {subject_for_type(t): t for t in handler.input_types()}
+        self.subject_types = {bus.subject_for_type(t): t for t in handler.input_types()}
         self.last_seq = 0
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
@@ -116,7 +118,8 @@ class Reactor:
         for d in decisions:
             metrics.DECISIONS.labels(name, type(d).__name__).inc()
         await self.handler.after_batch()
-        await msgs[-1].ack()
+        with contextlib.suppress(MsgAlreadyAckdError):
+            await msgs[-1].ack()  # AckAll: acknowledges the whole batch
         metrics.LAST_SEQ.labels(name).set(self.last_seq)
         metrics.BATCH_SIZE.labels(name).observe(handled)
         metrics.BATCH_SECONDS.labels(name).observe(time.perf_counter() - started)

@@ -29,12 +29,13 @@ def _env_port(service: str) -> int:
     return int(os.environ.get(key, os.environ.get("GPUSCHED_HTTP_PORT", DEFAULT_PORTS[service])))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Settings:
     service: str
     nats_url: str = "nats://127.0.0.1:4222"
     redis_url: str = "redis://127.0.0.1:6379/0"
     stream: str = "GPUSCHED"
+    subject_prefix: str = "gs"
     http_host: str = "127.0.0.1"
     http_port: int = 8080
     policy_file: Path = DEFAULT_POLICY
@@ -48,7 +49,7 @@ class Settings:
 
     @property
     def bus(self) -> BusConfig:
-        return BusConfig(url=self.nats_url, stream=self.stream)
+        return BusConfig(url=self.nats_url, stream=self.stream, subject_prefix=self.subject_prefix)
 
     @classmethod
     def from_env(cls, service: str) -> Settings:
@@ -58,6 +59,7 @@ class Settings:
             nats_url=env.get("NATS_URL", cls.nats_url),
             redis_url=env.get("REDIS_URL", cls.redis_url),
             stream=env.get("GPUSCHED_STREAM", cls.stream),
+            subject_prefix=env.get("GPUSCHED_SUBJECT_PREFIX", cls.subject_prefix),
             http_host=env.get("GPUSCHED_HTTP_HOST", cls.http_host),
             http_port=_env_port(service),
             policy_file=Path(env.get("GPUSCHED_POLICY", str(DEFAULT_POLICY))),

@@ -1,0 +1,62 @@
+"""A small synchronous client of the gpusched API (also the Python client for producers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+DEFAULT_API = "http://127.0.0.1:8080"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message = status, code, message
+
+
+class Client:
+    def __init__(self, base_url: str | None = None, timeout: float = 10.0) -> None:
+        self.base = (base_url or os.environ.get("GPUSCHED_API", DEFAULT_API)).rstrip("/")
+        self.timeout = timeout
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as err:
+            try:
+                payload = json.loads(err.read())
+                raise ApiError(err.code, payload.get("code", "error"), payload.get("message", "")) from None
+            except (ValueError, AttributeError):
+                raise ApiError(err.code, "http_error", str(err)) from None
+        except urllib.error.URLError as err:
+            raise ApiError(0, "unreachable", f"cannot reach {self.base}: {err.reason}") from None
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/jobs", spec)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}")
+
+    def jobs(self, **filters: Any) -> list[dict[str, Any]]:
+        query = urllib.parse.urlencode({k: v for k, v in filters.items() if v not in (None, "")})
+        return self._call("GET", "/v1/jobs" + (f"?{query}" if query else ""))
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/jobs/{urllib.parse.quote(job_id)}")
+
+    def queues(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/queues")
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/nodes")
+
+    def usage(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/usage")

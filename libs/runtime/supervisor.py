@@ -1,0 +1,95 @@
+"""Runs the six services as child processes, restarts one that dies, stops them all cleanly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from libs.runtime.settings import SERVICES
+
+MODULES = {name: f"services.{name.replace('-', '_')}" for name in SERVICES}
+
+
+@dataclass
+class Child:
+    name: str
+    port: int
+    log_path: Path
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
+        self.proc = subprocess.Popen([sys.executable, "-m", MODULES[self.name]], env=self.env, stdout=log,
+                                     stderr=subprocess.STDOUT)
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+
+@dataclass
+class Supervisor:
+    env: dict[str, str]
+    ports: dict[str, int]
+    log_dir: Path
+    children: dict[str, Child] = field(default_factory=dict)
+
+    def start(self, services: tuple[str, ...] = SERVICES) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for name in services:
+            env = {**os.environ, **self.env, f"GPUSCHED_{name.upper().replace('-', '_')}_PORT": str(self.ports[name])}
+            child = Child(name, self.ports[name], self.log_dir / f"{name}.log", env)
+            child.start()
+            self.children[name] = child
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        waiting = dict(self.children)
+        while waiting and time.monotonic() < deadline:
+            for name, child in list(waiting.items()):
+                if child.proc is not None and child.proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with code {child.proc.returncode}; see {child.log_path}")
+                if child.ready():
+                    del waiting[name]
+            time.sleep(0.1)
+        if waiting:
+            raise TimeoutError(f"not ready after {timeout}s: {', '.join(waiting)}")
+
+    def restart_dead(self) -> list[str]:
+        """Crash-only: a service that died is started again and catches up from the log."""
+        restarted = []
+        for child in self.children.values():
+            if child.proc is not None and child.proc.poll() is not None:
+                child.restarts += 1
+                child.start()
+                restarted.append(child.name)
+        return restarted
+
+    def kill(self, name: str) -> None:
+        child = self.children[name]
+        if child.proc is not None:
+            child.proc.kill()
+            child.proc.wait()
+
+    def stop(self) -> None:
+        for child in self.children.values():
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.terminate()
+        for child in self.children.values():
+            if child.proc is None:
+                continue
+            try:
+                child.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+                child.proc.wait()

@@ -1,0 +1,114 @@
+"""The public HTTP API. Writes become commands on the bus; reads come from the Redis read models.
+
+A submission is checked at once with the same `validate` the admission core applies to the logged
+command, so the caller gets its 4xx (with the reason code) immediately and the log agrees.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import msgspec
+from aiohttp import web
+
+from contracts import CancelJob, JobSpec, SubmitJob
+from contracts.views import JOB_STATES, JobCreated, JobView
+from libs.bus.jetstream import Bus
+from libs.core.admission import AdmissionDecider, job_id_for_key, validate
+from libs.core.decider import derived_id
+from libs.runtime.http import error_response, json_response
+from libs.views.store import ViewStore
+from services.admission.openapi import openapi_document
+
+API = "api"
+_spec_decoder = msgspec.json.Decoder(JobSpec)
+
+
+class JobsApi:
+    def __init__(self, bus: Bus, decider: AdmissionDecider, store: ViewStore) -> None:
+        self.bus = bus
+        self.decider = decider
+        self.store = store
+        self._openapi = msgspec.json.encode(openapi_document())
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/jobs", self.submit)
+        app.router.add_get("/v1/jobs", self.list_jobs)
+        app.router.add_get("/v1/jobs/{job_id}", self.get_job)
+        app.router.add_delete("/v1/jobs/{job_id}", self.cancel)
+        app.router.add_get("/v1/queues", self.queues)
+        app.router.add_get("/v1/nodes", self.nodes)
+        app.router.add_get("/v1/usage", self.usage)
+        app.router.add_get("/openapi.json", self.openapi)
+
+    async def submit(self, request: web.Request) -> web.Response:
+        try:
+            spec = _spec_decoder.decode(await request.read())
+        except msgspec.ValidationError as err:
+            return error_response(400, "invalid_request", str(err))
+        except msgspec.DecodeError as err:
+            return error_response(400, "malformed_json", str(err))
+        if spec.idempotency_key:
+            job_id = job_id_for_key(spec.team, spec.idempotency_key)
+            if job_id in self.decider.jobs:
+                state = "rejected" if self.decider.jobs[job_id] == "rejected" else "pending"
+                return json_response(JobCreated(id=job_id, state=state, duplicate=True), status=200)
+        else:
+            job_id = str(uuid.uuid4())
+        rejection = validate(spec, self.decider.policy, self.decider.inventory)
+        if rejection is not None:
+            return error_response(422, rejection.code, rejection.message)
+        await self.bus.publish([SubmitJob(id=derived_id(API, "submit", job_id), ts=time.time(), source=API,
+                                          correlation_id=job_id, job_id=job_id, spec=spec)])
+        return json_response(JobCreated(id=job_id, state="pending"), status=201,
+                             headers={"Location": f"/v1/jobs/{job_id}"})
+
+    async def get_job(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["job_id"]
+        view = await self.store.job(job_id)
+        if view is None:
+            state = self.decider.jobs.get(job_id)
+            if state is None:
+                return error_response(404, "unknown_job", f"job {job_id} not found")
+            # Decided, not yet projected: answer from admission's own state.
+            view = JobView(id=job_id, state="rejected" if state == "rejected" else "pending", team="", queue="",
+                           phase=state)
+        return json_response(view)
+
+    async def list_jobs(self, request: web.Request) -> web.Response:
+        q = request.query
+        state = q.get("state", "")
+        if state and state not in JOB_STATES:
+            return error_response(400, "unknown_state", f"state must be one of {', '.join(JOB_STATES)}")
+        try:
+            limit = int(q.get("limit", "1000"))
+            offset = int(q.get("offset", "0"))
+        except ValueError:
+            return error_response(400, "invalid_paging", "limit and offset must be integers")
+        if limit < 0 or offset < 0:
+            return error_response(400, "invalid_paging", "limit and offset must be >= 0")
+        views = await self.store.jobs(queue=q.get("queue", ""), state=state, team=q.get("team", ""),
+                                      limit=min(limit, 100_000), offset=offset)
+        return json_response(views)
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["job_id"]
+        refusal = self.decider.cancel_refusal(job_id, team="")
+        if refusal is not None:
+            return error_response(404 if refusal.code == "unknown_job" else 409, refusal.code, refusal.message)
+        await self.bus.publish([CancelJob(id=derived_id(API, "cancel", job_id), ts=time.time(), source=API,
+                                          correlation_id=job_id, job_id=job_id)])
+        return json_response(JobCreated(id=job_id, state="cancelling"), status=202)
+
+    async def queues(self, _: web.Request) -> web.Response:
+        return json_response(await self.store.queues())
+
+    async def nodes(self, _: web.Request) -> web.Response:
+        return json_response(await self.store.nodes())
+
+    async def usage(self, _: web.Request) -> web.Response:
+        return json_response(await self.store.usage())
+
+    async def openapi(self, _: web.Request) -> web.Response:
+        return web.Response(body=self._openapi, content_type="application/json")

@@ -1,0 +1,32 @@
+"""Admission wiring: the pure admission core on the reactor shell, plus the public HTTP API."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from libs.bus.jetstream import Bus
+from libs.core.admission import AdmissionDecider
+from libs.runtime.handler import DeciderHandler
+from libs.runtime.main import service_main
+from libs.runtime.reactor import Reactor
+from libs.runtime.service import run_service
+from libs.runtime.settings import Settings
+from libs.views.store import ViewStore
+from services.admission.api import JobsApi
+
+
+async def serve(settings: Settings) -> None:
+    decider = AdmissionDecider()
+    store = ViewStore.from_url(settings.redis_url, prefix=settings.stream.lower())
+
+    def configure(app: web.Application, bus: Bus, reactor: Reactor) -> None:
+        JobsApi(bus, decider, store).routes(app)
+
+    try:
+        await run_service(settings, DeciderHandler(decider), configure_app=configure)
+    finally:
+        await store.close()
+
+
+def main() -> None:
+    service_main("admission", serve)

@@ -1,0 +1,65 @@
+"""The OpenAPI document of the public API, generated from the contracts so it cannot drift."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from contracts import JobSpec
+from contracts.views import ApiError, JobCreated, JobView, NodeView, QueueView, TeamUsage
+
+_MODELS = (JobSpec, JobView, QueueView, NodeView, TeamUsage, ApiError, JobCreated)
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    return {str(c): _json(_ref("ApiError"), "error with a machine-readable code and a message") for c in codes}
+
+
+def openapi_document() -> dict[str, Any]:
+    _, components = msgspec.json.schema_components(_MODELS, ref_template="#/components/schemas/{name}")
+    job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    query = [{"name": n, "in": "query", "required": False, "schema": {"type": "string"}}
+             for n in ("queue", "state", "team")]
+    query += [{"name": n, "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0}}
+              for n in ("limit", "offset")]
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "gpusched API", "version": "1"},
+        "paths": {
+            "/v1/jobs": {
+                "post": {
+                    "summary": "Submit a job",
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("JobSpec")}}},
+                    "responses": {"201": _json(_ref("JobCreated"), "accepted; follow the job by its id"),
+                                  "200": _json(_ref("JobCreated"), "the same idempotency key was seen before"),
+                                  **_errors(400, 413, 422)},
+                },
+                "get": {"summary": "List jobs", "parameters": query,
+                        "responses": {"200": _json({"type": "array", "items": _ref("JobView")}, "jobs"),
+                                      **_errors(400)}},
+            },
+            "/v1/jobs/{job_id}": {
+                "get": {"summary": "One job", "parameters": [job_id],
+                        "responses": {"200": _json(_ref("JobView"), "the job"), **_errors(404)}},
+                "delete": {"summary": "Cancel a job", "parameters": [job_id],
+                           "responses": {"202": _json(_ref("JobCreated"), "cancellation accepted"),
+                                         **_errors(404, 409)}},
+            },
+            "/v1/queues": {"get": {"summary": "Queues and their use",
+                                   "responses": {"200": _json({"type": "array", "items": _ref("QueueView")}, "")}}},
+            "/v1/nodes": {"get": {"summary": "Nodes and their GPUs",
+                                  "responses": {"200": _json({"type": "array", "items": _ref("NodeView")}, "")}}},
+            "/v1/usage": {"get": {"summary": "GPU-seconds per team",
+                                  "responses": {"200": _json({"type": "array", "items": _ref("TeamUsage")}, "")}}},
+        },
+        "components": {"schemas": components},
+    }
