@@ -138,18 +138,29 @@ class Bus:
 
     # --- consuming ---------------------------------------------------------------------------------
 
-    async def durable(self, durable: str, subjects: Iterable[str], max_ack_pending: int = 20_000) -> Consumer:
-        subjects = sorted(set(subjects))
+    async def ack_floor(self, durable: str) -> int:
+        """The last stream sequence the durable consumer acknowledged; 0 when it does not exist yet."""
+        try:
+            info = await self.js.consumer_info(self.config.stream, durable)
+        except NotFoundError:
+            return 0
+        return int(info.ack_floor.stream_seq) if info.ack_floor else 0
+
+    async def durable(self, durable: str, subjects: Iterable[str], start_seq: int = 1,
+                      max_ack_pending: int = 20_000) -> Consumer:
+        """(Re)create the durable consumer so that it delivers from `start_seq`, in order.
+
+        Re-creating (rather than resuming) matters: messages delivered to a crashed process would
+        otherwise come back only after the ack wait, behind newer ones, and AckAll would cover them.
+        """
         cfg = ConsumerConfig(
-            durable_name=durable, deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.ALL,
-            filter_subjects=subjects, ack_wait=60.0, max_ack_pending=max_ack_pending,
-            max_waiting=16,
+            durable_name=durable, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq),
+            ack_policy=AckPolicy.ALL, filter_subjects=sorted(set(subjects)), ack_wait=60.0,
+            max_ack_pending=max_ack_pending, max_waiting=16,
         )
-        sub = await self.js.pull_subscribe_bind(
-            durable=durable, stream=self.config.stream,
-        ) if await self._consumer_exists(durable) else await self.js.pull_subscribe(
-            subject="", durable=durable, stream=self.config.stream, config=cfg,
-        )
+        with contextlib.suppress(NotFoundError):
+            await self.js.delete_consumer(self.config.stream, durable)
+        sub = await self.js.pull_subscribe(subject="", durable=durable, stream=self.config.stream, config=cfg)
         return Consumer(self, sub, durable)
 
     async def reader(self, subjects: Iterable[str], start_seq: int = 1) -> Consumer:
@@ -161,13 +172,6 @@ class Bus:
         )
         sub = await self.js.pull_subscribe(subject="", stream=self.config.stream, config=cfg)
         return Consumer(self, sub, durable=None)
-
-    async def _consumer_exists(self, durable: str) -> bool:
-        try:
-            await self.js.consumer_info(self.config.stream, durable)
-            return True
-        except NotFoundError:
-            return False
 
     async def last_seq(self) -> int:
         info = await self.js.stream_info(self.config.stream)
@@ -185,10 +189,6 @@ class Consumer:
             return await self.sub.fetch(batch, timeout=timeout)
         except (TimeoutError, nats.errors.TimeoutError):
             return []
-
-    async def ack_floor(self) -> int:
-        info = await self.sub.consumer_info()
-        return int(info.ack_floor.stream_seq) if info.ack_floor else 0
 
     async def pending(self) -> int:
         info = await self.sub.consumer_info()

@@ -34,6 +34,9 @@ from libs.core.cluster import FULL, Cluster
 from libs.core.policy import PolicyBook
 
 
+FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "rejected"})
+
+
 @dataclass(frozen=True, slots=True)
 class AdmissionWait:
     queue: str
@@ -182,14 +185,14 @@ class Ledger:
                 self.dirty_teams[view.team] = None
             case JobEvicted():
                 self._end_run(view, event.ts, seq)
-                view.evictions += 1
                 if event.reason == "cancelled" or view.phase == "cancelling":
                     self._set_state(view, "cancelled", seq)
                     view.phase, view.finished_at = "cancelled", event.ts
                 else:
+                    view.evictions += 1
                     self._set_state(view, "pending", seq)
                     view.phase, view.reason = "evicted", event.reason
-            case JobCancelled():
+            case JobCancelled() if view.state not in FINAL_STATES:
                 if view.placements:
                     view.phase = "cancelling"
                 else:

@@ -2,6 +2,10 @@
 
 Capacity is taken at JobPlaced and given back only when an executor reports the job gone (finished,
 failed or evicted): between those two facts the GPUs are the job's, whatever else happens.
+
+A preemptor is "nominated" when its victims are chosen: until it is placed (or the nomination expires on
+the log's clock), a job of lower priority is placed only where it leaves the preemptor room to fit once
+its victims are gone, so the capacity freed for it is not taken by the jobs it displaced.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from collections.abc import Iterable
 import msgspec
 
 from contracts import (
+    ClockTick,
     EventBase,
     GpuHealthChanged,
     JobCancelled,
@@ -23,6 +28,7 @@ from contracts import (
     NodeLost,
     NodeRegistered,
     PlacementDeferred,
+    PreemptionDecided,
     PriorityClassesChanged,
     QueuePolicyChanged,
     QuotaReserved,
@@ -30,11 +36,15 @@ from contracts import (
 )
 from libs.core.cluster import Cluster
 from libs.core.decider import Decisions, Trigger
-from libs.core.fit import Shortfall, place_gang
+from libs.core.fit import Shortfall, fits, place_gang
 from libs.core.policy import PolicyBook, demand_milli
 
 SERVICE = "placement"
 POLICY = "best-fit"
+RESERVED_FOR_PREEMPTOR = "reserved_for_preemptor"
+# A nomination lapses after this long on the log's clock, so a preemptor that never gets its quota
+# cannot hold capacity back forever.
+NOMINATION_TTL_S = 120.0
 
 WaitKey = tuple[int, int, str]  # (-priority, reservation order, job id)
 
@@ -49,11 +59,16 @@ class PlacementDecider:
         self.waiting: dict[str, WaitKey] = {}
         self.placed: dict[str, tuple[ReplicaPlacement, ...]] = {}
         self.deferred: dict[str, str] = {}
+        # preemptor -> (its priority, its victims, when it was nominated)
+        self.nominated: dict[str, tuple[int, tuple[str, ...], float]] = {}
+        self.cancelled: dict[str, None] = {}
         self._order = 0
+        self.lapsed = False  # did the last tick end a nomination?
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (NodeRegistered, NodeLost, GpuHealthChanged, QueuePolicyChanged, PriorityClassesChanged,
-                JobSubmitted, QuotaReserved, JobCancelled, JobFinished, JobFailed, JobEvicted)
+                JobSubmitted, QuotaReserved, JobCancelled, JobFinished, JobFailed, JobEvicted, PreemptionDecided,
+                ClockTick)
 
     def evolve(self, event: EventBase) -> None:
         if self.policy.apply(event):
@@ -75,21 +90,35 @@ class PlacementDecider:
             case JobPlaced():
                 self.waiting.pop(event.job_id, None)
                 self.deferred.pop(event.job_id, None)
+                self.nominated.pop(event.job_id, None)
                 self.placed[event.job_id] = event.placements
                 self.cluster.allocate(event.placements)
             case PlacementDeferred():
                 self.deferred[event.job_id] = event.code
+            case PreemptionDecided() if event.preemptor_id in self.specs:
+                prio = self.policy.priority_of(self.specs[event.preemptor_id])
+                self.nominated[event.preemptor_id] = (prio, tuple(v.job_id for v in event.victims), event.ts)
+            case ClockTick():
+                lapsed = [j for j, n in self.nominated.items() if event.ts - n[2] > NOMINATION_TTL_S]
+                for job_id in lapsed:
+                    del self.nominated[job_id]
+                self.lapsed = bool(lapsed)
             case JobCancelled():
                 self.waiting.pop(event.job_id, None)
                 self.deferred.pop(event.job_id, None)
-                if event.job_id not in self.placed:
+                self.nominated.pop(event.job_id, None)
+                if event.job_id in self.placed:
+                    self.cancelled[event.job_id] = None  # its executor will report it gone
+                else:
                     self.specs.pop(event.job_id, None)
             case JobFinished() | JobFailed() | JobEvicted():
                 placements = self.placed.pop(event.job_id, None)
                 if placements is not None:
                     self.cluster.release(placements)
-                if not isinstance(event, JobEvicted):
+                if not isinstance(event, JobEvicted) or event.job_id in self.cancelled:
                     self.specs.pop(event.job_id, None)
+                    self.cancelled.pop(event.job_id, None)
+                    self.nominated.pop(event.job_id, None)
 
     def react(self, trigger: Trigger) -> list[EventBase]:
         out = Decisions(SERVICE, trigger, self.evolve)
@@ -101,6 +130,8 @@ class PlacementDecider:
                 self._place_waiting(out)
             case GpuHealthChanged() if event.healthy:
                 self._place_waiting(out)
+            case ClockTick() if self.lapsed:
+                self._place_waiting(out)  # a nomination lapsed: what it held back may go now
         return out.out
 
     def _place_waiting(self, out: Decisions) -> None:
@@ -122,9 +153,37 @@ class PlacementDecider:
                          message=result.message, shortfall_milli=result.shortfall_milli)
             return False
         # place_gang allocated on the live cluster to try; JobPlaced's evolve allocates for the record.
+        blocked = self._starves_nominee(job_id, spec)
         self.cluster.release(result)
+        if blocked is not None:
+            if self.deferred.get(job_id) != RESERVED_FOR_PREEMPTOR:
+                out.emit(PlacementDeferred, correlation_id=job_id, job_id=job_id, code=RESERVED_FOR_PREEMPTOR,
+                         message=f"capacity is held for job {blocked}, which preempted jobs to run")
+            return False
         out.emit(JobPlaced, correlation_id=job_id, job_id=job_id, placements=result, policy=POLICY)
         return True
+
+    def _starves_nominee(self, job_id: str, spec: JobSpec) -> str | None:
+        """With `job_id` tentatively allocated: the first nominated preemptor of higher priority that would
+        no longer fit once its victims are gone, or None."""
+        if not self.nominated:
+            return None
+        prio = self.policy.priority_of(spec)
+        for nominee in sorted(self.nominated):
+            nprio, victims, _ = self.nominated[nominee]
+            if nominee == job_id or nprio <= prio or nominee not in self.specs:
+                continue
+            leaving = [self.placed[v] for v in victims if v in self.placed]
+            for p in leaving:
+                self.cluster.release(p)
+            try:
+                ok = fits(self.cluster, self.specs[nominee])
+            finally:
+                for p in leaving:
+                    self.cluster.allocate(p)
+            if not ok:
+                return nominee
+        return None
 
     def snapshot(self) -> bytes:
         return msgspec.json.encode({

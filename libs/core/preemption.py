@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from contracts import (
+    ClockTick,
     EventBase,
     GpuHealthChanged,
     JobCancelled,
@@ -42,6 +43,7 @@ from libs.core.cluster import Cluster
 from libs.core.decider import Decisions, Trigger
 from libs.core.fit import fits
 from libs.core.policy import PolicyBook, demand_milli
+from libs.core.quota import QUEUE_QUOTA_EXHAUSTED
 
 SERVICE = "preemption"
 WITHIN_QUEUE_PRIORITY = "within_queue_priority"
@@ -66,11 +68,16 @@ class PreemptionState:
     # preemptor -> victims still being evicted; a victim -> its preemptor.
     in_flight: dict[str, list[str]] = field(default_factory=dict)
     victim_of: dict[str, str] = field(default_factory=dict)
+    # Jobs waiting for quota (True) or for capacity (False): reconsidered on every clock tick.
+    waiting: dict[str, bool] = field(default_factory=dict)
+    cancelled: dict[str, None] = field(default_factory=dict)
 
 
 def choose_victims(candidates: list[Running], enough: Callable[[list[Running]], bool]) -> list[Running]:
     """Greedy in candidate order until `enough`, then drop each victim (last added first) that is not
     needed. Returns [] when even every candidate is not enough."""
+    if enough([]):
+        return []  # nothing needs to go: it fits (or will, once jobs already leaving are gone)
     chosen: list[Running] = []
     for c in candidates:
         chosen.append(c)
@@ -97,7 +104,7 @@ class PreemptionDecider:
     def input_types(self) -> Iterable[type[EventBase]]:
         return (NodeRegistered, NodeLost, GpuHealthChanged, QueuePolicyChanged, PriorityClassesChanged,
                 JobSubmitted, QuotaReserved, QuotaReleased, QuotaDeferred, JobPlaced, PlacementDeferred,
-                JobCancelled, JobFinished, JobFailed, JobEvicted)
+                JobCancelled, JobFinished, JobFailed, JobEvicted, ClockTick)
 
     def evolve(self, event: EventBase) -> None:
         if self.policy.apply(event):
@@ -114,9 +121,15 @@ class PreemptionDecider:
                 s.specs[event.job_id] = event.spec
             case QuotaReserved():
                 s.used[event.queue] = s.used.get(event.queue, 0) + event.gpu_milli
+                s.waiting.pop(event.job_id, None)
+            case QuotaDeferred() if event.code == QUEUE_QUOTA_EXHAUSTED:
+                s.waiting[event.job_id] = True
+            case PlacementDeferred():
+                s.waiting[event.job_id] = False
             case QuotaReleased():
                 s.used[event.queue] = s.used.get(event.queue, 0) - event.gpu_milli
             case JobPlaced():
+                s.waiting.pop(event.job_id, None)
                 spec = s.specs[event.job_id]
                 self._placed += 1
                 s.running[event.job_id] = Running(
@@ -128,11 +141,19 @@ class PreemptionDecider:
                 s.in_flight[event.preemptor_id] = [v.job_id for v in event.victims]
                 for v in event.victims:
                     s.victim_of[v.job_id] = event.preemptor_id
-            case JobFinished() | JobFailed() | JobEvicted() | JobCancelled():
-                self._gone(event.job_id, final=not isinstance(event, JobEvicted | JobCancelled))
+            case JobCancelled():
+                s.waiting.pop(event.job_id, None)
+                if event.job_id in s.running:
+                    s.cancelled[event.job_id] = None  # still holds its GPUs until its executor stops it
+                else:
+                    self._gone(event.job_id, final=True)
+            case JobFinished() | JobFailed() | JobEvicted():
+                final = not isinstance(event, JobEvicted) or event.job_id in s.cancelled
+                self._gone(event.job_id, final=final)
 
     def _gone(self, job_id: str, final: bool) -> None:
         s = self.s
+        s.waiting.pop(job_id, None)
         run = s.running.pop(job_id, None)
         if run is not None:
             self.cluster.release(run.placements)
@@ -146,19 +167,37 @@ class PreemptionDecider:
         if final:
             s.specs.pop(job_id, None)
             s.in_flight.pop(job_id, None)
+            s.cancelled.pop(job_id, None)
 
     def react(self, trigger: Trigger) -> list[EventBase]:
         out = Decisions(SERVICE, trigger, self.evolve)
         event = trigger.event
-        if isinstance(event, QuotaDeferred | PlacementDeferred):
-            self._consider(event.job_id, quota_bound=isinstance(event, QuotaDeferred), out=out)
+        if isinstance(event, QuotaDeferred | PlacementDeferred) and event.job_id in self.s.waiting:
+            self._consider(event.job_id, quota_bound=self.s.waiting[event.job_id], out=out)
+        elif isinstance(event, ClockTick):
+            # Circumstances change without a new deferral (a victim ended on its own, a job was placed
+            # elsewhere): on each tick the first waiting job of each queue is considered again.
+            for job_id in self._heads_of_queues():
+                self._consider(job_id, quota_bound=self.s.waiting[job_id], out=out)
         return out.out
+
+    def _heads_of_queues(self) -> list[str]:
+        heads: dict[str, tuple[int, str]] = {}
+        for job_id in sorted(self.s.waiting):
+            if job_id in self.s.in_flight or job_id not in self.s.specs:
+                continue
+            spec = self.s.specs[job_id]
+            key = (-self.policy.priority_of(spec), job_id)
+            if spec.queue not in heads or key < heads[spec.queue]:
+                heads[spec.queue] = key
+        return [heads[q][1] for q in sorted(heads)]
 
     def candidates(self, preemptor: JobSpec, preemptor_id: str) -> list[Running]:
         prio = self.policy.priority_of(preemptor)
         cands = [r for r in self.s.running.values()
                  if r.queue == preemptor.queue and r.priority < prio and r.preemptible
-                 and r.job_id not in self.s.victim_of and r.job_id != preemptor_id]
+                 and r.job_id not in self.s.victim_of and r.job_id not in self.s.cancelled
+                 and r.job_id != preemptor_id]
         cands.sort(key=lambda r: (r.priority, -r.placed_order, r.job_id))
         return cands
 
@@ -173,16 +212,21 @@ class PreemptionDecider:
         demand = demand_milli(spec)
         used = self.s.used.get(spec.queue, 0)
 
+        # Jobs already on their way out (cancelled, or victims of an earlier decision) count as gone.
+        leaving = [self.s.running[j] for j in sorted(self.s.running)
+                   if j in self.s.cancelled or j in self.s.victim_of]
+
         def enough(victims: list[Running]) -> bool:
             freed = sum(v.demand for v in victims)
             if quota_bound and quota is not None and used - freed + demand > quota:
                 return False
-            for v in victims:
+            gone = leaving + victims
+            for v in gone:
                 self.cluster.release(v.placements)
             try:
                 return fits(self.cluster, spec)
             finally:
-                for v in victims:
+                for v in gone:
                     self.cluster.allocate(v.placements)
 
         victims = choose_victims(cands, enough)
@@ -194,4 +238,4 @@ class PreemptionDecider:
 
     def snapshot(self) -> bytes:
         return msgspec.json.encode({"running": sorted(self.s.running), "in_flight": self.s.in_flight,
-                                    "used": self.s.used})
+                                    "used": self.s.used, "waiting": self.s.waiting})

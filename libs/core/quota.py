@@ -32,6 +32,7 @@ from libs.core.policy import PolicyBook, demand_milli
 
 SERVICE = "quota"
 QUEUE_QUOTA_EXHAUSTED = "queue_quota_exhausted"
+BEHIND_HIGHER_PRIORITY = "behind_higher_priority"
 
 PendingKey = tuple[int, int, str]  # (-priority, arrival, job id)
 
@@ -120,7 +121,7 @@ class QuotaDecider:
             case JobAdmitted():
                 job = self.jobs.get(event.job_id)
                 if job is not None and job.state == "pending":
-                    self._try_reserve(event.job_id, job, out)
+                    self._admit_one(event.job_id, job, out)
             case JobFinished() | JobFailed() | JobCancelled() | JobEvicted():
                 self._release(event, out)
             case QueuePolicyChanged():
@@ -153,19 +154,36 @@ class QuotaDecider:
         if free is None or job.demand <= free:
             out.emit(QuotaReserved, correlation_id=job_id, job_id=job_id, queue=job.queue, gpu_milli=job.demand)
             return True
-        if self.deferred.get(job_id) != QUEUE_QUOTA_EXHAUSTED:
-            out.emit(QuotaDeferred, correlation_id=job_id, job_id=job_id, queue=job.queue,
-                     code=QUEUE_QUOTA_EXHAUSTED,
-                     message=f"queue {job.queue} has {free / 1000:g} of its quota free, the job needs "
-                             f"{job.demand / 1000:g} GPUs",
-                     shortfall_milli=job.demand - free)
+        self._defer(job_id, job, QUEUE_QUOTA_EXHAUSTED,
+                    f"queue {job.queue} has {free / 1000:g} of its quota free, the job needs "
+                    f"{job.demand / 1000:g} GPUs", job.demand - free, out)
         return False
 
+    def _defer(self, job_id: str, job: QuotaJob, code: str, message: str, shortfall: int, out: Decisions) -> None:
+        if self.deferred.get(job_id) != code:
+            out.emit(QuotaDeferred, correlation_id=job_id, job_id=job_id, queue=job.queue, code=code,
+                     message=message, shortfall_milli=shortfall)
+
+    def _admit_one(self, job_id: str, job: QuotaJob, out: Decisions) -> None:
+        """A newly admitted job may not overtake a waiting job of higher priority in its queue."""
+        keys = self.pending.get(job.queue, [])
+        head = keys[0] if keys else job.key
+        if head != job.key and head[0] < job.key[0]:
+            self._defer(job_id, job, BEHIND_HIGHER_PRIORITY,
+                        f"a job of higher priority waits for queue {job.queue}'s quota first", 0, out)
+            return
+        self._try_reserve(job_id, job, out)
+
     def _serve_queue(self, queue: str, out: Decisions) -> None:
-        # Every pending job in fair order; one that is already deferred and still does not fit costs a
-        # comparison and emits nothing.
+        """Pending jobs in fair order. A job that does not fit holds back every job of LOWER priority
+        (so quota freed for it, e.g. by preemption, is not taken by the jobs it displaced); jobs of its
+        own priority may still use what is left. An already deferred job emits nothing again."""
+        blocked_from: int | None = None  # the (negated) priority of the first job that did not fit
         for key in list(self.pending.get(queue, [])):
-            self._try_reserve(key[2], self.jobs[key[2]], out)
+            if blocked_from is not None and key[0] > blocked_from:
+                break
+            if not self._try_reserve(key[2], self.jobs[key[2]], out) and blocked_from is None:
+                blocked_from = key[0]
 
     def snapshot(self) -> bytes:
         return msgspec.json.encode({

@@ -31,11 +31,8 @@ def submit(i: int, gpus: int = 1) -> SubmitJob:
 
 
 async def drain(reactor: Reactor, rounds: int = 3) -> None:
-    assert reactor._consumer is not None
     for _ in range(rounds):
-        msgs = await reactor._consumer.fetch(500, timeout=0.3)
-        if msgs:
-            await reactor.process(msgs)
+        await reactor.step()
 
 
 async def log_of(bus: Bus) -> list[tuple[int, object]]:
@@ -145,3 +142,20 @@ def test_decisions_round_trip_through_the_codec() -> None:
     assert decode(encode(e)) == e
     assert msgspec.json.decode(encode(e))["type"] == "SubmitJob"
     asyncio.get_event_loop_policy()  # keeps the module importable without a running loop
+
+
+async def test_events_delivered_to_a_crashed_process_are_handled_first_and_in_order_after_restart(bus: Bus) -> None:
+    await bus.publish(setup_events() + [submit(1)])
+    crashed = Reactor(bus, DeciderHandler(AdmissionDecider()))
+    await crashed.start()
+    assert crashed._consumer is not None
+    lost = await crashed._consumer.fetch(10, timeout=1.0)  # delivered, then the process "dies"
+    assert len(lost) == 3
+    await bus.publish([submit(2)])
+
+    decider = AdmissionDecider()
+    restarted = Reactor(bus, DeciderHandler(decider))
+    await restarted.start()
+    await drain(restarted)
+    admitted = [e.job_id for _, e in await log_of(bus) if type(e).__name__ == "JobAdmitted"]
+    assert admitted == ["job-1", "job-2"]

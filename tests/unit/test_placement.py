@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from builders import EventFeed, Job, brief, job, node, of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +21,7 @@ from contracts import (
 from libs.core.cluster import Cluster
 from libs.core.fit import Shortfall, fits, place_gang, place_replica
 from libs.core.placement import PlacementDecider
+from tests.unit.builders import EventFeed, Job, brief, job, node, of
 
 
 def cluster(*specs, busy: dict[str, int] | None = None, partial: dict[tuple[str, int], int] | None = None) -> Cluster:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from builders import EventFeed, brief, job, queue
 
 from contracts import (
     EventBase,
@@ -18,6 +17,7 @@ from contracts import (
     QuotaReserved,
 )
 from libs.core.quota import QuotaDecider
+from tests.unit.builders import EventFeed, brief, job, queue
 
 
 def quota(nominal_gpus: int | None = 4) -> EventFeed:
@@ -55,11 +55,13 @@ def test_a_job_beyond_its_queues_free_quota_is_deferred_once_with_its_shortfall(
     assert brief(feed.send(JobFinished, job_id="a")) == [("QuotaReleased", "a"), ("QuotaReserved", "big")]
 
 
-def test_a_job_that_does_not_fit_does_not_block_a_smaller_one_behind_it() -> None:
+def test_a_waiting_job_holds_back_lower_priority_ones_but_not_smaller_ones_of_its_own_priority() -> None:
     feed = quota()
     feed.admit("a", job().gpus(3))
-    assert brief(feed.admit("urgent", job().gpus(2).priority("urgent"))) == [("QuotaDeferred", "urgent")]
-    assert brief(feed.admit("batch", job().gpus(1).priority("batch"))) == [("QuotaReserved", "batch")]
+    assert brief(feed.admit("urgent", job().gpus(3).priority("urgent"))) == [("QuotaDeferred", "urgent")]
+    [held] = feed.admit("batch", job().gpus(1).priority("batch"))
+    assert isinstance(held, QuotaDeferred) and held.code == "behind_higher_priority"
+    assert brief(feed.admit("urgent-small", job().gpus(1).priority("urgent"))) == [("QuotaReserved", "urgent-small")]
 
 
 def test_freed_quota_goes_to_pending_jobs_by_priority_then_arrival() -> None:
@@ -68,7 +70,9 @@ def test_freed_quota_goes_to_pending_jobs_by_priority_then_arrival() -> None:
     assert brief(feed.admit("b1", job().gpus(2).priority("batch"))) == [("QuotaDeferred", "b1")]
     assert brief(feed.admit("u", job().gpus(4).priority("urgent"))) == [("QuotaDeferred", "u")]
     assert brief(feed.admit("b2", job().gpus(2).priority("batch"))) == [("QuotaDeferred", "b2")]
-    assert brief(feed.send(JobFinished, job_id="a")) == [("QuotaReleased", "a"), ("QuotaReserved", "u")]
+    # b2 was held behind u; now it waits for quota like b1 (a new reason, so a new deferral).
+    assert brief(feed.send(JobFinished, job_id="a")) == [
+        ("QuotaReleased", "a"), ("QuotaReserved", "u"), ("QuotaDeferred", "b2")]
     assert brief(feed.send(JobFinished, job_id="u")) == [
         ("QuotaReleased", "u"), ("QuotaReserved", "b1"), ("QuotaReserved", "b2")]
 

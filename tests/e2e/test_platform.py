@@ -1,0 +1,207 @@
+"""The whole platform as separate processes on real NATS and Redis: 200 jobs from 3 teams on a 10-node
+simulated cluster, with preemption, cancellations, duplicates, bad input and two service crashes."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from contracts import (
+    EventBase,
+    JobCancelled,
+    JobEvicted,
+    JobFailed,
+    JobFinished,
+    JobPlaced,
+    JobRejected,
+    PreemptionDecided,
+    SubmitJob,
+)
+from contracts.codec import decode
+from libs.audit.invariants import overallocations
+from libs.audit.log_reader import read_log
+from libs.audit.replay import replay
+from libs.bus.jetstream import Bus, BusConfig
+from libs.cli.client import ApiError, Client
+from libs.cli.up import start_platform
+from libs.runtime.embedded import EmbeddedServer, free_port
+
+pytestmark = pytest.mark.e2e
+
+CLUSTER = """sn,cpu_milli,memory_mib,gpu,model
+e2e-a100-0,96000,786432,8,A100
+e2e-a100-1,96000,786432,8,A100
+e2e-a100-2,96000,786432,8,A100
+e2e-a100-3,96000,786432,8,A100
+e2e-v100-0,64000,262144,4,V100M32
+e2e-v100-1,64000,262144,4,V100M32
+e2e-v100-2,64000,262144,4,V100M32
+e2e-t4-0,32000,131072,2,T4
+e2e-t4-1,32000,131072,2,T4
+e2e-t4-2,32000,131072,2,T4
+"""
+
+POLICY = """
+[[queues]]
+name = "alpha"
+team = "alpha"
+nominal_gpus = 16
+
+[[queues]]
+name = "beta"
+team = "beta"
+nominal_gpus = 16
+
+[[queues]]
+name = "gamma"
+team = "gamma"
+nominal_gpus = 12
+"""
+
+FINAL = {"succeeded", "failed", "cancelled", "rejected"}
+
+
+def random_job(rng: random.Random, i: int) -> dict[str, object]:
+    team = rng.choice(["alpha", "beta", "gamma"])
+    spec: dict[str, object] = {"team": team, "queue": team, "name": f"job-{i}",
+                               "priority": rng.choice(["batch", "training", "training", "urgent"]),
+                               "duration_s": round(rng.uniform(0.1, 1.2), 2), "user": f"u{i % 7}"}
+    shape = rng.random()
+    if shape < 0.3:
+        spec.update(gpus=1, gpu_milli=rng.choice([250, 500, 750]))
+    elif shape < 0.8:
+        spec.update(gpus=rng.choice([1, 1, 2, 4]))
+    else:
+        spec.update(gpus=rng.choice([2, 4]), replicas=2)
+    if rng.random() < 0.2 and int(spec["gpus"]) <= 2:  # every model has nodes of 2+ GPUs
+        spec["gpu_models"] = [rng.choice(["A100", "V100M32", "T4"])]
+    return spec
+
+
+def derive_final_states(events: list[tuple[int, EventBase]]) -> dict[str, str]:
+    """Each job's final state from the log alone, independent of the read models."""
+    final: dict[str, str] = {}
+    placed: set[str] = set()
+    for _, e in events:
+        job_id = getattr(e, "job_id", None)
+        if job_id is None or job_id in final:
+            continue
+        if isinstance(e, JobRejected):
+            final[job_id] = "rejected"
+        elif isinstance(e, JobPlaced):
+            placed.add(job_id)
+        elif isinstance(e, JobFinished):
+            final[job_id] = "succeeded" if e.exit_code == 0 else "failed"
+        elif isinstance(e, JobFailed):
+            final[job_id] = "failed"
+        elif isinstance(e, JobEvicted):
+            placed.discard(job_id)
+            if e.reason == "cancelled":
+                final[job_id] = "cancelled"
+        elif isinstance(e, JobCancelled) and job_id not in placed:
+            final[job_id] = "cancelled"
+    return final
+
+
+async def test_two_hundred_jobs_from_three_teams_all_reach_a_final_state(
+    tmp_path: Path, nats_server: EmbeddedServer, redis_server: EmbeddedServer, stream_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "cluster.csv").write_text(CLUSTER)
+    (tmp_path / "policy.toml").write_text(POLICY)
+    monkeypatch.setenv("NATS_URL", nats_server.url)
+    monkeypatch.setenv("REDIS_URL", redis_server.url)
+    env = {"GPUSCHED_STREAM": stream_name, "GPUSCHED_SUBJECT_PREFIX": stream_name.lower(),
+           "GPUSCHED_TICK_SECONDS": "1"}
+    sup, servers, _ = start_platform(tmp_path, tmp_path / "cluster.csv", tmp_path / "policy.toml",
+                                     api_port=free_port(), extra_env=env)
+    assert servers == []  # the session's NATS and Redis were used
+    try:
+        client = Client(f"http://127.0.0.1:{sup.ports['admission']}")
+        deadline = time.monotonic() + 30
+        while not (len(client.nodes()) == 10 and len(client.queues()) == 3):
+            assert time.monotonic() < deadline, "cluster never registered"
+            time.sleep(0.1)
+
+        accepted: list[str] = []
+        # 1. Low-priority work fills alpha's quota; urgent alpha work then has to preempt it.
+        for i in range(8):
+            accepted.append(client.submit({"team": "alpha", "queue": "alpha", "gpus": 2, "priority": "batch",
+                                           "duration_s": 4.0, "name": f"filler-{i}"})["id"])
+        time.sleep(1.0)
+        for i in range(2):
+            accepted.append(client.submit({"team": "alpha", "queue": "alpha", "gpus": 4, "priority": "urgent",
+                                           "duration_s": 0.5, "name": f"urgent-{i}"})["id"])
+        # 2. Bad input gets a specific 4xx and never reaches the log as a job.
+        for bad, code in (({"team": "alpha", "queue": "alpha", "gpus": 0}, "invalid_resources"),
+                          ({"team": "alpha", "queue": "alpha", "gpus": 1, "gpu_milli": 1500}, "gpu_milli_out_of_range"),
+                          ({"team": "nobody", "queue": "alpha"}, "unknown_team"),
+                          ({"team": "alpha", "queue": "alpha", "gpus": 16}, "exceeds_node_capacity"),
+                          ({"team": "alpha", "queue": "alpha", "gpu_models": ["TPU"]}, "unknown_gpu_model")):
+            with pytest.raises(ApiError) as err:
+                client.submit(bad)
+            assert (err.value.status, err.value.code) == (422, code)
+        # 3. A mixed stream of work from three teams, with duplicates, cancellations and two crashes.
+        rng = random.Random(7)
+        cancelled: list[str] = []
+        for i in range(190):
+            spec = random_job(rng, i)
+            if i % 40 == 0:
+                spec["idempotency_key"] = f"key-{i}"
+                first = client.submit(spec)
+                again = client.submit(spec)
+                assert again["id"] == first["id"]
+                accepted.append(first["id"])
+            else:
+                accepted.append(client.submit(spec)["id"])
+            if i % 45 == 3:
+                try:
+                    client.cancel(accepted[-1])
+                    cancelled.append(accepted[-1])
+                except ApiError as err:  # decided already; the race is legitimate
+                    assert err.code in {"job_final", "unknown_job"}
+            if i == 60:
+                sup.kill("placement")
+                sup.restart_dead()
+            if i == 120:
+                sup.kill("quota")
+                sup.restart_dead()
+            time.sleep(0.01)
+        assert len(accepted) == len(set(accepted)) == 200
+
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            jobs = {j["id"]: j for j in client.jobs(limit=1000)}
+            if all(jobs.get(i, {}).get("state") in FINAL for i in accepted):
+                break
+            sup.restart_dead()
+            time.sleep(0.5)
+
+        bus = await Bus.connect(BusConfig(url=nats_server.url, stream=stream_name,
+                                          subject_prefix=stream_name.lower()))
+        raw = await read_log(bus)
+        await bus.close()
+    finally:
+        sup.stop()
+
+    events = [(seq, decode(data)) for seq, data in raw]
+    (tmp_path / "log.jsonl").write_bytes(b"\n".join(b"%d %s" % (seq, data) for seq, data in raw))
+    stuck = [i for i in accepted if jobs.get(i, {}).get("state") not in FINAL]
+    assert not stuck, "\n".join(f"{seq} {type(e).__name__} {e.source} {getattr(e, 'code', '')}"
+                                 for seq, e in events if getattr(e, "job_id", getattr(e, "preemptor_id", "")) in stuck
+                                 or any(v.job_id in stuck for v in getattr(e, "victims", ())))
+    assert overallocations(events) == []
+    submitted = [e.job_id for _, e in events if isinstance(e, SubmitJob)]
+    assert sorted(set(submitted)) == sorted(accepted)  # nothing lost; duplicates collapsed by id
+    assert sum(isinstance(e, PreemptionDecided) for _, e in events) >= 1
+    from_log = derive_final_states(events)
+    assert {i: jobs[i]["state"] for i in accepted} == {i: from_log.get(i) for i in accepted}
+    assert all(from_log[i] == "cancelled" for i in cancelled if from_log[i] != "succeeded")
+    assert sum(1 for i in accepted if from_log[i] == "succeeded") >= 180
+
+    report = replay(raw)
+    assert report.decisions_checked > 1000
+    assert report.mismatches == []

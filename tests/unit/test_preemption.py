@@ -1,0 +1,191 @@
+"""Preemption: whom to evict so that a higher-priority job of the same queue can have its quota and GPUs.
+
+The scenarios run the whole pipeline (admission, quota, placement, preemption) so that every deferral and
+every placement the preemption decider sees is one the real deciders made.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from contracts import (
+    CancelJob,
+    JobEvicted,
+    PlacementDeferred,
+    PreemptionDecided,
+    PriorityClass,
+    PriorityClassesChanged,
+    QuotaDeferred,
+    Victim,
+)
+from libs.core.preemption import Running, choose_victims
+from tests.unit.builders import EventFeed, brief, job, kinds, node, of, pipeline, queue
+
+
+def running(job_id: str, demand: int) -> Running:
+    return Running(job_id=job_id, queue="q", priority=100, preemptible=True, demand=demand, placed_order=0,
+                   placements=())
+
+
+@pytest.mark.parametrize(("demands", "need", "chosen"), [
+    pytest.param({"a": 1, "b": 4}, 4, ["b"], id="a victim made unnecessary by a later one is dropped"),
+    pytest.param({"a": 1, "b": 1, "c": 1}, 2, ["a", "b"], id="greedy stops as soon as it is enough"),
+    pytest.param({"a": 2, "b": 1, "c": 2}, 3, ["a", "b"], id="every victim needed is kept"),
+    pytest.param({"a": 1, "b": 2, "c": 2}, 4, ["b", "c"], id="minimisation tries the last added first"),
+    pytest.param({"a": 1, "b": 1}, 3, [], id="not enough even with every candidate: none"),
+    pytest.param({}, 1, [], id="no candidates: none"),
+])
+def test_choose_victims_is_greedy_in_candidate_order_then_minimal(demands, need, chosen) -> None:
+    cands = [running(j, d) for j, d in demands.items()]
+    victims = choose_victims(cands, lambda vs: sum(v.demand for v in vs) >= need)
+    assert [v.job_id for v in victims] == chosen
+
+
+def unlimited(*nodes) -> EventFeed:
+    """Queues ml-train and cv-train without quota: only placement defers."""
+    feed = pipeline()
+    feed.queues(queue("ml-train", "ml"), queue("cv-train", "cv"))
+    feed.nodes(*nodes)
+    return feed
+
+
+def full_queue(nominal_gpus: int | None = 8) -> EventFeed:
+    """ml-train on node a (8 GPUs): v1, v2, v4 (batch) and v3 (experiment), 2 GPUs each, placed in order."""
+    feed = pipeline()
+    feed.queues(queue("ml-train", "ml", nominal_gpus), queue("cv-train", "cv", None))
+    feed.nodes(node("a", 8))
+    for job_id, prio in (("v1", "batch"), ("v2", "batch"), ("v3", "experiment"), ("v4", "batch")):
+        assert kinds(feed.submit(job_id, job().gpus(2).priority(prio)))[-1] == "JobPlaced"
+    return feed
+
+
+@pytest.mark.parametrize(("priority", "gpus", "victims"), [
+    pytest.param("urgent", 2, ["v4"], id="one batch job: the most recently placed"),
+    pytest.param("urgent", 4, ["v4", "v2"], id="two batch jobs, newest first"),
+    pytest.param("urgent", 6, ["v4", "v2", "v1"], id="every batch job before the experiment"),
+    pytest.param("urgent", 8, ["v4", "v2", "v1", "v3"], id="the experiment last, as it outranks batch"),
+    pytest.param("experiment", 2, ["v4"], id="an experiment evicts batch"),
+    pytest.param("experiment", 8, [], id="an experiment cannot evict another experiment"),
+    pytest.param("batch", 2, [], id="equal priority evicts nothing"),
+])
+def test_a_higher_priority_job_deferred_by_quota_evicts_the_lowest_priority_most_recently_placed_jobs_it_needs(
+        priority: str, gpus: int, victims: list[str]) -> None:
+    feed = full_queue()
+    out = feed.submit("p", job().gpus(gpus).priority(priority))
+    assert kinds(out)[:3] == ["JobSubmitted", "JobAdmitted", "QuotaDeferred"]
+    decided = of(out, PreemptionDecided)
+    assert [[v.job_id for v in d.victims] for d in decided] == ([victims] if victims else [])
+
+
+def test_a_preemption_decision_names_the_preemptor_and_each_victim() -> None:
+    feed = full_queue()
+    [decided] = of(feed.submit("p", job().gpus(2).priority("urgent")), PreemptionDecided)
+    assert (decided.preemptor_id, decided.code, decided.correlation_id) == ("p", "within_queue_priority", "p")
+    assert decided.victims == (Victim(job_id="v4", queue="ml-train", priority=100, gpu_milli=2000,
+                                      reason="within_queue_priority"),)
+
+
+def test_once_its_victim_is_evicted_the_preemptor_gets_the_quota_and_gpus_and_the_victim_waits() -> None:
+    feed = full_queue()
+    feed.submit("p", job().gpus(2).priority("urgent"))
+    out = feed.send(JobEvicted, job_id="v4", reason="preempted")
+    assert brief(out) == [("QuotaReleased", "v4"), ("QuotaReserved", "p"), ("QuotaDeferred", "v4"), ("JobPlaced", "p")]
+    assert [(p.node, p.gpu_indices) for p in out[-1].placements] == [("a", (6, 7))]
+    assert b'"in_flight":{}' in feed.deciders[3].snapshot()
+
+
+def test_a_higher_priority_job_deferred_by_placement_evicts_the_most_recently_placed_lower_priority_job() -> None:
+    feed = unlimited(node("a", 4))
+    feed.submit("v1", job().gpus(2).priority("batch"))
+    feed.submit("v2", job().gpus(2).priority("batch"))
+    out = feed.submit("p", job().gpus(2).priority("urgent"))
+    assert kinds(out) == ["JobSubmitted", "JobAdmitted", "QuotaReserved", "PlacementDeferred", "PreemptionDecided"]
+    assert [v.job_id for v in out[-1].victims] == ["v2"]
+    # Placement reads the eviction before quota's re-reservation of the victim: the preemptor goes first.
+    assert brief(feed.send(JobEvicted, job_id="v2", reason="preempted")) == [
+        ("QuotaReleased", "v2"), ("QuotaReserved", "v2"), ("JobPlaced", "p"), ("PlacementDeferred", "v2")]
+
+
+def test_one_big_victim_replaces_a_small_one_that_would_not_suffice() -> None:
+    feed = unlimited(node("a", 5))
+    feed.submit("big", job().gpus(4).priority("batch"))
+    feed.submit("small", job().gpus(1).priority("batch"))
+    [decided] = of(feed.submit("p", job().gpus(4).priority("urgent")), PreemptionDecided)
+    assert [v.job_id for v in decided.victims] == ["big"]
+
+
+def test_jobs_of_other_queues_are_never_victims() -> None:
+    feed = unlimited(node("a", 4))
+    feed.submit("cv", job("cv", "cv-train").gpus(4).priority("batch"))
+    assert kinds(feed.submit("p", job().gpus(2).priority("urgent")))[-1] == "PlacementDeferred"
+
+
+@pytest.mark.parametrize("running_priority", ["training", "urgent"], ids=["equal", "higher"])
+def test_jobs_of_equal_or_higher_priority_are_never_victims(running_priority: str) -> None:
+    feed = unlimited(node("a", 4))
+    feed.submit("r", job().gpus(4).priority(running_priority))
+    assert kinds(feed.submit("p", job().gpus(2).priority("training")))[-1] == "PlacementDeferred"
+
+
+CLASSES = (PriorityClass(name="critical", value=2000), PriorityClass(name="production-inference", value=1000,
+                                                                      preemptible=False),
+           PriorityClass(name="serving", value=50, preemptible=False), PriorityClass(name="batch", value=100))
+
+
+@pytest.mark.parametrize(("gpus", "victims"), [
+    pytest.param(2, ["b"], id="the preemptible batch job, not the lower serving one"),
+    pytest.param(4, None, id="no decision when only non-preemptible jobs would make room"),
+])
+def test_jobs_of_non_preemptible_classes_are_never_victims(gpus: int, victims: list[str] | None) -> None:
+    feed = unlimited(node("a", 6))
+    feed.send(PriorityClassesChanged, classes=CLASSES, version=1)
+    feed.submit("b", job().gpus(2).priority("batch"))
+    feed.submit("s", job().gpus(2).priority("serving"))
+    feed.submit("inf", job().gpus(2).priority("production-inference"))
+    decided = of(feed.submit("p", job().gpus(gpus).priority("critical")), PreemptionDecided)
+    assert [[v.job_id for v in d.victims] for d in decided] == ([victims] if victims else [])
+
+
+@pytest.mark.parametrize(("setup", "preemptor"), [
+    pytest.param([("cv", 3), ("ml", 1)], job().gpus(2), id="the victims free too few GPUs"),
+    pytest.param([("ml", 4)], job().gpus(2).models("H100"), id="the victims hold GPUs the preemptor cannot use"),
+])
+def test_no_decision_when_the_simulation_says_the_evictions_would_not_help(setup, preemptor) -> None:
+    feed = unlimited(node("a", 4), node("h", 4, "H100"))
+    feed.submit("fill-h", job("cv", "cv-train").gpus(4).models("H100"))
+    for team, gpus in setup:
+        feed.submit(f"{team}-{gpus}", job(team, f"{team}-train").gpus(gpus).priority("batch"))
+    out = feed.submit("p", preemptor.priority("urgent"))
+    assert kinds(out)[-1] == "PlacementDeferred" and not of(out, PreemptionDecided)
+
+
+def test_no_second_decision_while_the_victims_are_in_flight_and_in_flight_victims_are_not_chosen_again() -> None:
+    feed = full_queue()
+    [first] = of(feed.submit("p", job().gpus(2).priority("urgent")), PreemptionDecided)
+    assert [v.job_id for v in first.victims] == ["v4"]
+    assert feed.send(PlacementDeferred, job_id="p", code="insufficient_gpus", message="") == []
+    assert feed.send(QuotaDeferred, job_id="p", queue="ml-train", code="queue_quota_exhausted", message="") == []
+    [second] = of(feed.submit("p2", job().gpus(2).priority("urgent")), PreemptionDecided)
+    assert [v.job_id for v in second.victims] == ["v2"]
+
+
+# --- a preemptor keeps what was freed for it ---------------------------------------------------------
+
+@pytest.mark.parametrize("nominal_gpus", [8, None], ids=["quota-bound", "placement-bound"])
+def test_a_preemptor_that_needs_two_victims_runs_once_both_are_evicted(nominal_gpus: int | None) -> None:
+    feed = full_queue(nominal_gpus)
+    [decided] = of(feed.submit("p", job().gpus(4).priority("urgent")), PreemptionDecided)
+    assert [v.job_id for v in decided.victims] == ["v4", "v2"]
+    out = feed.send(JobEvicted, job_id="v4", reason="preempted") + feed.send(JobEvicted, job_id="v2",
+                                                                             reason="preempted")
+    assert ("JobPlaced", "p") in brief(out)
+
+
+def test_no_eviction_when_a_cancelled_job_already_on_its_way_out_frees_enough() -> None:
+    feed = unlimited(node("a", 8))
+    feed.submit("v", job().gpus(4).priority("batch"))
+    feed.submit("c", job().gpus(4).priority("batch"))
+    feed.send(CancelJob, job_id="c")
+    out = feed.submit("p", job().gpus(4).priority("urgent"))
+    assert "PlacementDeferred" in kinds(out)  # placement keeps c's GPUs until its eviction is reported
+    assert of(out, PreemptionDecided) == []  # fails: v is evicted, though c's eviction alone makes room
