@@ -199,7 +199,7 @@ Event = (
     | ClockTick
 )
 
-ALL_EVENT_TYPES: Final[tuple[type[EventBase], ...]] = Event.__args__  # type: ignore[attr-defined]
+ALL_EVENT_TYPES: Final[tuple[type[EventBase], ...]] = Event.__args__
 COMMAND_TYPES: Final[frozenset[type[EventBase]]] = frozenset({SubmitJob, CancelJob})
 
 

@@ -48,6 +48,7 @@ def replay(log: Iterable[tuple[int, bytes]]) -> ReplayReport:
     started = time.perf_counter()
     report = ReplayReport()
     entries: list[tuple[int, EventBase]] = []
+    event: EventBase
     recorded: dict[tuple[str, int], list[bytes]] = {}
     for seq, raw in log:
         try:

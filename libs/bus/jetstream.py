@@ -84,8 +84,9 @@ class Bus:
             num_replicas=self.config.replicas, max_msg_size=1 << 20,
         )
         dlq = StreamConfig(
-            name=self.config.dlq_stream, subjects=[f"{self.config.subject_prefix}.dlq.>"], retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE, num_replicas=self.config.replicas, max_age=30 * 86400.0,
+            name=self.config.dlq_stream, subjects=[f"{self.config.subject_prefix}.dlq.>"],
+            retention=RetentionPolicy.LIMITS, storage=StorageType.FILE, num_replicas=self.config.replicas,
+            max_age=30 * 86400.0,
         )
         for cfg in (main, dlq):
             try:

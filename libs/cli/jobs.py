@@ -105,7 +105,7 @@ def cmd_usage(args: argparse.Namespace) -> None:
            [[u["team"], f"{u['gpu_seconds']:.1f}", u["jobs_finished"]] for u in usage])
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("submit", help="submit a job")
     p.add_argument("--team", required=True)
     p.add_argument("--queue", required=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -30,10 +31,8 @@ def _wait_for_cluster(client: Client, timeout: float = 60.0) -> tuple[int, int]:
     deadline = time.monotonic() + timeout
     nodes = queues = []
     while time.monotonic() < deadline:
-        try:
+        with contextlib.suppress(ApiError):
             nodes, queues = client.nodes(), client.queues()
-        except ApiError:
-            pass
         if nodes and queues:
             return len(nodes), len(queues)
         time.sleep(0.2)
@@ -113,7 +112,7 @@ def cmd_up(args: argparse.Namespace) -> None:
         console.print("stopped.")
 
 
-def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="run the whole platform locally (embedded NATS and Redis unless given)")
     p.add_argument("--cluster", default=str(DEFAULT_CLUSTER), help="node list CSV (openb format)")
     p.add_argument("--policy", default=str(DEFAULT_POLICY), help="queues and priority classes (TOML)")

@@ -33,7 +33,6 @@ from contracts.views import JobView, NodeView, QueueView, TeamUsage
 from libs.core.cluster import FULL, Cluster
 from libs.core.policy import PolicyBook
 
-
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "rejected"})
 
 

@@ -130,12 +130,18 @@ class PreemptionDecider:
                 s.used[event.queue] = s.used.get(event.queue, 0) - event.gpu_milli
             case JobPlaced():
                 s.waiting.pop(event.job_id, None)
-                spec = s.specs[event.job_id]
+                spec = s.specs.get(event.job_id)
                 self._placed += 1
-                s.running[event.job_id] = Running(
-                    job_id=event.job_id, queue=spec.queue, priority=self.policy.priority_of(spec),
-                    preemptible=self.policy.preemptible(spec), demand=demand_milli(spec),
-                    placed_order=self._placed, placements=event.placements)
+                if spec is None:
+                    # Placed after it was cancelled: it holds GPUs until its executor reports it gone.
+                    s.cancelled[event.job_id] = None
+                    run = Running(job_id=event.job_id, queue="", priority=0, preemptible=False, demand=0,
+                                  placed_order=self._placed, placements=event.placements)
+                else:
+                    run = Running(job_id=event.job_id, queue=spec.queue, priority=self.policy.priority_of(spec),
+                                  preemptible=self.policy.preemptible(spec), demand=demand_milli(spec),
+                                  placed_order=self._placed, placements=event.placements)
+                s.running[event.job_id] = run
                 self.cluster.allocate(event.placements)
             case PreemptionDecided():
                 s.in_flight[event.preemptor_id] = [v.job_id for v in event.victims]

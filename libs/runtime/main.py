@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from libs.core.decider import Decider
 from libs.runtime.handler import DeciderHandler
@@ -22,7 +24,7 @@ def configure_logging(service: str) -> None:
     )
 
 
-def service_main(service: str, serve: Callable[[Settings], Awaitable[None]]) -> None:
+def service_main(service: str, serve: Callable[[Settings], Coroutine[Any, Any, None]]) -> None:
     configure_logging(service)
     try:
         import uvloop
@@ -30,10 +32,8 @@ def service_main(service: str, serve: Callable[[Settings], Awaitable[None]]) -> 
         uvloop.install()
     except ImportError:  # uvloop is optional (not on every platform)
         pass
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(Settings.from_env(service)))
-    except KeyboardInterrupt:
-        pass
 
 
 def decider_main(service: str, make_decider: Callable[[], Decider]) -> None:

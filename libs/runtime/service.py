@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from aiohttp import web
 
@@ -18,7 +19,7 @@ from libs.runtime.settings import Settings
 
 log = logging.getLogger(__name__)
 
-Task = Callable[[Bus, Reactor], Awaitable[None]]
+Task = Callable[[Bus, Reactor], Coroutine[Any, Any, None]]
 
 
 async def run_service(
@@ -53,13 +54,14 @@ async def run_service(
     stopper = asyncio.create_task(stop.wait(), name="stop")
     done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
     reactor.stop()
+    failed = [t for t in done if t is not stopper and not t.cancelled() and t.exception() is not None]
+    for t in failed:
+        log.error("%s task %s failed", settings.service, t.get_name(), exc_info=t.exception())
     for t in [*tasks, stopper]:
         t.cancel()
-    for t in done:
-        if t is not stopper and not t.cancelled() and t.exception() is not None:
-            log.error("%s task %s failed", settings.service, t.get_name(), exc_info=t.exception())
+    # Wait for the cancelled tasks before closing the connection they use.
+    await asyncio.gather(*tasks, stopper, return_exceptions=True)
     await runner.cleanup()
     await bus.close()
-    failed = [t for t in done if t is not stopper and not t.cancelled() and t.exception() is not None]
     if failed:
-        raise SystemExit(1)
+        raise SystemExit(1)  # crash-only: the supervisor restarts us and we resume from the log

@@ -87,7 +87,7 @@ class ViewStore:
             if not ids:
                 break
             start += len(ids)
-            raws = await self.r.mget([self.job_key(i.decode()) for i in ids])
+            raws = await self.r.mget([self.job_key(i.decode() if isinstance(i, bytes) else str(i)) for i in ids])
             for raw in raws:
                 if not raw:
                     continue

@@ -12,7 +12,7 @@ from contracts.views import ApiError, JobCreated, JobView, NodeView, QueueView, 
 _MODELS = (JobSpec, JobView, QueueView, NodeView, TeamUsage, ApiError, JobCreated)
 
 
-def _ref(name: str) -> dict[str, str]:
+def _ref(name: str) -> dict[str, Any]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
@@ -27,7 +27,7 @@ def _errors(*codes: int) -> dict[str, Any]:
 def openapi_document() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(_MODELS, ref_template="#/components/schemas/{name}")
     job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
-    query = [{"name": n, "in": "query", "required": False, "schema": {"type": "string"}}
+    query: list[dict[str, Any]] = [{"name": n, "in": "query", "required": False, "schema": {"type": "string"}}
              for n in ("queue", "state", "team")]
     query += [{"name": n, "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0}}
               for n in ("limit", "offset")]

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from contracts import (
     EventBase,
@@ -61,7 +62,8 @@ class SimExecutor:
         return (NodeRegistered, JobSubmitted, JobPlaced, PreemptionDecided, JobCancelled, JobStarted,
                 JobFinished, JobFailed, JobEvicted)
 
-    def _report(self, event_type: type[EventBase], run: Run, what: str, **fields: object) -> EventBase:
+    def _report(self, event_type: Any, run: Run, what: str, **fields: Any) -> EventBase:
+        """An executor report about one run; `event_type` is one of the Job* executor events."""
         return event_type(id=derived_id(SOURCE, run.run_id, what), ts=time.time(), source=SOURCE,
                           correlation_id=run.job_id, job_id=run.job_id, **fields)
 

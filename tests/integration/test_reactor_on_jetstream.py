@@ -39,7 +39,7 @@ async def log_of(bus: Bus) -> list[tuple[int, object]]:
     reader = await bus.reader(bus.log_subjects())
     out: list[tuple[int, object]] = []
     last = await bus.last_seq()
-    while out and out[-1][0] < last or not out:
+    while (out and out[-1][0] < last) or not out:
         msgs = await reader.fetch(1000, timeout=1.0)
         if not msgs:
             break
@@ -64,10 +64,11 @@ async def test_a_batch_of_submissions_is_decided_and_published_once(bus: Bus) ->
 
 async def test_malformed_unknown_and_mislabelled_messages_go_to_the_dead_letter_stream(bus: Bus) -> None:
     await bus.publish(setup_events())
-    await bus.js.publish(bus.subject_for_type(SubmitJob), b"{not json")
-    await bus.js.publish(bus.subject_for_type(SubmitJob), b'{"type":"Bogus","id":"x","ts":1,"source":"y"}')
-    await bus.js.publish(bus.subject_for_type(SubmitJob), encode(setup_events()[0]))  # a policy event on a command subject
-    await bus.js.publish(bus.subject_for_type(SubmitJob), b'{"type":"SubmitJob","id":"x","ts":1,"source":"y","job_id":"j"}')
+    subject = bus.subject_for_type(SubmitJob)
+    await bus.js.publish(subject, b"{not json")
+    await bus.js.publish(subject, b'{"type":"Bogus","id":"x","ts":1,"source":"y"}')
+    await bus.js.publish(subject, encode(setup_events()[0]))  # a policy event on a command subject
+    await bus.js.publish(subject, b'{"type":"SubmitJob","id":"x","ts":1,"source":"y","job_id":"j"}')
     await bus.publish([submit(1)])
     reactor = Reactor(bus, DeciderHandler(AdmissionDecider()))
     await reactor.start()
@@ -106,7 +107,7 @@ async def test_a_restarted_reactor_catches_up_without_republishing_and_continues
 
 
 async def test_redelivered_messages_are_skipped_and_re_derived_decisions_are_deduplicated(bus: Bus) -> None:
-    await bus.publish(setup_events() + [submit(1)])
+    await bus.publish([*setup_events(), submit(1)])
     reactor = Reactor(bus, DeciderHandler(AdmissionDecider()))
     await reactor.start()
     assert reactor._consumer is not None
@@ -123,9 +124,9 @@ async def test_redelivered_messages_are_skipped_and_re_derived_decisions_are_ded
 
 async def test_the_log_is_append_only(bus: Bus) -> None:
     await bus.publish(setup_events())
-    with pytest.raises(Exception, match="(?i)purge|not allowed|denied"):
+    with pytest.raises(Exception, match=r"(?i)purge|not allowed|denied"):
         await bus.js.purge_stream(bus.config.stream)
-    with pytest.raises(Exception, match="(?i)delete|not allowed|denied"):
+    with pytest.raises(Exception, match=r"(?i)delete|not allowed|denied"):
         await bus.js.delete_msg(bus.config.stream, 1)
 
 
@@ -145,7 +146,7 @@ def test_decisions_round_trip_through_the_codec() -> None:
 
 
 async def test_events_delivered_to_a_crashed_process_are_handled_first_and_in_order_after_restart(bus: Bus) -> None:
-    await bus.publish(setup_events() + [submit(1)])
+    await bus.publish([*setup_events(), submit(1)])
     crashed = Reactor(bus, DeciderHandler(AdmissionDecider()))
     await crashed.start()
     assert crashed._consumer is not None

@@ -189,3 +189,20 @@ def test_no_eviction_when_a_cancelled_job_already_on_its_way_out_frees_enough() 
     out = feed.submit("p", job().gpus(4).priority("urgent"))
     assert "PlacementDeferred" in kinds(out)  # placement keeps c's GPUs until its eviction is reported
     assert of(out, PreemptionDecided) == []  # fails: v is evicted, though c's eviction alone makes room
+
+
+def test_a_job_placed_after_its_cancellation_holds_its_gpus_and_is_never_chosen_as_a_victim() -> None:
+    from contracts import JobCancelled, JobPlaced, JobSubmitted, ReplicaPlacement
+    from libs.core.preemption import PreemptionDecider
+    from tests.unit.builders import spec_of
+
+    feed = EventFeed(PreemptionDecider())
+    feed.nodes(node("a", 8))
+    feed.send(JobSubmitted, job_id="v", spec=spec_of(job().gpus(8).priority("batch")))
+    feed.send(JobCancelled, job_id="v", reason="user_request")
+    # Placement decided before it saw the cancellation: the placement still arrives afterwards.
+    feed.send(JobPlaced, job_id="v", placements=(ReplicaPlacement(replica=0, node="a", gpu_indices=tuple(range(8)),
+                                                                  gpu_milli=1000),))
+    feed.send(JobSubmitted, job_id="p", spec=spec_of(job().gpus(8).priority("urgent")))
+    out = feed.send(PlacementDeferred, job_id="p", code="insufficient_gpus", message="")
+    assert of(out, PreemptionDecided) == []  # v is leaving anyway
