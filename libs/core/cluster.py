@@ -40,7 +40,10 @@ class Node:
     def gpu(self, index: int) -> Gpu:
         if index < len(self.gpus) and self.gpus[index].index == index:
             return self.gpus[index]
-        return next(g for g in self.gpus if g.index == index)
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        raise KeyError(f"node {self.name} has no GPU {index}")
 
     def idle_gpus(self) -> list[Gpu]:
         return [g for g in self.gpus if g.healthy and g.idle]

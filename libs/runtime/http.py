@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -12,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from contracts.views import ApiError
 
 JSON = "application/json"
+log = logging.getLogger(__name__)
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -22,8 +24,27 @@ def error_response(status: int, code: str, message: str) -> web.Response:
     return json_response(ApiError(code=code, message=message), status=status)
 
 
+_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
+          415: "unsupported_media_type"}
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                      ) -> web.StreamResponse:
+    """Every error leaves as JSON with a code and a message, including aiohttp's own (404, 405, 413)."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, _CODES.get(exc.status, f"http_{exc.status}"), exc.reason or exc.text or "")
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "internal_error", "the server failed; the request was not applied")
+
+
 def base_app(service: str, is_ready: Callable[[], bool]) -> web.Application:
-    app = web.Application(client_max_size=1 << 20)
+    app = web.Application(client_max_size=1 << 20, middlewares=[json_errors])
 
     async def healthz(_: web.Request) -> web.Response:
         return json_response({"service": service, "status": "ok"})

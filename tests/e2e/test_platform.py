@@ -3,8 +3,11 @@ simulated cluster, with preemption, cancellations, duplicates, bad input and two
 
 from __future__ import annotations
 
+import json
 import random
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -79,6 +82,35 @@ def random_job(rng: random.Random, i: int) -> dict[str, object]:
     if rng.random() < 0.2 and int(spec["gpus"]) <= 2:  # every model has nodes of 2+ GPUs
         spec["gpu_models"] = [rng.choice(["A100", "V100M32", "T4"])]
     return spec
+
+
+def check_api_edges(client: Client, finished_id: str, ports: dict[str, int]) -> None:
+    """The API's answers beyond the happy path: each error carries a code, documents come from contracts."""
+    base = client.base
+    for method, path, body, status, code in (
+        ("POST", "/v1/jobs", b"{not json", 400, "malformed_json"),
+        ("POST", "/v1/jobs", b'{"team": "alpha"}', 400, "invalid_request"),
+        ("POST", "/v1/jobs", b'{"team": "alpha", "queue": "alpha", "gpus": "two"}', 400, "invalid_request"),
+        ("GET", "/v1/jobs/no-such-job", None, 404, "unknown_job"),
+        ("DELETE", "/v1/jobs/no-such-job", None, 404, "unknown_job"),
+        ("DELETE", f"/v1/jobs/{finished_id}", None, 409, "job_final"),
+        ("GET", "/v1/jobs?state=sleeping", None, 400, "unknown_state"),
+    ):
+        req = urllib.request.Request(base + path, data=body, method=method)
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=5)
+        assert (err.value.code, json.loads(err.value.read())["code"]) == (status, code), path
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(base + "/v1/jobs", data=b"x" * (2 << 20), timeout=5)
+    assert (err.value.code, json.loads(err.value.read())["code"]) == (413, "payload_too_large")
+    with urllib.request.urlopen(base + "/openapi.json", timeout=5) as resp:
+        doc = json.loads(resp.read())
+    assert "JobSpec" in doc["components"]["schemas"] and "/v1/jobs" in doc["paths"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{ports['accounting']}/metrics", timeout=5) as resp:
+        metrics = resp.read().decode()
+    for name in ("gpusched_pending_jobs", "gpusched_admission_wait_time_seconds_bucket", "gpusched_preemptions_total",
+                 "gpusched_team_gpu_seconds", "gpusched_gpu_allocation_ratio", "gpusched_events_consumed_total"):
+        assert name in metrics, name
 
 
 def derive_final_states(events: list[tuple[int, EventBase]]) -> dict[str, str]:
@@ -180,6 +212,7 @@ async def test_two_hundred_jobs_from_three_teams_all_reach_a_final_state(
             sup.restart_dead()
             time.sleep(0.5)
 
+        check_api_edges(client, accepted[0], sup.ports)
         bus = await Bus.connect(BusConfig(url=nats_server.url, stream=stream_name,
                                           subject_prefix=stream_name.lower()))
         raw = await read_log(bus)
