@@ -17,7 +17,7 @@ from contracts.model import JobSpec, NodeSpec, PriorityClass, QueueSpec, Replica
 SUBJECT_PREFIX: Final = "gs"
 
 
-class EventBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True):
+class EventBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True, omit_defaults=True):
     id: str
     ts: float
     source: str

@@ -8,6 +8,15 @@ from dataclasses import dataclass, field
 from contracts import NodeSpec, ReplicaPlacement
 
 FULL = 1000  # thousandths of a GPU
+MIG_SLICES = 7  # compute slices of a MIG-enabled GPU (A100/H100/H200 family)
+
+
+def mig_slices(profile: str) -> int:
+    """Slices a MIG profile takes: "3g.40gb" -> 3. 0 when the name is not a MIG profile."""
+    head = profile.split(".", 1)[0]
+    if len(head) < 2 or not head.endswith("g") or not head[:-1].isdigit():
+        return 0
+    return int(head[:-1])
 
 
 @dataclass(slots=True)
@@ -19,6 +28,10 @@ class Gpu:
     free_milli: int = FULL
     free_memory_mib: int = 0
     healthy: bool = True
+    nvlink_group: int = -1
+    mig_enabled: bool = False
+    # Free MIG slices (MIG-enabled GPUs only); a MIG GPU's free_milli tracks its slices too.
+    free_slices: int = 0
 
     @property
     def idle(self) -> bool:
@@ -36,6 +49,8 @@ class Node:
     free_memory_mib: int = 0
     online: bool = True
     models: frozenset[str] = frozenset()
+    rdma_nics: int = 0
+    free_rdma_nics: int = 0
 
     def gpu(self, index: int) -> Gpu:
         if index < len(self.gpus) and self.gpus[index].index == index:
@@ -54,33 +69,56 @@ class Cluster:
     nodes: dict[str, Node] = field(default_factory=dict)
     # Nodes in name order, kept on registration: every scan walks nodes in this order.
     _order: list[Node] = field(default_factory=list)
+    # Bumped when the set of nodes changes; array views rebuild then.
+    version: int = 0
+    # Nodes whose free capacity changed, per array view that has not seen it yet.
+    _watchers: dict[int, dict[str, None]] = field(default_factory=dict)
+    # The placement engine bound to this cluster (libs.core.fit.Placer), made on first use.
+    placer: object | None = None
+
+    def changed_since(self, watcher: object) -> list[str]:
+        changed = self._watchers.setdefault(id(watcher), {})
+        names = list(changed)
+        changed.clear()
+        return names
+
+    def _touch(self, name: str) -> None:
+        for changed in self._watchers.values():
+            changed[name] = None
 
     def register(self, spec: NodeSpec) -> None:
         """(Re)register a node: capacity comes from the spec, current use is kept."""
         old = self.nodes.get(spec.name)
         gpus = [
             Gpu(node=spec.name, index=g.index, model=g.model, memory_mib=g.memory_mib,
-                free_memory_mib=g.memory_mib, healthy=g.healthy)
+                free_memory_mib=g.memory_mib, healthy=g.healthy, nvlink_group=g.nvlink_group,
+                mig_enabled=g.mig_enabled, free_slices=MIG_SLICES if g.mig_enabled else 0)
             for g in sorted(spec.gpus, key=lambda g: g.index)
         ]
         node = Node(name=spec.name, gpus=gpus, cpu_milli=spec.cpu_milli, memory_mib=spec.memory_mib,
                     labels=dict(spec.labels), free_cpu_milli=spec.cpu_milli,
-                    free_memory_mib=spec.memory_mib, models=frozenset(g.model for g in gpus))
+                    free_memory_mib=spec.memory_mib, models=frozenset(g.model for g in gpus),
+                    rdma_nics=spec.rdma_nics, free_rdma_nics=spec.rdma_nics)
         if old is not None:
             node.free_cpu_milli -= old.cpu_milli - old.free_cpu_milli
             node.free_memory_mib -= old.memory_mib - old.free_memory_mib
+            node.free_rdma_nics -= old.rdma_nics - old.free_rdma_nics
             by_index = {g.index: g for g in old.gpus}
             for g in node.gpus:
                 prev = by_index.get(g.index)
                 if prev is not None:
                     g.free_milli -= FULL - prev.free_milli
                     g.free_memory_mib -= prev.memory_mib - prev.free_memory_mib
+                    if g.mig_enabled and prev.mig_enabled:
+                        g.free_slices -= MIG_SLICES - prev.free_slices
         self.nodes[spec.name] = node
         self._order = [self.nodes[k] for k in sorted(self.nodes)]
+        self.version += 1
 
     def set_online(self, node: str, online: bool) -> None:
         if node in self.nodes:
             self.nodes[node].online = online
+            self._touch(node)
 
     def set_gpu_health(self, node: str, index: int, healthy: bool) -> None:
         n = self.nodes.get(node)
@@ -88,6 +126,7 @@ class Cluster:
             return
         if any(g.index == index for g in n.gpus):
             n.gpu(index).healthy = healthy
+            self._touch(node)
 
     def allocate(self, placements: Iterable[ReplicaPlacement]) -> None:
         self._apply(placements, sign=-1)
@@ -100,12 +139,15 @@ class Cluster:
             node = self.nodes.get(p.node)
             if node is None:
                 continue
+            self._touch(p.node)
             node.free_cpu_milli += sign * p.cpu_milli
             node.free_memory_mib += sign * p.memory_mib
+            node.free_rdma_nics += sign * p.rdma_nics
             for idx in p.gpu_indices:
                 gpu = node.gpu(idx)
                 gpu.free_milli += sign * p.gpu_milli
                 gpu.free_memory_mib += sign * p.gpu_memory_mib
+                gpu.free_slices += sign * p.mig_slices
 
     def sorted_nodes(self) -> list[Node]:
         return self._order

@@ -1,23 +1,32 @@
-"""Where a job's replicas fit: best-fit for whole GPUs and GPU fractions, gangs all or nothing.
+"""Where a job's replicas fit: one replica at a time through the scoring policies, a gang all or nothing,
+with topology (one node, rack or block), spread across nodes, and MIG instances.
 
-Best-fit keeps big holes for big jobs: a whole-GPU replica goes to the eligible node with the fewest idle
-GPUs left over; a fractional replica goes to the eligible GPU with the least share left over, so partly
-used GPUs fill up before idle ones are broken.
+`Placer` keeps the array view and the fragmentation model of one Cluster; the placement service, the
+preemption simulation and the FGD benchmark all place through it, so they agree by construction.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contracts import JobSpec, ReplicaPlacement
-from libs.core.cluster import FULL, Cluster, Gpu, Node
-from libs.core.policy import demand_milli, replica_milli
+import msgspec
+import numpy as np
 
-# Reason codes of a placement that failed; also used by PlacementDeferred.code.
+from contracts import JobSpec, ReplicaPlacement
+from libs.core.arrays import ClusterArrays
+from libs.core.cluster import FULL, MIG_SLICES, Cluster, Node, mig_slices
+from libs.core.policy import demand_milli, replica_milli
+from libs.core.scoring import DEFAULT_POLICY, POLICIES, Choice, FragModel, Mask, Request, choose
+from libs.core.shapes import TypicalShapes
+
+# Reason codes of a placement that failed; also PlacementDeferred.code.
 NO_MODEL_MATCH = "no_model_match"
 INSUFFICIENT_GPUS = "insufficient_gpus"
 FRAGMENTATION = "fragmentation"
 INSUFFICIENT_CPU_MEMORY = "insufficient_cpu_memory"
+TOPOLOGY = "topology"
+GANG = "gang"
+TOPOLOGY_LABELS = ("rack", "block")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,121 +36,194 @@ class Shortfall:
     shortfall_milli: int
 
 
+class Placer:
+    def __init__(self, cluster: Cluster, typical: TypicalShapes | None = None) -> None:
+        self.cluster = cluster
+        self.arrays = ClusterArrays(cluster)
+        self.typical = typical
+        self.frag: FragModel | None = None
+
+    def set_typical(self, typical: TypicalShapes | None) -> None:
+        self.typical = typical
+        self.frag = None
+
+    def _sync(self) -> FragModel | None:
+        rows = self.arrays.refresh()
+        if self.typical is None or not self.typical.shapes:
+            return None
+        if self.frag is None or self.frag.version != self.arrays.version:
+            self.frag = FragModel(self.arrays, self.typical)
+        elif rows:
+            self.frag.update(rows)
+        return self.frag
+
+    # --- one replica -------------------------------------------------------------------------------
+
+    def place_replica(self, spec: JobSpec, replica: int, policy: str = DEFAULT_POLICY, salt: int = 0,
+                      allowed: Mask | None = None) -> ReplicaPlacement | None:
+        """Choose and allocate one replica; None when it fits nowhere (within `allowed` rows)."""
+        if spec.mig_profile:
+            return self._place_mig(spec, replica, allowed)
+        frag = self._sync()
+        req = Request.of(spec)
+        choice = choose(self.arrays, frag, req, policy if policy in POLICIES else DEFAULT_POLICY, salt, allowed)
+        if choice is None:
+            return None
+        placement = self._placement(spec, replica, choice, req)
+        self.cluster.allocate((placement,))
+        return placement
+
+    def _placement(self, spec: JobSpec, replica: int, choice: Choice, req: Request) -> ReplicaPlacement:
+        node = self.arrays.nodes[choice.row]
+        indices = tuple(node.gpus[j].index for j in choice.gpus)
+        return ReplicaPlacement(
+            replica=replica, node=node.name, gpu_indices=indices, gpu_milli=req.milli if indices else 0,
+            gpu_memory_mib=spec.gpu_memory_mib if indices else 0, cpu_milli=spec.cpu_milli,
+            memory_mib=spec.memory_mib, model=node.gpus[choice.gpus[0]].model if indices else "",
+            rdma_nics=spec.rdma_nics)
+
+    def _place_mig(self, spec: JobSpec, replica: int, allowed: Mask | None) -> ReplicaPlacement | None:
+        """Best fit on MIG slices: the MIG-enabled GPU with the fewest slices left that still fit."""
+        need = mig_slices(spec.mig_profile)
+        best: tuple[int, str, int] | None = None
+        for i, node in enumerate(self.arrays.nodes):
+            if allowed is not None and not allowed[i]:
+                continue
+            if not _host_ok(node, spec):
+                continue
+            for g in node.gpus:
+                if (g.mig_enabled and g.healthy and g.free_slices >= need
+                        and (not spec.gpu_models or g.model in spec.gpu_models)):
+                    key = (g.free_slices - need, node.name, g.index)
+                    if best is None or key < best:
+                        best = key
+        if best is None:
+            return None
+        placement = ReplicaPlacement(
+            replica=replica, node=best[1], gpu_indices=(best[2],), gpu_milli=need * FULL // MIG_SLICES,
+            cpu_milli=spec.cpu_milli, memory_mib=spec.memory_mib, mig_slices=need, rdma_nics=spec.rdma_nics,
+            model=self.cluster.nodes[best[1]].gpu(best[2]).model)
+        self.cluster.allocate((placement,))
+        return placement
+
+    # --- a gang --------------------------------------------------------------------------------------
+
+    def place_gang(self, spec: JobSpec, policy: str = DEFAULT_POLICY, salt: int = 0
+                   ) -> tuple[ReplicaPlacement, ...] | Shortfall:
+        """Place every replica or none: on failure the cluster is left exactly as it was."""
+        if spec.topology:
+            for domain in self._domains(spec):
+                placed = self._try_all(spec, policy, salt, domain)
+                if placed is not None:
+                    return placed
+            if spec.topology_required:
+                return Shortfall(TOPOLOGY, f"no single {spec.topology} can host all {spec.replicas} replicas",
+                                 demand_milli(spec))
+        placed = self._try_all(spec, policy, salt, None)
+        if placed is not None:
+            return placed
+        return self.explain(spec)
+
+    def _try_all(self, spec: JobSpec, policy: str, salt: int, allowed: Mask | None
+                 ) -> tuple[ReplicaPlacement, ...] | None:
+        placed: list[ReplicaPlacement] = []
+        mask = allowed.copy() if allowed is not None else None
+        for replica in range(spec.replicas):
+            p = self.place_replica(spec, replica, policy, salt + replica, mask)
+            if p is None:
+                self.cluster.release(placed)
+                return None
+            placed.append(p)
+            if spec.spread:
+                if mask is None:
+                    mask = np.ones(len(self.arrays.nodes), dtype=bool)
+                mask[self.arrays.index[p.node]] = False
+        return tuple(placed)
+
+    def _domains(self, spec: JobSpec) -> list[Mask]:
+        """Candidate domains for a gang, fullest first (best fit), each as a row mask."""
+        self.arrays.refresh()
+        nodes = self.arrays.nodes
+        if spec.topology == "node":
+            keys = [n.name for n in nodes]
+        elif spec.topology in TOPOLOGY_LABELS:
+            keys = [n.labels.get(spec.topology, "") for n in nodes]
+        else:
+            return []
+        idle = self.arrays.idle_share()
+        totals: dict[str, int] = {}
+        for key, share in zip(keys, idle.tolist(), strict=True):
+            if key:
+                totals[key] = totals.get(key, 0) + share
+        order = sorted(totals, key=lambda k: (totals[k], k))
+        key_array = np.array(keys, dtype=object)
+        return [key_array == k for k in order if totals[k] >= demand_milli(spec) or spec.mig_profile]
+
+    def fits(self, spec: JobSpec) -> bool:
+        """Would the job fit now? Leaves the cluster unchanged."""
+        result = self.place_gang(spec)
+        if isinstance(result, Shortfall):
+            return False
+        self.cluster.release(result)
+        return True
+
+    def explain(self, spec: JobSpec) -> Shortfall:
+        return explain_shortfall(self.cluster, spec)
+
+
 def _model_ok(spec: JobSpec, model: str) -> bool:
     return not spec.gpu_models or model in spec.gpu_models
 
 
 def _host_ok(node: Node, spec: JobSpec) -> bool:
-    return (
-        node.online
-        and node.free_cpu_milli >= spec.cpu_milli
-        and node.free_memory_mib >= spec.memory_mib
-        and (not spec.gpu_models or any(m in node.models for m in spec.gpu_models))
-    )
+    return (node.online and node.free_cpu_milli >= spec.cpu_milli and node.free_memory_mib >= spec.memory_mib
+            and node.free_rdma_nics >= spec.rdma_nics
+            and (not spec.gpu_models or any(m in node.models for m in spec.gpu_models)))
 
 
-def _whole_gpu_choice(cluster: Cluster, spec: JobSpec) -> tuple[Node, list[Gpu]] | None:
-    best: tuple[int, str] | None = None
-    choice: tuple[Node, list[Gpu]] | None = None
-    for node in cluster.sorted_nodes():
-        if not _host_ok(node, spec):
-            continue
-        idle = [g for g in node.idle_gpus() if _model_ok(spec, g.model)
-                and g.free_memory_mib >= spec.gpu_memory_mib]
-        if len(idle) < spec.gpus:
-            continue
-        # One replica's GPUs are of one model: take the model with the most idle GPUs here.
-        by_model: dict[str, list[Gpu]] = {}
-        for g in idle:
-            by_model.setdefault(g.model, []).append(g)
-        model = min(by_model, key=lambda m: (-len(by_model[m]), m))
-        gpus = by_model[model]
-        if len(gpus) < spec.gpus:
-            continue
-        score = (len(idle) - spec.gpus, node.name)
-        if best is None or score < best:
-            best, choice = score, (node, gpus[: spec.gpus])
-            if score[0] == 0:
-                break
-    return choice
+def explain_shortfall(cluster: Cluster, spec: JobSpec) -> Shortfall:
+    """Why the job does not fit, as a code, a message and the best candidate's shortfall."""
+    mig = bool(spec.mig_profile)
+    eligible = [g for n in cluster.sorted_nodes() if n.online for g in n.gpus
+                if g.healthy and _model_ok(spec, g.model) and g.mig_enabled == mig]
+    if not eligible:
+        kind = f"MIG-enabled GPU for {spec.mig_profile}" if mig else "GPU"
+        models = ",".join(spec.gpu_models) or "any model"
+        return Shortfall(NO_MODEL_MATCH, f"no healthy {kind} of {models}", demand_milli(spec))
+    per_replica = replica_milli(spec)
+    if spec.gpu_milli > 0:
+        free = sum(g.free_milli for g in eligible)
+    else:
+        free = sum(FULL for g in eligible if g.idle)
+    need = demand_milli(spec)
+    if free < need and not mig:
+        return Shortfall(INSUFFICIENT_GPUS,
+                         f"needs {need / FULL:g} GPUs of allowed models, {free / FULL:g} free", need - free)
+    if not any(_host_ok(n, spec) for n in cluster.sorted_nodes()):
+        return Shortfall(INSUFFICIENT_CPU_MEMORY, "no node has the CPU, memory and RDMA NICs a replica needs", 0)
+    if spec.replicas > 1 and placer_for(cluster).fits(msgspec.structs.replace(spec, replicas=1)):
+        return Shortfall(GANG, f"{free / FULL:g} GPUs free, but not all {spec.replicas} replicas of "
+                               f"{per_replica / FULL:g} GPU fit at once", per_replica)
+    return Shortfall(FRAGMENTATION, f"{free / FULL:g} GPUs free but scattered: no node has "
+                                    f"{per_replica / FULL:g} GPU in one piece", per_replica)
 
 
-def _fraction_choice(cluster: Cluster, spec: JobSpec) -> tuple[Node, Gpu] | None:
-    best: tuple[int, str, int] | None = None
-    choice: tuple[Node, Gpu] | None = None
-    for node in cluster.sorted_nodes():
-        if not _host_ok(node, spec):
-            continue
-        for g in node.gpus:
-            if (not g.healthy or g.free_milli < spec.gpu_milli or not _model_ok(spec, g.model)
-                    or g.free_memory_mib < spec.gpu_memory_mib):
-                continue
-            score = (g.free_milli - spec.gpu_milli, node.name, g.index)
-            if best is None or score < best:
-                best, choice = score, (node, g)
-    return choice
+def placer_for(cluster: Cluster) -> Placer:
+    """The Placer of a cluster (one per cluster, created on first use)."""
+    placer = cluster.placer
+    if not isinstance(placer, Placer):
+        placer = cluster.placer = Placer(cluster)
+    return placer
+
+
+def place_gang(cluster: Cluster, spec: JobSpec, policy: str = DEFAULT_POLICY, salt: int = 0
+               ) -> tuple[ReplicaPlacement, ...] | Shortfall:
+    return placer_for(cluster).place_gang(spec, policy, salt)
 
 
 def place_replica(cluster: Cluster, spec: JobSpec, replica: int) -> ReplicaPlacement | None:
-    """Choose and allocate one replica; None when it fits nowhere."""
-    if spec.gpu_milli > 0:
-        found = _fraction_choice(cluster, spec)
-        if found is None:
-            return None
-        node, gpu = found
-        placement = ReplicaPlacement(
-            replica=replica, node=node.name, gpu_indices=(gpu.index,), gpu_milli=spec.gpu_milli,
-            gpu_memory_mib=spec.gpu_memory_mib, cpu_milli=spec.cpu_milli, memory_mib=spec.memory_mib,
-            model=gpu.model)
-    else:
-        whole = _whole_gpu_choice(cluster, spec)
-        if whole is None:
-            return None
-        node, gpus = whole
-        placement = ReplicaPlacement(
-            replica=replica, node=node.name, gpu_indices=tuple(g.index for g in gpus), gpu_milli=FULL,
-            gpu_memory_mib=spec.gpu_memory_mib, cpu_milli=spec.cpu_milli, memory_mib=spec.memory_mib,
-            model=gpus[0].model)
-    cluster.allocate((placement,))
-    return placement
-
-
-def place_gang(cluster: Cluster, spec: JobSpec) -> tuple[ReplicaPlacement, ...] | Shortfall:
-    """Place every replica or none: on failure the cluster is left exactly as it was."""
-    placed: list[ReplicaPlacement] = []
-    for replica in range(spec.replicas):
-        p = place_replica(cluster, spec, replica)
-        if p is None:
-            cluster.release(placed)
-            return explain_shortfall(cluster, spec, placed_replicas=len(placed))
-        placed.append(p)
-    return tuple(placed)
+    return placer_for(cluster).place_replica(spec, replica)
 
 
 def fits(cluster: Cluster, spec: JobSpec) -> bool:
-    """Would the job fit now? Leaves the cluster unchanged."""
-    result = place_gang(cluster, spec)
-    if isinstance(result, Shortfall):
-        return False
-    cluster.release(result)
-    return True
-
-
-def explain_shortfall(cluster: Cluster, spec: JobSpec, placed_replicas: int) -> Shortfall:
-    eligible = [g for n in cluster.sorted_nodes() if n.online for g in n.gpus
-                if g.healthy and _model_ok(spec, g.model)]
-    if not eligible:
-        models = ",".join(spec.gpu_models) or "any"
-        return Shortfall(NO_MODEL_MATCH, f"no healthy GPU of model {models}", demand_milli(spec))
-    per_replica = replica_milli(spec)
-    free = sum(g.free_milli for g in eligible) if spec.gpu_milli > 0 else sum(FULL for g in eligible if g.idle)
-    need = demand_milli(spec)
-    if free < need:
-        return Shortfall(INSUFFICIENT_GPUS,
-                         f"needs {need / FULL:g} GPUs of allowed models, {free / FULL:g} free", need - free)
-    hosts_ok = any(_host_ok(n, spec) for n in cluster.sorted_nodes())
-    if not hosts_ok:
-        return Shortfall(INSUFFICIENT_CPU_MEMORY, "no node has the CPU and memory a replica needs", 0)
-    return Shortfall(FRAGMENTATION,
-                     f"{free / FULL:g} GPUs free but scattered: {placed_replicas} of {spec.replicas} replicas "
-                     f"of {per_replica / FULL:g} GPU fit", per_replica)
+    return placer_for(cluster).fits(spec)

@@ -10,6 +10,7 @@ its victims are gone, so the capacity freed for it is not taken by the jobs it d
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable
 
 import msgspec
@@ -36,11 +37,12 @@ from contracts import (
 )
 from libs.core.cluster import Cluster
 from libs.core.decider import Decisions, Trigger
-from libs.core.fit import Shortfall, fits, place_gang
+from libs.core.fit import Placer, Shortfall
 from libs.core.policy import PolicyBook, demand_milli
+from libs.core.scoring import DEFAULT_POLICY
+from libs.core.shapes import ShapeWindow
 
 SERVICE = "placement"
-POLICY = "best-fit"
 RESERVED_FOR_PREEMPTOR = "reserved_for_preemptor"
 # A nomination lapses after this long on the log's clock, so a preemptor that never gets its quota
 # cannot hold capacity back forever.
@@ -55,6 +57,9 @@ class PlacementDecider:
     def __init__(self) -> None:
         self.policy = PolicyBook()
         self.cluster = Cluster()
+        self.placer = Placer(self.cluster)
+        # Fragmentation is judged against the shapes recently asked for.
+        self.shapes = ShapeWindow()
         self.specs: dict[str, JobSpec] = {}
         self.waiting: dict[str, WaitKey] = {}
         self.placed: dict[str, tuple[ReplicaPlacement, ...]] = {}
@@ -82,6 +87,8 @@ class PlacementDecider:
                 self.cluster.set_gpu_health(event.node, event.index, event.healthy)
             case JobSubmitted():
                 self.specs[event.job_id] = event.spec
+                if self.shapes.add(event.spec):
+                    self.placer.set_typical(self.shapes.typical)
             case QuotaReserved():
                 spec = self.specs.get(event.job_id)
                 if spec is not None and event.job_id not in self.placed:
@@ -144,9 +151,16 @@ class PlacementDecider:
             if self._try_place(job_id, out):
                 free -= demand_milli(self.specs[job_id])
 
+    def policy_for(self, spec: JobSpec) -> str:
+        """The priority class's placement policy, else the queue's, else the default."""
+        cls = self.policy.classes.get(spec.priority)
+        queue = self.policy.queues.get(spec.queue)
+        return (cls.placement_policy if cls else "") or (queue.placement_policy if queue else "") or DEFAULT_POLICY
+
     def _try_place(self, job_id: str, out: Decisions) -> bool:
         spec = self.specs[job_id]
-        result = place_gang(self.cluster, spec)
+        policy = self.policy_for(spec)
+        result = self.placer.place_gang(spec, policy, salt=zlib.crc32(job_id.encode()))
         if isinstance(result, Shortfall):
             if self.deferred.get(job_id) != result.code:
                 out.emit(PlacementDeferred, correlation_id=job_id, job_id=job_id, code=result.code,
@@ -160,7 +174,7 @@ class PlacementDecider:
                 out.emit(PlacementDeferred, correlation_id=job_id, job_id=job_id, code=RESERVED_FOR_PREEMPTOR,
                          message=f"capacity is held for job {blocked}, which preempted jobs to run")
             return False
-        out.emit(JobPlaced, correlation_id=job_id, job_id=job_id, placements=result, policy=POLICY)
+        out.emit(JobPlaced, correlation_id=job_id, job_id=job_id, placements=result, policy=policy)
         return True
 
     def _starves_nominee(self, job_id: str, spec: JobSpec) -> str | None:
@@ -177,7 +191,7 @@ class PlacementDecider:
             for p in leaving:
                 self.cluster.release(p)
             try:
-                ok = fits(self.cluster, self.specs[nominee])
+                ok = self.placer.fits(self.specs[nominee])
             finally:
                 for p in leaving:
                     self.cluster.allocate(p)

@@ -1,7 +1,8 @@
 """A simulated cluster read from a CSV in the openb node-list format: sn,cpu_milli,memory_mib,gpu,model.
 
-An optional `gpu_memory_mib` column overrides the per-model memory table; other optional columns
-(`rack`, `block`, `zone`, `pool`) become node labels.
+Optional columns: `gpu_memory_mib` (overrides the per-model memory table), `nvlink` (size of each NVLink
+domain: 8 puts all eight GPUs of a node in one, 4 makes two groups of four; empty or 0: PCIe only),
+`mig` (1: every GPU MIG-enabled), `rdma` (RDMA NICs), and `rack`, `block`, `zone`, `pool` (node labels).
 """
 
 from __future__ import annotations
@@ -36,11 +37,15 @@ def load_cluster_csv(path: str | Path) -> list[NodeSpec]:
             count = int(row["gpu"])
             model = row["model"].strip()
             memory = int(row.get("gpu_memory_mib") or GPU_MEMORY_MIB.get(model, DEFAULT_GPU_MEMORY_MIB))
-            gpus = tuple(GpuSpec(index=i, model=model, memory_mib=memory, uuid=f"SIM-{row['sn']}-{i}")
+            nvlink = int(row.get("nvlink") or 0)
+            mig = (row.get("mig") or "").strip().lower() in ("1", "true", "yes")
+            gpus = tuple(GpuSpec(index=i, model=model, memory_mib=memory, uuid=f"SIM-{row['sn']}-{i}",
+                                 nvlink_group=i // nvlink if nvlink > 0 else -1, mig_enabled=mig)
                          for i in range(count))
             labels = {k: row[k] for k in LABEL_COLUMNS if row.get(k)}
             nodes.append(NodeSpec(name=row["sn"], gpus=gpus, cpu_milli=int(row["cpu_milli"]),
-                                  memory_mib=int(row["memory_mib"]), labels=labels))
+                                  memory_mib=int(row["memory_mib"]), labels=labels,
+                                  rdma_nics=int(row.get("rdma") or 0)))
         except (KeyError, ValueError, TypeError) as err:
             raise ClusterCsvError(f"{path}:{line_no}: bad node row {row!r}: {err}") from err
     return nodes

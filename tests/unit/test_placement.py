@@ -54,13 +54,23 @@ THREE = (node("a"), node("b"), node("c"))
     pytest.param({"b": 5, "c": 7}, 1, ("c", (7,)), id="a single GPU fills the last hole"),
     pytest.param({"b": 5, "c": 7}, 3, ("b", (5, 6, 7)), id="an exact fit"),
     pytest.param({"b": 5, "c": 7}, 4, ("a", (0, 1, 2, 3)), id="only the idle node is big enough"),
-    pytest.param({"a": 4, "b": 4, "c": 4}, 4, ("a", (4, 5, 6, 7)), id="ties go to the first node by name"),
 ])
 def test_best_fit_puts_a_whole_gpu_replica_on_the_node_leaving_the_fewest_idle_gpus(busy, gpus, expected) -> None:
     c = cluster(*THREE, busy=busy)
     p = place_replica(c, job().gpus(gpus).spec, replica=0)
     assert p is not None and (p.node, p.gpu_indices, p.gpu_milli, p.model) == (*expected, 1000, "A100")
     assert [g.free_milli for g in c.nodes[expected[0]].gpus if g.index in expected[1]] == [0] * gpus
+
+
+def test_ties_go_to_a_pseudo_random_but_reproducible_node() -> None:
+    chosen = set()
+    for salt in range(12):
+        c = cluster(*THREE, busy={"a": 4, "b": 4, "c": 4})
+        p = place_gang(c, job().gpus(4).spec, salt=salt)
+        again = place_gang(cluster(*THREE, busy={"a": 4, "b": 4, "c": 4}), job().gpus(4).spec, salt=salt)
+        assert not isinstance(p, Shortfall) and p == again
+        chosen.add(p[0].node)
+    assert chosen == {"a", "b", "c"}  # every tied node gets its turn
 
 
 @pytest.mark.parametrize(("milli", "expected"), [
@@ -140,7 +150,7 @@ SCATTERED = (node("a", 4), node("b", 4, cpu_milli=8000))
     pytest.param(job().gpus(4), "insufficient_gpus", 2000, id="fewer idle GPUs than asked"),
     pytest.param(job().fraction(900).replicas(4), "insufficient_gpus", 400, id="less free share than asked"),
     pytest.param(job().gpus(2), "fragmentation", 2000, id="enough idle GPUs, but on different nodes"),
-    pytest.param(job().fraction(800).replicas(3), "fragmentation", 800, id="enough share, but split"),
+    pytest.param(job().fraction(800).replicas(3), "gang", 800, id="enough share, one replica fits but not all"),
     pytest.param(job().gpus(1).host(cpu_milli=70_000), "insufficient_cpu_memory", 0, id="no node with the cpu"),
 ])
 def test_a_placement_that_fails_explains_why(j: Job, code: str, shortfall: int) -> None:
@@ -209,7 +219,7 @@ def placement(*nodes) -> EventFeed:
 def test_a_job_with_reserved_quota_is_placed_at_once() -> None:
     feed = placement()
     [placed] = feed.reserve("j", job().gpus(3).host(cpu_milli=500))
-    assert isinstance(placed, JobPlaced) and placed.policy == "best-fit" and placed.correlation_id == "j"
+    assert isinstance(placed, JobPlaced) and placed.policy == "packing" and placed.correlation_id == "j"
     assert placed.placements == (ReplicaPlacement(replica=0, node="a", gpu_indices=(0, 1, 2), gpu_milli=1000,
                                                   cpu_milli=500, model="A100"),)
     assert [p.node for p in of(feed.reserve("k", job().gpus(1)), JobPlaced)[0].placements] == ["a"]

@@ -1,0 +1,92 @@
+"""The cluster as integer arrays, one row per node, for vectorised scoring (numpy, integers only, so that
+every machine computes the same scores). Rows follow the Cluster's node order and are refreshed lazily,
+only for the nodes whose capacity changed."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from libs.core.cluster import Cluster, Node
+
+I64 = npt.NDArray[np.int64]
+UNUSABLE = -1  # padding, unhealthy and MIG-enabled GPUs: never a candidate, never idle share
+
+
+class ClusterArrays:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.version = -1
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        self.cluster.changed_since(self)  # registers this view; everything is read afresh below
+        nodes = self.cluster.sorted_nodes()
+        self.nodes: list[Node] = list(nodes)
+        self.index = {n.name: i for i, n in enumerate(nodes)}
+        n = len(nodes)
+        width = max((len(x.gpus) for x in nodes), default=1) or 1
+        self.width = width
+        self.free: I64 = np.full((n, width), UNUSABLE, dtype=np.int64)
+        self.free_mem: I64 = np.zeros((n, width), dtype=np.int64)
+        self.cpu: I64 = np.zeros(n, dtype=np.int64)
+        self.mem: I64 = np.zeros(n, dtype=np.int64)
+        self.rdma: I64 = np.zeros(n, dtype=np.int64)
+        self.online = np.zeros(n, dtype=bool)
+        self.models = sorted({g.model for x in nodes for g in x.gpus})
+        model_id = {m: i for i, m in enumerate(self.models)}
+        # A node's model: the model of its first GPU; -1 without GPUs. Nodes mixing models are rare and
+        # handled GPU by GPU (gpu_model) where it matters.
+        self.model: I64 = np.array([model_id[x.gpus[0].model] if x.gpus else -1 for x in nodes], dtype=np.int64)
+        self.gpu_model: I64 = np.full((n, width), -1, dtype=np.int64)
+        for i, x in enumerate(nodes):
+            for j, g in enumerate(x.gpus):
+                self.gpu_model[i, j] = model_id[g.model]
+        self.mixed = bool(((self.gpu_model != self.model[:, None]) & (self.gpu_model >= 0)).any())
+        for i in range(n):
+            self._fill(i)
+        self.version = self.cluster.version
+
+    def _fill(self, i: int) -> None:
+        node = self.nodes[i]
+        row = self.free[i]
+        row[:] = UNUSABLE
+        for j, g in enumerate(node.gpus):
+            usable = g.healthy and not g.mig_enabled
+            row[j] = g.free_milli if usable else UNUSABLE
+            self.free_mem[i, j] = g.free_memory_mib if usable else 0
+        self.cpu[i] = node.free_cpu_milli
+        self.mem[i] = node.free_memory_mib
+        self.rdma[i] = node.free_rdma_nics
+        self.online[i] = node.online
+
+    def refresh(self) -> list[int]:
+        """Bring the arrays up to date; returns the rows that changed."""
+        if self.cluster.version != self.version:
+            self._rebuild()
+            return list(range(len(self.nodes)))
+        rows = [self.index[name] for name in self.cluster.changed_since(self)]
+        for i in rows:
+            self._fill(i)
+        return rows
+
+    def model_ids(self, models: tuple[str, ...]) -> list[int]:
+        return [i for i, m in enumerate(self.models) if not models or m in models]
+
+    def model_mask(self, models: tuple[str, ...]) -> npt.NDArray[np.bool_]:
+        """Nodes with at least one GPU of an allowed model."""
+        if not models:
+            return self.model >= 0
+        ids = self.model_ids(models)
+        if self.mixed:
+            return np.isin(self.gpu_model, ids).any(axis=1)
+        return np.isin(self.model, ids)
+
+    def gpu_mask(self, models: tuple[str, ...]) -> npt.NDArray[np.bool_]:
+        """GPUs of an allowed model."""
+        if not models:
+            return self.gpu_model >= 0
+        return np.isin(self.gpu_model, self.model_ids(models))
+
+    def idle_share(self) -> I64:
+        return np.where(self.free > 0, self.free, 0).sum(axis=1)

@@ -1,0 +1,229 @@
+"""Where one replica goes: vectorised node and GPU scoring over ClusterArrays.
+
+Policies (lower-level names are what queues and priority classes select):
+- best-fit: the node whose CPU and GPU share left over is smallest (FGD paper's BestFit, min-max
+  normalised integer score); inside a node the GPU with the least share left that still fits.
+- fgd: fragmentation gradient descent (ATC'23): the node (and GPU) where the cluster's fragmentation,
+  measured against the typical request shapes, grows least; the paper's integer sigmoid score.
+- spread: the emptiest node (inference replicas, failure domains).
+- packing: gpusched's default: the exact fragmentation growth (no integer rounding), ties broken towards
+  the node left fullest, then the GPU left fullest.
+Remaining ties go to a pseudo-random node chosen by a hash of the request's salt: deterministic, unbiased.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from contracts import JobSpec
+from libs.core.arrays import I64, ClusterArrays
+from libs.core.shapes import TypicalShapes
+
+FULL = 1000
+POLICIES = ("packing", "fgd", "best-fit", "spread")
+DEFAULT_POLICY = "packing"
+Mask = npt.NDArray[np.bool_]
+
+# score s (1..99) of the FGD paper's int(100*sigmoid(x)) is reached when x >= logit(s/100).
+_LOGIT = np.array([math.log(s / (100 - s)) for s in range(1, 100)])
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One replica's request."""
+
+    milli: int  # share of each GPU: 1000 for whole GPUs, 0 for none
+    gpus: int
+    cpu: int
+    mem: int
+    gpu_mem: int
+    rdma: int
+    models: tuple[str, ...]
+
+    @property
+    def shared(self) -> bool:
+        return self.gpus == 1 and 0 < self.milli < FULL
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> Request:
+        if spec.gpu_milli > 0:
+            milli, gpus = spec.gpu_milli, 1
+        else:
+            milli, gpus = (FULL, spec.gpus) if spec.gpus > 0 else (0, 0)
+        return cls(milli=milli, gpus=gpus, cpu=spec.cpu_milli, mem=spec.memory_mib, gpu_mem=spec.gpu_memory_mib,
+                   rdma=spec.rdma_nics, models=tuple(spec.gpu_models))
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    row: int
+    gpus: tuple[int, ...]  # column positions in the node's GPU list
+
+
+def salted_order(rows: I64, salt: int) -> I64:
+    """A pseudo-random but reproducible permutation key per row (splitmix-style, wrapping uint64)."""
+    x = (rows.astype(np.uint64) + np.uint64(salt & 0xFFFFFFFF)) * np.uint64(0x9E3779B97F4A7C15)
+    x ^= x >> np.uint64(31)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(29)
+    return x.astype(np.int64)
+
+
+class FragModel:
+    """Per-node fragmentation against the typical shapes, cached row by row (integer weights)."""
+
+    def __init__(self, arrays: ClusterArrays, typical: TypicalShapes) -> None:
+        gpu_shapes = [(s, c) for s, c in zip(typical.shapes, typical.counts, strict=True) if s.gpu_milli > 0]
+        self.w_cpu = sum(c for s, c in zip(typical.shapes, typical.counts, strict=True) if s.gpu_milli == 0)
+        self.w_total = max(typical.total, 1)
+        self.milli = np.array([s.gpu_milli for s, _ in gpu_shapes], dtype=np.int64)
+        self.num = np.array([s.gpus for s, _ in gpu_shapes], dtype=np.int64)
+        self.cpu = np.array([s.cpu_milli for s, _ in gpu_shapes], dtype=np.int64)
+        self.w = np.array([c for _, c in gpu_shapes], dtype=np.int64)
+        self.models = [s.models for s, _ in gpu_shapes]
+        self.arrays = arrays
+        self.thresholds = _LOGIT * 1000.0 * self.w_total
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        a = self.arrays
+        n, t = len(a.nodes), len(self.w)
+        self.acc = np.ones((n, t), dtype=bool)
+        for j, models in enumerate(self.models):
+            if models:
+                self.acc[:, j] = a.model_mask(models)
+        self.cnt = np.zeros((n, t), dtype=np.int64)
+        self.fragp = np.zeros((n, t), dtype=np.int64)
+        self.frag = np.zeros(n, dtype=np.int64)
+        self.update(np.arange(n))
+        self.version = a.version
+
+    def update(self, rows: npt.ArrayLike) -> None:
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size == 0:
+            return
+        a = self.arrays
+        free = a.free[rows][:, :, None]  # (r, g, 1)
+        milli = self.milli[None, None, :]
+        self.cnt[rows] = (free >= milli).sum(axis=1)
+        self.fragp[rows] = np.where((free > 0) & (free < milli), free, 0).sum(axis=1)
+        idle = np.where(a.free[rows] > 0, a.free[rows], 0).sum(axis=1)
+        q3 = self.acc[rows] & (self.cnt[rows] >= self.num) & (a.cpu[rows][:, None] >= self.cpu)
+        g = np.where(q3, self.fragp[rows], idle[:, None])
+        self.frag[rows] = self.w_cpu * idle + g @ self.w
+
+    def after(self, rows: I64, v: I64, k: int, m: int, c: int) -> I64:
+        """Scaled fragmentation of each candidate node after taking `k` GPUs of free share `v` by `m`
+        each (and `c` CPU). Integer arithmetic throughout."""
+        a = self.arrays
+        milli = self.milli[None, :]
+        vv = v[:, None]
+        before_c = np.where((vv > 0) & (vv < milli), vv, 0)
+        left = vv - m
+        after_c = np.where((left > 0) & (left < milli), left, 0)
+        fragp = self.fragp[rows] - k * before_c + k * after_c
+        lost = (vv >= milli) & (left < milli)
+        cnt = self.cnt[rows] - k * lost.astype(np.int64)
+        idle = np.where(a.free[rows] > 0, a.free[rows], 0).sum(axis=1) - k * m
+        q3 = self.acc[rows] & (cnt >= self.num) & ((a.cpu[rows] - c)[:, None] >= self.cpu)
+        g = np.where(q3, fragp, idle[:, None])
+        return self.w_cpu * idle + g @ self.w
+
+    def sigmoid_score(self, delta: I64) -> I64:
+        """The FGD paper's int(100*sigmoid(dF/1000)), from the scaled integer drop in fragmentation."""
+        return np.searchsorted(self.thresholds, delta.astype(np.float64), side="right").astype(np.int64)
+
+
+def feasible_rows(a: ClusterArrays, req: Request, allowed: Mask | None) -> Mask:
+    ok = a.online & a.model_mask(req.models) & (a.cpu >= req.cpu) & (a.mem >= req.mem) & (a.rdma >= req.rdma)
+    if allowed is not None:
+        ok &= allowed
+    if req.gpus == 0:
+        return ok & (a.model >= 0)
+    fits_gpu = (a.free >= req.milli) & (a.free_mem >= req.gpu_mem)
+    if not a.mixed:
+        return ok & (fits_gpu.sum(axis=1) >= req.gpus)
+    # A replica's GPUs are of one model: enough of SOME allowed model on the node.
+    enough = np.zeros(len(ok), dtype=bool)
+    for model in a.model_ids(req.models):
+        enough |= (fits_gpu & (a.gpu_model == model)).sum(axis=1) >= req.gpus
+    return ok & enough
+
+
+def _best_fit_scores(a: ClusterArrays, rows: I64, req: Request) -> I64:
+    """The FGD paper's BestFit node score, normalised min-max to 0..100 in integers."""
+    idle = np.where(a.free[rows] > 0, a.free[rows], 0).sum(axis=1)
+    d = 128_000 * 8_000
+    num = 100 * d - 400_000 * (a.cpu[rows] - req.cpu) - 6_400_000 * (idle - req.milli * req.gpus)
+    raw = np.where(num >= 0, num // d, -((-num) // d))
+    lo, hi = raw.min(), raw.max()
+    return np.zeros_like(raw) if hi == lo else (raw - lo) * 100 // (hi - lo)
+
+
+def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, salt: int,
+           allowed: Mask | None = None) -> Choice | None:
+    """The best node (and, for a shared request, GPU) for one replica under `policy`; None if none fits."""
+    ok = feasible_rows(a, req, allowed)
+    if not ok.any():
+        return None
+    if req.shared:
+        fit = (a.free >= req.milli) & (a.free_mem >= req.gpu_mem) & ok[:, None] & a.gpu_mask(req.models)
+        rows, cols = np.nonzero(fit)
+        v = a.free[rows, cols]
+        # GPUs of a node with the same free share are interchangeable: keep the lowest index of each.
+        _, first = np.unique(rows * (FULL + 1) + v, return_index=True)
+        rows, cols, v = rows[first], cols[first], v[first]
+    else:
+        rows = np.nonzero(ok)[0].astype(np.int64)
+        cols = np.zeros_like(rows)
+        v = np.full_like(rows, FULL if req.gpus else 0)
+    k, m = req.gpus, req.milli
+    idle_after = np.where(a.free[rows] > 0, a.free[rows], 0).sum(axis=1) - k * m
+    gpu_left = v - m
+    salt_key = salted_order(rows, salt)
+    if policy in ("fgd", "packing") and frag is not None:
+        delta = frag.frag[rows] - frag.after(rows, v, k, m, req.cpu)
+        if policy == "fgd":
+            keys = (cols, salt_key, -frag.sigmoid_score(delta))
+        else:
+            keys = (cols, salt_key, idle_after, gpu_left, -delta)
+    elif policy == "spread":
+        keys = (cols, salt_key, -gpu_left, -(a.cpu[rows] - req.cpu), -idle_after)
+    elif policy == "best-fit":
+        keys = (cols, salt_key, gpu_left, -_best_fit_scores(a, rows, req))
+    else:  # packing before any typical shapes are known: the GPU, then the node, left fullest
+        keys = (cols, salt_key, idle_after, gpu_left)
+    best = int(np.lexsort(keys)[0])
+    row = int(rows[best])
+    if req.shared:
+        return Choice(row, (int(cols[best]),))
+    if req.gpus == 0:
+        return Choice(row, ())
+    return Choice(row, _whole_gpus(a, row, req))
+
+
+def _whole_gpus(a: ClusterArrays, row: int, req: Request) -> tuple[int, ...]:
+    """Idle GPUs of the chosen node: all from one NVLink domain when one has enough (the smallest such
+    domain, so big domains stay whole), else the lowest-index idle GPUs."""
+    node = a.nodes[row]
+    allowed = a.gpu_mask(req.models)[row]
+    idle = [j for j in range(len(node.gpus))
+            if a.free[row, j] == FULL and a.free_mem[row, j] >= req.gpu_mem and allowed[j]]
+    if a.mixed:  # one model per replica: the allowed model with the most idle GPUs here
+        by_model: dict[int, list[int]] = {}
+        for j in idle:
+            by_model.setdefault(int(a.gpu_model[row, j]), []).append(j)
+        idle = max(by_model.values(), key=lambda cols: (len(cols), -cols[0]))
+    groups: dict[int, list[int]] = {}
+    for j in idle:
+        g = node.gpus[j].nvlink_group
+        if g >= 0:
+            groups.setdefault(g, []).append(j)
+    fitting = sorted((len(cols), g) for g, cols in groups.items() if len(cols) >= req.gpus)
+    if req.gpus > 1 and fitting:
+        return tuple(groups[fitting[0][1]][: req.gpus])
+    return tuple(idle[: req.gpus])
