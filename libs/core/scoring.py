@@ -8,7 +8,8 @@ Policies (lower-level names are what queues and priority classes select):
 - spread: the emptiest node (inference replicas, failure domains).
 - packing: gpusched's default: the exact fragmentation growth (no integer rounding), ties broken towards
   the node left fullest, then the GPU left fullest.
-Remaining ties go to a pseudo-random node chosen by a hash of the request's salt: deterministic, unbiased.
+Remaining ties go to the first node in a pseudo-random node order given by a salt (a hash of the row and
+the salt): deterministic. A constant salt keeps one order for every request, which consolidates load.
 """
 
 from __future__ import annotations
