@@ -97,9 +97,13 @@ class FragModel:
         for j, models in enumerate(self.models):
             if models:
                 self.acc[:, j] = a.model_mask(models)
-        self.cnt = np.zeros((n, t), dtype=np.int64)
-        self.fragp = np.zeros((n, t), dtype=np.int64)
+        # Per node and typical shape (int32: small values, half the memory traffic of int64):
+        self.spare = np.zeros((n, t), dtype=np.int32)  # GPUs that could host the shape, minus how many it needs
+        self.fragp = np.zeros((n, t), dtype=np.int32)  # share on GPUs too small for the shape
+        self.cpu_slack = np.zeros((n, t), dtype=np.int32)  # CPU left minus the shape's CPU
+        self.idle = np.zeros(n, dtype=np.int64)
         self.frag = np.zeros(n, dtype=np.int64)
+        self.w32 = self.w.astype(np.int32)
         self.update(np.arange(n))
         self.version = a.version
 
@@ -110,29 +114,38 @@ class FragModel:
         a = self.arrays
         free = a.free[rows][:, :, None]  # (r, g, 1)
         milli = self.milli[None, None, :]
-        self.cnt[rows] = (free >= milli).sum(axis=1)
+        self.spare[rows] = (free >= milli).sum(axis=1) - self.num
         self.fragp[rows] = np.where((free > 0) & (free < milli), free, 0).sum(axis=1)
+        self.cpu_slack[rows] = a.cpu[rows][:, None] - self.cpu
         idle = np.where(a.free[rows] > 0, a.free[rows], 0).sum(axis=1)
-        q3 = self.acc[rows] & (self.cnt[rows] >= self.num) & (a.cpu[rows][:, None] >= self.cpu)
-        g = np.where(q3, self.fragp[rows], idle[:, None])
-        self.frag[rows] = self.w_cpu * idle + g @ self.w
+        self.idle[rows] = idle
+        q3 = self.acc[rows] & (self.spare[rows] >= 0) & (self.cpu_slack[rows] >= 0)
+        g = np.where(q3, self.fragp[rows], idle[:, None].astype(np.int32))
+        self.frag[rows] = self.w_cpu * idle + (g.astype(np.int64) @ self.w)
+
+    def _per_share(self, v: I64, k: int, m: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """For GPUs of free share v losing m: the change of the too-small share and the hosts lost, per shape."""
+        vv = v[:, None]
+        milli = self.milli[None, :]
+        left = vv - m
+        before_c = np.where((vv > 0) & (vv < milli), vv, 0)
+        after_c = np.where((left > 0) & (left < milli), left, 0)
+        lost = (vv >= milli) & (left < milli)
+        return (k * (after_c - before_c)).astype(np.int32), (k * lost).astype(np.int32)
 
     def after(self, rows: I64, v: I64, k: int, m: int, c: int) -> I64:
         """Scaled fragmentation of each candidate node after taking `k` GPUs of free share `v` by `m`
         each (and `c` CPU). Integer arithmetic throughout."""
-        a = self.arrays
-        milli = self.milli[None, :]
-        vv = v[:, None]
-        before_c = np.where((vv > 0) & (vv < milli), vv, 0)
-        left = vv - m
-        after_c = np.where((left > 0) & (left < milli), left, 0)
-        fragp = self.fragp[rows] - k * before_c + k * after_c
-        lost = (vv >= milli) & (left < milli)
-        cnt = self.cnt[rows] - k * lost.astype(np.int64)
-        idle = np.where(a.free[rows] > 0, a.free[rows], 0).sum(axis=1) - k * m
-        q3 = self.acc[rows] & (cnt >= self.num) & ((a.cpu[rows] - c)[:, None] >= self.cpu)
-        g = np.where(q3, fragp, idle[:, None])
-        return self.w_cpu * idle + g @ self.w
+        shares, inverse = np.unique(v, return_inverse=True)
+        dfrag, lost = self._per_share(shares, k, m)
+        if len(shares) == 1:
+            dfrag_rows, lost_rows = dfrag[0], lost[0]
+        else:
+            dfrag_rows, lost_rows = dfrag[inverse], lost[inverse]
+        idle = self.idle[rows] - k * m
+        q3 = self.acc[rows] & (self.spare[rows] >= lost_rows) & (self.cpu_slack[rows] >= c)
+        g = np.where(q3, self.fragp[rows] + dfrag_rows, idle[:, None].astype(np.int32))
+        return self.w_cpu * idle + (g.astype(np.int64) @ self.w)
 
     def sigmoid_score(self, delta: I64) -> I64:
         """The FGD paper's int(100*sigmoid(dF/1000)), from the scaled integer drop in fragmentation."""

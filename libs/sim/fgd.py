@@ -147,6 +147,12 @@ class Summary:
         }
 
 
+def inflate_size(pods_csv: str | Path, nodes_csv: str | Path, tune: float, seed: int) -> int:
+    """How many pods one run offers (for progress bars)."""
+    capacity = sum(len(n.gpus) for n in load_cluster_csv(nodes_csv)) * FULL
+    return len(inflate(load_pods(pods_csv), capacity, tune, random.Random(seed)))
+
+
 def simulate(pods_csv: str | Path, nodes_csv: str | Path, policy: str, seeds: list[int], tune: float,
              progress: Callable[[int, int], None] | None = None) -> Summary:
     nodes = [n for n in load_cluster_csv(nodes_csv) if n.gpus]

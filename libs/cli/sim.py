@@ -1,0 +1,78 @@
+"""`gpusched sim fgd`: the FGD paper's protocol on the openb trace, through the service's own Placer."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from libs.core.scoring import POLICIES
+from libs.sim.fgd import DEFAULT_NODES, inflate_size, simulate
+from libs.sim.published import published_unallocated
+
+console = Console(stderr=True)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """"42-51" or "42,43,45" or "42"."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        try:
+            seeds += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad seeds {text!r}: use 42-51 or 42,43") from None
+    return seeds
+
+
+def cmd_fgd(args: argparse.Namespace) -> None:
+    pods_csv, nodes_csv = Path(args.pods), Path(args.nodes)
+    for path in (pods_csv, nodes_csv):
+        if not path.exists():
+            raise FileNotFoundError(f"{path} not found")
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        total = inflate_size(pods_csv, nodes_csv, args.tune, args.seeds[0]) * len(args.seeds)
+        task = progress.add_task(f"{args.policy} on {pods_csv.name}", total=total)
+        done: dict[int, int] = {}
+
+        def advance(seed: int, offered: int) -> None:
+            done[seed] = offered
+            progress.update(task, completed=sum(done.values()))
+
+        summary = simulate(pods_csv, nodes_csv, args.policy, args.seeds, args.tune, progress=advance)
+    result = summary.as_json()
+    published = published_unallocated(pods_csv.stem)
+    if published:
+        result["published_unallocated_pct_at_100"] = published
+    if args.plot:
+        from libs.sim.plot import plot_curves
+
+        plot_curves(summary, Path(args.plot))
+        result["plot"] = args.plot
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    console.print(f"[bold]{args.policy}[/bold] on {pods_csv.name}, seeds {args.seeds[0]}-{args.seeds[-1]}, "
+                  f"tune {args.tune}: allocated {result['alloc_pct']['100']} % at arrived 100 "
+                  f"({result['unallocated_pct_at_100']} % unallocated), {result['alloc_pct']['130']} % at 130; "
+                  f"{result['seconds_per_run']} s per run")
+    for name, value in (published or {}).items():
+        console.print(f"  published {name}: {value} % unallocated")
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:
+    sim = sub.add_parser("sim", help="offline simulations with the platform's own decision code")
+    ssub = sim.add_subparsers(dest="sim_command", required=True)
+    p = ssub.add_parser("fgd", help="the FGD paper's protocol (ATC'23) on an openb pod list")
+    p.add_argument("--pods", required=True, help="pod list CSV, e.g. ../shared/data/openb/openb_pod_list_default.csv")
+    p.add_argument("--nodes", default=str(DEFAULT_NODES), help="node list CSV")
+    p.add_argument("--policy", default="packing", choices=POLICIES)
+    p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-51"))
+    p.add_argument("--tune", type=float, default=1.3, help="inflate the workload to this multiple of capacity")
+    p.add_argument("--plot", help="draw the allocation curve against the published ones (PNG)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_fgd)
