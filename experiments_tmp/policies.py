@@ -24,10 +24,25 @@ def finish(a, req, rows, cols, best):
     return Choice(row, _whole_gpus(a, row, req))
 
 
+class ShareFrag(sc.FragModel):
+    def __init__(self, arrays, typical):
+        super().__init__(arrays, typical)
+        w = self.w * self.milli * self.num // 100
+        tot = int(w.sum()) + self.w_cpu * 10
+        self.w_cpu = self.w_cpu * 10
+        self.w = w
+        self.w_total = tot
+        self.thresholds = sc._LOGIT * 1000.0 * self.w_total
+        self.rebuild()
+
+
 def make(variant):
     parts = variant.split('+')
     base = parts[0]
     opts = set(parts[1:])
+    import libs.core.fit as fit
+    if 'sharew' in opts:
+        fit.FragModel = ShareFrag
 
     def choose(a, frag, req, policy, salt, allowed=None):
         ok = feasible_rows(a, req, allowed)
@@ -49,6 +64,11 @@ def make(variant):
             keys.append(idle_after)
         if 'cpuonly_full' in opts and req.gpus == 0:
             keys.append((idle_now > 0).astype(np.int64))
+        if 'cpuslack' in opts and req.gpus == 0:
+            # take CPU from the node with the most CPU per idle GPU share (keep GPU nodes hostable)
+            keys.append(-(a.cpu[rows] - req.cpu - 12 * idle_now))
+        if 'cpuslack2' in opts and req.gpus == 0:
+            keys.append(-((a.cpu[rows] - req.cpu) * 1000 // np.maximum(idle_now, 1)))
         if base == 'fgd':
             keys.append(-s)
         elif base == 'exact':

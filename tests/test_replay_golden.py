@@ -30,18 +30,10 @@ def test_a_changed_placement_rule_is_reported_as_mismatches(recorded: list[tuple
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import libs.core.fit as fit
 
-    # Worst-fit instead of best-fit: the same jobs would land elsewhere.
-    original = fit._whole_gpu_choice
-
-    def worst_fit(cluster: fit.Cluster, spec: fit.JobSpec) -> tuple[fit.Node, list[fit.Gpu]] | None:
-        nodes = list(reversed(cluster.sorted_nodes()))
-        monkeypatch.setattr(cluster, "_order", nodes)
-        try:
-            return original(cluster, spec)
-        finally:
-            monkeypatch.setattr(cluster, "_order", list(reversed(nodes)))
-
-    monkeypatch.setattr(fit, "_whole_gpu_choice", worst_fit)
+    # Spread instead of the recorded policy: the same jobs would land elsewhere.
+    original = fit.choose
+    monkeypatch.setattr(fit, "choose", lambda a, frag, req, policy, salt, allowed=None:
+                        original(a, frag, req, "spread", salt, allowed))
     report = replay(recorded)
     assert report.mismatches
     assert {m.service for m in report.mismatches} <= {"placement", "preemption"}

@@ -64,6 +64,18 @@ def cmd_fgd(args: argparse.Namespace) -> None:
         console.print(f"  published {name}: {value} % unallocated")
 
 
+def cmd_latency(args: argparse.Namespace) -> None:
+    from libs.sim.latency import decide_latency
+
+    with console.status("placing jobs through the placement decider..."):
+        result = decide_latency(args.pods, args.nodes, args.jobs)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        console.print(f"{result['jobs']} jobs on {result['nodes']} nodes: median {result['median_ms']} ms, "
+                      f"p99 {result['p99_ms']} ms per decision ({result['placed']} placed)")
+
+
 def add_command(sub: argparse._SubParsersAction) -> None:
     sim = sub.add_parser("sim", help="offline simulations with the platform's own decision code")
     ssub = sim.add_subparsers(dest="sim_command", required=True)
@@ -76,3 +88,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", help="draw the allocation curve against the published ones (PNG)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_fgd)
+    p = ssub.add_parser("latency", help="time the placement decider deciding one job on a large cluster")
+    p.add_argument("--pods", required=True, help="pod list CSV to draw jobs from")
+    p.add_argument("--nodes", default=str(DEFAULT_NODES))
+    p.add_argument("--jobs", type=int, default=3000)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_latency)

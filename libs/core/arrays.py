@@ -79,7 +79,7 @@ class ClusterArrays:
             return self.model >= 0
         ids = self.model_ids(models)
         if self.mixed:
-            return np.isin(self.gpu_model, ids).any(axis=1)
+            return np.asarray(np.isin(self.gpu_model, ids).any(axis=1))
         return np.isin(self.model, ids)
 
     def gpu_mask(self, models: tuple[str, ...]) -> npt.NDArray[np.bool_]:

@@ -191,10 +191,7 @@ def explain_shortfall(cluster: Cluster, spec: JobSpec) -> Shortfall:
         models = ",".join(spec.gpu_models) or "any model"
         return Shortfall(NO_MODEL_MATCH, f"no healthy {kind} of {models}", demand_milli(spec))
     per_replica = replica_milli(spec)
-    if spec.gpu_milli > 0:
-        free = sum(g.free_milli for g in eligible)
-    else:
-        free = sum(FULL for g in eligible if g.idle)
+    free = sum(g.free_milli for g in eligible) if spec.gpu_milli > 0 else sum(FULL for g in eligible if g.idle)
     need = demand_milli(spec)
     if free < need and not mig:
         return Shortfall(INSUFFICIENT_GPUS,

@@ -199,6 +199,8 @@ def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, 
     idle_after = np.where(a.free[rows] > 0, a.free[rows], 0).sum(axis=1) - k * m
     gpu_left = v - m
     salt_key = salted_order(rows, salt)
+    # Sort keys, least significant first (np.lexsort): the last key decides, ties fall to the previous.
+    keys: tuple[npt.NDArray[np.int64], ...]
     if policy in ("fgd", "packing") and frag is not None:
         delta = frag.frag[rows] - frag.after(rows, v, k, m, req.cpu)
         if policy == "fgd":

@@ -4,11 +4,13 @@ service uses. See docs/fgd-protocol-notes.md for the protocol and where our repl
 from __future__ import annotations
 
 import csv
+import functools
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +20,8 @@ from libs.core.fit import Placer
 from libs.core.shapes import TypicalShapes, typical_shapes
 from libs.nodes.sim import load_cluster_csv
 
-DEFAULT_NODES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "openb" / "openb_node_list_gpu_node.csv"
+SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+DEFAULT_NODES = SHARED_DATA / "openb" / "openb_node_list_gpu_node.csv"
 CHECKPOINTS = (100, 130)
 
 
@@ -41,14 +44,10 @@ def load_pods(path: str | Path) -> list[Pod]:
             try:
                 num, milli = int(row["num_gpu"]), int(row["gpu_milli"])
                 models = tuple(m for m in (row.get("gpu_spec") or "").split("|") if m)
-                common = {"team": "sim", "queue": "sim", "cpu_milli": int(row["cpu_milli"]),
-                          "memory_mib": int(row["memory_mib"]), "gpu_models": models}
-                if num == 0:
-                    spec = JobSpec(gpus=0, **common)
-                elif num == 1 and 0 < milli < FULL:
-                    spec = JobSpec(gpus=1, gpu_milli=milli, **common)
-                else:
-                    spec = JobSpec(gpus=num, **common)
+                fraction = num == 1 and 0 < milli < FULL
+                spec = JobSpec(team="sim", queue="sim", cpu_milli=int(row["cpu_milli"]),
+                               memory_mib=int(row["memory_mib"]), gpu_models=models, gpus=num,
+                               gpu_milli=milli if fraction else 0)
             except (KeyError, ValueError, TypeError) as err:
                 raise PodCsvError(f"{path}:{line_no}: bad pod row: {err}") from err
             pods.append(Pod(row["name"], spec, num * milli, milli))
@@ -133,7 +132,7 @@ class Summary:
     def alloc_at(self, k: int) -> float:
         return round(float(np.mean([r.curve[k] for r in self.runs if k in r.curve])), 2)
 
-    def as_json(self) -> dict[str, object]:
+    def as_json(self) -> dict[str, Any]:
         return {
             "policy": self.policy,
             "pods": Path(self.pods_csv).name,
@@ -160,6 +159,8 @@ def simulate(pods_csv: str | Path, nodes_csv: str | Path, policy: str, seeds: li
     typical = typical_shapes(p.spec for p in pods)
     summary = Summary(policy, str(pods_csv), seeds)
     for seed in seeds:
-        summary.runs.append(run_once(nodes, pods, typical, policy, seed, tune,
-                                     (lambda i, s=seed: progress(s, i)) if progress else None))
+        report: Callable[[int], None] | None = None
+        if progress is not None:
+            report = functools.partial(progress, seed)
+        summary.runs.append(run_once(nodes, pods, typical, policy, seed, tune, report))
     return summary
