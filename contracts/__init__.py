@@ -7,6 +7,7 @@ Changes are additive only: new optional fields with defaults, new event types. O
 from contracts.events import (
     ALL_EVENT_TYPES,
     COMMAND_TYPES,
+    AuditCheckpoint,
     CancelJob,
     ClockTick,
     Event,
@@ -47,6 +48,7 @@ from contracts.model import (
 __all__ = [
     "ALL_EVENT_TYPES",
     "COMMAND_TYPES",
+    "AuditCheckpoint",
     "CancelJob",
     "ClockTick",
     "Event",

@@ -24,6 +24,8 @@ class EventBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag
     trigger_seq: int = 0
     causation_id: str = ""
     correlation_id: str = ""
+    # Decisions only: hash of the previous decision of the same service and of this one (tamper evidence).
+    chain: str = ""
 
 
 # --- commands (inputs from producers and operators) ---------------------------------------------
@@ -174,6 +176,19 @@ class ClockTick(EventBase, frozen=True, kw_only=True):
     pass
 
 
+# --- audit --------------------------------------------------------------------------------------
+
+
+class AuditCheckpoint(EventBase, frozen=True, kw_only=True):
+    """A keyed attestation of a service's decision chain: HMAC-SHA256 over service, head and count with a
+    key only the platform holds, so a forger who rewrites the chain cannot re-sign it."""
+
+    service: str
+    head: str
+    decisions: int
+    mac: str
+
+
 Event = (
     SubmitJob
     | CancelJob
@@ -197,6 +212,7 @@ Event = (
     | NodeLost
     | GpuHealthChanged
     | ClockTick
+    | AuditCheckpoint
 )
 
 ALL_EVENT_TYPES: Final[tuple[type[EventBase], ...]] = Event.__args__

@@ -19,6 +19,8 @@ class JobView(msgspec.Struct, kw_only=True):
     phase: str = ""
     reason: str = ""
     message: str = ""
+    # What the last deferral said was missing, in thousandths of a GPU.
+    shortfall_milli: int = 0
     placements: tuple[ReplicaPlacement, ...] = ()
     submitted_at: float | None = None
     admitted_at: float | None = None
@@ -56,6 +58,22 @@ class TeamUsage(msgspec.Struct, kw_only=True):
     team: str
     gpu_seconds: float = 0.0
     jobs_finished: int = 0
+
+
+class Reason(msgspec.Struct, kw_only=True):
+    code: str
+    message: str
+
+
+class Explanation(msgspec.Struct, kw_only=True):
+    """Why a job is where it is, what would unblock it, and when it should start."""
+
+    job_id: str
+    state: str
+    phase: str
+    reasons: list[Reason] = []
+    unblock: list[str] = []
+    estimated_start: float | None = None
 
 
 class ApiError(msgspec.Struct, kw_only=True):

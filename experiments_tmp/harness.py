@@ -11,6 +11,7 @@ variant, lists, seeds = sys.argv[1], sys.argv[2].split(','), [int(s) for s in sy
 if variant != 'orig':
     fit.choose = policies.make(variant)
 for lst in lists:
+    policies.load_shape_mem(f'/work/shared/data/openb/openb_pod_list_{lst}.csv')
     for seed in seeds:
         t = time.time()
         s = F.simulate(f'/work/shared/data/openb/openb_pod_list_{lst}.csv', F.DEFAULT_NODES, 'fgd', [seed], 1.3)

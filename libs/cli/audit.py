@@ -7,13 +7,17 @@ import asyncio
 import json
 import os
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import Progress
+from rich.table import Table
 
 from libs.audit.log_reader import read_log
 from libs.audit.replay import replay
+from libs.audit.timeline import timeline
+from libs.audit.verify import verify
 from libs.bus.jetstream import Bus, BusConfig
 
 console = Console(stderr=True)
@@ -52,13 +56,73 @@ def _read_file(path: Path) -> list[tuple[int, bytes]]:
     return out
 
 
+def _bound(text: str | None) -> tuple[int | None, float | None]:
+    """--from/--to: a stream sequence (digits) or an ISO time."""
+    if not text:
+        return None, None
+    if text.isdigit():
+        return int(text), None
+    try:
+        return None, datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise ValueError(f"--from/--to take a sequence number or an ISO time, not {text!r}") from None
+
+
+def _in_range(seq: int, raw: bytes, lo: tuple[int | None, float | None], hi: tuple[int | None, float | None]
+              ) -> bool:
+    if (lo[0] is not None and seq < lo[0]) or (hi[0] is not None and seq > hi[0]):
+        return False
+    if lo[1] is None and hi[1] is None:
+        return True
+    ts = json.loads(raw).get("ts", 0.0)
+    return (lo[1] is None or ts >= lo[1]) and (hi[1] is None or ts <= hi[1])
+
+
 def cmd_export(args: argparse.Namespace) -> None:
+    lo, hi = _bound(args.from_), _bound(args.to)
     for seq, raw in asyncio.run(_read_live()):
-        sys.stdout.write(f'{{"seq":{seq},"event":{raw.decode()}}}\n')
+        if _in_range(seq, raw, lo, hi):
+            sys.stdout.write(f'{{"seq":{seq},"event":{raw.decode()}}}\n')
+
+
+def _load(args: argparse.Namespace) -> list[tuple[int, bytes]]:
+    return _read_file(Path(args.log)) if args.log else asyncio.run(_read_live())
+
+
+def cmd_verify(args: argparse.Namespace) -> None:
+    key = Path(args.key_file).read_bytes().strip() if args.key_file else None
+    report = verify(_load(args), key)
+    if args.json:
+        print(json.dumps(report.as_json(), indent=2))
+    elif report.ok:
+        console.print(f"[green]ok[/green]: {report.events} events, {report.decisions} chained decisions, "
+                      f"{report.checkpoints} signed checkpoints verified")
+    else:
+        bad = report.first_bad
+        assert bad is not None
+        console.print(f"[red]TAMPERED[/red] at sequence {bad.seq} ({bad.source or 'unknown source'}): {bad.reason}")
+    if not report.ok:
+        sys.exit(1)
+
+
+def cmd_timeline(args: argparse.Namespace) -> None:
+    rows = timeline(_load(args), args.job)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        raise ValueError(f"no event in the log touches job {args.job}")
+    table = Table(title=f"job {args.job}")
+    for column in ("seq", "time", "event", "by", "detail"):
+        table.add_column(column)
+    for row in rows:
+        when = datetime.fromtimestamp(row["ts"], tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        table.add_row(str(row["seq"]), when, row["type"], row["source"], row["detail"])
+    console.print(table)
 
 
 def cmd_replay(args: argparse.Namespace) -> None:
-    log = _read_file(Path(args.log)) if args.log else asyncio.run(_read_live())
+    log = _load(args)
     report = replay(log)
     result = {"events": report.events, "decisions_checked": report.decisions_checked,
               "mismatches": len(report.mismatches), "events_per_s": round(report.events_per_s),
@@ -74,13 +138,59 @@ def cmd_replay(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def cmd_whatif(args: argparse.Namespace) -> None:
+    from contracts.codec import decode
+    from libs.sim.pipeline import world_inputs
+    from libs.sim.whatif import parse_change, what_if
+
+    changes = [parse_change(text) for text in args.set]
+    log = [(seq, decode(raw)) for seq, raw in _read_file(Path(args.log))]
+    with console.status("replaying the history twice in virtual time..."):
+        result = what_if(world_inputs(log), changes, tick_s=args.tick)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    table = Table(title="what if " + ", ".join(result["changes"]))
+    for column in ("team", "jobs", "mean wait s (before -> after)", "p95 wait s", "GPU-hours", "GPU use %"):
+        table.add_column(column)
+    for team, both in result["teams"].items():
+        b, a = both["before"] or {}, both["after"] or {}
+
+        def pair(key: str, b: dict = b, a: dict = a) -> str:
+            return f"{b.get(key, '-')} -> {a.get(key, '-')}"
+
+        table.add_row(team, str(b.get("jobs", a.get("jobs"))), pair("mean_wait_s"), pair("p95_wait_s"),
+                      pair("gpu_hours"), pair("gpu_utilisation_pct"))
+    console.print(table)
+
+
 def add_command(sub: argparse._SubParsersAction) -> None:
     audit = sub.add_parser("audit", help="export the log, replay it through the decision cores")
     asub = audit.add_subparsers(dest="audit_command", required=True)
     p = asub.add_parser("export", help="write the live log as JSON lines to stdout")
+    p.add_argument("--from", dest="from_", help="first sequence number or ISO time")
+    p.add_argument("--to", help="last sequence number or ISO time")
     p.set_defaults(func=cmd_export)
+    p = asub.add_parser("verify", help="check the hash chains, checkpoints and order of the log")
+    p.add_argument("log", nargs="?", help="an exported log (default: the live stream)")
+    p.add_argument("--live", action="store_true", help="read the live stream (the default)")
+    p.add_argument("--key-file", help="the audit key, to verify the signed checkpoints")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_verify)
+    p = asub.add_parser("timeline", help="every event that touched one job")
+    p.add_argument("job")
+    p.add_argument("--log", help="an exported log (default: the live stream)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_timeline)
     p = asub.add_parser("replay", help="re-derive every decision and compare byte for byte")
     p.add_argument("log", nargs="?", help="an exported log (default: the live stream)")
     p.add_argument("--live", action="store_true", help="read the live stream (the default)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_replay)
+    p = sub.add_parser("whatif", help="replay a log's submissions under changed queue policy, compare teams")
+    p.add_argument("--log", required=True, help="an exported log (gpusched audit export)")
+    p.add_argument("--set", action="append", default=[], required=True,
+                   help="queue.NAME.nominal=N | queue.NAME.weight=W | queue.NAME.placement_policy=P")
+    p.add_argument("--tick", type=float, default=5.0, help="clock tick of the virtual run, seconds")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_whatif)

@@ -49,6 +49,9 @@ class Client:
         query = urllib.parse.urlencode({k: v for k, v in filters.items() if v not in (None, "")})
         return self._call("GET", "/v1/jobs" + (f"?{query}" if query else ""))
 
+    def explain(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}/explain")
+
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._call("DELETE", f"/v1/jobs/{urllib.parse.quote(job_id)}")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
@@ -72,6 +73,21 @@ def cmd_job(args: argparse.Namespace) -> None:
     _table(f"job {args.id}", ["field", "value"], rows)
 
 
+def cmd_explain(args: argparse.Namespace) -> None:
+    answer = Client().explain(args.id)
+    if args.json:
+        _print_json(answer)
+        return
+    console.print(f"job [bold]{args.id}[/bold]: {answer['state']} ({answer['phase']})")
+    for reason in answer["reasons"]:
+        console.print(f"  [yellow]{reason['code']}[/yellow]: {reason['message']}")
+    for hint in answer["unblock"]:
+        console.print(f"  would unblock: {hint}")
+    if answer.get("estimated_start"):
+        when = datetime.fromtimestamp(answer["estimated_start"], tz=UTC).isoformat(timespec="seconds")
+        console.print(f"  estimated start: {when}")
+
+
 def cmd_cancel(args: argparse.Namespace) -> None:
     result = Client().cancel(args.id)
     _print_json(result) if args.json else console.print(f"{args.id}: {result['state']}")
@@ -127,7 +143,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--team")
     p.add_argument("--limit", type=int, default=200)
     p.set_defaults(func=cmd_jobs)
-    for name, func, text in (("job", cmd_job, "show one job"), ("cancel", cmd_cancel, "cancel a job")):
+    for name, func, text in (("job", cmd_job, "show one job"), ("cancel", cmd_cancel, "cancel a job"),
+                             ("explain", cmd_explain, "why a job waits, what would unblock it, and when")):
         p = sub.add_parser(name, help=text)
         p.add_argument("id")
         p.set_defaults(func=func)

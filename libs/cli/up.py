@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import signal
 import sys
 import time
@@ -39,6 +40,16 @@ def _wait_for_cluster(client: Client, timeout: float = 60.0) -> tuple[int, int]:
     raise TimeoutError("nodes or queues did not appear in the API; see the service logs")
 
 
+def audit_key_file(data: Path) -> Path:
+    """The key that signs the decision chains' checkpoints: made once, readable by its owner only."""
+    path = data / "audit.key"
+    if not path.exists():
+        data.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_hex(32))
+        path.chmod(0o600)
+    return path.resolve()
+
+
 def start_platform(data: Path, cluster: Path, policy: Path, api_port: int,
                    extra_env: dict[str, str] | None = None) -> tuple[Supervisor, list[EmbeddedServer], dict[str, str]]:
     servers: list[EmbeddedServer] = []
@@ -51,7 +62,8 @@ def start_platform(data: Path, cluster: Path, policy: Path, api_port: int,
         servers.append(start_redis(data / "redis"))
         redis_url = servers[-1].url
     env = {"NATS_URL": nats_url, "REDIS_URL": redis_url, "GPUSCHED_CLUSTER": str(cluster.resolve()),
-           "GPUSCHED_POLICY": str(policy.resolve()), **(extra_env or {})}
+           "GPUSCHED_POLICY": str(policy.resolve()), "GPUSCHED_AUDIT_KEY_FILE": str(audit_key_file(data)),
+           **(extra_env or {})}
     sup = Supervisor(env=env, ports=_ports(api_port), log_dir=data / "logs")
     try:
         sup.start()
@@ -86,6 +98,7 @@ def cmd_up(args: argparse.Namespace) -> None:
     for name in SERVICES:
         table.add_row(f"{name} metrics", f"http://127.0.0.1:{sup.ports[name]}/metrics")
     table.add_row("logs", str((data / "logs").resolve()))
+    table.add_row("audit key", f"{env['GPUSCHED_AUDIT_KEY_FILE']} (gpusched audit verify --key-file ...)")
     table.add_row("cluster", f"{n_nodes} nodes from {args.cluster}; {n_queues} queues from {args.policy}")
     console.print(table)
     console.print("Ctrl-C stops everything.")

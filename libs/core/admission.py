@@ -27,7 +27,7 @@ from contracts import (
     QueuePolicyChanged,
     SubmitJob,
 )
-from libs.core.decider import Decisions, Trigger, derived_id
+from libs.core.decider import Chain, Decisions, Trigger, derived_id
 from libs.core.policy import PolicyBook, demand_milli, replica_milli
 
 SERVICE = "admission"
@@ -121,6 +121,7 @@ class AdmissionDecider:
     name = SERVICE
 
     def __init__(self) -> None:
+        self.chain = Chain()
         self.policy = PolicyBook()
         self.inventory = Inventory()
         self.jobs: dict[str, str] = {}
@@ -151,7 +152,7 @@ class AdmissionDecider:
                 self.jobs[event.job_id] = "failed"
 
     def react(self, trigger: Trigger) -> list[EventBase]:
-        out = Decisions(SERVICE, trigger, self.evolve)
+        out = Decisions(SERVICE, trigger, self.evolve, self.chain)
         event = trigger.event
         if isinstance(event, SubmitJob):
             self._submit(event, out)

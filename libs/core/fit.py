@@ -183,22 +183,28 @@ def _host_ok(node: Node, spec: JobSpec) -> bool:
 
 def explain_shortfall(cluster: Cluster, spec: JobSpec) -> Shortfall:
     """Why the job does not fit, as a code, a message and the best candidate's shortfall."""
-    mig = bool(spec.mig_profile)
-    eligible = [g for n in cluster.sorted_nodes() if n.online for g in n.gpus
-                if g.healthy and _model_ok(spec, g.model) and g.mig_enabled == mig]
-    if not eligible:
-        kind = f"MIG-enabled GPU for {spec.mig_profile}" if mig else "GPU"
-        models = ",".join(spec.gpu_models) or "any model"
-        return Shortfall(NO_MODEL_MATCH, f"no healthy {kind} of {models}", demand_milli(spec))
-    per_replica = replica_milli(spec)
-    free = sum(g.free_milli for g in eligible) if spec.gpu_milli > 0 else sum(FULL for g in eligible if g.idle)
+    placer = placer_for(cluster)
+    a = placer.arrays
+    a.refresh()
     need = demand_milli(spec)
-    if free < need and not mig:
+    if spec.mig_profile:
+        mig = [g for n in cluster.sorted_nodes() if n.online for g in n.gpus
+               if g.mig_enabled and g.healthy and _model_ok(spec, g.model)]
+        if not mig:
+            return Shortfall(NO_MODEL_MATCH, f"no healthy MIG-enabled GPU for {spec.mig_profile}", need)
+        return Shortfall(FRAGMENTATION, f"no MIG-enabled GPU has {mig_slices(spec.mig_profile)} free slices", need)
+    usable = (a.free >= 0) & a.online[:, None] & a.gpu_mask(tuple(spec.gpu_models))
+    if not usable.any():
+        models = ",".join(spec.gpu_models) or "any model"
+        return Shortfall(NO_MODEL_MATCH, f"no healthy GPU of {models}", need)
+    per_replica = replica_milli(spec)
+    free = int(a.free[usable].sum()) if spec.gpu_milli > 0 else int((a.free[usable] == FULL).sum()) * FULL
+    if free < need:
         return Shortfall(INSUFFICIENT_GPUS,
                          f"needs {need / FULL:g} GPUs of allowed models, {free / FULL:g} free", need - free)
     if not any(_host_ok(n, spec) for n in cluster.sorted_nodes()):
         return Shortfall(INSUFFICIENT_CPU_MEMORY, "no node has the CPU, memory and RDMA NICs a replica needs", 0)
-    if spec.replicas > 1 and placer_for(cluster).fits(msgspec.structs.replace(spec, replicas=1)):
+    if spec.replicas > 1 and placer.fits(msgspec.structs.replace(spec, replicas=1)):
         return Shortfall(GANG, f"{free / FULL:g} GPUs free, but not all {spec.replicas} replicas of "
                                f"{per_replica / FULL:g} GPU fit at once", per_replica)
     return Shortfall(FRAGMENTATION, f"{free / FULL:g} GPUs free but scattered: no node has "

@@ -157,9 +157,9 @@ class Ledger:
             case JobAdmitted():
                 view.phase, view.admitted_at = "admitted", event.ts
             case QuotaDeferred() | PlacementDeferred():
-                view.reason, view.message = event.code, event.message
+                view.reason, view.message, view.shortfall_milli = event.code, event.message, event.shortfall_milli
             case QuotaReserved():
-                view.phase, view.reason, view.message = "reserved", "", ""
+                view.phase, view.reason, view.message, view.shortfall_milli = "reserved", "", "", 0
                 prio = view.spec.priority if view.spec else ""
                 self.waits.append(AdmissionWait(view.queue, prio, event.ts - (view.submitted_at or event.ts)))
                 self._queue_reserved(event)
@@ -167,6 +167,7 @@ class Ledger:
                 self._queue_reserved(event)
             case JobPlaced():
                 view.phase, view.placements, view.reason, view.message = "placed", event.placements, "", ""
+                view.shortfall_milli = 0
                 self.cluster.allocate(event.placements)
                 self._touch_nodes(event.placements)
             case JobStarted():

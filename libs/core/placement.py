@@ -35,7 +35,7 @@ from contracts import (
     ReplicaPlacement,
 )
 from libs.core.cluster import Cluster
-from libs.core.decider import Decisions, Trigger
+from libs.core.decider import Chain, Decisions, Trigger
 from libs.core.fit import Placer, Shortfall
 from libs.core.policy import PolicyBook, demand_milli
 from libs.core.scoring import DEFAULT_POLICY
@@ -57,6 +57,7 @@ class PlacementDecider:
     name = SERVICE
 
     def __init__(self) -> None:
+        self.chain = Chain()
         self.policy = PolicyBook()
         self.cluster = Cluster()
         self.placer = Placer(self.cluster)
@@ -130,7 +131,7 @@ class PlacementDecider:
                     self.nominated.pop(event.job_id, None)
 
     def react(self, trigger: Trigger) -> list[EventBase]:
-        out = Decisions(SERVICE, trigger, self.evolve)
+        out = Decisions(SERVICE, trigger, self.evolve, self.chain)
         event = trigger.event
         match event:
             case QuotaReserved() if event.job_id in self.waiting:

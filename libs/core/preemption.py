@@ -40,7 +40,7 @@ from contracts import (
     Victim,
 )
 from libs.core.cluster import Cluster
-from libs.core.decider import Decisions, Trigger
+from libs.core.decider import Chain, Decisions, Trigger
 from libs.core.fit import fits
 from libs.core.policy import PolicyBook, demand_milli
 from libs.core.quota import QUEUE_QUOTA_EXHAUSTED
@@ -96,10 +96,12 @@ class PreemptionDecider:
     name = SERVICE
 
     def __init__(self) -> None:
+        self.chain = Chain()
         self.policy = PolicyBook()
         self.cluster = Cluster()
         self.s = PreemptionState()
         self._placed = 0
+        self.changed = False  # anything folded since the last tick's reconsideration?
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (NodeRegistered, NodeLost, GpuHealthChanged, QueuePolicyChanged, PriorityClassesChanged,
@@ -107,6 +109,8 @@ class PreemptionDecider:
                 JobCancelled, JobFinished, JobFailed, JobEvicted, ClockTick)
 
     def evolve(self, event: EventBase) -> None:
+        if not isinstance(event, ClockTick):
+            self.changed = True
         if self.policy.apply(event):
             return
         s = self.s
@@ -176,20 +180,24 @@ class PreemptionDecider:
             s.cancelled.pop(job_id, None)
 
     def react(self, trigger: Trigger) -> list[EventBase]:
-        out = Decisions(SERVICE, trigger, self.evolve)
+        out = Decisions(SERVICE, trigger, self.evolve, self.chain)
         event = trigger.event
         if isinstance(event, QuotaDeferred | PlacementDeferred) and event.job_id in self.s.waiting:
             self._consider(event.job_id, quota_bound=self.s.waiting[event.job_id], out=out)
-        elif isinstance(event, ClockTick):
+        elif isinstance(event, ClockTick) and self.changed:
             # Circumstances change without a new deferral (a victim ended on its own, a job was placed
-            # elsewhere): on each tick the first waiting job of each queue is considered again.
+            # elsewhere): on a tick after any such change, the first waiting job of each queue is considered
+            # again.
+            self.changed = False
             for job_id in self._heads_of_queues():
                 self._consider(job_id, quota_bound=self.s.waiting[job_id], out=out)
         return out.out
 
     def _heads_of_queues(self) -> list[str]:
+        # The first waiting job per queue: (-priority, id) is a total order, so iterating the dict in any
+        # (insertion) order gives the same heads; no sort needed.
         heads: dict[str, tuple[int, str]] = {}
-        for job_id in sorted(self.s.waiting):
+        for job_id in self.s.waiting:
             if job_id in self.s.in_flight or job_id not in self.s.specs:
                 continue
             spec = self.s.specs[job_id]

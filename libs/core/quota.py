@@ -27,7 +27,7 @@ from contracts import (
     QuotaReleased,
     QuotaReserved,
 )
-from libs.core.decider import Decisions, Trigger
+from libs.core.decider import Chain, Decisions, Trigger
 from libs.core.policy import PolicyBook, demand_milli
 
 SERVICE = "quota"
@@ -49,11 +49,13 @@ class QuotaDecider:
     name = SERVICE
 
     def __init__(self) -> None:
+        self.chain = Chain()
         self.policy = PolicyBook()
         self.jobs: dict[str, QuotaJob] = {}
         self.pending: dict[str, list[PendingKey]] = {}
         self.used: dict[str, int] = {}
         self.deferred: dict[str, str] = {}
+        self.behind: dict[str, dict[str, None]] = {}  # queue -> jobs told they wait behind a higher priority
         self._arrivals = 0
         self._specs: dict[str, JobSubmitted] = {}
 
@@ -94,12 +96,18 @@ class QuotaDecider:
                 job.state = "reserved"
                 self.used[job.queue] = self.used.get(job.queue, 0) + job.demand
                 self.deferred.pop(event.job_id, None)
+                self.behind.get(job.queue, {}).pop(event.job_id, None)
             case QuotaReleased():
                 job = self.jobs[event.job_id]
                 job.state = "released"
                 self.used[job.queue] -= job.demand
             case QuotaDeferred():
                 self.deferred[event.job_id] = event.code
+                behind = self.behind.setdefault(event.queue, {})
+                if event.code == BEHIND_HIGHER_PRIORITY:
+                    behind[event.job_id] = None
+                else:
+                    behind.pop(event.job_id, None)
             case JobCancelled() | JobFinished() | JobFailed():
                 self._end(event.job_id)
 
@@ -111,11 +119,12 @@ class QuotaDecider:
             self._dequeue(job)
             job.state = "ended"
         self.deferred.pop(job_id, None)
+        self.behind.get(job.queue, {}).pop(job_id, None)
 
     # --- decisions -------------------------------------------------------------------------------
 
     def react(self, trigger: Trigger) -> list[EventBase]:
-        out = Decisions(SERVICE, trigger, self.evolve)
+        out = Decisions(SERVICE, trigger, self.evolve, self.chain)
         event = trigger.event
         match event:
             case JobAdmitted():
@@ -182,8 +191,23 @@ class QuotaDecider:
         for key in list(self.pending.get(queue, [])):
             if blocked_from is not None and key[0] > blocked_from:
                 break
+            free = self.free_milli(queue)
+            if free is not None and free <= 0 and self.deferred.get(key[2]) == QUEUE_QUOTA_EXHAUSTED:
+                break  # nothing fits any more; the jobs after it were told why already
             if not self._try_reserve(key[2], self.jobs[key[2]], out) and blocked_from is None:
                 blocked_from = key[0]
+        self._unblock_behind(queue, out)
+
+    def _unblock_behind(self, queue: str, out: Decisions) -> None:
+        """Jobs told they wait behind a higher-priority job, whose blocker is gone now, learn the real
+        reason (the queue's quota) or get their quota."""
+        behind = [j for j in self.behind.get(queue, {}) if self.jobs[j].state == "pending"]
+        keys = self.pending.get(queue, [])
+        for job_id in behind:
+            job = self.jobs[job_id]
+            if keys and keys[0] != job.key and keys[0][0] < job.key[0]:
+                continue  # still behind someone of higher priority
+            self._try_reserve(job_id, job, out)
 
     def snapshot(self) -> bytes:
         return msgspec.json.encode({

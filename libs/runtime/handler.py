@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from contracts.events import EventBase
-from libs.core.decider import Decider, run_decider
+from libs.core.decider import Chain, Decider, run_decider
 
 
 class Handler(Protocol):
@@ -34,6 +34,10 @@ class DeciderHandler:
     def __init__(self, decider: Decider) -> None:
         self.decider = decider
         self.name = decider.name
+
+    @property
+    def chain(self) -> Chain:
+        return self.decider.chain
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return self.decider.input_types()

@@ -22,7 +22,9 @@ from nats.errors import MsgAlreadyAckdError
 
 from contracts.codec import decode
 from contracts.events import EventBase
+from libs.audit.verify import make_checkpoint
 from libs.bus.jetstream import Bus, Consumer, stream_seq
+from libs.core.decider import Chain, derived_id
 from libs.runtime.handler import Handler
 from libs.telemetry import metrics
 
@@ -31,7 +33,7 @@ log = logging.getLogger(__name__)
 
 class Reactor:
     def __init__(self, bus: Bus, handler: Handler, durable: str | None = None, batch_size: int = 500,
-                 fetch_timeout: float = 0.5) -> None:
+                 fetch_timeout: float = 0.5, audit_key: bytes | None = None, audit_every: int = 500) -> None:
         self.bus = bus
         self.handler = handler
         self.durable = durable or handler.name
@@ -41,6 +43,9 @@ class Reactor:
         self.last_seq = 0
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
+        self.audit_key = audit_key
+        self.audit_every = audit_every
+        self._attested = 0
         self._consumer: Consumer | None = None
         # Consumer delivery sequence of the last message seen: a jump means a delivery went missing.
         self._delivered = 0
@@ -54,6 +59,9 @@ class Reactor:
         await self._bind()
         metrics.CATCH_UP_SECONDS.labels(self.handler.name).set(time.perf_counter() - started)
         await self.handler.after_catch_up()
+        chain: Chain | None = getattr(self.handler, "chain", None)
+        if chain is not None:  # what was attested before the restart need not be attested again
+            self._attested = chain.length - chain.length % self.audit_every
         self.ready.set()
         log.info("%s ready at sequence %d (replayed in %.2fs)", self.handler.name, self.last_seq,
                  time.perf_counter() - started)
@@ -137,6 +145,7 @@ class Reactor:
                     await self._dead_letter(msg, f"handler_error: {type(err).__name__}: {err}")
             self.last_seq = seq
         await self.bus.publish(decisions)
+        await self._attest()
         for d in decisions:
             metrics.DECISIONS.labels(name, type(d).__name__).inc()
         await self.handler.after_batch()
@@ -145,6 +154,17 @@ class Reactor:
         metrics.LAST_SEQ.labels(name).set(self.last_seq)
         metrics.BATCH_SIZE.labels(name).observe(handled)
         metrics.BATCH_SECONDS.labels(name).observe(time.perf_counter() - started)
+
+    async def _attest(self) -> None:
+        """Every `audit_every` decisions, a keyed checkpoint of the service's chain (when a key is set)."""
+        chain: Chain | None = getattr(self.handler, "chain", None)
+        if self.audit_key is None or chain is None or chain.length - self._attested < self.audit_every:
+            return
+        name = self.handler.name
+        checkpoint = make_checkpoint(name, chain.head, chain.length, self.audit_key, time.time(),
+                                     derived_id(name, "checkpoint", chain.length))
+        await self.bus.publish([checkpoint])
+        self._attested = chain.length
 
     def _decode_or_reason(self, msg: Msg) -> tuple[EventBase | None, str]:
         try:

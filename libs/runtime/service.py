@@ -30,7 +30,8 @@ async def run_service(
     on_ready: Callable[[Bus, Reactor], Awaitable[None]] | None = None,
 ) -> None:
     bus = await Bus.connect(settings.bus, name=f"gpusched-{settings.service}")
-    reactor = Reactor(bus, handler, batch_size=settings.batch_size)
+    reactor = Reactor(bus, handler, batch_size=settings.batch_size, audit_key=settings.audit_key,
+                      audit_every=settings.audit_every)
     app = base_app(settings.service, reactor.ready.is_set)
     if configure_app is not None:
         configure_app(app, bus, reactor)

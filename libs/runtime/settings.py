@@ -24,6 +24,14 @@ DEFAULT_POLICY = REPO_ROOT / "infra" / "config" / "demo.toml"
 DEFAULT_CLUSTER = REPO_ROOT / "infra" / "config" / "demo-cluster.csv"
 
 
+def _secret(env: os._Environ[str] | dict[str, str], name: str) -> bytes | None:
+    """A secret from NAME, or from the file named by NAME_FILE (so it need not sit in the environment)."""
+    if env.get(name):
+        return env[name].encode()
+    path = env.get(f"{name}_FILE")
+    return Path(path).read_bytes().strip() if path else None
+
+
 def _env_port(service: str) -> int:
     key = f"GPUSCHED_{service.upper().replace('-', '_')}_PORT"
     return int(os.environ.get(key, os.environ.get("GPUSCHED_HTTP_PORT", DEFAULT_PORTS[service])))
@@ -45,6 +53,9 @@ class Settings:
     # Simulated executor: declared durations are divided by this (benchmarks compress time).
     time_scale: float = 1.0
     batch_size: int = 500
+    # The key that signs the decision chains' checkpoints (never logged); None: no checkpoints.
+    audit_key: bytes | None = field(default=None, repr=False)
+    audit_every: int = 500
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -68,4 +79,6 @@ class Settings:
             tick_seconds=float(env.get("GPUSCHED_TICK_SECONDS", cls.tick_seconds)),
             time_scale=float(env.get("GPUSCHED_TIME_SCALE", cls.time_scale)),
             batch_size=int(env.get("GPUSCHED_BATCH_SIZE", cls.batch_size)),
+            audit_key=_secret(env, "GPUSCHED_AUDIT_KEY"),
+            audit_every=int(env.get("GPUSCHED_AUDIT_EVERY", cls.audit_every)),
         )

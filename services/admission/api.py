@@ -18,6 +18,7 @@ from libs.bus.jetstream import Bus
 from libs.core.admission import AdmissionDecider, job_id_for_key, validate
 from libs.core.decider import derived_id
 from libs.runtime.http import error_response, json_response
+from libs.views.explain import explain
 from libs.views.store import ViewStore
 from services.admission.openapi import openapi_document
 
@@ -36,6 +37,7 @@ class JobsApi:
         app.router.add_post("/v1/jobs", self.submit)
         app.router.add_get("/v1/jobs", self.list_jobs)
         app.router.add_get("/v1/jobs/{job_id}", self.get_job)
+        app.router.add_get("/v1/jobs/{job_id}/explain", self.explain)
         app.router.add_delete("/v1/jobs/{job_id}", self.cancel)
         app.router.add_get("/v1/queues", self.queues)
         app.router.add_get("/v1/nodes", self.nodes)
@@ -75,6 +77,17 @@ class JobsApi:
             view = JobView(id=job_id, state="rejected" if state == "rejected" else "pending", team="", queue="",
                            phase=state)
         return json_response(view)
+
+    async def explain(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["job_id"]
+        view = await self.store.job(job_id)
+        if view is None:
+            return error_response(404, "unknown_job", f"job {job_id} not found")
+        queue = next((q for q in await self.store.queues() if q.name == view.queue), None)
+        cluster_running = await self.store.jobs(state="running", limit=100_000)
+        queue_running = [j for j in cluster_running if j.queue == view.queue]
+        answer = explain(view, queue, queue_running, cluster_running, await self.store.nodes(), time.time())
+        return json_response(answer)
 
     async def list_jobs(self, request: web.Request) -> web.Response:
         q = request.query

@@ -7,9 +7,9 @@ from typing import Any
 import msgspec
 
 from contracts import JobSpec
-from contracts.views import ApiError, JobCreated, JobView, NodeView, QueueView, TeamUsage
+from contracts.views import ApiError, Explanation, JobCreated, JobView, NodeView, QueueView, TeamUsage
 
-_MODELS = (JobSpec, JobView, QueueView, NodeView, TeamUsage, ApiError, JobCreated)
+_MODELS = (JobSpec, JobView, QueueView, NodeView, TeamUsage, ApiError, JobCreated, Explanation)
 
 
 def _ref(name: str) -> dict[str, Any]:
@@ -53,6 +53,11 @@ def openapi_document() -> dict[str, Any]:
                 "delete": {"summary": "Cancel a job", "parameters": [job_id],
                            "responses": {"202": _json(_ref("JobCreated"), "cancellation accepted"),
                                          **_errors(404, 409)}},
+            },
+            "/v1/jobs/{job_id}/explain": {
+                "get": {"summary": "Why the job waits, what would unblock it, when it should start",
+                        "parameters": [job_id],
+                        "responses": {"200": _json(_ref("Explanation"), "the explanation"), **_errors(404)}},
             },
             "/v1/queues": {"get": {"summary": "Queues and their use",
                                    "responses": {"200": _json({"type": "array", "items": _ref("QueueView")}, "")}}},

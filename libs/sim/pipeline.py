@@ -1,0 +1,165 @@
+"""The whole platform in virtual time, in one process: the four deciders read one in-memory log in order
+(as their consumers read the stream), a simulated executor runs placed jobs for their declared durations,
+and clock ticks advance. Same decision code as the services; no bus, no wall clock. Used by what-if and to
+make large realistic logs."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from contracts import (
+    ClockTick,
+    EventBase,
+    JobCancelled,
+    JobEvicted,
+    JobFinished,
+    JobPlaced,
+    JobStarted,
+    JobSubmitted,
+    PreemptionDecided,
+)
+from libs.core.admission import AdmissionDecider
+from libs.core.decider import Decider, derived_id, run_decider
+from libs.core.placement import PlacementDecider
+from libs.core.preemption import PreemptionDecider
+from libs.core.quota import QuotaDecider
+
+EXECUTOR = "sim-executor"
+WORLD = (AdmissionDecider, QuotaDecider, PlacementDecider, PreemptionDecider)
+
+
+@dataclass(order=True)
+class _Timed:
+    ts: float
+    order: int
+    event: EventBase = field(compare=False)
+
+
+class VirtualExecutor:
+    """Starts each placed job at once and finishes it after its declared duration (virtual time)."""
+
+    def __init__(self, schedule: Callable[[EventBase], None]) -> None:
+        self.schedule = schedule
+        self.durations: dict[str, float | None] = {}
+        self.running: dict[str, str] = {}  # job -> id of the run's JobPlaced
+        self.cancelled: dict[str, None] = {}
+
+    def _report(self, kind: Any, job_id: str, run: str, ts: float, **fields: Any) -> EventBase:
+        return kind(id=derived_id(EXECUTOR, run, kind.__name__), ts=ts, source=EXECUTOR, correlation_id=job_id,
+                    job_id=job_id, **fields)
+
+    def react(self, event: EventBase) -> list[EventBase]:
+        """Reports due now; later ones (finishes) go to the schedule."""
+        out: list[EventBase] = []
+        match event:
+            case JobSubmitted():
+                self.durations[event.job_id] = event.spec.duration_s
+            case JobPlaced():
+                if event.job_id in self.cancelled:
+                    return [self._report(JobEvicted, event.job_id, event.id, event.ts, reason="cancelled")]
+                self.running[event.job_id] = event.id
+                out.append(self._report(JobStarted, event.job_id, event.id, event.ts, executor=EXECUTOR))
+                duration = self.durations.get(event.job_id)
+                if duration is not None:
+                    self.schedule(self._report(JobFinished, event.job_id, event.id, event.ts + duration))
+            case PreemptionDecided():
+                for v in event.victims:
+                    run = self.running.pop(v.job_id, None)
+                    if run is not None:
+                        out.append(self._report(JobEvicted, v.job_id, run, event.ts, reason="preempted"))
+            case JobCancelled():
+                self.cancelled[event.job_id] = None
+                run = self.running.pop(event.job_id, None)
+                if run is not None:
+                    out.append(self._report(JobEvicted, event.job_id, run, event.ts, reason="cancelled"))
+        return out
+
+    def still_running(self, event: JobFinished) -> bool:
+        """A scheduled finish of a run that was evicted meanwhile never happens."""
+        run = self.running.get(event.job_id)
+        if run is None or derived_id(EXECUTOR, run, "JobFinished") != event.id:
+            return False
+        del self.running[event.job_id]
+        return True
+
+
+@dataclass
+class VirtualRun:
+    log: list[tuple[int, EventBase]]
+    end: float
+
+
+def run_virtual(inputs: Iterable[EventBase], tick_s: float = 5.0, horizon_s: float = 30 * 86400.0,
+                progress: Callable[[int], None] | None = None) -> VirtualRun:
+    """Feed the world's inputs (submissions, cancellations, policy, inventory) at their timestamps; decide
+    everything else. Stops when nothing is pending and nothing runs, or at the horizon."""
+    deciders: list[Decider] = [make() for make in WORLD]
+    accepts = [tuple(d.input_types()) for d in deciders]
+    log: list[tuple[int, EventBase]] = []
+    heap: list[_Timed] = []
+    counter = 0
+
+    def schedule(event: EventBase) -> None:
+        nonlocal counter
+        counter += 1
+        heapq.heappush(heap, _Timed(event.ts, counter, event))
+
+    executor = VirtualExecutor(schedule)
+    for event in inputs:
+        schedule(event)
+    if not heap:
+        return VirtualRun(log, 0.0)
+    start = heap[0].ts
+    next_tick = (start // tick_s + 1) * tick_s
+    now = start
+
+    def append(event: EventBase) -> None:
+        log.append((len(log) + 1, event))
+
+    def settle(first: int) -> None:
+        """Let every decider and the executor react until the log is quiet (services at full speed)."""
+        cursor = first
+        while cursor < len(log):
+            seq, event = log[cursor]
+            cursor += 1
+            for decider, accepted in zip(deciders, accepts, strict=True):
+                if isinstance(event, accepted):
+                    for d in run_decider(decider, event, seq):
+                        append(d)
+            for report in executor.react(event):
+                append(report)
+
+    while heap or executor.running:
+        upcoming = heap[0].ts if heap else None
+        if upcoming is None or next_tick <= upcoming:
+            # The clock ticks between events (time-driven decisions react to ticks, as in the services).
+            now = next_tick
+            next_tick += tick_s
+            first = len(log)
+            append(ClockTick(id=derived_id("node-telemetry", "tick", tick_s, int(now // tick_s)), ts=now,
+                             source="node-telemetry"))
+            settle(first)
+            if now - start > horizon_s:
+                break
+            continue
+        item = heapq.heappop(heap)
+        now = item.ts
+        if isinstance(item.event, JobFinished) and not executor.still_running(item.event):
+            continue
+        first = len(log)
+        append(item.event)
+        settle(first)
+        if progress is not None and len(log) % 1000 < 20:
+            progress(len(log))
+    return VirtualRun(log, now)
+
+
+def world_inputs(log: Iterable[tuple[int, EventBase]]) -> list[EventBase]:
+    """The events of a recorded log that came from outside: submissions, cancellations, policy and
+    inventory. Decisions, executor reports, clock ticks and audit checkpoints are derived again."""
+    derived = {"admission", "quota", "placement", "preemption", EXECUTOR}
+    return [e for _, e in log if e.source not in derived and not e.source.endswith(".audit")
+            and not isinstance(e, ClockTick)]

@@ -1,0 +1,125 @@
+"""Why is my job pending, what would unblock it, and when should it start: one answer, computed from the
+read models (pure: the caller passes the views and `now`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from contracts.views import Explanation, JobView, NodeView, QueueView, Reason
+
+FULL = 1000
+QUOTA_CODES = {"queue_quota_exhausted", "behind_higher_priority"}
+FAMILY = {
+    "queue_quota_exhausted": "queue_quota", "behind_higher_priority": "priority",
+    "insufficient_gpus": "capacity", "no_model_match": "capacity", "insufficient_cpu_memory": "capacity",
+    "fragmentation": "fragmentation", "topology": "topology", "gang": "gang",
+    "reserved_for_preemptor": "protected_for_preemptor",
+}
+
+
+def demand_milli(job: JobView) -> int:
+    spec = job.spec
+    if spec is None:
+        return 0
+    per = spec.gpu_milli if spec.gpu_milli > 0 else spec.gpus * FULL
+    return per * spec.replicas
+
+
+def held_milli(job: JobView) -> int:
+    return sum(len(p.gpu_indices) * p.gpu_milli for p in job.placements)
+
+
+def expected_end(job: JobView, now: float) -> float | None:
+    if job.started_at is None or job.spec is None or job.spec.duration_s is None:
+        return None
+    return max(now, job.started_at + job.spec.duration_s)
+
+
+def _release_schedule(running: Iterable[JobView], now: float) -> list[tuple[float, int, str]]:
+    """(expected end, GPU share freed, job) for running jobs with a declared runtime, soonest first."""
+    ends = [(end, held_milli(j), j.id) for j in running if (end := expected_end(j, now)) is not None]
+    return sorted(ends)
+
+
+def _when_enough(schedule: list[tuple[float, int, str]], needed: int) -> tuple[float, list[str]] | None:
+    freed, jobs = 0, []
+    for end, share, job_id in schedule:
+        freed += share
+        jobs.append(job_id)
+        if freed >= needed:
+            return end, jobs
+    return None
+
+
+def explain(job: JobView, queue: QueueView | None, queue_running: list[JobView], cluster_running: list[JobView],
+            nodes: list[NodeView], now: float) -> Explanation:
+    out = Explanation(job_id=job.id, state=job.state, phase=job.phase)
+    if job.state == "running":
+        out.estimated_start = job.started_at
+        return out
+    if job.state != "pending":
+        if job.reason:
+            out.reasons.append(Reason(code=job.reason, message=job.message or job.reason))
+        return out
+    demand = demand_milli(job)
+    code = job.reason or ("waiting_for_placement" if job.phase == "reserved" else "waiting")
+    family = FAMILY.get(code, code)
+    out.reasons.append(Reason(code=family, message=job.message or _default_message(job)))
+    if family in ("queue_quota", "priority") and queue is not None:
+        _explain_quota(out, job, queue, queue_running, demand, now)
+    elif family in ("capacity", "fragmentation", "gang", "topology", "protected_for_preemptor"):
+        _explain_capacity(out, job, cluster_running, nodes, demand, now)
+    elif job.phase in ("preempting", "evicted"):
+        out.unblock.append("it was preempted and waits in its queue again, from its last checkpoint")
+    return out
+
+
+def _default_message(job: JobView) -> str:
+    return {"submitted": "admission has not decided yet", "admitted": "waiting for its queue's quota",
+            "reserved": "quota reserved; waiting for GPUs", "evicted": "evicted; waiting to run again"}.get(
+        job.phase, job.phase or "waiting")
+
+
+def _explain_quota(out: Explanation, job: JobView, queue: QueueView, running: list[JobView], demand: int,
+                   now: float) -> None:
+    if queue.nominal_gpus is None:
+        return
+    free = queue.nominal_gpus * FULL - round(queue.reserved_gpus * FULL)
+    shortfall = max(job.shortfall_milli, demand - free, 0)
+    if shortfall == 0:
+        out.unblock.append("higher-priority jobs of the queue are served first; it follows them")
+        return
+    out.unblock.append(f"raise queue {queue.name}'s nominal quota by {_gpus(shortfall)} "
+                       f"(it uses {queue.reserved_gpus:g} of {queue.nominal_gpus})")
+    found = _when_enough(_release_schedule(running, now), shortfall)
+    if found is not None:
+        when, jobs = found
+        out.unblock.append(f"{_gpus(shortfall)} of queue {queue.name} free when {_names(jobs)} "
+                           f"end at about {when:.0f}")
+        out.estimated_start = when
+
+
+def _explain_capacity(out: Explanation, job: JobView, running: list[JobView], nodes: list[NodeView], demand: int,
+                      now: float) -> None:
+    models = tuple(job.spec.gpu_models) if job.spec else ()
+    eligible = [n for n in nodes if n.online and (not models or set(n.models) & set(models))]
+    free = sum(sum(n.gpu_free_milli) for n in eligible)
+    label = ",".join(models) or "any model"
+    shortfall = max(job.shortfall_milli, demand - free, 0) or demand
+    relevant = [j for j in running if not models or any(p.model in models for p in j.placements)]
+    found = _when_enough(_release_schedule(relevant, now), shortfall)
+    if found is not None:
+        when, jobs = found
+        out.unblock.append(f"{_gpus(shortfall)} of {label} free when {_names(jobs)} end at about {when:.0f}")
+        out.estimated_start = when
+    else:
+        out.unblock.append(f"{_gpus(shortfall)} more of {label} (no running job declares when it ends)")
+
+
+def _gpus(milli: int) -> str:
+    n = milli / FULL
+    return f"{n:g} GPU" if n == 1 else f"{n:g} GPUs"
+
+
+def _names(jobs: list[str]) -> str:
+    return ", ".join(jobs[:3]) + (f" and {len(jobs) - 3} more" if len(jobs) > 3 else "")
