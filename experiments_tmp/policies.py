@@ -44,10 +44,10 @@ def make(variant):
     if 'sharew' in opts:
         fit.FragModel = ShareFrag
     global USE_MEM
-    usemem = 'mem' in opts or 'own' in opts
+    usemem = 'mem' in opts or 'own' in opts or 'multi' in opts
     USE_MEM = 'mem' in opts
     if usemem:
-        fit.FragModel = MemFrag
+        fit.FragModel = MultiFrag if 'multi' in opts else MemFrag
 
     def choose(a, frag, req, policy, salt, allowed=None):
         ok = feasible_rows(a, req, allowed)
@@ -181,4 +181,54 @@ class MemFrag:
         q3 = (self.acc[rows] & (cnt >= self.num) & ((a.cpu[rows] - c)[:, None] >= self.cpu)
               & ((a.mem[rows] - mem)[:, None] >= self.smem))
         g = np.where(q3, fragp, idle[:, None])
+        return self.w_cpu * idle + g @ self.w
+
+
+class MultiFrag(MemFrag):
+    """FGD fragmentation where a typical shape's usable GPUs are limited by how many copies of it the node's
+    CPU and memory can host: fitting GPUs beyond h = min(cnt // num, cpu // cpu_j, mem // mem_j) copies
+    count as fragment in proportion (integer)."""
+
+    def rebuild(self):
+        n, t = len(self.arrays.nodes), len(self.w)
+        self.fits = np.zeros((n, t), dtype=np.int64)
+        super().rebuild()
+
+    def _g(self, fragp, fits, cnt, cpu, mem, acc):
+        cpu_j = np.maximum(self.cpu, 1)[None, :]
+        h = np.minimum(cnt // self.num[None, :], cpu[:, None] // cpu_j)
+        if USE_MEM:
+            h = np.minimum(h, np.where(self.smem > 0, mem[:, None] // np.maximum(self.smem, 1)[None, :], 1 << 40))
+        h = np.where(acc, np.maximum(h, 0), 0)
+        used = np.minimum(h * self.num[None, :], cnt)
+        extra = np.where(cnt > 0, fits * (cnt - used) // np.maximum(cnt, 1), 0)
+        return fragp + extra
+
+    def update(self, rows):
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size == 0:
+            return
+        a = self.arrays
+        free = a.free[rows][:, :, None]
+        milli = self.milli[None, None, :]
+        self.cnt[rows] = (free >= milli).sum(axis=1)
+        self.fits[rows] = np.where(free >= milli, free, 0).sum(axis=1)
+        self.fragp[rows] = np.where((free > 0) & (free < milli), free, 0).sum(axis=1)
+        idle = np.where(a.free[rows] > 0, a.free[rows], 0).sum(axis=1)
+        g = self._g(self.fragp[rows], self.fits[rows], self.cnt[rows], a.cpu[rows], a.mem[rows], self.acc[rows])
+        self.frag[rows] = self.w_cpu * idle + g @ self.w
+
+    def after(self, rows, v, k, m, c, mem=0):
+        a = self.arrays
+        milli = self.milli[None, :]
+        vv = v[:, None]
+        before_c = np.where((vv > 0) & (vv < milli), vv, 0)
+        left = vv - m
+        after_c = np.where((left > 0) & (left < milli), left, 0)
+        fragp = self.fragp[rows] - k * before_c + k * after_c
+        fits = self.fits[rows] - k * np.where(vv >= milli, vv, 0) + k * np.where(left >= milli, left, 0)
+        lost = (vv >= milli) & (left < milli)
+        cnt = self.cnt[rows] - k * lost.astype(np.int64)
+        idle = np.where(a.free[rows] > 0, a.free[rows], 0).sum(axis=1) - k * m
+        g = self._g(fragp, fits, cnt, a.cpu[rows] - c, a.mem[rows] - mem, self.acc[rows])
         return self.w_cpu * idle + g @ self.w

@@ -4,6 +4,7 @@ read models (pure: the caller passes the views and `now`)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import UTC, datetime
 
 from contracts.views import Explanation, JobView, NodeView, QueueView, Reason
 
@@ -95,7 +96,7 @@ def _explain_quota(out: Explanation, job: JobView, queue: QueueView, running: li
     if found is not None:
         when, jobs = found
         out.unblock.append(f"{_gpus(shortfall)} of queue {queue.name} free when {_names(jobs)} "
-                           f"end at about {when:.0f}")
+                           f"end at about {_at(when)}")
         out.estimated_start = when
 
 
@@ -110,10 +111,14 @@ def _explain_capacity(out: Explanation, job: JobView, running: list[JobView], no
     found = _when_enough(_release_schedule(relevant, now), shortfall)
     if found is not None:
         when, jobs = found
-        out.unblock.append(f"{_gpus(shortfall)} of {label} free when {_names(jobs)} end at about {when:.0f}")
+        out.unblock.append(f"{_gpus(shortfall)} of {label} free when {_names(jobs)} end at about {_at(when)}")
         out.estimated_start = when
     else:
         out.unblock.append(f"{_gpus(shortfall)} more of {label} (no running job declares when it ends)")
+
+
+def _at(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _gpus(milli: int) -> str:
