@@ -41,21 +41,25 @@ class Placer:
         self.cluster = cluster
         self.arrays = ClusterArrays(cluster)
         self.typical = typical
-        self.frag: FragModel | None = None
+        # One fragmentation model per measure in use: FGD's (policy fgd) and multi-copy (packing).
+        self.frags: dict[bool, FragModel] = {}
 
     def set_typical(self, typical: TypicalShapes | None) -> None:
         self.typical = typical
-        self.frag = None
+        self.frags = {}
 
-    def _sync(self) -> FragModel | None:
+    def _sync(self, policy: str) -> FragModel | None:
         rows = self.arrays.refresh()
-        if self.typical is None or not self.typical.shapes:
+        for model in self.frags.values():
+            if model.version == self.arrays.version and rows:
+                model.update(rows)
+        if self.typical is None or not self.typical.shapes or policy not in ("fgd", "packing"):
             return None
-        if self.frag is None or self.frag.version != self.arrays.version:
-            self.frag = FragModel(self.arrays, self.typical)
-        elif rows:
-            self.frag.update(rows)
-        return self.frag
+        multi = policy == "packing"
+        current = self.frags.get(multi)
+        if current is None or current.version != self.arrays.version:
+            current = self.frags[multi] = FragModel(self.arrays, self.typical, multi_copy=multi)
+        return current
 
     # --- one replica -------------------------------------------------------------------------------
 
@@ -64,9 +68,10 @@ class Placer:
         """Choose and allocate one replica; None when it fits nowhere (within `allowed` rows)."""
         if spec.mig_profile:
             return self._place_mig(spec, replica, allowed)
-        frag = self._sync()
+        policy = policy if policy in POLICIES else DEFAULT_POLICY
+        frag = self._sync(policy)
         req = Request.of(spec)
-        choice = choose(self.arrays, frag, req, policy if policy in POLICIES else DEFAULT_POLICY, salt, allowed)
+        choice = choose(self.arrays, frag, req, policy, salt, allowed)
         if choice is None:
             return None
         placement = self._placement(spec, replica, choice, req)
