@@ -6,10 +6,10 @@ Policies (lower-level names are what queues and priority classes select):
 - fgd: fragmentation gradient descent (ATC'23): the node (and GPU) where the cluster's fragmentation,
   measured against the typical request shapes, grows least; the paper's integer sigmoid score.
 - spread: the emptiest node (inference replicas, failure domains).
-- packing: gpusched's default, FGD with multi-copy hostability ("FGD-mc"): a node's GPUs that fit a typical
-  shape but that the node's CPU cannot serve (it can host fewer copies of the shape than it has GPUs for)
-  count as fragment too, in proportion. Same sigmoid score; ties go to the GPU left fullest. On the openb
-  default list it leaves 4.39 % of GPUs unallocated where FGD leaves 4.77 % (docs/benchmarks.md).
+- packing: gpusched's default: FGD's score decides, and its frequent ties go to the node whose
+  fragmentation grows least under a multi-copy measure (GPUs that fit a typical shape but that the node's
+  CPU cannot serve, because it can host fewer copies of the shape than it has GPUs for, count as fragment
+  too, in proportion), then to the GPU left fullest. Results per pod list in docs/benchmarks.md.
 Remaining ties go to the first node in a pseudo-random node order given by a salt (a hash of the row and
 the salt): deterministic. A constant salt keeps one order for every request, which consolidates load.
 """
@@ -205,7 +205,15 @@ def _best_fit_scores(a: ClusterArrays, rows: I64, req: Request) -> I64:
     return np.zeros_like(raw) if hi == lo else (raw - lo) * 100 // (hi - lo)
 
 
-def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, salt: int,
+@dataclass(frozen=True, slots=True)
+class Frags:
+    """The fragmentation models a policy needs: FGD's measure, and (packing) the multi-copy one."""
+
+    paper: FragModel
+    multi: FragModel | None = None
+
+
+def choose(a: ClusterArrays, frags: Frags | None, req: Request, policy: str, salt: int,
            allowed: Mask | None = None) -> Choice | None:
     """The best node (and, for a shared request, GPU) for one replica under `policy`; None if none fits."""
     ok = feasible_rows(a, req, allowed)
@@ -228,12 +236,19 @@ def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, 
     salt_key = salted_order(rows, salt)
     # Sort keys, least significant first (np.lexsort): the last key decides, ties fall to the previous.
     keys: tuple[npt.NDArray[np.int64], ...]
-    if policy in ("fgd", "packing") and frag is not None:
-        delta = frag.frag[rows] - frag.after(rows, v, k, m, req.cpu)
-        if policy == "fgd":
-            keys = (cols, salt_key, -frag.sigmoid_score(delta))
+    if policy in ("fgd", "packing") and frags is not None:
+        paper = frags.paper
+        score = paper.sigmoid_score(paper.frag[rows] - paper.after(rows, v, k, m, req.cpu))
+        if policy == "fgd" or frags.multi is None:
+            keys = (cols, salt_key, -score)
         else:
-            keys = (cols, salt_key, gpu_left, -frag.sigmoid_score(delta))
+            # FGD's score decides; among its (frequent, integer) ties the multi-copy score, then the GPU
+            # left fullest. Only the tied candidates are scored a second time.
+            top = np.nonzero(score == score.max())[0]
+            rows, cols, v, gpu_left, salt_key = rows[top], cols[top], v[top], gpu_left[top], salt_key[top]
+            multi = frags.multi
+            tie = multi.sigmoid_score(multi.frag[rows] - multi.after(rows, v, k, m, req.cpu))
+            keys = (cols, salt_key, gpu_left, -tie)
     elif policy == "spread":
         keys = (cols, salt_key, -gpu_left, -(a.cpu[rows] - req.cpu), -idle_after)
     elif policy == "best-fit":
