@@ -8,26 +8,21 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from contracts import (
     ClockTick,
     EventBase,
-    JobCancelled,
-    JobEvicted,
     JobFinished,
-    JobPlaced,
     JobStarted,
-    JobSubmitted,
-    PreemptionDecided,
 )
 from libs.core.admission import AdmissionDecider
 from libs.core.decider import Decider, derived_id, run_decider
 from libs.core.placement import PlacementDecider
 from libs.core.preemption import PreemptionDecider
 from libs.core.quota import QuotaDecider
+from libs.sim.executor import REPORTS, ExecutorBook, Run
+from libs.sim.executor import SOURCE as EXECUTOR
 
-EXECUTOR = "sim-executor"
 WORLD = (AdmissionDecider, QuotaDecider, PlacementDecider, PreemptionDecider)
 
 
@@ -39,51 +34,36 @@ class _Timed:
 
 
 class VirtualExecutor:
-    """Starts each placed job at once and finishes it after its declared duration (virtual time)."""
+    """The simulated executor in virtual time: finishes go to the pipeline's schedule."""
 
     def __init__(self, schedule: Callable[[EventBase], None]) -> None:
         self.schedule = schedule
-        self.durations: dict[str, float | None] = {}
-        self.running: dict[str, str] = {}  # job -> id of the run's JobPlaced
-        self.cancelled: dict[str, None] = {}
+        self.book = ExecutorBook()
+        self.pending: dict[str, Run] = {}  # finish event id -> its run
 
-    def _report(self, kind: Any, job_id: str, run: str, ts: float, **fields: Any) -> EventBase:
-        return kind(id=derived_id(EXECUTOR, run, kind.__name__), ts=ts, source=EXECUTOR, correlation_id=job_id,
-                    job_id=job_id, **fields)
+    @property
+    def running(self) -> dict[str, Run]:
+        return self.book.runs
 
     def react(self, event: EventBase) -> list[EventBase]:
         """Reports due now; later ones (finishes) go to the schedule."""
-        out: list[EventBase] = []
-        match event:
-            case JobSubmitted():
-                self.durations[event.job_id] = event.spec.duration_s
-            case JobPlaced():
-                if event.job_id in self.cancelled:
-                    return [self._report(JobEvicted, event.job_id, event.id, event.ts, reason="cancelled")]
-                self.running[event.job_id] = event.id
-                out.append(self._report(JobStarted, event.job_id, event.id, event.ts, executor=EXECUTOR))
-                duration = self.durations.get(event.job_id)
-                if duration is not None:
-                    self.schedule(self._report(JobFinished, event.job_id, event.id, event.ts + duration))
-            case PreemptionDecided():
-                for v in event.victims:
-                    run = self.running.pop(v.job_id, None)
-                    if run is not None:
-                        out.append(self._report(JobEvicted, v.job_id, run, event.ts, reason="preempted"))
-            case JobCancelled():
-                self.cancelled[event.job_id] = None
-                run = self.running.pop(event.job_id, None)
-                if run is not None:
-                    out.append(self._report(JobEvicted, event.job_id, run, event.ts, reason="cancelled"))
-        return out
+        if isinstance(event, REPORTS) and event.source == EXECUTOR:
+            return []  # its own report, already applied
+        reports = self.book.react(event, event.ts)
+        for report in reports:
+            run = self.book.runs.get(getattr(report, "job_id", ""))
+            end = run.ends_at() if isinstance(report, JobStarted) and run is not None else None
+            if run is not None and end is not None:
+                finish = self.book.report(JobFinished, run, "finished", end)
+                self.pending[finish.id] = run
+                self.schedule(finish)
+        return reports
 
-    def still_running(self, event: JobFinished) -> bool:
+    def still_running(self, event: JobFinished) -> JobFinished | None:
         """A scheduled finish of a run that was evicted meanwhile never happens."""
-        run = self.running.get(event.job_id)
-        if run is None or derived_id(EXECUTOR, run, "JobFinished") != event.id:
-            return False
-        del self.running[event.job_id]
-        return True
+        run = self.pending.pop(event.id, None)
+        done = self.book.finish(run, event.ts) if run is not None else None
+        return event if done is not None else None
 
 
 @dataclass
@@ -147,7 +127,7 @@ def run_virtual(inputs: Iterable[EventBase], tick_s: float = 5.0, horizon_s: flo
             continue
         item = heapq.heappop(heap)
         now = item.ts
-        if isinstance(item.event, JobFinished) and not executor.still_running(item.event):
+        if isinstance(item.event, JobFinished) and executor.still_running(item.event) is None:
             continue
         first = len(log)
         append(item.event)

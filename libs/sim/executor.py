@@ -1,0 +1,100 @@
+"""What a simulated executor knows and reports, whatever its clock: placed jobs start at once and finish
+after their declared duration, preempted and cancelled ones are evicted. The node-telemetry service drives
+it with the wall clock; the virtual-time pipeline with its own. Report ids derive from the placement they
+belong to, so a report made twice (after a restart) is one message."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from contracts import (
+    EventBase,
+    JobCancelled,
+    JobEvicted,
+    JobFailed,
+    JobFinished,
+    JobPlaced,
+    JobStarted,
+    JobSubmitted,
+    PreemptionDecided,
+)
+from libs.core.decider import derived_id
+
+SOURCE = "sim-executor"
+REPORTS = (JobStarted, JobFinished, JobFailed, JobEvicted)
+
+
+@dataclass(slots=True)
+class Run:
+    job_id: str
+    run_id: str  # the JobPlaced event id: one run per placement
+    duration: float | None
+    started_at: float | None = None
+
+    def ends_at(self, time_scale: float = 1.0) -> float | None:
+        if self.duration is None or self.started_at is None:
+            return None  # runs until cancelled or evicted
+        return self.started_at + self.duration / time_scale
+
+
+class ExecutorBook:
+    def __init__(self) -> None:
+        self.durations: dict[str, float | None] = {}
+        self.runs: dict[str, Run] = {}
+        self.cancelled: dict[str, None] = {}
+
+    def report(self, kind: Any, run: Run, what: str, ts: float, **fields: Any) -> EventBase:
+        """One executor report (`kind` is JobStarted, JobFinished, JobFailed or JobEvicted)."""
+        return kind(id=derived_id(SOURCE, run.run_id, what), ts=ts, source=SOURCE, correlation_id=run.job_id,
+                    job_id=run.job_id, **fields)
+
+    def fold(self, event: EventBase) -> None:
+        """What the log says happened (its own reports included)."""
+        match event:
+            case JobSubmitted():
+                self.durations[event.job_id] = event.spec.duration_s
+            case JobPlaced():
+                self.runs[event.job_id] = Run(event.job_id, event.id, self.durations.get(event.job_id))
+            case JobStarted():
+                run = self.runs.get(event.job_id)
+                if run is not None and run.started_at is None:
+                    run.started_at = event.ts
+            case JobCancelled():
+                self.cancelled[event.job_id] = None
+            case JobFinished() | JobFailed() | JobEvicted():
+                self.runs.pop(event.job_id, None)
+                if not isinstance(event, JobEvicted) or event.job_id in self.cancelled:
+                    self.durations.pop(event.job_id, None)
+                    self.cancelled.pop(event.job_id, None)
+
+    def react(self, event: EventBase, now: float) -> list[EventBase]:
+        """Fold an event and report what the executor does about it at `now`."""
+        self.fold(event)
+        out: list[EventBase] = []
+        match event:
+            case JobPlaced():
+                run = self.runs[event.job_id]
+                out.append(self.stop(run, "cancelled", now) if event.job_id in self.cancelled
+                           else self.start(run, now))
+            case PreemptionDecided():
+                out += [self.stop(self.runs[v.job_id], "preempted", now) for v in event.victims
+                        if v.job_id in self.runs]
+            case JobCancelled() if event.job_id in self.runs:
+                out.append(self.stop(self.runs[event.job_id], "cancelled", now))
+        return out
+
+    def start(self, run: Run, now: float) -> EventBase:
+        run.started_at = now
+        return self.report(JobStarted, run, "started", now, executor=SOURCE)
+
+    def stop(self, run: Run, reason: str, now: float) -> EventBase:
+        self.runs.pop(run.job_id, None)
+        return self.report(JobEvicted, run, "evicted", now, reason=reason)
+
+    def finish(self, run: Run, now: float) -> EventBase | None:
+        """The run's time is up: its JobFinished, unless it was stopped (or replaced) meanwhile."""
+        if self.runs.get(run.job_id) is not run:
+            return None
+        del self.runs[run.job_id]
+        return self.report(JobFinished, run, "finished", now)
