@@ -1,0 +1,65 @@
+"""The README's promise, as a user runs it: `gpusched up` brings the platform up, `gpusched submit` then
+`gpusched jobs` show a job go from submitted to succeeded, Ctrl-C stops everything."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from libs.runtime.embedded import EmbeddedServer, free_port, port_open
+
+pytestmark = pytest.mark.e2e
+GPUSCHED = [sys.executable, "-m", "libs.cli.main"]
+
+
+def run(*args: str, env: dict[str, str]) -> str:
+    done = subprocess.run([*GPUSCHED, *args], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_up_submit_jobs_and_ctrl_c(tmp_path: Path, nats_server: EmbeddedServer, redis_server: EmbeddedServer,
+                                   stream_name: str) -> None:
+    port = free_port()
+    env = {**os.environ, "NATS_URL": nats_server.url, "REDIS_URL": redis_server.url,
+           "GPUSCHED_STREAM": stream_name, "GPUSCHED_SUBJECT_PREFIX": stream_name.lower()}
+    up = subprocess.Popen([*GPUSCHED, "up", "--data", str(tmp_path), "--port", str(port)], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        endpoints = tmp_path / "endpoints.json"
+        while not endpoints.exists():
+            assert up.poll() is None, up.stdout.read() if up.stdout else ""
+            assert time.monotonic() < deadline, "gpusched up did not come up"
+            time.sleep(0.2)
+        api = json.loads(endpoints.read_text())["api"]
+        cli_env = {**env, "GPUSCHED_API": api}
+        created = json.loads(run("submit", "--team", "demo", "--queue", "demo", "--gpus", "2", "--duration", "1",
+                                 "--json", env=cli_env))
+        job_id = created["id"]
+        seen = []
+        while time.monotonic() < deadline:
+            state = json.loads(run("job", job_id, "--json", env=cli_env))["state"]
+            if not seen or seen[-1] != state:
+                seen.append(state)
+            if state == "succeeded":
+                break
+            time.sleep(0.2)
+        assert seen[-1] == "succeeded" and "running" in seen, seen
+        table = run("jobs", env=cli_env)
+        assert job_id[:8] in table and "succeeded" in table
+        listed = json.loads(run("jobs", "--json", env=cli_env))
+        assert [j["state"] for j in listed if j["id"] == job_id] == ["succeeded"]
+    finally:
+        up.send_signal(signal.SIGINT)
+        output, _ = up.communicate(timeout=30)
+    assert up.returncode == 0, output
+    assert "stopped." in output
+    assert not port_open(port)  # the services went with it
