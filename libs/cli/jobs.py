@@ -29,8 +29,9 @@ def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
 
 
 def _gpus(job: dict[str, Any]) -> str:
+    # Fields at their default are left out of the payload (see the JobSpec schema for the defaults).
     spec = job.get("spec") or {}
-    per = f"{spec.get('gpu_milli')}m" if spec.get("gpu_milli") else str(spec.get("gpus", ""))
+    per = f"{spec['gpu_milli']}m" if spec.get("gpu_milli") else str(spec.get("gpus", 1))
     return f"{spec.get('replicas', 1)}x{per}"
 
 
