@@ -16,7 +16,7 @@ from contracts import JobSpec, ReplicaPlacement
 from libs.core.arrays import ClusterArrays
 from libs.core.cluster import FULL, MIG_SLICES, Cluster, Node, mig_slices
 from libs.core.policy import demand_milli, replica_milli
-from libs.core.scoring import DEFAULT_POLICY, POLICIES, Choice, FragModel, Frags, Mask, Request, choose
+from libs.core.scoring import DEFAULT_POLICY, POLICIES, Choice, FragModel, Mask, Request, choose
 from libs.core.shapes import TypicalShapes
 
 # Reason codes of a placement that failed; also PlacementDeferred.code.
@@ -41,28 +41,24 @@ class Placer:
         self.cluster = cluster
         self.arrays = ClusterArrays(cluster)
         self.typical = typical
-        # One fragmentation model per measure in use: FGD's (policy fgd) and multi-copy (packing).
-        self.frags: dict[bool, FragModel] = {}
+        # The fragmentation model (made on first use; with the multi-copy measure once packing asks for it).
+        self.frag: FragModel | None = None
 
     def set_typical(self, typical: TypicalShapes | None) -> None:
         self.typical = typical
-        self.frags = {}
+        self.frag = None
 
-    def _sync(self, policy: str) -> Frags | None:
+    def _sync(self, policy: str) -> FragModel | None:
         rows = self.arrays.refresh()
-        for model in self.frags.values():
-            if model.version == self.arrays.version and rows:
-                model.update(rows)
+        if self.frag is not None and self.frag.version == self.arrays.version and rows:
+            self.frag.update(rows)
         if self.typical is None or not self.typical.shapes or policy not in ("fgd", "packing"):
             return None
-        return Frags(self._model(False), self._model(True) if policy == "packing" else None)
-
-    def _model(self, multi: bool) -> FragModel:
-        current = self.frags.get(multi)
-        if current is None or current.version != self.arrays.version:
-            current = self.frags[multi] = FragModel(self.arrays, self.typical or TypicalShapes((), ()),
-                                                    multi_copy=multi)
-        return current
+        multi = policy == "packing"
+        if self.frag is None or self.frag.version != self.arrays.version or (multi and not self.frag.multi_copy):
+            self.frag = FragModel(self.arrays, self.typical, multi_copy=multi or bool(self.frag and
+                                                                                    self.frag.multi_copy))
+        return self.frag
 
     # --- one replica -------------------------------------------------------------------------------
 
@@ -72,9 +68,9 @@ class Placer:
         if spec.mig_profile:
             return self._place_mig(spec, replica, allowed)
         policy = policy if policy in POLICIES else DEFAULT_POLICY
-        frags = self._sync(policy)
+        frag = self._sync(policy)
         req = Request.of(spec)
-        choice = choose(self.arrays, frags, req, policy, salt, allowed)
+        choice = choose(self.arrays, frag, req, policy, salt, allowed)
         if choice is None:
             return None
         placement = self._placement(spec, replica, choice, req)

@@ -77,10 +77,9 @@ def salted_order(rows: I64, salt: int) -> I64:
 
 
 class FragModel:
-    """Per-node fragmentation against the typical shapes, cached row by row (integer weights).
-
-    `multi_copy`: count GPUs a node cannot use for lack of CPU as fragment (FGD-mc), not only GPUs too
-    small for a shape (FGD)."""
+    """Per-node fragmentation against the typical shapes, cached row by row (integer weights), under FGD's
+    measure (`frag`) and, when `multi_copy` is set, also the multi-copy one (`frag_multi`: GPUs a node cannot
+    use for lack of CPU count as fragment too). Both share the per-node, per-shape counts."""
 
     def __init__(self, arrays: ClusterArrays, typical: TypicalShapes, multi_copy: bool = False) -> None:
         self.multi_copy = multi_copy
@@ -110,6 +109,7 @@ class FragModel:
         self.cpu_slack = np.zeros((n, t), dtype=np.int32)  # CPU left minus the shape's CPU
         self.idle = np.zeros(n, dtype=np.int64)
         self.frag = np.zeros(n, dtype=np.int64)
+        self.frag_multi = np.zeros(n, dtype=np.int64)
         self.w32 = self.w.astype(np.int32)
         self.update(np.arange(n))
         self.version = a.version
@@ -127,14 +127,17 @@ class FragModel:
         self.cpu_slack[rows] = a.cpu[rows][:, None] - self.cpu
         idle = np.where(a.free[rows] > 0, a.free[rows], 0).sum(axis=1)
         self.idle[rows] = idle
-        g = self._unusable(rows, self.fragp[rows], self.fits[rows], self.spare[rows], a.cpu[rows], idle)
-        self.frag[rows] = self.w_cpu * idle + g @ self.w
+        fragp, fits, spare, cpu = self.fragp[rows], self.fits[rows], self.spare[rows], a.cpu[rows]
+        self.frag[rows] = self.w_cpu * idle + self._unusable(rows, fragp, fits, spare, cpu, idle, False) @ self.w
+        if self.multi_copy:
+            self.frag_multi[rows] = self.w_cpu * idle + self._unusable(rows, fragp, fits, spare, cpu, idle,
+                                                                       True) @ self.w
 
     def _unusable(self, rows: I64, fragp: npt.NDArray[np.int32], fits: npt.NDArray[np.int32],
-                  spare: npt.NDArray[np.int32], cpu: I64, idle: I64) -> I64:
+                  spare: npt.NDArray[np.int32], cpu: I64, idle: I64, multi: bool) -> I64:
         """Per node and shape, the free share that shape could not use (what fragmentation sums)."""
         acc = self.acc[rows]
-        if not self.multi_copy:
+        if not multi:
             q3 = acc & (spare >= 0) & (cpu[:, None] >= self.cpu)
             return np.where(q3, fragp, idle[:, None]).astype(np.int64)
         cnt = (spare + self.num).astype(np.int64)
@@ -158,20 +161,20 @@ class FragModel:
         return ((k * (after_c - before_c)).astype(np.int32), (k * dfits).astype(np.int32),
                 (k * lost).astype(np.int32))
 
-    def after(self, rows: I64, v: I64, k: int, m: int, c: int) -> I64:
+    def after(self, rows: I64, v: I64, k: int, m: int, c: int, multi: bool = False) -> I64:
         """Scaled fragmentation of each candidate node after taking `k` GPUs of free share `v` by `m`
-        each (and `c` CPU). Integer arithmetic throughout."""
+        each (and `c` CPU), under FGD's measure or (`multi`) the multi-copy one. Integer arithmetic."""
         shares, inverse = np.unique(v, return_inverse=True)
         dfrag, dfits, lost = self._per_share(shares, k, m)
         if len(shares) > 1:
             dfrag, dfits, lost = dfrag[inverse], dfits[inverse], lost[inverse]
         idle = self.idle[rows] - k * m
-        if not self.multi_copy:  # the paper's measure, on the cheapest path
+        if not multi:  # the paper's measure, on the cheapest path
             q3 = self.acc[rows] & (self.spare[rows] >= lost) & (self.cpu_slack[rows] >= c)
             g = np.where(q3, self.fragp[rows] + dfrag, idle[:, None].astype(np.int32))
             return self.w_cpu * idle + (g.astype(np.int64) @ self.w)
         g64 = self._unusable(rows, self.fragp[rows] + dfrag, self.fits[rows] + dfits, self.spare[rows] - lost,
-                             self.arrays.cpu[rows] - c, idle)
+                             self.arrays.cpu[rows] - c, idle, True)
         return self.w_cpu * idle + g64 @ self.w
 
     def sigmoid_score(self, delta: I64) -> I64:
@@ -205,15 +208,7 @@ def _best_fit_scores(a: ClusterArrays, rows: I64, req: Request) -> I64:
     return np.zeros_like(raw) if hi == lo else (raw - lo) * 100 // (hi - lo)
 
 
-@dataclass(frozen=True, slots=True)
-class Frags:
-    """The fragmentation models a policy needs: FGD's measure, and (packing) the multi-copy one."""
-
-    paper: FragModel
-    multi: FragModel | None = None
-
-
-def choose(a: ClusterArrays, frags: Frags | None, req: Request, policy: str, salt: int,
+def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, salt: int,
            allowed: Mask | None = None) -> Choice | None:
     """The best node (and, for a shared request, GPU) for one replica under `policy`; None if none fits."""
     ok = feasible_rows(a, req, allowed)
@@ -236,18 +231,16 @@ def choose(a: ClusterArrays, frags: Frags | None, req: Request, policy: str, sal
     salt_key = salted_order(rows, salt)
     # Sort keys, least significant first (np.lexsort): the last key decides, ties fall to the previous.
     keys: tuple[npt.NDArray[np.int64], ...]
-    if policy in ("fgd", "packing") and frags is not None:
-        paper = frags.paper
-        score = paper.sigmoid_score(paper.frag[rows] - paper.after(rows, v, k, m, req.cpu))
-        if policy == "fgd" or frags.multi is None:
+    if policy in ("fgd", "packing") and frag is not None:
+        score = frag.sigmoid_score(frag.frag[rows] - frag.after(rows, v, k, m, req.cpu))
+        if policy == "fgd" or not frag.multi_copy:
             keys = (cols, salt_key, -score)
         else:
             # FGD's score decides; among its (frequent, integer) ties the multi-copy score, then the GPU
             # left fullest. Only the tied candidates are scored a second time.
             top = np.nonzero(score == score.max())[0]
             rows, cols, v, gpu_left, salt_key = rows[top], cols[top], v[top], gpu_left[top], salt_key[top]
-            multi = frags.multi
-            tie = multi.sigmoid_score(multi.frag[rows] - multi.after(rows, v, k, m, req.cpu))
+            tie = frag.sigmoid_score(frag.frag_multi[rows] - frag.after(rows, v, k, m, req.cpu, multi=True))
             keys = (cols, salt_key, gpu_left, -tie)
     elif policy == "spread":
         keys = (cols, salt_key, -gpu_left, -(a.cpu[rows] - req.cpu), -idle_after)
