@@ -53,6 +53,13 @@ NOMINATION_TTL_S = 120.0
 WaitKey = tuple[int, int, str]  # (-priority, reservation order, job id)
 
 
+def placement_shape(spec: JobSpec, policy: str) -> tuple[object, ...]:
+    """Everything about a job that placement looks at: two jobs with the same shape fit or fail together."""
+    return (policy, spec.replicas, spec.gpus, spec.gpu_milli, spec.gpu_memory_mib, spec.cpu_milli, spec.memory_mib,
+            spec.gpu_models, spec.mig_profile, spec.rdma_nics, spec.topology, spec.topology_required, spec.spread,
+            spec.priority)
+
+
 class PlacementDecider:
     name = SERVICE
 
@@ -147,12 +154,16 @@ class PlacementDecider:
     def _place_waiting(self, out: Decisions) -> None:
         # A job asking for more than all free GPU share together cannot fit: skip it without a scan.
         free = sum(g.free_milli for n in self.cluster.sorted_nodes() if n.online for g in n.gpus if g.healthy)
+        # A request that did not fit does not fit for an identical request either, as long as nothing was
+        # placed in between: the failure is remembered per request shape and policy until then.
+        failed: dict[tuple[object, ...], Shortfall] = {}
         for key in sorted(self.waiting.values()):
             job_id = key[2]
             if demand_milli(self.specs[job_id]) > free:
                 continue
-            if self._try_place(job_id, out):
+            if self._try_place(job_id, out, failed):
                 free -= demand_milli(self.specs[job_id])
+                failed.clear()
 
     def policy_for(self, spec: JobSpec) -> str:
         """The priority class's placement policy, else the queue's, else the default."""
@@ -160,11 +171,16 @@ class PlacementDecider:
         queue = self.policy.queues.get(spec.queue)
         return (cls.placement_policy if cls else "") or (queue.placement_policy if queue else "") or DEFAULT_POLICY
 
-    def _try_place(self, job_id: str, out: Decisions) -> bool:
+    def _try_place(self, job_id: str, out: Decisions, failed: dict[tuple[object, ...], Shortfall] | None = None
+                   ) -> bool:
         spec = self.specs[job_id]
         policy = self.policy_for(spec)
-        result = self.placer.place_gang(spec, policy, salt=NODE_ORDER_SALT)
+        shape = placement_shape(spec, policy)
+        known = failed.get(shape) if failed is not None else None
+        result = known or self.placer.place_gang(spec, policy, salt=NODE_ORDER_SALT)
         if isinstance(result, Shortfall):
+            if failed is not None:
+                failed[shape] = result
             if self.deferred.get(job_id) != result.code:
                 out.emit(PlacementDeferred, correlation_id=job_id, job_id=job_id, code=result.code,
                          message=result.message, shortfall_milli=result.shortfall_milli)
