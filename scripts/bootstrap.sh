@@ -9,6 +9,8 @@ fi
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test,dev]'
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "redis-server is missing: installing the Debian package" >&2
-  (apt-get install -y -q redis-server >/dev/null 2>&1 || sudo apt-get install -y -q redis-server >/dev/null) \
+  (apt-get install -y -q redis-server >/dev/null 2>&1 \
+    || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q redis-server >/dev/null 2>&1) \
+    || (sudo apt-get update -q >/dev/null && sudo apt-get install -y -q redis-server >/dev/null)) \
     || { echo "could not install redis-server; install it and run again" >&2; exit 1; }
 fi
