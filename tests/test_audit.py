@@ -153,3 +153,23 @@ def test_what_if_more_quota_shortens_the_teams_waits() -> None:
 def test_what_if_rejects_a_bad_change_with_a_reason(text: str) -> None:
     with pytest.raises(WhatIfError):
         parse_change(text)
+
+
+def test_a_parallel_replay_finds_the_same_decisions_and_mismatches(recorded) -> None:
+    import libs.audit.replay as replay_module
+
+    placement = decisions_of(recorded, "placement")
+    seq, raw = recorded[placement[0]]
+    altered = [*recorded[: placement[0]], (seq, raw.replace(b'"replica":0', b'"replica":1', 1)),
+               *recorded[placement[0] + 1:]]
+    serial = replay(altered, workers=1)
+    old = replay_module.PARALLEL_FROM
+    replay_module.PARALLEL_FROM = 0
+    try:
+        parallel = replay(altered, workers=2)
+    finally:
+        replay_module.PARALLEL_FROM = old
+    assert parallel.decisions_checked == serial.decisions_checked > 0
+    assert [(m.service, m.trigger_seq) for m in parallel.mismatches] == [
+        (m.service, m.trigger_seq) for m in serial.mismatches]
+    assert serial.mismatches

@@ -3,6 +3,7 @@ decides with what was recorded for the same trigger."""
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -43,8 +44,36 @@ class ReplayReport:
         return self.events / self.seconds if self.seconds else 0.0
 
 
-def replay(log: Iterable[tuple[int, bytes]]) -> ReplayReport:
-    """`log` is (stream sequence, raw payload) in stream order, as recorded."""
+PARALLEL_FROM = 5000  # events
+
+# The decoded log, shared with forked workers without copying it through pipes.
+_SHARED: tuple[list[tuple[int, EventBase]], dict[tuple[str, int], list[bytes]]] = ([], {})
+
+
+def _replay_one(index: int) -> tuple[int, list[Mismatch]]:
+    """Run one decider over the whole log; its decisions checked and its mismatches."""
+    entries, recorded = _SHARED
+    decider = DECIDERS[index]()
+    accepted = tuple(decider.input_types())
+    checked, mismatches = 0, []
+    for seq, event in entries:
+        if not isinstance(event, accepted):
+            continue
+        try:
+            got = [encode(d) for d in run_decider(decider, event, seq)]
+        except Exception as err:  # an altered log can make a decider fail: that is a finding, not a crash
+            got = [f"error: {type(err).__name__}: {err}".encode()]
+        expected = recorded.get((decider.name, seq), [])
+        checked += len(expected)
+        if got != expected:
+            mismatches.append(Mismatch(decider.name, seq, [e.decode() for e in expected], [g.decode() for g in got]))
+    return checked, mismatches
+
+
+def replay(log: Iterable[tuple[int, bytes]], workers: int = 1) -> ReplayReport:
+    """`log` is (stream sequence, raw payload) in stream order, as recorded. The deciders are independent
+    of each other, so with `workers` > 1 they replay in parallel processes."""
+    global _SHARED
     started = time.perf_counter()
     report = ReplayReport()
     entries: list[tuple[int, EventBase]] = []
@@ -59,20 +88,19 @@ def replay(log: Iterable[tuple[int, bytes]]) -> ReplayReport:
         entries.append((seq, event))
         recorded.setdefault((event.source, event.trigger_seq), []).append(raw)
     report.events = len(entries)
-    for make in DECIDERS:
-        decider = make()
-        accepted = tuple(decider.input_types())
-        for seq, event in entries:
-            if not isinstance(event, accepted):
-                continue
-            try:
-                got = [encode(d) for d in run_decider(decider, event, seq)]
-            except Exception as err:  # an altered log can make a decider fail: that is a finding, not a crash
-                got = [f"error: {type(err).__name__}: {err}".encode()]
-            expected = recorded.get((decider.name, seq), [])
-            report.decisions_checked += len(expected)
-            if got != expected:
-                report.mismatches.append(Mismatch(decider.name, seq, [e.decode() for e in expected],
-                                                  [g.decode() for g in got]))
+    _SHARED = (entries, recorded)
+    try:
+        indices = range(len(DECIDERS))
+        # Forking costs more than it saves on a short log.
+        if workers > 1 and len(entries) >= PARALLEL_FROM and "fork" in multiprocessing.get_all_start_methods():
+            with multiprocessing.get_context("fork").Pool(min(workers, len(DECIDERS))) as pool:
+                results = pool.map(_replay_one, indices)
+        else:
+            results = [_replay_one(i) for i in indices]
+    finally:
+        _SHARED = ([], {})
+    for checked, mismatches in results:
+        report.decisions_checked += checked
+        report.mismatches.extend(mismatches)
     report.seconds = time.perf_counter() - started
     return report

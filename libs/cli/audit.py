@@ -123,7 +123,7 @@ def cmd_timeline(args: argparse.Namespace) -> None:
 
 def cmd_replay(args: argparse.Namespace) -> None:
     log = _load(args)
-    report = replay(log)
+    report = replay(log, workers=args.workers)
     result = {"events": report.events, "decisions_checked": report.decisions_checked,
               "mismatches": len(report.mismatches), "events_per_s": round(report.events_per_s),
               "undecodable": report.undecodable, "ok": report.ok}
@@ -185,6 +185,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p = asub.add_parser("replay", help="re-derive every decision and compare byte for byte")
     p.add_argument("log", nargs="?", help="an exported log (default: the live stream)")
     p.add_argument("--live", action="store_true", help="read the live stream (the default)")
+    p.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 4),
+                   help="deciders replayed in parallel processes (default: the cores, at most 4)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_replay)
     p = sub.add_parser("whatif", help="replay a log's submissions under changed queue policy, compare teams")
