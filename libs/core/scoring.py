@@ -93,6 +93,7 @@ class FragModel:
         self.models = [s.models for s, _ in gpu_shapes]
         self.arrays = arrays
         self.thresholds = _LOGIT * 1000.0 * self.w_total
+        self._share_cache: dict[tuple[bytes, int, int], tuple[npt.NDArray[np.int32], ...]] = {}
         self.rebuild()
 
     def rebuild(self) -> None:
@@ -147,6 +148,24 @@ class FragModel:
         spill = np.where(cnt > 0, fits.astype(np.int64) * (cnt - used) // np.maximum(cnt, 1), 0)
         return fragp.astype(np.int64) + spill
 
+    def _per_candidate(self, v: I64, k: int, m: int
+                       ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """_per_share for each candidate's share, computed once per distinct share (and remembered: the same
+        few shares and request sizes come back all the time)."""
+        if v.size and v.min() == v.max():
+            shares, inverse = v[:1], None
+        else:
+            shares, inverse = np.unique(v, return_inverse=True)
+        key = (shares.tobytes(), k, m)
+        tables = self._share_cache.get(key)
+        if tables is None:
+            if len(self._share_cache) > 4096:
+                self._share_cache.clear()
+            tables = self._share_cache[key] = self._per_share(shares, k, m)
+        if inverse is None:
+            return tables[0][0], tables[1][0], tables[2][0]
+        return tables[0][inverse], tables[1][inverse], tables[2][inverse]
+
     def _per_share(self, v: I64, k: int, m: int
                    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
         """For GPUs of free share v losing m, per shape: the change of the too-small share, of the big-enough
@@ -164,10 +183,7 @@ class FragModel:
     def after(self, rows: I64, v: I64, k: int, m: int, c: int, multi: bool = False) -> I64:
         """Scaled fragmentation of each candidate node after taking `k` GPUs of free share `v` by `m`
         each (and `c` CPU), under FGD's measure or (`multi`) the multi-copy one. Integer arithmetic."""
-        shares, inverse = np.unique(v, return_inverse=True)
-        dfrag, dfits, lost = self._per_share(shares, k, m)
-        if len(shares) > 1:
-            dfrag, dfits, lost = dfrag[inverse], dfits[inverse], lost[inverse]
+        dfrag, dfits, lost = self._per_candidate(v, k, m)
         idle = self.idle[rows] - k * m
         if not multi:  # the paper's measure, on the cheapest path
             q3 = self.acc[rows] & (self.spare[rows] >= lost) & (self.cpu_slack[rows] >= c)
@@ -240,8 +256,11 @@ def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, 
             # left fullest. Only the tied candidates are scored a second time.
             top = np.nonzero(score == score.max())[0]
             rows, cols, v, gpu_left, salt_key = rows[top], cols[top], v[top], gpu_left[top], salt_key[top]
-            tie = frag.sigmoid_score(frag.frag_multi[rows] - frag.after(rows, v, k, m, req.cpu, multi=True))
-            keys = (cols, salt_key, gpu_left, -tie)
+            if len(top) == 1:  # no tie to break
+                keys = (cols,)
+            else:
+                tie = frag.sigmoid_score(frag.frag_multi[rows] - frag.after(rows, v, k, m, req.cpu, multi=True))
+                keys = (cols, salt_key, gpu_left, -tie)
     elif policy == "spread":
         keys = (cols, salt_key, -gpu_left, -(a.cpu[rows] - req.cpu), -idle_after)
     elif policy == "best-fit":
