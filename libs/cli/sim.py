@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from libs.core.scoring import POLICIES
+from libs.runtime.settings import DEFAULT_CLUSTER
 from libs.sim.fgd import DEFAULT_NODES, inflate_size, simulate
 from libs.sim.published import published_unallocated
 
@@ -76,6 +78,28 @@ def cmd_latency(args: argparse.Namespace) -> None:
                       f"p99 {result['p99_ms']} ms per decision ({result['placed']} placed)")
 
 
+def cmd_replay_bench(args: argparse.Namespace) -> None:
+    from contracts.codec import encode
+    from libs.audit.replay import replay
+    from libs.sim.pipeline import run_virtual
+    from libs.sim.workload import synthetic_inputs
+
+    with console.status(f"making a history of {args.jobs} jobs in virtual time..."):
+        run = run_virtual(synthetic_inputs(args.cluster, args.jobs), tick_s=5.0)
+        log = [(seq, encode(e)) for seq, e in run.log]
+    with console.status(f"replaying {len(log)} events..."):
+        report = replay(log, workers=args.workers)
+    result = {"jobs": args.jobs, "events": report.events, "decisions_checked": report.decisions_checked,
+              "mismatches": len(report.mismatches), "events_per_s": round(report.events_per_s),
+              "workers": args.workers}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        console.print(f"{result['events']} events, {result['decisions_checked']} decisions checked, "
+                      f"{result['mismatches']} mismatches: {result['events_per_s']:,} events/s "
+                      f"with {args.workers} worker(s)")
+
+
 def add_command(sub: argparse._SubParsersAction) -> None:
     sim = sub.add_parser("sim", help="offline simulations with the platform's own decision code")
     ssub = sim.add_subparsers(dest="sim_command", required=True)
@@ -94,3 +118,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=3000)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_latency)
+    p = ssub.add_parser("replay-bench", help="make a synthetic history in virtual time and time its replay")
+    p.add_argument("--jobs", type=int, default=2000)
+    p.add_argument("--cluster", default=str(DEFAULT_CLUSTER), help="node list CSV")
+    p.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 4))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_replay_bench)
