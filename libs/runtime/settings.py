@@ -56,7 +56,6 @@ class Settings:
     # The key that signs the decision chains' checkpoints (never logged); None: no checkpoints.
     audit_key: bytes | None = field(default=None, repr=False)
     audit_every: int = 500
-    extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def bus(self) -> BusConfig:
