@@ -24,8 +24,11 @@ console = Console(stderr=True)
 
 
 def _ports(api_port: int) -> dict[str, int]:
-    wanted = {**DEFAULT_PORTS, "admission": api_port}
-    return {name: port if not port_open(port) else free_port() for name, port in wanted.items()}
+    """The well-known ports (8080-8085) when the API gets its default one; otherwise (a second platform on
+    this machine, a test) free ports for every service, so that two platforms never race for a port."""
+    if api_port != DEFAULT_PORTS["admission"]:
+        return {name: api_port if name == "admission" else free_port() for name in DEFAULT_PORTS}
+    return {name: port if not port_open(port) else free_port() for name, port in DEFAULT_PORTS.items()}
 
 
 def _wait_for_cluster(client: Client, timeout: float = 60.0) -> tuple[int, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -50,9 +51,9 @@ def base_app(service: str, is_ready: Callable[[], bool]) -> web.Application:
         return json_response({"service": service, "status": "ok"})
 
     async def readyz(_: web.Request) -> web.Response:
-        if is_ready():
-            return json_response({"service": service, "ready": True})
-        return json_response({"service": service, "ready": False}, status=503)
+        # The pid lets a supervisor tell its own child from another process on the same port.
+        body = {"service": service, "ready": is_ready(), "pid": os.getpid()}
+        return json_response(body, status=200 if body["ready"] else 503)
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -30,10 +31,12 @@ class Child:
                                      stderr=subprocess.STDOUT)
 
     def ready(self) -> bool:
+        """Ready, and really this child answering (not another platform's process on the same port)."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as r:
-                return bool(r.status == 200)
-        except OSError:
+                body = json.loads(r.read())
+                return bool(r.status == 200 and self.proc is not None and body.get("pid") == self.proc.pid)
+        except (OSError, ValueError):
             return False
 
 
