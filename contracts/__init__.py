@@ -32,7 +32,6 @@ from contracts.events import (
     QuotaReleased,
     QuotaReserved,
     SubmitJob,
-    subject_for,
     subject_for_type,
 )
 from contracts.model import (
@@ -80,6 +79,5 @@ __all__ = [
     "ReplicaPlacement",
     "SubmitJob",
     "Victim",
-    "subject_for",
     "subject_for_type",
 ]

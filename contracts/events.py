@@ -223,6 +223,3 @@ def subject_for_type(event_type: type[EventBase]) -> str:
     kind = "c" if event_type in COMMAND_TYPES else "e"
     return f"{SUBJECT_PREFIX}.{kind}.{event_type.__name__}"
 
-
-def subject_for(event: EventBase) -> str:
-    return subject_for_type(type(event))

@@ -25,6 +25,8 @@ class JobView(msgspec.Struct, kw_only=True):
     submitted_at: float | None = None
     admitted_at: float | None = None
     started_at: float | None = None
+    # The first start (started_at is the latest: an evicted job starts again).
+    first_started_at: float | None = None
     finished_at: float | None = None
     exit_code: int | None = None
     evictions: int = 0

@@ -191,10 +191,6 @@ class Consumer:
         except (TimeoutError, nats.errors.TimeoutError):
             return []
 
-    async def pending(self) -> int:
-        info = await self.sub.consumer_info()
-        return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
-
     async def close(self) -> None:
         try:
             await self.sub.unsubscribe()

@@ -60,9 +60,6 @@ class Node:
                 return g
         raise KeyError(f"node {self.name} has no GPU {index}")
 
-    def idle_gpus(self) -> list[Gpu]:
-        return [g for g in self.gpus if g.healthy and g.idle]
-
 
 @dataclass(slots=True)
 class Cluster:
@@ -151,6 +148,3 @@ class Cluster:
 
     def sorted_nodes(self) -> list[Node]:
         return self._order
-
-    def models(self) -> set[str]:
-        return {g.model for n in self.nodes.values() for g in n.gpus}

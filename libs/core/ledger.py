@@ -173,6 +173,8 @@ class Ledger:
             case JobStarted():
                 self._set_state(view, "running", seq)
                 view.phase, view.started_at = "running", event.ts
+                if view.first_started_at is None:
+                    view.first_started_at = event.ts
                 self.run_started[view.id] = event.ts
             case JobFinished() | JobFailed():
                 self._end_run(view, event.ts, seq)

@@ -111,7 +111,6 @@ class FragModel:
         self.idle = np.zeros(n, dtype=np.int64)
         self.frag = np.zeros(n, dtype=np.int64)
         self.frag_multi = np.zeros(n, dtype=np.int64)
-        self.w32 = self.w.astype(np.int32)
         self.update(np.arange(n))
         self.version = a.version
 

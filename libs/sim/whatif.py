@@ -11,17 +11,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from contracts import (
-    EventBase,
-    JobEvicted,
-    JobFailed,
-    JobFinished,
-    JobPlaced,
-    JobStarted,
-    JobSubmitted,
-    NodeRegistered,
-    QueuePolicyChanged,
-)
+from contracts import EventBase, QueuePolicyChanged
+from libs.core.ledger import Ledger, gpu_count
 from libs.sim.pipeline import run_virtual
 
 QUEUE_FIELDS = {"nominal": "nominal_gpus", "weight": "weight", "placement_policy": "placement_policy"}
@@ -84,42 +75,32 @@ class TeamFigures:
 
 
 def team_figures(log: Iterable[tuple[int, EventBase]], end: float) -> dict[str, TeamFigures]:
-    team_of: dict[str, str] = {}
-    submitted: dict[str, float] = {}
-    first_start: dict[str, float] = {}
-    gpus: dict[str, float] = {}
-    started_at: dict[str, float] = {}
-    gpu_seconds: dict[str, float] = {}
-    capacity = 0
-    t0 = None
-    for _, e in log:
-        t0 = e.ts if t0 is None else t0
-        if isinstance(e, NodeRegistered):
-            capacity += len(e.node.gpus)
-        elif isinstance(e, JobSubmitted):
-            team_of[e.job_id], submitted[e.job_id] = e.spec.team, e.ts
-        elif isinstance(e, JobPlaced):
-            gpus[e.job_id] = sum(len(p.gpu_indices) * p.gpu_milli for p in e.placements) / 1000
-        elif isinstance(e, JobStarted):
-            first_start.setdefault(e.job_id, e.ts)
-            started_at[e.job_id] = e.ts
-        elif isinstance(e, JobFinished | JobFailed | JobEvicted) and e.job_id in started_at:
-            team = team_of.get(e.job_id, "")
-            gpu_seconds[team] = gpu_seconds.get(team, 0.0) + (e.ts - started_at.pop(e.job_id)) * gpus.get(e.job_id, 0)
-    for job_id, since in started_at.items():  # still running at the end
-        team = team_of.get(job_id, "")
-        gpu_seconds[team] = gpu_seconds.get(team, 0.0) + (end - since) * gpus.get(job_id, 0)
-    span = max(end - (t0 or end), 1e-9)
+    """Per team: waits (submission to first start) and GPU time, from the accounting ledger's fold; runs
+    still going at `end` are charged up to it."""
+    ledger = Ledger()
+    t0: float | None = None
+    for seq, event in log:
+        t0 = event.ts if t0 is None else t0
+        ledger.apply(event, seq)
+    capacity = sum(len(n.gpus) for n in ledger.cluster.sorted_nodes())
+    gpu_seconds = {team: usage.gpu_seconds for team, usage in ledger.teams.items()}
+    for job_id, since in ledger.run_started.items():  # still running at the end
+        view = ledger.jobs[job_id]
+        gpu_seconds[view.team] = gpu_seconds.get(view.team, 0.0) + (end - since) * gpu_count(view)
+    span = max(end - (t0 if t0 is not None else end), 1e-9)
+    submitted = [v for v in ledger.jobs.values() if v.state != "rejected"]
     out = {}
-    for team in sorted(set(team_of.values())):
-        jobs = [j for j, t in team_of.items() if t == team]
-        waits = np.array([first_start[j] - submitted[j] for j in jobs if j in first_start])
+    for team in sorted({v.team for v in submitted}):
+        jobs = [v for v in submitted if v.team == team]
+        waits = np.array([v.first_started_at - (v.submitted_at or 0.0) for v in jobs
+                          if v.first_started_at is not None])
+        used = gpu_seconds.get(team, 0.0)
         out[team] = TeamFigures(
             jobs=len(jobs), started=len(waits),
             mean_wait_s=round(float(waits.mean()), 2) if len(waits) else 0.0,
             p95_wait_s=round(float(np.percentile(waits, 95)), 2) if len(waits) else 0.0,
-            gpu_hours=round(gpu_seconds.get(team, 0.0) / 3600, 3),
-            gpu_utilisation_pct=round(100 * gpu_seconds.get(team, 0.0) / (capacity * span), 2) if capacity else 0.0)
+            gpu_hours=round(used / 3600, 3),
+            gpu_utilisation_pct=round(100 * used / (capacity * span), 2) if capacity else 0.0)
     return out
 
 

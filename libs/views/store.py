@@ -66,9 +66,6 @@ class ViewStore:
         async for key in self.r.scan_iter(match=f"{self.p}:*", count=1000):
             await self.r.delete(key)
 
-    async def projection_seq(self) -> int:
-        return int(await self.r.get(self.seq_key) or 0)
-
     # --- reading -----------------------------------------------------------------------------------
 
     async def job(self, job_id: str) -> JobView | None:
