@@ -10,7 +10,8 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from contracts import GpuSpec, JobSpec, NodeRegistered, NodeSpec, QueuePolicyChanged, QueueSpec, SubmitJob
 from contracts.codec import decode, encode
-from libs.bus.jetstream import Bus, stream_seq
+from libs.audit.log_reader import read_log
+from libs.bus.jetstream import Bus
 from libs.core.admission import AdmissionDecider
 from libs.runtime.handler import DeciderHandler
 from libs.runtime.reactor import Reactor
@@ -36,19 +37,12 @@ async def drain(reactor: Reactor, rounds: int = 3) -> None:
 
 
 async def log_of(bus: Bus) -> list[tuple[int, object]]:
-    reader = await bus.reader(bus.log_subjects())
     out: list[tuple[int, object]] = []
-    last = await bus.last_seq()
-    while (out and out[-1][0] < last) or not out:
-        msgs = await reader.fetch(1000, timeout=1.0)
-        if not msgs:
-            break
-        for m in msgs:
-            try:
-                out.append((stream_seq(m), decode(m.data)))
-            except msgspec.MsgspecError:
-                out.append((stream_seq(m), None))  # the poison messages stay in the log
-    await reader.close()
+    for seq, raw in await read_log(bus):
+        try:
+            out.append((seq, decode(raw)))
+        except msgspec.MsgspecError:
+            out.append((seq, None))  # the poison messages stay in the log
     return out
 
 
