@@ -12,7 +12,15 @@ from typing import Final
 
 import msgspec
 
-from contracts.model import JobSpec, NodeSpec, PriorityClass, QueueSpec, ReplicaPlacement, Victim
+from contracts.model import (
+    JobSpec,
+    NodeSpec,
+    PriorityClass,
+    QueueSpec,
+    ReplicaPlacement,
+    SchedulingSettings,
+    Victim,
+)
 
 SUBJECT_PREFIX: Final = "gs"
 
@@ -80,10 +88,21 @@ class PriorityClassesChanged(EventBase, frozen=True, kw_only=True):
     version: int
 
 
+class SchedulingSettingsChanged(EventBase, frozen=True, kw_only=True):
+    settings: SchedulingSettings
+    version: int
+
+
 class QuotaReserved(EventBase, frozen=True, kw_only=True):
     job_id: str
     queue: str
     gpu_milli: int
+    # The flavor (GPU model) the quota was taken from; "" for the "*" flavor (any model).
+    flavor: str = ""
+    # Thousandths of a GPU above the queue's nominal, i.e. borrowed from its cohort.
+    borrowed_milli: int = 0
+    # Admitted after the queue's GPU-hour budget was spent: preemptible whatever its class.
+    over_budget: bool = False
 
 
 class QuotaReleased(EventBase, frozen=True, kw_only=True):
@@ -198,6 +217,7 @@ Event = (
     | JobCancelled
     | QueuePolicyChanged
     | PriorityClassesChanged
+    | SchedulingSettingsChanged
     | QuotaReserved
     | QuotaReleased
     | QuotaDeferred

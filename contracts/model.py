@@ -67,14 +67,58 @@ class NodeSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     rdma_nics: int = 0
 
 
+class FlavorQuota(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """A queue's quota for one GPU model ("flavor"), in GPUs. The order of a queue's flavors is the order in
+    which a job that allows several models tries them."""
+
+    # A GPU model name, or "*" for GPUs of any model.
+    model: str = "*"
+    nominal_gpus: int = 0
+    # How far above nominal the queue may borrow idle quota from its cohort; None: as far as the cohort lends.
+    borrowing_limit_gpus: int | None = None
+    # How much of the nominal the queue lends to its cohort when idle; None: all of it.
+    lending_limit_gpus: int | None = None
+
+
 class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """A node of the queue tree (organisation / team / project). Jobs go to leaf queues; a parent groups its
+    children for fair share and, unless a child names another, is their cohort."""
+
     name: str
     team: str
-    # Nominal GPU quota of the queue; None means no limit.
+    # Nominal GPU quota of the queue (any model); None means no limit. Shorthand for one "*" flavor.
     nominal_gpus: int | None = None
     weight: float = 1.0
     # Placement policy for the queue's jobs (best-fit, fgd, spread, packing); "" means the default.
     placement_policy: str = ""
+    parent: str = ""
+    # Queues of one cohort lend each other idle quota; "" means the parent's name ("" without a parent: none).
+    cohort: str = ""
+    # With nominal_gpus: borrowing and lending limits of that single flavor.
+    borrowing_limit_gpus: int | None = None
+    lending_limit_gpus: int | None = None
+    # Quota per GPU model; when set, nominal_gpus and its limits must be unset.
+    flavors: tuple[FlavorQuota, ...] = ()
+    # GPU-hours the queue may spend per budget period (calendar day, ISO week or month, UTC).
+    budget_gpu_hours: float | None = None
+    budget_period: str = "month"
+    # When the budget is spent: "borrow" (further jobs run only on idle borrowed quota, preemptible) or "wait".
+    over_budget: str = "borrow"
+    # Most GPUs one user may hold in this queue at once.
+    user_max_gpus: int | None = None
+    # How long a queue under its nominal quota with pending work lets borrowers finish on their own before
+    # the preemption service reclaims its quota from them.
+    reclaim_after_s: float = 0.0
+
+
+class SchedulingSettings(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """Platform-wide knobs of the fair order and of starvation protection."""
+
+    # Past usage counts toward fair share with this half-life (Slurm's PriorityDecayHalfLife); 0: only now.
+    fair_share_half_life_s: float = 7 * 24 * 3600.0
+    # A job waiting longer than this gets its quota reserved; later jobs backfill only if they end before
+    # the reservation is needed. None: never.
+    starvation_after_s: float | None = 600.0
 
 
 class PriorityClass(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):

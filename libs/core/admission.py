@@ -75,6 +75,9 @@ def validate(spec: JobSpec, policy: PolicyBook, inventory: Inventory) -> Rejecti
         return Rejection("unknown_team", f"team {spec.team!r} has no queue")
     if queue is None:
         return Rejection("unknown_queue", f"queue {spec.queue!r} does not exist")
+    if not policy.quotas.is_leaf(spec.queue):
+        children = ", ".join(policy.quotas.children.get(spec.queue, []))
+        return Rejection("queue_not_leaf", f"queue {spec.queue!r} groups other queues ({children}); submit to one")
     if queue.team != spec.team:
         return Rejection("queue_not_of_team", f"queue {spec.queue!r} belongs to team {queue.team!r}")
     if spec.priority not in policy.classes:
@@ -109,11 +112,17 @@ def validate(spec: JobSpec, policy: PolicyBook, inventory: Inventory) -> Rejecti
     if demand_milli(spec) > total * 1000:
         return Rejection("exceeds_cluster_capacity",
                          f"the gang needs {demand_milli(spec) / 1000:g} GPUs; the cluster has {total}")
-    quota = policy.quota_milli(spec.queue)
-    if quota is not None and demand_milli(spec) > quota:
-        return Rejection("exceeds_queue_quota",
-                         f"the job needs {demand_milli(spec) / 1000:g} GPUs; queue {spec.queue!r} has "
-                         f"{quota / 1000:g} ({replica_milli(spec) / 1000:g} per replica)")
+    book = policy.quotas
+    if book.governed(spec.queue):
+        flavors = book.flavors_for(spec.queue, spec)
+        if not flavors:
+            return Rejection("no_quota_for_models", f"queue {spec.queue!r} has no quota for GPU model(s) "
+                             f"{', '.join(spec.gpu_models)}")
+        most = max(book.ceiling(spec.queue, f) for f in flavors)
+        if demand_milli(spec) > most:
+            return Rejection("exceeds_queue_quota",
+                             f"the job needs {demand_milli(spec) / 1000:g} GPUs; queue {spec.queue!r} can hold at "
+                             f"most {most / 1000:g} with borrowing ({replica_milli(spec) / 1000:g} per replica)")
     return None
 
 

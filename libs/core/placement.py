@@ -101,6 +101,9 @@ class PlacementDecider:
                     self.placer.set_typical(self.shapes.typical)
             case QuotaReserved():
                 spec = self.specs.get(event.job_id)
+                if spec is not None and event.flavor and spec.gpu_models != (event.flavor,):
+                    # Quota came from one GPU model's flavor: the job runs on that model.
+                    spec = self.specs[event.job_id] = msgspec.structs.replace(spec, gpu_models=(event.flavor,))
                 if spec is not None and event.job_id not in self.placed:
                     self._order += 1
                     self.waiting[event.job_id] = (-self.policy.priority_of(spec), self._order, event.job_id)

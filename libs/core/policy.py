@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from contracts import JobSpec, PriorityClass, PriorityClassesChanged, QueuePolicyChanged, QueueSpec
+from contracts import (
+    JobSpec,
+    PriorityClass,
+    PriorityClassesChanged,
+    QueuePolicyChanged,
+    QueueSpec,
+    SchedulingSettings,
+    SchedulingSettingsChanged,
+)
+from libs.core.quotas import QuotaBook
 
 # Used until the log carries a PriorityClassesChanged; part of the code, hence deterministic.
 DEFAULT_PRIORITY_CLASSES: tuple[PriorityClass, ...] = (
@@ -22,16 +32,28 @@ class PolicyBook:
     classes: dict[str, PriorityClass] = field(
         default_factory=lambda: {c.name: c for c in DEFAULT_PRIORITY_CLASSES}
     )
+    settings: SchedulingSettings = field(default_factory=SchedulingSettings)
+    # The queue tree's limits; the deciders that track reservations also keep its usage.
+    quotas: QuotaBook = field(default_factory=QuotaBook)
 
     def apply(self, event: object) -> bool:
         """Fold a policy event; True when the event was one."""
         if isinstance(event, QueuePolicyChanged):
             self.queues[event.queue.name] = event.queue
+            self.quotas.set_queue(event.queue)
+            return True
+        if isinstance(event, SchedulingSettingsChanged):
+            self.settings = event.settings
             return True
         if isinstance(event, PriorityClassesChanged):
             self.classes = {c.name: c for c in event.classes}
             return True
         return False
+
+    def set_queues(self, queues: Iterable[QueueSpec]) -> None:
+        """Replace the whole queue tree (a fold of QueuePolicyChanged events does the same one by one)."""
+        self.queues = {q.name: q for q in queues}
+        self.quotas.set_queues(self.queues.values())
 
     def priority_of(self, spec: JobSpec) -> int:
         cls = self.classes.get(spec.priority)
@@ -41,11 +63,9 @@ class PolicyBook:
         cls = self.classes.get(spec.priority)
         return cls.preemptible if cls else True
 
-    def quota_milli(self, queue: str) -> int | None:
-        spec = self.queues.get(queue)
-        if spec is None or spec.nominal_gpus is None:
-            return None
-        return spec.nominal_gpus * 1000
+    def min_runtime_s(self, spec: JobSpec) -> float:
+        cls = self.classes.get(spec.priority)
+        return cls.min_runtime_s if cls else 0.0
 
 
 def replica_milli(spec: JobSpec) -> int:

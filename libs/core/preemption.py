@@ -1,12 +1,16 @@
-"""Preemption: whom to evict so that a higher-priority job of the same queue can run.
+"""Preemption: whom to evict so that a waiting job can run.
 
-Triggered when quota or placement defers a job. Candidates are running jobs of the preemptor's queue with
-a lower priority and a preemptible class, ordered:
-  1. lowest priority first,
-  2. most recently placed first (it has lost the least work),
-  3. job id.
-Victims are added in that order until a simulation says the preemptor would then get its quota and fit;
-a minimisation pass then drops every victim that is not needed. No fit in simulation, no eviction.
+Triggered when quota or placement defers a job for a reason eviction can cure, and re-considered on clock
+ticks. Two kinds of victims:
+  - reclaim: a queue under its nominal quota takes back quota its cohort lent to borrowers (queues above
+    their nominal, or jobs admitted over budget), once the queue's reclaim grace has passed. Only borrowers
+    lose jobs: never a queue within its nominal quota, to feed another queue's borrowing.
+  - within the queue: jobs of lower priority in the preemptor's own queue.
+Borrowers are considered first; then, within each kind: lowest priority, least GPU-time lost (time running
+x GPUs), most recently started, id. Jobs of non-preemptible classes, or that have not yet run their class's
+minimum runtime, are never victims. Victims are added in that order until a simulation says the preemptor
+would then get its quota and fit; a minimisation pass then drops every victim that is not needed. No fit in
+simulation, no eviction.
 """
 
 from __future__ import annotations
@@ -37,16 +41,20 @@ from contracts import (
     QuotaReleased,
     QuotaReserved,
     ReplicaPlacement,
+    SchedulingSettingsChanged,
     Victim,
 )
 from libs.core.cluster import Cluster
 from libs.core.decider import Chain, Decisions, Trigger
 from libs.core.fit import fits
 from libs.core.policy import PolicyBook, demand_milli
-from libs.core.quota import QUEUE_QUOTA_EXHAUSTED
+from libs.core.quota import PREEMPTION_MAY_HELP
+from libs.core.quotas import ANY, QuotaBook
 
 SERVICE = "preemption"
 WITHIN_QUEUE_PRIORITY = "within_queue_priority"
+RECLAIM = "reclaim"
+PLACEMENT = "placement"
 
 
 @dataclass(slots=True)
@@ -56,40 +64,38 @@ class Running:
     priority: int
     preemptible: bool
     demand: int
-    placed_order: int
+    started: float
     placements: tuple[ReplicaPlacement, ...]
+    flavor: str = ANY
+    over_budget: bool = False
+    min_runtime_s: float = 0.0
+    placed_order: int = 0  # breaks ties between jobs started at the same instant: later placed, first out
+
+    def victim_key(self, now: float) -> tuple[int, float, float, int, str]:
+        return (self.priority, self.lost(now), -self.started, -self.placed_order, self.job_id)
+
+    def lost(self, now: float) -> float:
+        """GPU-time an eviction now throws away (no checkpoint is known: all of it since the start)."""
+        return (now - self.started) * self.demand
+
+
+@dataclass(slots=True)
+class Waiting:
+    code: str  # the quota deferral's code, or "placement"
+    since: float
 
 
 @dataclass(slots=True)
 class PreemptionState:
     specs: dict[str, JobSpec] = field(default_factory=dict)
     running: dict[str, Running] = field(default_factory=dict)
-    used: dict[str, int] = field(default_factory=dict)
+    # job -> (queue, flavor, milli) of its quota reservation
+    reserved: dict[str, tuple[str, str, int, bool]] = field(default_factory=dict)
     # preemptor -> victims still being evicted; a victim -> its preemptor.
     in_flight: dict[str, list[str]] = field(default_factory=dict)
     victim_of: dict[str, str] = field(default_factory=dict)
-    # Jobs waiting for quota (True) or for capacity (False): reconsidered on every clock tick.
-    waiting: dict[str, bool] = field(default_factory=dict)
+    waiting: dict[str, Waiting] = field(default_factory=dict)
     cancelled: dict[str, None] = field(default_factory=dict)
-
-
-def choose_victims(candidates: list[Running], enough: Callable[[list[Running]], bool]) -> list[Running]:
-    """Greedy in candidate order until `enough`, then drop each victim (last added first) that is not
-    needed. Returns [] when even every candidate is not enough."""
-    if enough([]):
-        return []  # nothing needs to go: it fits (or will, once jobs already leaving are gone)
-    chosen: list[Running] = []
-    for c in candidates:
-        chosen.append(c)
-        if enough(chosen):
-            break
-    else:
-        return []
-    for victim in reversed(list(chosen)):
-        trial = [v for v in chosen if v.job_id != victim.job_id]
-        if trial and enough(trial):
-            chosen = trial
-    return chosen
 
 
 class PreemptionDecider:
@@ -100,13 +106,17 @@ class PreemptionDecider:
         self.policy = PolicyBook()
         self.cluster = Cluster()
         self.s = PreemptionState()
-        self._placed = 0
         self.changed = False  # anything folded since the last tick's reconsideration?
+        self._placed = 0
+
+    @property
+    def book(self) -> QuotaBook:
+        return self.policy.quotas
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (NodeRegistered, NodeLost, GpuHealthChanged, QueuePolicyChanged, PriorityClassesChanged,
-                JobSubmitted, QuotaReserved, QuotaReleased, QuotaDeferred, JobPlaced, PlacementDeferred,
-                JobCancelled, JobFinished, JobFailed, JobEvicted, ClockTick)
+                SchedulingSettingsChanged, JobSubmitted, QuotaReserved, QuotaReleased, QuotaDeferred, JobPlaced,
+                PlacementDeferred, JobCancelled, JobFinished, JobFailed, JobEvicted, ClockTick)
 
     def evolve(self, event: EventBase) -> None:
         if not isinstance(event, ClockTick):
@@ -124,27 +134,39 @@ class PreemptionDecider:
             case JobSubmitted():
                 s.specs[event.job_id] = event.spec
             case QuotaReserved():
-                s.used[event.queue] = s.used.get(event.queue, 0) + event.gpu_milli
+                flavor = event.flavor or ANY
+                s.reserved[event.job_id] = (event.queue, flavor, event.gpu_milli, event.over_budget)
+                self.book.add(event.queue, flavor, event.gpu_milli)
                 s.waiting.pop(event.job_id, None)
-            case QuotaDeferred() if event.code == QUEUE_QUOTA_EXHAUSTED:
-                s.waiting[event.job_id] = True
+            case QuotaDeferred():
+                if event.code in PREEMPTION_MAY_HELP:
+                    held = s.waiting.get(event.job_id)
+                    s.waiting[event.job_id] = Waiting(event.code, held.since if held is not None else event.ts)
+                else:
+                    s.waiting.pop(event.job_id, None)
             case PlacementDeferred():
-                s.waiting[event.job_id] = False
+                held = s.waiting.get(event.job_id)
+                s.waiting[event.job_id] = Waiting(PLACEMENT, held.since if held is not None else event.ts)
             case QuotaReleased():
-                s.used[event.queue] = s.used.get(event.queue, 0) - event.gpu_milli
+                held_quota = s.reserved.pop(event.job_id, None)
+                if held_quota is not None:
+                    self.book.add(held_quota[0], held_quota[1], -held_quota[2])
             case JobPlaced():
                 s.waiting.pop(event.job_id, None)
-                spec = s.specs.get(event.job_id)
                 self._placed += 1
+                spec = s.specs.get(event.job_id)
+                queue, flavor, _, over_budget = s.reserved.get(event.job_id, ("", ANY, 0, False))
                 if spec is None:
                     # Placed after it was cancelled: it holds GPUs until its executor reports it gone.
                     s.cancelled[event.job_id] = None
                     run = Running(job_id=event.job_id, queue="", priority=0, preemptible=False, demand=0,
-                                  placed_order=self._placed, placements=event.placements)
+                                  started=event.ts, placements=event.placements, placed_order=self._placed)
                 else:
                     run = Running(job_id=event.job_id, queue=spec.queue, priority=self.policy.priority_of(spec),
-                                  preemptible=self.policy.preemptible(spec), demand=demand_milli(spec),
-                                  placed_order=self._placed, placements=event.placements)
+                                  preemptible=self.policy.preemptible(spec) or over_budget,
+                                  demand=demand_milli(spec), started=event.ts, placements=event.placements,
+                                  flavor=flavor, over_budget=over_budget,
+                                  min_runtime_s=self.policy.min_runtime_s(spec), placed_order=self._placed)
                 s.running[event.job_id] = run
                 self.cluster.allocate(event.placements)
             case PreemptionDecided():
@@ -183,15 +205,25 @@ class PreemptionDecider:
         out = Decisions(SERVICE, trigger, self.evolve, self.chain)
         event = trigger.event
         if isinstance(event, QuotaDeferred | PlacementDeferred) and event.job_id in self.s.waiting:
-            self._consider(event.job_id, quota_bound=self.s.waiting[event.job_id], out=out)
-        elif isinstance(event, ClockTick) and self.changed:
+            self._consider(event.job_id, event.ts, out)
+        elif isinstance(event, ClockTick) and (self.changed or self._grace_ends(event.ts)):
             # Circumstances change without a new deferral (a victim ended on its own, a job was placed
-            # elsewhere): on a tick after any such change, the first waiting job of each queue is considered
-            # again.
+            # elsewhere, a reclaim grace ran out): on a tick, the first waiting job of each queue is
+            # considered again.
             self.changed = False
             for job_id in self._heads_of_queues():
-                self._consider(job_id, quota_bound=self.s.waiting[job_id], out=out)
+                self._consider(job_id, event.ts, out)
         return out.out
+
+    def _grace_ends(self, now: float) -> bool:
+        """Does some waiting job's reclaim grace run out by this tick (so reclaim may start now)?"""
+        for job_id, w in self.s.waiting.items():
+            spec = self.s.specs.get(job_id)
+            queue = self.policy.queues.get(spec.queue) if spec is not None else None
+            if queue is not None and queue.reclaim_after_s > 0 and w.code != PLACEMENT \
+                    and w.since + queue.reclaim_after_s <= now < w.since + queue.reclaim_after_s + 60:
+                return True
+        return False
 
     def _heads_of_queues(self) -> list[str]:
         # The first waiting job per queue: (-priority, id) is a total order, so iterating the dict in any
@@ -206,50 +238,141 @@ class PreemptionDecider:
                 heads[spec.queue] = key
         return [heads[q][1] for q in sorted(heads)]
 
-    def candidates(self, preemptor: JobSpec, preemptor_id: str) -> list[Running]:
+    def _eligible(self, r: Running, now: float) -> bool:
+        return (r.preemptible and r.job_id not in self.s.victim_of and r.job_id not in self.s.cancelled
+                and now - r.started >= r.min_runtime_s)
+
+    def candidates(self, preemptor: JobSpec, preemptor_id: str, now: float) -> list[Running]:
+        """Jobs of the preemptor's queue with a lower priority, in victim order."""
         prio = self.policy.priority_of(preemptor)
         cands = [r for r in self.s.running.values()
-                 if r.queue == preemptor.queue and r.priority < prio and r.preemptible
-                 and r.job_id not in self.s.victim_of and r.job_id not in self.s.cancelled
-                 and r.job_id != preemptor_id]
-        cands.sort(key=lambda r: (r.priority, -r.placed_order, r.job_id))
+                 if r.queue == preemptor.queue and r.priority < prio and r.job_id != preemptor_id
+                 and self._eligible(r, now)]
+        cands.sort(key=lambda r: r.victim_key(now))
         return cands
 
-    def _consider(self, job_id: str, quota_bound: bool, out: Decisions) -> None:
-        spec = self.s.specs.get(job_id)
-        if spec is None or job_id in self.s.in_flight or job_id in self.s.running:
+    def borrowers(self, preemptor: JobSpec, flavor: str, now: float) -> list[Running]:
+        """Jobs of other queues of the preemptor's cohort that hold borrowed quota of `flavor` (their queue is
+        above its nominal, or they were admitted over budget), in victim order."""
+        cohort = self.book.cohort.get(preemptor.queue, "")
+        if not cohort:
+            return []
+        peers = {q for q in self.book.members[cohort] if q != preemptor.queue}
+        borrowing = {q for q in peers if self.book.borrowed(q, flavor) > 0}
+        cands = [r for r in self.s.running.values()
+                 if r.queue in peers and r.flavor == flavor and (r.queue in borrowing or r.over_budget)
+                 and self._eligible(r, now)]
+        cands.sort(key=lambda r: r.victim_key(now))
+        return cands
+
+    def _consider(self, job_id: str, now: float, out: Decisions) -> None:
+        s = self.s
+        spec = s.specs.get(job_id)
+        waiting = s.waiting.get(job_id)
+        if spec is None or waiting is None or job_id in s.in_flight or job_id in s.running:
             return
-        cands = self.candidates(spec, job_id)
-        if not cands:
-            return
-        quota = self.policy.quota_milli(spec.queue)
+        leaving = [s.running[j] for j in sorted(s.running) if j in s.cancelled or j in s.victim_of]
         demand = demand_milli(spec)
-        used = self.s.used.get(spec.queue, 0)
+        sim = Simulation(self, spec, leaving)
+        if waiting.code == PLACEMENT:
+            held = s.reserved.get(job_id)
+            flavor = held[1] if held is not None else ANY
+            victims = sim.choose(self.candidates(spec, job_id, now), lambda: sim.fits(flavor))
+            self._decide(job_id, victims, out)
+            return
+        flavors = self.book.flavors_for(spec.queue, spec) or [ANY]
+        queue = self.policy.queues.get(spec.queue)
+        grace = queue.reclaim_after_s if queue is not None else 0.0
+        for flavor in flavors:
+            lim = self.book.limits.get(spec.queue, {}).get(flavor)
+            if lim is None or demand > lim.nominal or now < waiting.since + grace:
+                continue
+            # Reclaim: shed own lower-priority jobs of this flavor down to nominal, then borrowers' jobs.
+            own = [r for r in self.candidates(spec, job_id, now) if r.flavor == flavor]
+            others = self.borrowers(spec, flavor, now)
+            if not others:
+                continue
 
-        # Jobs already on their way out (cancelled, or victims of an earlier decision) count as gone.
-        leaving = [self.s.running[j] for j in sorted(self.s.running)
-                   if j in self.s.cancelled or j in self.s.victim_of]
+            def reclaimed(flavor: str = flavor, nominal: int = lim.nominal) -> bool:
+                return (self.book.usage(spec.queue, flavor) + demand <= nominal
+                        and self.book.room(spec.queue, flavor) >= demand and sim.fits(flavor))
 
-        def enough(victims: list[Running]) -> bool:
-            freed = sum(v.demand for v in victims)
-            if quota_bound and quota is not None and used - freed + demand > quota:
-                return False
-            gone = leaving + victims
-            for v in gone:
-                self.cluster.release(v.placements)
-            try:
-                return fits(self.cluster, spec)
-            finally:
-                for v in gone:
-                    self.cluster.allocate(v.placements)
+            victims = sim.choose(own + others, reclaimed, keep_borrowing=True)
+            if victims:
+                self._decide(job_id, victims, out)
+                return
+        def within_queue() -> bool:
+            return any(self.book.room(spec.queue, f) >= demand and sim.fits(f) for f in flavors)
 
-        victims = choose_victims(cands, enough)
+        self._decide(job_id, sim.choose(self.candidates(spec, job_id, now), within_queue), out)
+
+    def _decide(self, job_id: str, victims: list[Running], out: Decisions) -> None:
         if not victims:
             return
-        out.emit(PreemptionDecided, correlation_id=job_id, preemptor_id=job_id, code=WITHIN_QUEUE_PRIORITY,
-                 victims=tuple(Victim(job_id=v.job_id, queue=v.queue, priority=v.priority,
-                                      gpu_milli=v.demand, reason=WITHIN_QUEUE_PRIORITY) for v in victims))
+        spec = self.s.specs[job_id]
+        code = RECLAIM if any(v.queue != spec.queue for v in victims) else WITHIN_QUEUE_PRIORITY
+        out.emit(PreemptionDecided, correlation_id=job_id, preemptor_id=job_id, code=code,
+                 victims=tuple(Victim(job_id=v.job_id, queue=v.queue, priority=v.priority, gpu_milli=v.demand,
+                                      reason=RECLAIM if v.queue != spec.queue else WITHIN_QUEUE_PRIORITY)
+                               for v in victims))
 
     def snapshot(self) -> bytes:
         return msgspec.json.encode({"running": sorted(self.s.running), "in_flight": self.s.in_flight,
-                                    "used": self.s.used, "waiting": self.s.waiting})
+                                    "used": {f"{q}/{f}": u for (q, f), u in sorted(self.book.used.items()) if u},
+                                    "waiting": {j: w.code for j, w in sorted(self.s.waiting.items())}})
+
+
+class Simulation:
+    """Evictions tried on the decider's own quota book and cluster, always undone before returning."""
+
+    def __init__(self, decider: PreemptionDecider, spec: JobSpec, leaving: list[Running]) -> None:
+        self.d = decider
+        self.spec = spec
+        self.leaving = leaving  # on their way out already: their GPUs count as free
+        self.applied: list[Running] = []
+
+    def fits(self, flavor: str) -> bool:
+        spec = self.spec if flavor == ANY else msgspec.structs.replace(self.spec, gpu_models=(flavor,))
+        gone = self.leaving + self.applied
+        for v in gone:
+            self.d.cluster.release(v.placements)
+        try:
+            return fits(self.d.cluster, spec)
+        finally:
+            for v in gone:
+                self.d.cluster.allocate(v.placements)
+
+    def _apply(self, v: Running, sign: int, at: int | None = None) -> None:
+        self.d.book.add(v.queue, v.flavor, -sign * v.demand)
+        if sign < 0:
+            self.applied.remove(v)
+        else:
+            self.applied.insert(len(self.applied) if at is None else at, v)
+
+    def choose(self, candidates: list[Running], enough: Callable[[], bool], keep_borrowing: bool = False
+               ) -> list[Running]:
+        """Greedy in candidate order until `enough`, then drop each victim (last added first) that is not
+        needed. [] when nothing needs to go, or when even every candidate is not enough. With
+        `keep_borrowing`, a job of another queue is taken only while that queue is still above nominal."""
+        try:
+            if enough():
+                return []
+            for c in candidates:
+                if keep_borrowing and c.queue != self.spec.queue and not c.over_budget \
+                        and self.d.book.borrowed(c.queue, c.flavor) <= 0:
+                    continue
+                self._apply(c, +1)
+                if enough():
+                    break
+            else:
+                return []
+            for v in reversed(list(self.applied)):
+                at = self.applied.index(v)
+                self._apply(v, -1)
+                if self.applied and enough():
+                    continue
+                self._apply(v, +1, at)
+            return list(self.applied)
+        finally:
+            for v in list(self.applied):
+                self._apply(v, -1)

@@ -1,48 +1,90 @@
-"""Quota: which admitted job may consume its queue's GPU quota, in fair order.
+"""Quota: which admitted job may take GPU quota now, from which flavor, in fair order.
 
-Inside a queue the order is priority (high first), then arrival, then job id. A job that does not fit
-yet does not block smaller ones behind it (best-effort FIFO); it gets one QuotaDeferred per reason, which
-the preemption service uses to reclaim quota from lower-priority jobs of the same queue.
+A scheduling pass runs over a cohort (or a queue without one) whenever its quota or its waiting work
+changes. It repeatedly takes the best head among the cohort's queues:
+  1. jobs that fit within their queue's nominal quota before jobs that must borrow,
+  2. the queue furthest below its fair share: weighted (decayed) usage relative to nominal, compared level
+     by level down the queue tree (Slurm's Fair Tree),
+  3. priority, then arrival, then id.
+Inside a queue the order is priority, then the user holding the fewest GPUs in that queue, then arrival.
+
+A job that does not get quota holds back the jobs of lower priority in its queue (so quota freed for it,
+e.g. by preemption, is not taken by the jobs it displaced); jobs of its own priority may use what is left.
+While a queue under its nominal quota waits for quota lent to borrowers, no borrower grows. A job waiting
+longer than the starvation limit gets the capacity it needs reserved: others of no higher priority in its
+cohort go first only if they end before it could start (EASY backfill). Per-user limits and GPU-hour budgets
+are checked per job. Each waiting job gets one QuotaDeferred per reason, which the preemption service uses
+to reclaim quota.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
-from dataclasses import dataclass
+import heapq
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 
 import msgspec
 
 from contracts import (
+    ClockTick,
     EventBase,
     JobAdmitted,
     JobCancelled,
     JobEvicted,
     JobFailed,
     JobFinished,
+    JobSpec,
     JobSubmitted,
     PriorityClassesChanged,
     QueuePolicyChanged,
     QuotaDeferred,
     QuotaReleased,
     QuotaReserved,
+    SchedulingSettingsChanged,
 )
 from libs.core.decider import Chain, Decisions, Trigger
+from libs.core.fairness import DecayedUsage, period_start
 from libs.core.policy import PolicyBook, demand_milli
+from libs.core.quotas import ANY, UNLIMITED, QuotaBook, flavor_name
 
 SERVICE = "quota"
-QUEUE_QUOTA_EXHAUSTED = "queue_quota_exhausted"
+QUEUE_QUOTA_EXHAUSTED = "queue_quota_exhausted"  # at nominal (plus borrowing limit, in a cohort)
+COHORT_QUOTA_EXHAUSTED = "cohort_quota_exhausted"  # must borrow; the cohort has nothing idle to lend
+QUOTA_LENT_OUT = "quota_lent_out"  # fits its nominal, but borrowers hold the lendable part: reclaim
 BEHIND_HIGHER_PRIORITY = "behind_higher_priority"
-
-PendingKey = tuple[int, int, str]  # (-priority, arrival, job id)
+USER_LIMIT = "user_limit"
+BUDGET_SPENT = "budget_spent"
+HELD_FOR_STARVING_JOB = "held_for_starving_job"
+# Deferrals that evicting other jobs can cure: the preemption service acts on these.
+PREEMPTION_MAY_HELP = frozenset({QUEUE_QUOTA_EXHAUSTED, COHORT_QUOTA_EXHAUSTED, QUOTA_LENT_OUT})
 
 
 @dataclass(slots=True)
 class QuotaJob:
+    job_id: str
     queue: str
-    key: PendingKey
+    user: str
+    priority: int
+    arrival: int
+    since: float
     demand: int
+    spec: JobSpec
     state: str = "pending"  # pending | reserved | ended
+    flavor: str = ANY
+    reserved_at: float = 0.0
+
+
+@dataclass(slots=True)
+class Pass:
+    """What one scheduling pass learned; quota only shrinks during a pass, so failures stay failures."""
+
+    now: float
+    failed: dict[tuple[str, tuple[str, ...]], int] = field(default_factory=dict)  # (queue, flavors) -> demand
+    held_below: dict[str, int] = field(default_factory=dict)  # queue -> priority that holds lower ones back
+    no_borrowing: bool = False
+    starving: QuotaJob | None = None
+    shadow: float = 0.0
 
 
 class QuotaDecider:
@@ -52,29 +94,58 @@ class QuotaDecider:
         self.chain = Chain()
         self.policy = PolicyBook()
         self.jobs: dict[str, QuotaJob] = {}
-        self.pending: dict[str, list[PendingKey]] = {}
-        self.used: dict[str, int] = {}
+        # queue -> priority -> user -> [(arrival, job id)] sorted
+        self.pending: dict[str, dict[int, dict[str, list[tuple[int, str]]]]] = {}
+        self.demands: dict[str, dict[int, int]] = {}  # queue -> pending demand -> count (smallest demand fast)
+        self.reserved: dict[str, dict[str, None]] = {}  # queue -> jobs holding quota
+        self.queue_used: dict[str, int] = {}
+        self.user_used: dict[tuple[str, str], int] = {}
+        self.decayed: dict[str, DecayedUsage] = {}
+        self.spent: dict[str, tuple[float, float]] = {}  # queue -> (period start, GPU-seconds closed in it)
         self.deferred: dict[str, str] = {}
-        self.behind: dict[str, dict[str, None]] = {}  # queue -> jobs told they wait behind a higher priority
         self._arrivals = 0
         self._specs: dict[str, JobSubmitted] = {}
 
     def input_types(self) -> Iterable[type[EventBase]]:
-        return (QueuePolicyChanged, PriorityClassesChanged, JobSubmitted, JobAdmitted, JobCancelled,
-                JobFinished, JobFailed, JobEvicted)
+        return (QueuePolicyChanged, PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, JobAdmitted,
+                JobCancelled, JobFinished, JobFailed, JobEvicted, ClockTick)
+
+    @property
+    def book(self) -> QuotaBook:
+        return self.policy.quotas
 
     # --- state -----------------------------------------------------------------------------------
 
-    def _enqueue(self, job_id: str) -> None:
-        job = self.jobs[job_id]
+    def _enqueue(self, job: QuotaJob) -> None:
         job.state = "pending"
-        bisect.insort(self.pending.setdefault(job.queue, []), job.key)
+        users = self.pending.setdefault(job.queue, {}).setdefault(job.priority, {})
+        bisect.insort(users.setdefault(job.user, []), (job.arrival, job.job_id))
+        demands = self.demands.setdefault(job.queue, {})
+        demands[job.demand] = demands.get(job.demand, 0) + 1
 
     def _dequeue(self, job: QuotaJob) -> None:
-        keys = self.pending.get(job.queue, [])
-        i = bisect.bisect_left(keys, job.key)
-        if i < len(keys) and keys[i] == job.key:
-            keys.pop(i)
+        levels = self.pending[job.queue]
+        users = levels[job.priority]
+        keys = users[job.user]
+        keys.pop(bisect.bisect_left(keys, (job.arrival, job.job_id)))
+        if not keys:
+            del users[job.user]
+            if not users:
+                del levels[job.priority]
+        demands = self.demands[job.queue]
+        demands[job.demand] -= 1
+        if not demands[job.demand]:
+            del demands[job.demand]
+
+    def _use(self, job: QuotaJob, sign: int, now: float) -> None:
+        """Usage of the job's queue, user and flavor changes by its demand."""
+        half_life = self.policy.settings.fair_share_half_life_s
+        self.decayed.setdefault(job.queue, DecayedUsage(since=now)).advance(self.queue_used.get(job.queue, 0),
+                                                                            now, half_life)
+        self.queue_used[job.queue] = self.queue_used.get(job.queue, 0) + sign * job.demand
+        key = (job.queue, job.user)
+        self.user_used[key] = self.user_used.get(key, 0) + sign * job.demand
+        self.book.add(job.queue, job.flavor, sign * job.demand)
 
     def evolve(self, event: EventBase) -> None:
         if self.policy.apply(event):
@@ -87,27 +158,27 @@ class QuotaDecider:
                 if sub is None or event.job_id in self.jobs:
                     return
                 self._arrivals += 1
-                key = (-self.policy.priority_of(sub.spec), self._arrivals, event.job_id)
-                self.jobs[event.job_id] = QuotaJob(queue=sub.spec.queue, key=key, demand=demand_milli(sub.spec))
-                self._enqueue(event.job_id)
+                spec = sub.spec
+                job = QuotaJob(job_id=event.job_id, queue=spec.queue, user=spec.user or spec.team,
+                               priority=self.policy.priority_of(spec), arrival=self._arrivals, since=event.ts,
+                               demand=demand_milli(spec), spec=spec)
+                self.jobs[event.job_id] = job
+                self._enqueue(job)
             case QuotaReserved():
                 job = self.jobs[event.job_id]
                 self._dequeue(job)
-                job.state = "reserved"
-                self.used[job.queue] = self.used.get(job.queue, 0) + job.demand
+                job.state, job.flavor, job.reserved_at = "reserved", event.flavor or ANY, event.ts
+                self.reserved.setdefault(job.queue, {})[job.job_id] = None
+                self._use(job, +1, event.ts)
                 self.deferred.pop(event.job_id, None)
-                self.behind.get(job.queue, {}).pop(event.job_id, None)
             case QuotaReleased():
                 job = self.jobs[event.job_id]
+                self._close_spending(job, event.ts)
+                self.reserved[job.queue].pop(job.job_id, None)
+                self._use(job, -1, event.ts)
                 job.state = "released"
-                self.used[job.queue] -= job.demand
             case QuotaDeferred():
                 self.deferred[event.job_id] = event.code
-                behind = self.behind.setdefault(event.queue, {})
-                if event.code == BEHIND_HIGHER_PRIORITY:
-                    behind[event.job_id] = None
-                else:
-                    behind.pop(event.job_id, None)
             case JobCancelled() | JobFinished() | JobFailed():
                 self._end(event.job_id)
 
@@ -119,25 +190,58 @@ class QuotaDecider:
             self._dequeue(job)
             job.state = "ended"
         self.deferred.pop(job_id, None)
-        self.behind.get(job.queue, {}).pop(job_id, None)
+        if job.state == "ended":
+            del self.jobs[job_id]
+
+    # --- budgets ---------------------------------------------------------------------------------
+
+    def _close_spending(self, job: QuotaJob, now: float) -> None:
+        spec = self.policy.queues.get(job.queue)
+        if spec is None or spec.budget_gpu_hours is None:
+            return
+        start, closed = self._period(job.queue, now)
+        self.spent[job.queue] = (start, closed + job.demand / 1000 * max(0.0, now - max(job.reserved_at, start)))
+
+    def _period(self, queue: str, now: float) -> tuple[float, float]:
+        spec = self.policy.queues[queue]
+        start = period_start(now, spec.budget_period)
+        held = self.spent.get(queue)
+        return (start, held[1]) if held is not None and held[0] == start else (start, 0.0)
+
+    def budget_left_s(self, queue: str, now: float) -> float | None:
+        """GPU-seconds left in the queue's budget period, counting running reservations up to now."""
+        spec = self.policy.queues.get(queue)
+        if spec is None or spec.budget_gpu_hours is None:
+            return None
+        start, closed = self._period(queue, now)
+        running = sum(self.jobs[j].demand / 1000 * max(0.0, now - max(self.jobs[j].reserved_at, start))
+                      for j in self.reserved.get(queue, {}))
+        return spec.budget_gpu_hours * 3600 - closed - running
 
     # --- decisions -------------------------------------------------------------------------------
 
     def react(self, trigger: Trigger) -> list[EventBase]:
         out = Decisions(SERVICE, trigger, self.evolve, self.chain)
         event = trigger.event
+        now = event.ts
         match event:
             case JobAdmitted():
                 job = self.jobs.get(event.job_id)
                 if job is not None and job.state == "pending":
-                    self._admit_one(event.job_id, job, out)
+                    self._schedule(self._group(job.queue), now, out)
+                    if job.state == "pending" and job.job_id not in self.deferred:
+                        self._tell_new(job, now, out)
             case JobFinished() | JobFailed() | JobCancelled() | JobEvicted():
                 self._release(event, out)
-            case QueuePolicyChanged():
-                self._serve_queue(event.queue.name, out)
-            case PriorityClassesChanged():
-                for queue in sorted(self.pending):
-                    self._serve_queue(queue, out)
+            case QueuePolicyChanged() | PriorityClassesChanged() | SchedulingSettingsChanged():
+                for group in self._groups():
+                    self._schedule(group, now, out)
+            case ClockTick():
+                # Time alone can change a verdict: a new budget period opens.
+                waiting = {self.jobs[j].queue for j, code in self.deferred.items() if code == BUDGET_SPENT}
+                for group in self._groups():
+                    if waiting.intersection(group):
+                        self._schedule(group, now, out)
         return out.out
 
     def _release(self, event: JobFinished | JobFailed | JobCancelled | JobEvicted, out: Decisions) -> None:
@@ -148,70 +252,263 @@ class QuotaDecider:
         out.emit(QuotaReleased, correlation_id=event.job_id, job_id=event.job_id, queue=job.queue,
                  gpu_milli=job.demand, reason=reason)
         if isinstance(event, JobEvicted):
-            # An evicted job goes back to its queue with its original arrival; a cancelled one ends.
-            self._enqueue(event.job_id)
+            # An evicted job goes back to its queue with its original arrival (its place in line); its wait
+            # toward starvation starts again.
+            job.since = event.ts
+            self._enqueue(job)
         else:
             job.state = "ended"
-        self._serve_queue(job.queue, out)
+            del self.jobs[job.job_id]
+        self._schedule(self._group(job.queue), event.ts, out)
 
-    def free_milli(self, queue: str) -> int | None:
-        quota = self.policy.quota_milli(queue)
-        return None if quota is None else quota - self.used.get(queue, 0)
+    def _group(self, queue: str) -> list[str]:
+        cohort = self.book.cohort.get(queue, "")
+        return self.book.members[cohort] if cohort else [queue]
 
-    def _try_reserve(self, job_id: str, job: QuotaJob, out: Decisions) -> bool:
-        free = self.free_milli(job.queue)
-        if free is None or job.demand <= free:
-            out.emit(QuotaReserved, correlation_id=job_id, job_id=job_id, queue=job.queue, gpu_milli=job.demand)
+    def _groups(self) -> list[list[str]]:
+        seen: dict[str, list[str]] = {}
+        for queue in sorted(self.pending):
+            cohort = self.book.cohort.get(queue, "")
+            seen.setdefault(cohort or f"queue:{queue}", self._group(queue))
+        return [seen[k] for k in sorted(seen)]
+
+    # --- the fair order ----------------------------------------------------------------------------
+
+    def fair_share(self, queue: str, now: float) -> float:
+        """Weighted (decayed) usage relative to nominal quota: 1.0 is exactly the queue's share."""
+        spec = self.policy.queues.get(queue)
+        half_life = self.policy.settings.fair_share_half_life_s
+        used = self._subtree_used(queue, now, half_life)
+        nominal = max(self.book.nominal_of(queue), 1)
+        return used / nominal / (spec.weight if spec is not None else 1.0)
+
+    def _subtree_used(self, queue: str, now: float, half_life: float) -> float:
+        current = self.queue_used.get(queue, 0)
+        decayed = self.decayed.get(queue)
+        own = (current + decayed.value(current, now, half_life)) / 2 if decayed is not None else current / 2
+        return own + sum(self._subtree_used(c, now, half_life) for c in self.book.children.get(queue, ()))
+
+    def _fair_key(self, queue: str, now: float) -> tuple[float, ...]:
+        path = [queue]
+        while (parent := self.policy.queues[path[-1]].parent if path[-1] in self.policy.queues else ""):
+            path.append(parent)
+        return tuple(self.fair_share(q, now) for q in reversed(path))
+
+    def _ordered(self, queue: str) -> Iterator[QuotaJob]:
+        """The queue's pending jobs in order: priority, then the user holding least, then arrival. Robust to
+        the job just yielded leaving the queue (being reserved) before the next is asked for."""
+        levels = self.pending.get(queue, {})
+        for priority in sorted(levels, reverse=True):
+            users = levels.get(priority, {})
+            if len(users) == 1:
+                keys = next(iter(users.values()))
+                i = 0
+                while i < len(keys):
+                    job_id = keys[i][1]
+                    yield self.jobs[job_id]
+                    if i < len(keys) and keys[i][1] == job_id:
+                        i += 1
+                continue
+            lists = {u: keys for u, keys in users.items()}
+            index = dict.fromkeys(lists, 0)
+            heap = [(self.user_used.get((queue, u), 0), keys[0][0], u) for u, keys in lists.items() if keys]
+            heapq.heapify(heap)
+            while heap:
+                used, _, user = heapq.heappop(heap)
+                keys, i = lists[user], index[user]
+                if i >= len(keys):
+                    continue
+                job = self.jobs[keys[i][1]]
+                yield job
+                if i < len(keys) and keys[i][1] == job.job_id:
+                    i += 1
+                index[user] = i
+                if i < len(keys):
+                    heapq.heappush(heap, (used + job.demand, keys[i][0], user))
+
+    # --- the pass ------------------------------------------------------------------------------------
+
+    def _schedule(self, group: list[str], now: float, out: Decisions) -> None:
+        p = Pass(now=now)
+        self._find_starving(group, p)
+        orders = {q: self._ordered(q) for q in group if self.pending.get(q)}
+        heads: dict[str, QuotaJob] = {}
+        while orders:
+            for q in list(orders):
+                if q not in heads:
+                    head = self._next_head(q, orders[q], p, out)
+                    if head is None:
+                        del orders[q]
+                    else:
+                        heads[q] = head
+            if not heads:
+                break
+            best = min(heads.values(), key=lambda j: (not self._within_nominal(j), self._fair_key(j.queue, now),
+                                                      -j.priority, j.arrival, j.job_id))
+            del heads[best.queue]
+            self._try_reserve(best, p, out)
+
+    def _next_head(self, queue: str, order: Iterator[QuotaJob], p: Pass, out: Decisions) -> QuotaJob | None:
+        """The next job of the queue worth trying; jobs that cannot fit are told why (once) on the way."""
+        for job in order:
+            held = p.held_below.get(queue)
+            if held is not None and job.priority < held:
+                if self.deferred.get(job.job_id) == BEHIND_HIGHER_PRIORITY:
+                    return None  # everything after it is of lower priority still, and was told so
+                self._defer(job, BEHIND_HIGHER_PRIORITY,
+                            f"a job of higher priority waits for queue {queue}'s quota first", 0, out)
+                continue
+            flavors = tuple(self.book.flavors_for(queue, job.spec))
+            failed = p.failed.get((queue, flavors))
+            if failed is not None and job.demand >= failed:
+                code, message, shortfall = self._quota_reason(job)
+                if self.deferred.get(job.job_id) == code and failed <= min(self.demands.get(queue, {0: 0})):
+                    return None  # nothing left in the queue is smaller; all of it was told already
+                self._defer(job, code, message, shortfall, out)
+                continue
+            return job
+        return None
+
+    def _within_nominal(self, job: QuotaJob) -> bool:
+        if not self.book.governed(job.queue):
             return True
-        self._defer(job_id, job, QUEUE_QUOTA_EXHAUSTED,
-                    f"queue {job.queue} has {free / 1000:g} of its quota free, the job needs "
-                    f"{job.demand / 1000:g} GPUs", job.demand - free, out)
-        return False
+        return any(self.book.nominal_room(job.queue, f) >= job.demand for f in self.book.flavors_for(job.queue,
+                                                                                                  job.spec))
 
-    def _defer(self, job_id: str, job: QuotaJob, code: str, message: str, shortfall: int, out: Decisions) -> None:
-        if self.deferred.get(job_id) != code:
-            out.emit(QuotaDeferred, correlation_id=job_id, job_id=job_id, queue=job.queue, code=code,
+    def _try_reserve(self, job: QuotaJob, p: Pass, out: Decisions) -> None:
+        queue = self.policy.queues.get(job.queue)
+        limit = queue.user_max_gpus if queue is not None else None
+        if limit is not None and self.user_used.get((job.queue, job.user), 0) + job.demand > limit * 1000:
+            self._defer(job, USER_LIMIT, f"user {job.user} already holds "
+                        f"{self.user_used.get((job.queue, job.user), 0) / 1000:g} GPUs in queue {job.queue} "
+                        f"(limit {limit})", 0, out)
+            return
+        over_budget = False
+        left = self.budget_left_s(job.queue, p.now)
+        if left is not None and left <= 0:
+            assert queue is not None
+            if queue.over_budget == "wait":
+                self._defer(job, BUDGET_SPENT, f"queue {job.queue} spent its {queue.budget_gpu_hours:g} GPU-hour "
+                            f"{queue.budget_period}ly budget; it waits for the next period", 0, out)
+                return
+            over_budget = True
+        starving = p.starving
+        if (starving is not None and starving is not job and job.priority <= starving.priority
+                and not (job.spec.duration_s is not None and p.now + job.spec.duration_s <= p.shadow)):
+            self._defer(job, HELD_FOR_STARVING_JOB, f"quota is held for job {starving.job_id}, waiting since "
+                        f"{starving.since:.0f}; only jobs ending before it can start may go first", 0, out)
+            return
+        within = self._within_nominal(job)
+        for flavor in self.book.flavors_for(job.queue, job.spec) if self.book.governed(job.queue) else [ANY]:
+            room = self.book.room(job.queue, flavor)
+            nominal_left = self._nominal_left(job.queue, flavor)
+            if over_budget:
+                room -= nominal_left  # over budget: only what others lend, never its own nominal
+            elif p.no_borrowing and job.demand > nominal_left:
+                continue  # a queue under nominal waits for lent quota: no borrower grows meanwhile
+            if job.demand <= room:
+                borrowed = max(0, job.demand - nominal_left)
+                out.emit(QuotaReserved, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue,
+                         gpu_milli=job.demand, flavor=flavor_name(flavor), borrowed_milli=borrowed,
+                         over_budget=over_budget)
+                return
+        code, message, shortfall = self._quota_reason(job)
+        if p.no_borrowing and code == COHORT_QUOTA_EXHAUSTED:
+            message = "a queue under its nominal quota waits for quota lent out first; no queue borrows more meanwhile"
+        key = (job.queue, tuple(self.book.flavors_for(job.queue, job.spec)))
+        p.failed[key] = min(p.failed.get(key, UNLIMITED), job.demand)
+        p.held_below[job.queue] = max(p.held_below.get(job.queue, job.priority), job.priority)
+        if within and code == QUOTA_LENT_OUT:
+            p.no_borrowing = True
+        self._defer(job, code, message, shortfall, out)
+
+    def _nominal_left(self, queue: str, flavor: str) -> int:
+        if not self.book.governed(queue):
+            return UNLIMITED
+        lim = self.book.limits[queue].get(flavor)
+        return 0 if lim is None else max(0, lim.nominal - self.book.usage(queue, flavor))
+
+    def _quota_reason(self, job: QuotaJob) -> tuple[str, str, int]:
+        """Why the job's queue cannot take it now (by its first flavor), with the shortfall."""
+        flavors = self.book.flavors_for(job.queue, job.spec) or [ANY]
+        flavor = flavors[0]
+        lim = self.book.limits.get(job.queue, {}).get(flavor, _NO_LIMITS)
+        used = self.book.usage(job.queue, flavor)
+        room = self.book.room(job.queue, flavor)
+        shortfall = max(0, job.demand - room)
+        where = f"queue {job.queue}" + (f" ({flavor})" if flavor != ANY else "")
+        ceiling = self.book.ceiling(job.queue, flavor)
+        if used + job.demand > ceiling:
+            return (QUEUE_QUOTA_EXHAUSTED, f"{where} holds {used / 1000:g} of at most {ceiling / 1000:g} GPUs "
+                    f"(nominal {lim.nominal / 1000:g}); the job needs {job.demand / 1000:g}", shortfall)
+        if used + job.demand <= lim.nominal:
+            return (QUOTA_LENT_OUT, f"{where} is under its nominal quota but {shortfall / 1000:g} GPUs of it are "
+                    f"lent to other queues of its cohort", shortfall)
+        return (COHORT_QUOTA_EXHAUSTED, f"{where} must borrow {shortfall / 1000:g} more GPUs and its cohort has "
+                "no idle quota to lend", shortfall)
+
+    def _tell_new(self, job: QuotaJob, now: float, out: Decisions) -> None:
+        levels = self.pending.get(job.queue, {})
+        if any(prio > job.priority for prio in levels):
+            self._defer(job, BEHIND_HIGHER_PRIORITY,
+                        f"a job of higher priority waits for queue {job.queue}'s quota first", 0, out)
+        else:
+            self._defer(job, *self._quota_reason(job), out)
+
+    def _defer(self, job: QuotaJob, code: str, message: str, shortfall: int, out: Decisions) -> None:
+        if self.deferred.get(job.job_id) != code:
+            out.emit(QuotaDeferred, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue, code=code,
                      message=message, shortfall_milli=shortfall)
 
-    def _admit_one(self, job_id: str, job: QuotaJob, out: Decisions) -> None:
-        """A newly admitted job may not overtake a waiting job of higher priority in its queue."""
-        keys = self.pending.get(job.queue, [])
-        head = keys[0] if keys else job.key
-        if head != job.key and head[0] < job.key[0]:
-            self._defer(job_id, job, BEHIND_HIGHER_PRIORITY,
-                        f"a job of higher priority waits for queue {job.queue}'s quota first", 0, out)
+    # --- starvation ----------------------------------------------------------------------------------
+
+    def _find_starving(self, group: list[str], p: Pass) -> None:
+        """The group's longest-waiting job, when it has waited past the limit for quota, and the earliest
+        time (from declared runtimes) its quota frees up: the shadow time backfill must end by."""
+        limit = self.policy.settings.starvation_after_s
+        if limit is None:
             return
-        self._try_reserve(job_id, job, out)
-
-    def _serve_queue(self, queue: str, out: Decisions) -> None:
-        """Pending jobs in fair order. A job that does not fit holds back every job of LOWER priority
-        (so quota freed for it, e.g. by preemption, is not taken by the jobs it displaced); jobs of its
-        own priority may still use what is left. An already deferred job emits nothing again."""
-        blocked_from: int | None = None  # the (negated) priority of the first job that did not fit
-        for key in list(self.pending.get(queue, [])):
-            if blocked_from is not None and key[0] > blocked_from:
-                break
-            free = self.free_milli(queue)
-            if free is not None and free <= 0 and self.deferred.get(key[2]) == QUEUE_QUOTA_EXHAUSTED:
-                break  # nothing fits any more; the jobs after it were told why already
-            if not self._try_reserve(key[2], self.jobs[key[2]], out) and blocked_from is None:
-                blocked_from = key[0]
-        self._unblock_behind(queue, out)
-
-    def _unblock_behind(self, queue: str, out: Decisions) -> None:
-        """Jobs told they wait behind a higher-priority job, whose blocker is gone now, learn the real
-        reason (the queue's quota) or get their quota."""
-        behind = [j for j in self.behind.get(queue, {}) if self.jobs[j].state == "pending"]
-        keys = self.pending.get(queue, [])
-        for job_id in behind:
-            job = self.jobs[job_id]
-            if keys and keys[0] != job.key and keys[0][0] < job.key[0]:
-                continue  # still behind someone of higher priority
-            self._try_reserve(job_id, job, out)
+        oldest: QuotaJob | None = None
+        for q in group:
+            for users in self.pending.get(q, {}).values():
+                for keys in users.values():
+                    job = self.jobs[keys[0][1]]
+                    if oldest is None or job.arrival < oldest.arrival:
+                        oldest = job
+        if oldest is None or p.now - oldest.since < limit:
+            return
+        if self.deferred.get(oldest.job_id) not in PREEMPTION_MAY_HELP | {HELD_FOR_STARVING_JOB, None}:
+            return  # it waits for something capacity cannot give (a user limit, a budget)
+        p.starving = oldest
+        ends = sorted((j.reserved_at + j.spec.duration_s, j.job_id) for q in group for j_id in self.reserved.get(q, {})
+                      if (j := self.jobs[j_id]).spec.duration_s is not None)
+        flavors = self.book.flavors_for(oldest.queue, oldest.spec) or [ANY]
+        released: list[QuotaJob] = []
+        p.shadow = UNLIMITED
+        try:
+            for end, job_id in ends:
+                job = self.jobs[job_id]
+                self.book.add(job.queue, job.flavor, -job.demand)
+                released.append(job)
+                if any(self.book.room(oldest.queue, f) >= oldest.demand for f in flavors):
+                    p.shadow = end
+                    break
+        finally:
+            for job in released:
+                self.book.add(job.queue, job.flavor, job.demand)
 
     def snapshot(self) -> bytes:
         return msgspec.json.encode({
-            "used": self.used,
-            "pending": self.pending,
-            "jobs": {k: (j.queue, j.state, j.demand) for k, j in self.jobs.items()},
+            "used": {q: u for q, u in sorted(self.queue_used.items()) if u},
+            "book": {f"{q}/{f}": u for (q, f), u in sorted(self.book.used.items()) if u},
+            "pending": {q: sorted(j for users in levels.values() for keys in users.values() for _, j in keys)
+                        for q, levels in sorted(self.pending.items()) if levels},
+            "jobs": {k: (j.queue, j.state, j.demand) for k, j in sorted(self.jobs.items())},
         })
+
+
+class _NoLimits:
+    nominal = 0
+
+
+_NO_LIMITS = _NoLimits()

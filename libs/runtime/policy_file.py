@@ -6,9 +6,18 @@ from pathlib import Path
 
 import msgspec
 
-from contracts import EventBase, PriorityClass, PriorityClassesChanged, QueuePolicyChanged, QueueSpec
+from contracts import (
+    EventBase,
+    PriorityClass,
+    PriorityClassesChanged,
+    QueuePolicyChanged,
+    QueueSpec,
+    SchedulingSettings,
+    SchedulingSettingsChanged,
+)
 from libs.core.decider import derived_id
 from libs.core.policy import DEFAULT_PRIORITY_CLASSES, PolicyBook
+from libs.core.quotas import check_tree
 
 OPERATOR = "operator"
 
@@ -16,6 +25,7 @@ OPERATOR = "operator"
 class PolicyFile(msgspec.Struct, forbid_unknown_fields=True):
     queues: list[QueueSpec] = []
     priority_classes: list[PriorityClass] = msgspec.field(default_factory=lambda: list(DEFAULT_PRIORITY_CLASSES))
+    settings: SchedulingSettings = msgspec.field(default_factory=SchedulingSettings)
 
 
 class PolicyFileError(ValueError):
@@ -24,11 +34,34 @@ class PolicyFileError(ValueError):
 
 def load_policy(path: Path) -> PolicyFile:
     try:
-        return msgspec.toml.decode(path.read_bytes(), type=PolicyFile)
+        policy = msgspec.toml.decode(path.read_bytes(), type=PolicyFile)
     except FileNotFoundError as err:
         raise PolicyFileError(f"policy file {path} not found") from err
     except (msgspec.ValidationError, msgspec.DecodeError) as err:
         raise PolicyFileError(f"policy file {path}: {err}") from err
+    queues: dict[str, QueueSpec] = {}
+    for q in tree_order(policy.queues):
+        if q.name in queues:
+            raise PolicyFileError(f"policy file {path}: queue {q.name!r} is defined twice")
+        problem = check_tree(queues, q)
+        if problem is not None:
+            raise PolicyFileError(f"policy file {path}: queue {q.name!r}: {problem}")
+        queues[q.name] = q
+    return policy
+
+
+def tree_order(queues: list[QueueSpec]) -> list[QueueSpec]:
+    """Parents before their children (then by name), so every queue's parent exists when it arrives."""
+    by_name = {q.name: q for q in queues}
+
+    def depth(q: QueueSpec) -> int:
+        seen, n = set(), 0
+        while q.parent in by_name and q.parent not in seen:
+            seen.add(q.parent)
+            q, n = by_name[q.parent], n + 1
+        return n
+
+    return sorted(queues, key=lambda q: (depth(q), q.name))
 
 
 def policy_changes(current: PolicyBook, wanted: PolicyFile, version: int, now: float) -> list[EventBase]:
@@ -39,7 +72,10 @@ def policy_changes(current: PolicyBook, wanted: PolicyFile, version: int, now: f
     if classes != have:
         out.append(PriorityClassesChanged(id=derived_id(OPERATOR, "classes", version), ts=now, source=OPERATOR,
                                           classes=classes, version=version))
-    for q in sorted(wanted.queues, key=lambda q: q.name):
+    if wanted.settings != current.settings:
+        out.append(SchedulingSettingsChanged(id=derived_id(OPERATOR, "settings", version), ts=now, source=OPERATOR,
+                                             settings=wanted.settings, version=version))
+    for q in tree_order(wanted.queues):
         if current.queues.get(q.name) != q:
             out.append(QueuePolicyChanged(id=derived_id(OPERATOR, "queue", q.name, version), ts=now,
                                           source=OPERATOR, correlation_id=q.name, queue=q, version=version))

@@ -16,7 +16,9 @@ NODES = (node("a", 8, "A100"), node("b", 4, "H100"))
 
 
 def book() -> PolicyBook:
-    return PolicyBook(queues={q.name: q for q in QUEUES})
+    policy = PolicyBook()
+    policy.set_queues(QUEUES)
+    return policy
 
 
 def inventory() -> Inventory:

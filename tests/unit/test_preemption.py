@@ -18,12 +18,12 @@ from contracts import (
     QuotaDeferred,
     Victim,
 )
-from libs.core.preemption import Running, choose_victims
+from libs.core.preemption import PreemptionDecider, Running, Simulation
 from tests.unit.builders import EventFeed, brief, job, kinds, node, of, pipeline, queue
 
 
 def running(job_id: str, demand: int) -> Running:
-    return Running(job_id=job_id, queue="q", priority=100, preemptible=True, demand=demand, placed_order=0,
+    return Running(job_id=job_id, queue="q", priority=100, preemptible=True, demand=demand, started=0.0,
                    placements=())
 
 
@@ -37,7 +37,8 @@ def running(job_id: str, demand: int) -> Running:
 ])
 def test_choose_victims_is_greedy_in_candidate_order_then_minimal(demands, need, chosen) -> None:
     cands = [running(j, d) for j, d in demands.items()]
-    victims = choose_victims(cands, lambda vs: sum(v.demand for v in vs) >= need)
+    sim = Simulation(PreemptionDecider(), job().spec, [])
+    victims = sim.choose(cands, lambda: sum(v.demand for v in sim.applied) >= need)
     assert [v.job_id for v in victims] == chosen
 
 

@@ -1,0 +1,248 @@
+"""Quota arithmetic of the queue tree: nominal quota, borrowing and lending per GPU model ("flavor") and
+cohort. One implementation serves the quota decider, the preemption simulation, admission's checks, the
+read models and the auditor's violation count, so they can never disagree about what a limit means.
+
+The cohort model (as Kueue's): each queue's nominal N splits into a guaranteed part G = N - L, never lent,
+and a lendable part L (the lending limit). The cohort's pool is the sum of L; every queue's usage above its
+own G draws on the pool. A queue may take d more when
+  - U + d <= N + B (its borrowing limit, when it has one), and
+  - the pool still covers everyone: sum over queues of max(0, U - G) <= sum of L.
+That is the same as "total borrowed <= total idle lendable quota", i.e. no queue lends beyond its limit.
+All amounts are in thousandths of a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from contracts import FlavorQuota, JobSpec, QueueSpec
+
+ANY = "*"
+UNLIMITED = 1 << 60
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    nominal: int
+    borrow: int | None  # None: as far as the cohort lends
+    lend: int  # the lendable part of nominal (<= nominal)
+
+    @property
+    def guaranteed(self) -> int:
+        return self.nominal - self.lend
+
+
+def flavor_quotas(spec: QueueSpec) -> tuple[FlavorQuota, ...]:
+    """A queue's flavors; the `nominal_gpus` shorthand is one "*" flavor."""
+    if spec.flavors:
+        return spec.flavors
+    if spec.nominal_gpus is None:
+        return ()
+    return (FlavorQuota(model=ANY, nominal_gpus=spec.nominal_gpus, borrowing_limit_gpus=spec.borrowing_limit_gpus,
+                        lending_limit_gpus=spec.lending_limit_gpus),)
+
+
+def _limits(f: FlavorQuota) -> Limits:
+    nominal = f.nominal_gpus * 1000
+    lend = nominal if f.lending_limit_gpus is None else min(nominal, f.lending_limit_gpus * 1000)
+    borrow = None if f.borrowing_limit_gpus is None else f.borrowing_limit_gpus * 1000
+    return Limits(nominal=nominal, borrow=borrow, lend=lend)
+
+
+def flavor_name(model: str) -> str:
+    """The flavor as events carry it: "" for any model."""
+    return "" if model == ANY else model
+
+
+def flavor_matches(flavor: str, spec: JobSpec) -> bool:
+    return flavor == ANY or not spec.gpu_models or flavor in spec.gpu_models
+
+
+def check_tree(queues: dict[str, QueueSpec], candidate: QueueSpec) -> str | None:
+    """Why `candidate` cannot join the tree (unknown parent, a cycle, bad limits), or None."""
+    if candidate.flavors and (candidate.nominal_gpus is not None or candidate.borrowing_limit_gpus is not None
+                              or candidate.lending_limit_gpus is not None):
+        return "set either flavors or nominal_gpus (with its limits), not both"
+    models = [f.model for f in candidate.flavors]
+    if len(set(models)) != len(models):
+        return "a flavor is listed twice"
+    for f in flavor_quotas(candidate):
+        for name, value in (("nominal_gpus", f.nominal_gpus), ("borrowing_limit_gpus", f.borrowing_limit_gpus),
+                            ("lending_limit_gpus", f.lending_limit_gpus)):
+            if value is not None and value < 0:
+                return f"{name} must be >= 0 (flavor {f.model})"
+    if candidate.weight <= 0:
+        return "weight must be > 0"
+    if candidate.budget_period not in ("day", "week", "month"):
+        return f"budget_period must be day, week or month, not {candidate.budget_period!r}"
+    if candidate.over_budget not in ("borrow", "wait"):
+        return f"over_budget must be borrow or wait, not {candidate.over_budget!r}"
+    if candidate.budget_gpu_hours is not None and candidate.budget_gpu_hours < 0:
+        return "budget_gpu_hours must be >= 0"
+    if candidate.user_max_gpus is not None and candidate.user_max_gpus < 0:
+        return "user_max_gpus must be >= 0"
+    if candidate.reclaim_after_s < 0:
+        return "reclaim_after_s must be >= 0"
+    parent = candidate.parent
+    seen = {candidate.name}
+    while parent:
+        if parent in seen:
+            return f"parent {candidate.parent!r} would make a cycle"
+        if parent not in queues:
+            return f"parent queue {parent!r} does not exist"
+        seen.add(parent)
+        parent = queues[parent].parent
+    return None
+
+
+@dataclass(slots=True)
+class QuotaBook:
+    """The queue tree's limits and usage per (queue, flavor); usage changes in O(1)."""
+
+    queues: dict[str, QueueSpec] = field(default_factory=dict)
+    limits: dict[str, dict[str, Limits]] = field(default_factory=dict)  # queue -> flavor -> limits (ordered)
+    cohort: dict[str, str] = field(default_factory=dict)  # queue -> cohort ("" none)
+    members: dict[str, list[str]] = field(default_factory=dict)  # cohort -> queues (sorted)
+    children: dict[str, list[str]] = field(default_factory=dict)
+    used: dict[tuple[str, str], int] = field(default_factory=dict)
+    pool: dict[tuple[str, str], int] = field(default_factory=dict)  # (cohort, flavor) -> sum of lendable
+    pool_used: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def set_queues(self, queues: Iterable[QueueSpec]) -> None:
+        self.queues = {q.name: q for q in queues}
+        self.limits = {name: {f.model: _limits(f) for f in flavor_quotas(q)} for name, q in self.queues.items()}
+        self.children = {}
+        for name in sorted(self.queues):
+            parent = self.queues[name].parent
+            if parent:
+                self.children.setdefault(parent, []).append(name)
+        self.cohort = {name: q.cohort or q.parent for name, q in self.queues.items()}
+        self.members = {}
+        for name in sorted(self.queues):
+            if self.cohort[name]:
+                self.members.setdefault(self.cohort[name], []).append(name)
+        self._recount()
+
+    def set_queue(self, spec: QueueSpec) -> None:
+        self.set_queues([*(q for n, q in self.queues.items() if n != spec.name), spec])
+
+    def _recount(self) -> None:
+        self.pool, self.pool_used = {}, {}
+        for name, flavors in self.limits.items():
+            cohort = self.cohort[name]
+            if not cohort:
+                continue
+            for flavor, lim in flavors.items():
+                key = (cohort, flavor)
+                self.pool[key] = self.pool.get(key, 0) + lim.lend
+                self.pool_used[key] = self.pool_used.get(key, 0) + max(0, self.used.get((name, flavor), 0)
+                                                                      - lim.guaranteed)
+
+    # --- questions -------------------------------------------------------------------------------
+
+    def is_leaf(self, queue: str) -> bool:
+        return queue in self.queues and queue not in self.children
+
+    def governed(self, queue: str) -> bool:
+        """Does the queue have quota at all? A queue without flavors is unlimited."""
+        return bool(self.limits.get(queue))
+
+    def flavors_for(self, queue: str, spec: JobSpec) -> list[str]:
+        """The queue's flavors the job may use, in the queue's preference order."""
+        return [f for f in self.limits.get(queue, {}) if flavor_matches(f, spec)]
+
+    def usage(self, queue: str, flavor: str) -> int:
+        return self.used.get((queue, flavor), 0)
+
+    def room(self, queue: str, flavor: str) -> int:
+        """How much more the queue may take of this flavor now (own limits and its cohort's pool)."""
+        lim = self.limits.get(queue, {}).get(flavor)
+        if lim is None:
+            return UNLIMITED if not self.governed(queue) else 0
+        used = self.usage(queue, flavor)
+        own = UNLIMITED if lim.borrow is None else lim.nominal + lim.borrow - used
+        cohort = self.cohort.get(queue, "")
+        if not cohort:
+            return max(0, min(own, lim.nominal - used))
+        key = (cohort, flavor)
+        shared = max(0, lim.guaranteed - used) + self.pool[key] - self.pool_used[key]
+        return max(0, min(own, shared))
+
+    def nominal_room(self, queue: str, flavor: str) -> int:
+        """What the queue may take without borrowing."""
+        lim = self.limits.get(queue, {}).get(flavor)
+        if lim is None:
+            return UNLIMITED if not self.governed(queue) else 0
+        return max(0, min(lim.nominal - self.usage(queue, flavor), self.room(queue, flavor)))
+
+    def ceiling(self, queue: str, flavor: str) -> int:
+        """The most the queue could ever hold of this flavor: nominal plus what it may borrow."""
+        lim = self.limits.get(queue, {}).get(flavor)
+        if lim is None:
+            return UNLIMITED if not self.governed(queue) else 0
+        cohort = self.cohort.get(queue, "")
+        if not cohort:
+            return lim.nominal
+        lendable = self.pool[(cohort, flavor)] - lim.lend
+        borrow = lendable if lim.borrow is None else min(lim.borrow, lendable)
+        return lim.nominal + borrow
+
+    def borrowed(self, queue: str, flavor: str) -> int:
+        lim = self.limits.get(queue, {}).get(flavor)
+        return 0 if lim is None else max(0, self.usage(queue, flavor) - lim.nominal)
+
+    def lent(self, queue: str, flavor: str) -> int:
+        """The share of this queue's idle lendable quota that borrowers of its cohort use now. Borrowing is
+        attributed to lenders in name order, so the figure is deterministic."""
+        cohort = self.cohort.get(queue, "")
+        if not cohort or flavor not in self.limits.get(queue, {}):
+            return 0
+        peers = [q for q in self.members[cohort] if flavor in self.limits[q]]
+        borrowed = sum(self.borrowed(q, flavor) for q in peers)
+        for q in peers:
+            lim = self.limits[q][flavor]
+            idle = min(lim.lend, max(0, lim.nominal - self.usage(q, flavor)))
+            take = min(idle, borrowed)
+            if q == queue:
+                return take
+            borrowed -= take
+        return 0
+
+    def nominal_of(self, queue: str) -> int:
+        """The queue's nominal quota over all flavors, summed over its subtree for a parent."""
+        own = sum(lim.nominal for lim in self.limits.get(queue, {}).values())
+        return own + sum(self.nominal_of(c) for c in self.children.get(queue, ()))
+
+    def violations(self, queue: str, flavor: str) -> list[str]:
+        """Limits broken right now by the queue's usage of this flavor or by its cohort's borrowing."""
+        lim = self.limits.get(queue, {}).get(flavor)
+        if lim is None:
+            return [] if not self.governed(queue) else [f"{queue} uses flavor {flavor or ANY} it has no quota of"]
+        out = []
+        used = self.usage(queue, flavor)
+        cap = lim.nominal + (lim.borrow if lim.borrow is not None else UNLIMITED)
+        if not self.cohort.get(queue):
+            cap = lim.nominal
+        if used > cap:
+            out.append(f"{queue} uses {used / 1000:g} {flavor} GPUs, above nominal + borrowing limit "
+                       f"{cap / 1000:g}")
+        cohort = self.cohort.get(queue, "")
+        if cohort and self.pool_used[(cohort, flavor)] > self.pool[(cohort, flavor)]:
+            out.append(f"cohort {cohort} borrows {self.pool_used[(cohort, flavor)] / 1000:g} {flavor} GPUs, "
+                       f"above what its queues lend ({self.pool[(cohort, flavor)] / 1000:g})")
+        return out
+
+    # --- changes ---------------------------------------------------------------------------------
+
+    def add(self, queue: str, flavor: str, milli: int) -> None:
+        """Usage of (queue, flavor) changes by `milli` (negative: released)."""
+        key = (queue, flavor)
+        before = self.used.get(key, 0)
+        after = before + milli
+        self.used[key] = after
+        lim = self.limits.get(queue, {}).get(flavor)
+        cohort = self.cohort.get(queue, "")
+        if lim is not None and cohort:
+            g = lim.guaranteed
+            self.pool_used[(cohort, flavor)] += max(0, after - g) - max(0, before - g)
