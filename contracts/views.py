@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from contracts.model import JobSpec, ReplicaPlacement
+from contracts.model import JobSpec, QueueSpec, ReplicaPlacement
 
 JOB_STATES = ("pending", "running", "succeeded", "failed", "cancelled", "rejected")
 
@@ -35,13 +35,36 @@ class JobView(msgspec.Struct, kw_only=True):
     seq: int = 0
 
 
+class FlavorUsage(msgspec.Struct, kw_only=True):
+    """A queue's quota and usage of one GPU model ("*": any model), in GPUs."""
+
+    flavor: str
+    nominal_gpus: float = 0.0
+    borrowing_limit_gpus: float | None = None
+    lending_limit_gpus: float | None = None
+    in_use_gpus: float = 0.0
+    borrowed_gpus: float = 0.0
+    lent_gpus: float = 0.0
+
+
 class QueueView(msgspec.Struct, kw_only=True):
     name: str
     team: str
+    # Total nominal quota (over flavors; a parent's sums its subtree); None: no limit.
     nominal_gpus: int | None = None
     reserved_gpus: float = 0.0
     pending: int = 0
     running: int = 0
+    parent: str = ""
+    cohort: str = ""
+    weight: float = 1.0
+    flavors: list[FlavorUsage] = []
+    # Weighted, decayed usage relative to nominal: 1.0 is exactly the queue's share.
+    fair_share: float = 0.0
+    budget_gpu_hours: float | None = None
+    budget_left_gpu_hours: float | None = None
+    # The queue's definition as the log last set it.
+    spec: QueueSpec | None = None
     seq: int = 0
 
 

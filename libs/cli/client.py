@@ -58,6 +58,12 @@ class Client:
     def queues(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/queues")
 
+    def queue(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/queues/{urllib.parse.quote(name)}")
+
+    def put_queue(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._call("PUT", f"/v1/queues/{urllib.parse.quote(name)}", spec)
+
     def nodes(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/nodes")
 

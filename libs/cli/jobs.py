@@ -94,15 +94,6 @@ def cmd_cancel(args: argparse.Namespace) -> None:
     _print_json(result) if args.json else console.print(f"{args.id}: {result['state']}")
 
 
-def cmd_queues(args: argparse.Namespace) -> None:
-    queues = Client().queues()
-    if args.json:
-        _print_json(queues)
-        return
-    _table("queues", ["queue", "team", "nominal GPUs", "reserved GPUs", "pending", "running"],
-           [[q["name"], q["team"], q["nominal_gpus"], q["reserved_gpus"], q["pending"], q["running"]] for q in queues])
-
-
 def cmd_nodes(args: argparse.Namespace) -> None:
     nodes = Client().nodes()
     if args.json:
@@ -149,6 +140,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p = sub.add_parser(name, help=text)
         p.add_argument("id")
         p.set_defaults(func=func)
-    for name, func, text in (("queues", cmd_queues, "list queues"), ("nodes", cmd_nodes, "list nodes"),
+    for name, func, text in (("nodes", cmd_nodes, "list nodes"),
                              ("usage", cmd_usage, "GPU-seconds per team")):
         sub.add_parser(name, help=text).set_defaults(func=func)

@@ -29,9 +29,10 @@ from contracts import (
     QuotaReserved,
     ReplicaPlacement,
 )
-from contracts.views import JobView, NodeView, QueueView, TeamUsage
+from contracts.views import FlavorUsage, JobView, NodeView, QueueView, TeamUsage
 from libs.core.cluster import FULL, Cluster
 from libs.core.policy import PolicyBook
+from libs.core.quota import QuotaDecider
 
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "rejected"})
 
@@ -49,7 +50,9 @@ def gpu_count(view: JobView) -> float:
 
 @dataclass(slots=True)
 class Ledger:
-    policy: PolicyBook = field(default_factory=PolicyBook)
+    # The quota decider's state, folded from the log (never asked to decide): usage, borrowing, lending,
+    # fair share and budgets exactly as quota sees them.
+    quota: QuotaDecider = field(default_factory=QuotaDecider)
     cluster: Cluster = field(default_factory=Cluster)
     jobs: dict[str, JobView] = field(default_factory=dict)
     queues: dict[str, QueueView] = field(default_factory=dict)
@@ -62,6 +65,11 @@ class Ledger:
     dirty_teams: dict[str, None] = field(default_factory=dict)
     waits: list[AdmissionWait] = field(default_factory=list)
     last_seq: int = 0
+    last_ts: float = 0.0
+
+    @property
+    def policy(self) -> PolicyBook:
+        return self.quota.policy
 
     # --- helpers -------------------------------------------------------------------------------
 
@@ -105,12 +113,17 @@ class Ledger:
 
     def apply(self, event: EventBase, seq: int) -> None:
         self.last_seq = max(self.last_seq, seq)
-        if self.policy.apply(event):
-            if isinstance(event, QueuePolicyChanged):
-                q = self._queue(event.queue.name)
-                q.team, q.nominal_gpus, q.seq = event.queue.team, event.queue.nominal_gpus, seq
-                self.dirty_queues[q.name] = None
+        self.last_ts = max(self.last_ts, event.ts)
+        if isinstance(event, QUOTA_FOLD):
+            self.quota.evolve(event)
+        if isinstance(event, QueuePolicyChanged):
+            q = self._queue(event.queue.name)
+            q.team, q.seq = event.queue.team, seq
+            self.dirty_queues.update(dict.fromkeys(self.quota.policy.queues))  # nominal sums and pools change
             return
+        if isinstance(event, QuotaReserved | QuotaReleased):
+            cohort = self.quota.book.cohort.get(event.queue, "")
+            self.dirty_queues.update(dict.fromkeys(self.quota.book.members.get(cohort, []) if cohort else []))
         if isinstance(event, NodeRegistered | NodeLost | GpuHealthChanged):
             self._apply_node(event, seq)
             return
@@ -225,3 +238,32 @@ class Ledger:
         sign = 1 if isinstance(event, QuotaReserved) else -1
         q.reserved_gpus += sign * event.gpu_milli / FULL
         self.dirty_queues[q.name] = None
+
+    def queue_view(self, name: str) -> QueueView:
+        """The queue's counters with its quota figures as of the last event folded."""
+        q = self._queue(name)
+        quota, book = self.quota, self.quota.book
+        spec = quota.policy.queues.get(name)
+        flavors = []
+        for flavor, lim in book.limits.get(name, {}).items():
+            flavors.append(FlavorUsage(
+                flavor=flavor, nominal_gpus=lim.nominal / FULL,
+                borrowing_limit_gpus=None if lim.borrow is None else lim.borrow / FULL,
+                lending_limit_gpus=None if lim.lend == lim.nominal else lim.lend / FULL,
+                in_use_gpus=book.usage(name, flavor) / FULL, borrowed_gpus=book.borrowed(name, flavor) / FULL,
+                lent_gpus=book.lent(name, flavor) / FULL))
+        governed = book.governed(name) or bool(book.children.get(name))
+        left = quota.budget_left_s(name, self.last_ts)
+        return QueueView(
+            name=name, team=q.team, nominal_gpus=book.nominal_of(name) // FULL if governed else None,
+            reserved_gpus=q.reserved_gpus, pending=q.pending, running=q.running,
+            parent=spec.parent if spec else "", cohort=book.cohort.get(name, ""),
+            weight=spec.weight if spec else 1.0, flavors=flavors,
+            fair_share=round(quota.fair_share(name, self.last_ts), 4) if spec else 0.0,
+            budget_gpu_hours=spec.budget_gpu_hours if spec else None,
+            budget_left_gpu_hours=None if left is None else round(left / 3600, 3), spec=spec, seq=q.seq)
+
+
+# What the quota mirror folds: quota's inputs and its own decisions.
+QUOTA_FOLD: tuple[type[EventBase], ...] = (*QuotaDecider().input_types(), QuotaReserved, QuotaReleased,
+                                           QuotaDeferred)

@@ -155,7 +155,7 @@ class PreemptionDecider:
                 s.waiting.pop(event.job_id, None)
                 self._placed += 1
                 spec = s.specs.get(event.job_id)
-                queue, flavor, _, over_budget = s.reserved.get(event.job_id, ("", ANY, 0, False))
+                _, flavor, _, over_budget = s.reserved.get(event.job_id, ("", ANY, 0, False))
                 if spec is None:
                     # Placed after it was cancelled: it holds GPUs until its executor reports it gone.
                     s.cancelled[event.job_id] = None

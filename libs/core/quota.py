@@ -70,7 +70,7 @@ class QuotaJob:
     since: float
     demand: int
     spec: JobSpec
-    state: str = "pending"  # pending | reserved | ended
+    state: str = "pending"  # pending | reserved (ended jobs are forgotten)
     flavor: str = ANY
     reserved_at: float = 0.0
 
@@ -176,7 +176,14 @@ class QuotaDecider:
                 self._close_spending(job, event.ts)
                 self.reserved[job.queue].pop(job.job_id, None)
                 self._use(job, -1, event.ts)
-                job.state = "released"
+                if event.reason == "evicted":
+                    # Back to its queue with its original arrival (its place in line); its wait toward
+                    # starvation starts again.
+                    job.since = event.ts
+                    self._enqueue(job)
+                else:
+                    job.state = "ended"
+                    del self.jobs[job.job_id]
             case QuotaDeferred():
                 self.deferred[event.job_id] = event.code
             case JobCancelled() | JobFinished() | JobFailed():
@@ -186,11 +193,9 @@ class QuotaDecider:
         job = self.jobs.get(job_id)
         if job is None:
             return
+        self.deferred.pop(job_id, None)
         if job.state == "pending":
             self._dequeue(job)
-            job.state = "ended"
-        self.deferred.pop(job_id, None)
-        if job.state == "ended":
             del self.jobs[job_id]
 
     # --- budgets ---------------------------------------------------------------------------------
@@ -251,14 +256,6 @@ class QuotaDecider:
         reason = type(event).__name__.removeprefix("Job").lower()
         out.emit(QuotaReleased, correlation_id=event.job_id, job_id=event.job_id, queue=job.queue,
                  gpu_milli=job.demand, reason=reason)
-        if isinstance(event, JobEvicted):
-            # An evicted job goes back to its queue with its original arrival (its place in line); its wait
-            # toward starvation starts again.
-            job.since = event.ts
-            self._enqueue(job)
-        else:
-            job.state = "ended"
-            del self.jobs[job.job_id]
         self._schedule(self._group(job.queue), event.ts, out)
 
     def _group(self, queue: str) -> list[str]:

@@ -9,6 +9,11 @@ ADMISSION_WAIT = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600))
 QUOTA_NOMINAL = Gauge("gpusched_queue_nominal_gpus", "Nominal GPU quota per queue", ["queue"])
 QUOTA_RESERVED = Gauge("gpusched_queue_reserved_gpus", "GPUs reserved per queue", ["queue"])
+BORROWED = Gauge("gpusched_queue_borrowed_gpus", "GPUs a queue holds above its nominal quota", ["queue", "flavor"])
+LENT = Gauge("gpusched_queue_lent_gpus", "GPUs of a queue's idle nominal quota used by its cohort", ["queue", "flavor"])
+FAIR_SHARE = Gauge("gpusched_queue_fair_share", "Weighted decayed usage relative to nominal (1 = exactly its share)",
+                   ["queue"])
+BUDGET_LEFT = Gauge("gpusched_queue_budget_left_gpu_hours", "GPU-hours left in the queue's budget period", ["queue"])
 TEAM_GPU_SECONDS = Gauge("gpusched_team_gpu_seconds", "GPU-seconds consumed per team", ["team"])
 GPUS = Gauge("gpusched_cluster_gpus", "GPUs in the cluster by state", ["state"])
 GPU_ALLOCATION = Gauge("gpusched_gpu_allocation_ratio", "Share of healthy GPU capacity allocated")

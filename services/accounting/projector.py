@@ -80,13 +80,19 @@ class Projector:
                 ops.append(["ZADD", store.index_key("state", view.state), score, job_id])
                 self.written_state[job_id] = view.state
         for name in led.dirty_queues:
-            q = led.queues[name]
+            q = led.queue_view(name)
             ops.append(["HSET", f"{store.p}:queues", name, enc.encode(q).decode()])
             metrics.PENDING.labels(name).set(q.pending)
             metrics.RUNNING.labels(name).set(q.running)
             metrics.QUOTA_RESERVED.labels(name).set(q.reserved_gpus)
             if q.nominal_gpus is not None:
                 metrics.QUOTA_NOMINAL.labels(name).set(q.nominal_gpus)
+            for f in q.flavors:
+                metrics.BORROWED.labels(name, f.flavor).set(f.borrowed_gpus)
+                metrics.LENT.labels(name, f.flavor).set(f.lent_gpus)
+            metrics.FAIR_SHARE.labels(name).set(q.fair_share)
+            if q.budget_left_gpu_hours is not None:
+                metrics.BUDGET_LEFT.labels(name).set(q.budget_left_gpu_hours)
         for name in led.dirty_nodes:
             ops.append(["HSET", f"{store.p}:nodes", name, enc.encode(led.node_view(name)).decode()])
         for team in led.dirty_teams:

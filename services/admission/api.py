@@ -39,7 +39,6 @@ class JobsApi:
         app.router.add_get("/v1/jobs/{job_id}", self.get_job)
         app.router.add_get("/v1/jobs/{job_id}/explain", self.explain)
         app.router.add_delete("/v1/jobs/{job_id}", self.cancel)
-        app.router.add_get("/v1/queues", self.queues)
         app.router.add_get("/v1/nodes", self.nodes)
         app.router.add_get("/v1/usage", self.usage)
         app.router.add_get("/openapi.json", self.openapi)
@@ -113,9 +112,6 @@ class JobsApi:
         await self.bus.publish([CancelJob(id=derived_id(API, "cancel", job_id), ts=time.time(), source=API,
                                           correlation_id=job_id, job_id=job_id)])
         return json_response(JobCreated(id=job_id, state="cancelling"), status=202)
-
-    async def queues(self, _: web.Request) -> web.Response:
-        return json_response(await self.store.queues())
 
     async def nodes(self, _: web.Request) -> web.Response:
         return json_response(await self.store.nodes())

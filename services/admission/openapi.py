@@ -6,10 +6,10 @@ from typing import Any
 
 import msgspec
 
-from contracts import JobSpec
+from contracts import JobSpec, QueueSpec
 from contracts.views import ApiError, Explanation, JobCreated, JobView, NodeView, QueueView, TeamUsage
 
-_MODELS = (JobSpec, JobView, QueueView, NodeView, TeamUsage, ApiError, JobCreated, Explanation)
+_MODELS = (JobSpec, QueueSpec, JobView, QueueView, NodeView, TeamUsage, ApiError, JobCreated, Explanation)
 
 
 def _ref(name: str) -> dict[str, Any]:
@@ -27,6 +27,7 @@ def _errors(*codes: int) -> dict[str, Any]:
 def openapi_document() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(_MODELS, ref_template="#/components/schemas/{name}")
     job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    queue_name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
     query: list[dict[str, Any]] = [{"name": n, "in": "query", "required": False, "schema": {"type": "string"}}
              for n in ("queue", "state", "team")]
     query += [{"name": n, "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0}}
@@ -59,8 +60,19 @@ def openapi_document() -> dict[str, Any]:
                         "parameters": [job_id],
                         "responses": {"200": _json(_ref("Explanation"), "the explanation"), **_errors(404)}},
             },
-            "/v1/queues": {"get": {"summary": "Queues and their use",
+            "/v1/queues": {"get": {"summary": "Queues: quota, borrowing, lending, fair share, budget",
                                    "responses": {"200": _json({"type": "array", "items": _ref("QueueView")}, "")}}},
+            "/v1/queues/{name}": {
+                "get": {"summary": "One queue", "parameters": [queue_name],
+                        "responses": {"200": _json(_ref("QueueView"), "the queue"), **_errors(404)}},
+                "put": {"summary": "Create or replace a queue (an audited event in the log)",
+                        "parameters": [queue_name],
+                        "requestBody": {"required": True,
+                                        "content": {"application/json": {"schema": _ref("QueueSpec")}}},
+                        "responses": {"201": _json(_ref("QueueSpec"), "created"),
+                                      "200": _json(_ref("QueueSpec"), "replaced (or unchanged)"),
+                                      **_errors(400, 422)}},
+            },
             "/v1/nodes": {"get": {"summary": "Nodes and their GPUs",
                                   "responses": {"200": _json({"type": "array", "items": _ref("NodeView")}, "")}}},
             "/v1/usage": {"get": {"summary": "GPU-seconds per team",

@@ -159,7 +159,7 @@ def test_queue_counts_follow_every_transition() -> None:
     assert counts(feed) == (1, 1)  # c was placed: cancelling until its eviction is reported
     feed.send(JobEvicted, job_id="c", reason="cancelled")
     assert counts(feed) == (0, 1)
-    q = ledger(feed).queues["ml-train"]
+    q = ledger(feed).queue_view("ml-train")
     assert (q.team, q.nominal_gpus, q.reserved_gpus) == ("ml", 8, 1.0)
 
 
