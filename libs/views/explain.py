@@ -9,9 +9,10 @@ from datetime import UTC, datetime
 from contracts.views import Explanation, JobView, NodeView, QueueView, Reason
 
 FULL = 1000
-QUOTA_CODES = {"queue_quota_exhausted", "behind_higher_priority"}
 FAMILY = {
-    "queue_quota_exhausted": "queue_quota", "behind_higher_priority": "priority",
+    "queue_quota_exhausted": "queue_quota", "cohort_quota_exhausted": "cohort_quota", "quota_lent_out": "reclaim",
+    "behind_higher_priority": "priority", "user_limit": "user_limit", "budget_spent": "budget",
+    "held_for_starving_job": "starvation_reservation",
     "insufficient_gpus": "capacity", "no_model_match": "capacity", "insufficient_cpu_memory": "capacity",
     "fragmentation": "fragmentation", "topology": "topology", "gang": "gang",
     "reserved_for_preemptor": "protected_for_preemptor",
@@ -66,8 +67,22 @@ def explain(job: JobView, queue: QueueView | None, queue_running: list[JobView],
     code = job.reason or ("waiting_for_placement" if job.phase == "reserved" else "waiting")
     family = FAMILY.get(code, code)
     out.reasons.append(Reason(code=family, message=job.message or _default_message(job)))
-    if family in ("queue_quota", "priority") and queue is not None:
+    if family in ("queue_quota", "priority", "cohort_quota", "reclaim") and queue is not None:
         _explain_quota(out, job, queue, queue_running, demand, now)
+        if family == "cohort_quota":
+            out.unblock.append(f"idle quota elsewhere in cohort {queue.cohort or '-'} (it borrows only what peers "
+                               "lend), or a higher borrowing limit")
+        elif family == "reclaim":
+            out.unblock.append("its queue's lent quota is being reclaimed from borrowers (after the queue's "
+                               "reclaim grace)")
+    elif family == "user_limit":
+        out.unblock.append("another job of the same user in this queue ends, or the queue's user_max_gpus rises")
+    elif family == "budget" and queue is not None:
+        out.unblock.append(f"queue {queue.name}'s GPU-hour budget renews next period, or it is raised "
+                           "(gpusched queue set --budget-gpu-hours)")
+    elif family == "starvation_reservation":
+        out.unblock.append("the job that has waited longest in the cohort starts; short jobs that end before "
+                           "it could start still go (declare duration_s)")
     elif family in ("capacity", "fragmentation", "gang", "topology", "protected_for_preemptor"):
         _explain_capacity(out, job, cluster_running, nodes, demand, now)
     elif job.phase in ("preempting", "evicted"):
