@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+
+from nats.aio.msg import Msg
 
 from libs.bus.jetstream import Bus, stream_seq
 
 
-async def read_log(bus: Bus, progress: Callable[[int, int], None] | None = None) -> list[tuple[int, bytes]]:
+async def _messages(bus: Bus, progress: Callable[[int, int], None] | None) -> AsyncIterator[Msg]:
+    """Every message of the log up to the sequence that was last when the read began."""
     last = await bus.last_seq()
-    out: list[tuple[int, bytes]] = []
     if last == 0:
-        return out
+        return
     reader = await bus.reader(bus.log_subjects())
     try:
         seq = 0
@@ -21,9 +23,19 @@ async def read_log(bus: Bus, progress: Callable[[int, int], None] | None = None)
                 break
             for m in msgs:
                 seq = stream_seq(m)
-                out.append((seq, m.data))
+                yield m
             if progress is not None:
                 progress(seq, last)
     finally:
         await reader.close()
-    return out
+
+
+async def read_log(bus: Bus, progress: Callable[[int, int], None] | None = None) -> list[tuple[int, bytes]]:
+    return [(stream_seq(m), m.data) async for m in _messages(bus, progress)]
+
+
+async def read_log_timed(bus: Bus, progress: Callable[[int, int], None] | None = None
+                         ) -> list[tuple[int, float, bytes]]:
+    """(seq, stored_at, bytes): `stored_at` is when the server stored the message (Unix seconds). Benchmarks
+    need it because an event's own `ts` is the time of its trigger, not the time it was decided."""
+    return [(stream_seq(m), m.metadata.timestamp.timestamp(), m.data) async for m in _messages(bus, progress)]

@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-from libs.cli import audit, jobs, sim, up
+from libs.cli import audit, bench, jobs, queues, sim, up
 from libs.cli.client import ApiError
 from libs.runtime.settings import SERVICES
 from libs.runtime.supervisor import MODULES
@@ -24,8 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", choices=SERVICES)
     p.set_defaults(func=cmd_service)
     jobs.add_commands(sub)
+    queues.add_commands(sub)
     audit.add_command(sub)
     sim.add_command(sub)
+    bench.add_command(sub)
     for action in sub.choices.values():
         if not any(a.dest == "json" for a in action._actions):
             action.add_argument("--json", action="store_true", help="machine-readable output")

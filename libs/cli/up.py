@@ -54,10 +54,13 @@ def audit_key_file(data: Path) -> Path:
 
 
 def start_platform(data: Path, cluster: Path, policy: Path, api_port: int,
-                   extra_env: dict[str, str] | None = None) -> tuple[Supervisor, list[EmbeddedServer], dict[str, str]]:
+                   extra_env: dict[str, str] | None = None,
+                   own_servers: bool = False) -> tuple[Supervisor, list[EmbeddedServer], dict[str, str]]:
+    """The six services; on NATS_URL / REDIS_URL when set, else (or with `own_servers`, e.g. a benchmark
+    that must start from an empty log) on servers of their own under `data`."""
     servers: list[EmbeddedServer] = []
-    nats_url = os.environ.get("NATS_URL")
-    redis_url = os.environ.get("REDIS_URL")
+    nats_url = None if own_servers else os.environ.get("NATS_URL")
+    redis_url = None if own_servers else os.environ.get("REDIS_URL")
     if not nats_url:
         servers.append(start_nats(data / "nats"))
         nats_url = servers[-1].url

@@ -1,0 +1,1 @@
+"""Benchmarks that run published scenarios through the platform."""

@@ -1,0 +1,103 @@
+"""`gpusched bench kueue-baseline`: Kueue's scheduler performance scenario through the real platform."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from libs.runtime.settings import REPO_ROOT
+
+console = Console(stderr=True)
+# Read in place from the shared data next to the repository; never copied into it.
+DEFAULT_GENERATOR = REPO_ROOT.parent / "shared" / "data" / "kueue-baseline" / "generator.yaml"
+
+
+def cmd_kueue_baseline(args: argparse.Namespace) -> None:
+    from libs.bench.kueue_run import BenchOptions, run_bench
+
+    opts = BenchOptions(generator=Path(args.generator), scale=args.scale, timeout_s=args.timeout,
+                        data=Path(args.data) if args.data else None, gpus_per_node=args.gpus_per_node)
+    if not opts.generator.exists():
+        raise FileNotFoundError(f"generator {opts.generator} not found (--generator PATH)")
+    signal.signal(signal.SIGTERM, _interrupt)  # stop the platform and its servers on SIGTERM too
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        starting = progress.add_task("starting NATS, Redis and the six services", total=None)
+        tasks = {name: progress.add_task(name, total=None, visible=False)
+                 for name in ("submitted", "quota reserved", "finished")}
+
+        def show(submitted: int, reserved: int, final: int, total: int) -> None:
+            progress.update(starting, visible=False)
+            for task, done in zip(tasks.values(), (submitted, reserved, final), strict=True):
+                progress.update(task, completed=done, total=total, visible=True)
+
+        try:
+            result = run_bench(opts, progress=show)
+        except KeyboardInterrupt:
+            console.print("interrupted: the platform and its servers are stopped")
+            sys.exit(130)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        console.print(comparison_table(result))
+    if result["timed_out"]:
+        sys.exit(1)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _fmt(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.1f}{unit}" if isinstance(value, float) else f"{value:,}{unit}"
+
+
+def comparison_table(result: dict[str, Any]) -> Table:
+    kueue: dict[str, Any] = result.get("kueue", {})
+    kueue_tta: dict[str, float] = kueue.get("time_to_admission_s", {})
+    table = Table(title=f"Kueue baseline scenario (scale {result['scale']:g}, {result['gpus_per_node']}-GPU nodes)")
+    for column in ("", "gpusched", "Kueue (published)"):
+        table.add_column(column, justify="right" if column else "left")
+    table.add_row("wall time", _fmt(result["wall_time_s"], " s"), _fmt(kueue.get("wall_time_s"), " s"))
+    for cls in sorted(set(result["time_to_admission_s"]) | set(kueue_tta)):
+        p50 = result["time_to_admission_p50_s"].get(cls)
+        p90 = result["time_to_admission_p90_s"].get(cls)
+        ours = _fmt(result["time_to_admission_s"].get(cls), " s")
+        if p50 is not None:
+            ours = f"{ours} mean (p50 {p50:.1f}, p90 {p90:.1f})"
+        table.add_row(f"time to admission, {cls}", ours, _fmt(kueue_tta.get(cls), " s"))
+    table.add_row("least-used queue's usage", _fmt(result["min_queue_usage_pct"], " %"),
+                  _fmt(kueue.get("min_queue_usage_pct"), " %"))
+    table.add_row("jobs completed / submitted", f"{result['jobs_completed']:,} / {result['jobs_submitted']:,}", "")
+    for label, key in (("evictions", "evictions"), ("preemptions", "preemptions"),
+                       ("quota violations", "quota_violations"), ("events in the log", "events")):
+        table.add_row(label, _fmt(result[key]), "")
+    table.add_row("submission lag, max", _fmt(result["submit_lag_max_s"], " s"), "")
+    if result["timed_out"]:
+        table.add_row("[red]timed out[/red]", "not every job reached a final state", "")
+    return table
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="published scheduler benchmarks through the real platform")
+    bsub = bench.add_subparsers(dest="bench_command", required=True)
+    p = bsub.add_parser("kueue-baseline", help="Kueue's scheduler performance baseline (15,000 workloads)")
+    p.add_argument("--generator", default=str(DEFAULT_GENERATOR), help="Kueue generator.yaml")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply every workloadsSet's count (at least 1)")
+    p.add_argument("--data", help="keep NATS, Redis, service logs and the generated policy here (default: a "
+                                  "temporary folder, removed afterwards)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for every job to be final")
+    p.add_argument("--gpus-per-node", type=int, default=8,
+                   help="GPUs of each simulated node; a request larger than a node becomes a gang")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_kueue_baseline)
