@@ -116,11 +116,12 @@ def load_scenario(path: Path, scale: float = 1.0) -> list[QueueDef]:
 
 
 def gang_shape(request: int, gpus_per_node: int = GPUS_PER_NODE) -> tuple[int, int]:
-    """(replicas, GPUs per replica): a request that fits a node is one replica; a larger one is a gang of
-    the largest divisor that fits a node (20 on 8-GPU nodes: 4 x 5), so the GPU count stays exact."""
+    """(replicas, GPUs per replica): a request that fits a node is one replica; a larger one is a gang whose
+    replicas tile nodes exactly, as a distributed job's pods are sized in practice: the largest size that
+    divides both the request and the node (20 on 8-GPU nodes: 5 x 4, two replicas per node)."""
     if request <= gpus_per_node:
         return 1, request
-    per_replica = max(d for d in range(1, gpus_per_node + 1) if request % d == 0)
+    per_replica = max(d for d in range(1, gpus_per_node + 1) if request % d == 0 and gpus_per_node % d == 0)
     return request // per_replica, per_replica
 
 

@@ -58,6 +58,7 @@ BUDGET_SPENT = "budget_spent"
 HELD_FOR_STARVING_JOB = "held_for_starving_job"
 # Deferrals that evicting other jobs can cure: the preemption service acts on these.
 PREEMPTION_MAY_HELP = frozenset({QUEUE_QUOTA_EXHAUSTED, COHORT_QUOTA_EXHAUSTED, QUOTA_LENT_OUT})
+WAITING_FOR_QUOTA = PREEMPTION_MAY_HELP | {BEHIND_HIGHER_PRIORITY}
 
 
 @dataclass(slots=True)
@@ -73,6 +74,9 @@ class QuotaJob:
     state: str = "pending"  # pending | reserved (ended jobs are forgotten)
     flavor: str = ANY
     reserved_at: float = 0.0
+    # The queue's flavors this job may use, as of policy version `flavors_version`.
+    flavors: tuple[str, ...] = ()
+    flavors_version: int = -1
 
 
 @dataclass(slots=True)
@@ -85,6 +89,13 @@ class Pass:
     no_borrowing: bool = False
     starving: QuotaJob | None = None
     shadow: float = 0.0
+    # Cached between reservations (a reservation changes usage, so it clears them).
+    keys: dict[str, tuple[object, ...]] = field(default_factory=dict)  # job id -> its order key
+    within: dict[tuple[str, int, tuple[str, ...]], bool] = field(default_factory=dict)
+
+    def reserved(self) -> None:
+        self.keys.clear()
+        self.within.clear()
 
 
 class QuotaDecider:
@@ -96,7 +107,8 @@ class QuotaDecider:
         self.jobs: dict[str, QuotaJob] = {}
         # queue -> priority -> user -> [(arrival, job id)] sorted
         self.pending: dict[str, dict[int, dict[str, list[tuple[int, str]]]]] = {}
-        self.demands: dict[str, dict[int, int]] = {}  # queue -> pending demand -> count (smallest demand fast)
+        # (queue, priority) -> pending demand -> count: the smallest demand of a level, fast
+        self.demands: dict[tuple[str, int], dict[int, int]] = {}
         self.reserved: dict[str, dict[str, None]] = {}  # queue -> jobs holding quota
         self.queue_used: dict[str, int] = {}
         self.user_used: dict[tuple[str, str], int] = {}
@@ -105,6 +117,7 @@ class QuotaDecider:
         self.deferred: dict[str, str] = {}
         self._arrivals = 0
         self._specs: dict[str, JobSubmitted] = {}
+        self.policy_version = 0  # bumps on every policy event: cached per-job answers go stale
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (QueuePolicyChanged, PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, JobAdmitted,
@@ -120,7 +133,7 @@ class QuotaDecider:
         job.state = "pending"
         users = self.pending.setdefault(job.queue, {}).setdefault(job.priority, {})
         bisect.insort(users.setdefault(job.user, []), (job.arrival, job.job_id))
-        demands = self.demands.setdefault(job.queue, {})
+        demands = self.demands.setdefault((job.queue, job.priority), {})
         demands[job.demand] = demands.get(job.demand, 0) + 1
 
     def _dequeue(self, job: QuotaJob) -> None:
@@ -132,10 +145,12 @@ class QuotaDecider:
             del users[job.user]
             if not users:
                 del levels[job.priority]
-        demands = self.demands[job.queue]
+        demands = self.demands[(job.queue, job.priority)]
         demands[job.demand] -= 1
         if not demands[job.demand]:
             del demands[job.demand]
+            if not demands:
+                del self.demands[(job.queue, job.priority)]
 
     def _use(self, job: QuotaJob, sign: int, now: float) -> None:
         """Usage of the job's queue, user and flavor changes by its demand."""
@@ -149,6 +164,7 @@ class QuotaDecider:
 
     def evolve(self, event: EventBase) -> None:
         if self.policy.apply(event):
+            self.policy_version += 1
             return
         match event:
             case JobSubmitted():
@@ -291,37 +307,8 @@ class QuotaDecider:
             path.append(parent)
         return tuple(self.fair_share(q, now) for q in reversed(path))
 
-    def _ordered(self, queue: str) -> Iterator[QuotaJob]:
-        """The queue's pending jobs in order: priority, then the user holding least, then arrival. Robust to
-        the job just yielded leaving the queue (being reserved) before the next is asked for."""
-        levels = self.pending.get(queue, {})
-        for priority in sorted(levels, reverse=True):
-            users = levels.get(priority, {})
-            if len(users) == 1:
-                keys = next(iter(users.values()))
-                i = 0
-                while i < len(keys):
-                    job_id = keys[i][1]
-                    yield self.jobs[job_id]
-                    if i < len(keys) and keys[i][1] == job_id:
-                        i += 1
-                continue
-            lists = {u: keys for u, keys in users.items()}
-            index = dict.fromkeys(lists, 0)
-            heap = [(self.user_used.get((queue, u), 0), keys[0][0], u) for u, keys in lists.items() if keys]
-            heapq.heapify(heap)
-            while heap:
-                used, _, user = heapq.heappop(heap)
-                keys, i = lists[user], index[user]
-                if i >= len(keys):
-                    continue
-                job = self.jobs[keys[i][1]]
-                yield job
-                if i < len(keys) and keys[i][1] == job.job_id:
-                    i += 1
-                index[user] = i
-                if i < len(keys):
-                    heapq.heappush(heap, (used + job.demand, keys[i][0], user))
+    def _ordered(self, queue: str) -> Order:
+        return Order(self, queue)
 
     # --- the pass ------------------------------------------------------------------------------------
 
@@ -340,46 +327,67 @@ class QuotaDecider:
                         heads[q] = head
             if not heads:
                 break
-            best = min(heads.values(), key=lambda j: (not self._within_nominal(j), self._fair_key(j.queue, now),
-                                                      -j.priority, j.arrival, j.job_id))
+            best = min(heads.values(), key=lambda j: self._order_key(j, p))
             del heads[best.queue]
-            self._try_reserve(best, p, out)
+            if self._try_reserve(best, p, out):
+                p.reserved()
 
-    def _next_head(self, queue: str, order: Iterator[QuotaJob], p: Pass, out: Decisions) -> QuotaJob | None:
+    def _order_key(self, job: QuotaJob, p: Pass) -> tuple[object, ...]:
+        key = p.keys.get(job.job_id)
+        if key is None:
+            key = p.keys[job.job_id] = (not self._within_nominal(job, p), self._fair_key(job.queue, p.now),
+                                        -job.priority, job.arrival, job.job_id)
+        return key
+
+    def _next_head(self, queue: str, order: Order, p: Pass, out: Decisions) -> QuotaJob | None:
         """The next job of the queue worth trying; jobs that cannot fit are told why (once) on the way."""
         for job in order:
+            told = self.deferred.get(job.job_id)
             held = p.held_below.get(queue)
             if held is not None and job.priority < held:
-                if self.deferred.get(job.job_id) == BEHIND_HIGHER_PRIORITY:
-                    return None  # everything after it is of lower priority still, and was told so
+                if told in WAITING_FOR_QUOTA:
+                    return None  # everything after it is of lower priority still, and was told it waits
                 self._defer(job, BEHIND_HIGHER_PRIORITY,
                             f"a job of higher priority waits for queue {queue}'s quota first", 0, out)
                 continue
-            flavors = tuple(self.book.flavors_for(queue, job.spec))
+            flavors = self._flavors(job)
             failed = p.failed.get((queue, flavors))
             if failed is not None and job.demand >= failed:
-                code, message, shortfall = self._quota_reason(job)
-                if self.deferred.get(job.job_id) == code and failed <= min(self.demands.get(queue, {0: 0})):
-                    return None  # nothing left in the queue is smaller; all of it was told already
-                self._defer(job, code, message, shortfall, out)
+                if told in PREEMPTION_MAY_HELP:
+                    if failed <= min(self.demands[(queue, job.priority)]):
+                        order.skip_level()  # nothing of this level is smaller; all of it was told already
+                    continue
+                self._defer(job, *self._quota_reason(job), out)
                 continue
             return job
         return None
 
-    def _within_nominal(self, job: QuotaJob) -> bool:
+    def _flavors(self, job: QuotaJob) -> tuple[str, ...]:
+        if job.flavors_version != self.policy_version:
+            job.flavors = tuple(self.book.flavors_for(job.queue, job.spec))
+            job.flavors_version = self.policy_version
+        return job.flavors
+
+    def _within_nominal(self, job: QuotaJob, p: Pass | None = None) -> bool:
         if not self.book.governed(job.queue):
             return True
-        return any(self.book.nominal_room(job.queue, f) >= job.demand for f in self.book.flavors_for(job.queue,
-                                                                                                  job.spec))
+        flavors = self._flavors(job)
+        key = (job.queue, job.demand, flavors)
+        if p is not None and key in p.within:
+            return p.within[key]
+        within = any(self.book.nominal_room(job.queue, f) >= job.demand for f in flavors)
+        if p is not None:
+            p.within[key] = within
+        return within
 
-    def _try_reserve(self, job: QuotaJob, p: Pass, out: Decisions) -> None:
+    def _try_reserve(self, job: QuotaJob, p: Pass, out: Decisions) -> bool:
         queue = self.policy.queues.get(job.queue)
         limit = queue.user_max_gpus if queue is not None else None
         if limit is not None and self.user_used.get((job.queue, job.user), 0) + job.demand > limit * 1000:
             self._defer(job, USER_LIMIT, f"user {job.user} already holds "
                         f"{self.user_used.get((job.queue, job.user), 0) / 1000:g} GPUs in queue {job.queue} "
                         f"(limit {limit})", 0, out)
-            return
+            return False
         over_budget = False
         left = self.budget_left_s(job.queue, p.now)
         if left is not None and left <= 0:
@@ -387,16 +395,16 @@ class QuotaDecider:
             if queue.over_budget == "wait":
                 self._defer(job, BUDGET_SPENT, f"queue {job.queue} spent its {queue.budget_gpu_hours:g} GPU-hour "
                             f"{queue.budget_period}ly budget; it waits for the next period", 0, out)
-                return
+                return False
             over_budget = True
         starving = p.starving
         if (starving is not None and starving is not job and job.priority <= starving.priority
                 and not (job.spec.duration_s is not None and p.now + job.spec.duration_s <= p.shadow)):
             self._defer(job, HELD_FOR_STARVING_JOB, f"quota is held for job {starving.job_id}, waiting since "
                         f"{starving.since:.0f}; only jobs ending before it can start may go first", 0, out)
-            return
-        within = self._within_nominal(job)
-        for flavor in self.book.flavors_for(job.queue, job.spec) if self.book.governed(job.queue) else [ANY]:
+            return False
+        within = self._within_nominal(job, p)
+        for flavor in self._flavors(job) if self.book.governed(job.queue) else (ANY,):
             room = self.book.room(job.queue, flavor)
             nominal_left = self._nominal_left(job.queue, flavor)
             if over_budget:
@@ -408,16 +416,17 @@ class QuotaDecider:
                 out.emit(QuotaReserved, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue,
                          gpu_milli=job.demand, flavor=flavor_name(flavor), borrowed_milli=borrowed,
                          over_budget=over_budget)
-                return
+                return True
         code, message, shortfall = self._quota_reason(job)
         if p.no_borrowing and code == COHORT_QUOTA_EXHAUSTED:
             message = "a queue under its nominal quota waits for quota lent out first; no queue borrows more meanwhile"
-        key = (job.queue, tuple(self.book.flavors_for(job.queue, job.spec)))
+        key = (job.queue, self._flavors(job))
         p.failed[key] = min(p.failed.get(key, UNLIMITED), job.demand)
         p.held_below[job.queue] = max(p.held_below.get(job.queue, job.priority), job.priority)
         if within and code == QUOTA_LENT_OUT:
             p.no_borrowing = True
         self._defer(job, code, message, shortfall, out)
+        return False
 
     def _nominal_left(self, queue: str, flavor: str) -> int:
         if not self.book.governed(queue):
@@ -453,7 +462,11 @@ class QuotaDecider:
             self._defer(job, *self._quota_reason(job), out)
 
     def _defer(self, job: QuotaJob, code: str, message: str, shortfall: int, out: Decisions) -> None:
-        if self.deferred.get(job.job_id) != code:
+        """Tell the job why it waits, unless it was told so already. The quota codes count as one reason
+        here: which limit binds shifts with every reservation, and re-telling each waiting job every time
+        would flood the log without changing what anyone does about it."""
+        told = self.deferred.get(job.job_id)
+        if told != code and not (told in PREEMPTION_MAY_HELP and code in PREEMPTION_MAY_HELP):
             out.emit(QuotaDeferred, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue, code=code,
                      message=message, shortfall_milli=shortfall)
 
@@ -509,3 +522,59 @@ class _NoLimits:
 
 
 _NO_LIMITS = _NoLimits()
+
+
+class Order:
+    """A queue's pending jobs in order: priority, then the user holding least, then arrival. Robust to the
+    job just yielded leaving the queue (being reserved) before the next is asked for; `skip_level` jumps
+    to the next (lower) priority."""
+
+    def __init__(self, decider: QuotaDecider, queue: str) -> None:
+        self.d = decider
+        self.queue = queue
+        self.levels = sorted(decider.pending.get(queue, {}), reverse=True)
+        self.level = -1
+        self.jobs: Iterator[QuotaJob] = iter(())
+
+    def __iter__(self) -> Order:
+        return self
+
+    def skip_level(self) -> None:
+        self.jobs = iter(())
+
+    def __next__(self) -> QuotaJob:
+        while True:
+            job = next(self.jobs, None)
+            if job is not None:
+                return job
+            self.level += 1
+            if self.level >= len(self.levels):
+                raise StopIteration
+            users = self.d.pending.get(self.queue, {}).get(self.levels[self.level], {})
+            self.jobs = self._one_user(next(iter(users.values()))) if len(users) == 1 else self._users(users)
+
+    def _one_user(self, keys: list[tuple[int, str]]) -> Iterator[QuotaJob]:
+        i = 0
+        while i < len(keys):
+            job_id = keys[i][1]
+            yield self.d.jobs[job_id]
+            if i < len(keys) and keys[i][1] == job_id:
+                i += 1
+
+    def _users(self, users: dict[str, list[tuple[int, str]]]) -> Iterator[QuotaJob]:
+        """Round robin by GPUs held: the user holding least goes next, counting what this pass gives."""
+        index = dict.fromkeys(users, 0)
+        heap = [(self.d.user_used.get((self.queue, u), 0), keys[0][0], u) for u, keys in users.items() if keys]
+        heapq.heapify(heap)
+        while heap:
+            used, _, user = heapq.heappop(heap)
+            keys, i = users[user], index[user]
+            if i >= len(keys):
+                continue
+            job = self.d.jobs[keys[i][1]]
+            yield job
+            if i < len(keys) and keys[i][1] == job.job_id:
+                i += 1
+            index[user] = i
+            if i < len(keys):
+                heapq.heappush(heap, (used + job.demand, keys[i][0], user))

@@ -69,15 +69,15 @@ def test_scale_multiplies_every_count_but_keeps_at_least_one() -> None:
     assert per_queue == {"small": 2, "huge": 2, "medium": 1}
 
 
-@pytest.mark.parametrize(("request_gpus", "shape"), [(1, (1, 1)), (5, (1, 5)), (8, (1, 8)), (20, (4, 5)),
-                                                     (16, (2, 8)), (12, (2, 6)), (11, (11, 1))])
+@pytest.mark.parametrize(("request_gpus", "shape"), [(1, (1, 1)), (5, (1, 5)), (8, (1, 8)), (20, (5, 4)),
+                                                     (16, (2, 8)), (12, (3, 4)), (11, (11, 1))])
 def test_gang_shape_keeps_the_gpu_count_and_fits_a_node(request_gpus: int, shape: tuple[int, int]) -> None:
     assert gang_shape(request_gpus, 8) == shape
 
 
 def test_a_request_larger_than_a_node_becomes_a_gang() -> None:
     huge = next(j for j in plan_jobs(parse_scenario(TINY)) if j.workload_class == "huge")
-    assert (huge.spec.replicas, huge.spec.gpus) == (2, 6)
+    assert (huge.spec.replicas, huge.spec.gpus) == (3, 4)
 
 
 def test_policy_and_cluster_files_load(tmp_path: Path) -> None:

@@ -68,13 +68,12 @@ def test_freed_quota_goes_to_pending_jobs_by_priority_then_arrival() -> None:
     feed = quota()
     feed.admit("a", job().gpus(4))
     assert brief(feed.admit("b1", job().gpus(2).priority("batch"))) == [("QuotaDeferred", "b1")]
-    # u outranks b1: b1 is told it now waits behind a job of higher priority.
-    assert brief(feed.admit("u", job().gpus(4).priority("urgent"))) == [("QuotaDeferred", "u"),
-                                                                          ("QuotaDeferred", "b1")]
+    # b1 already knows it waits for quota: a job outranking it changes nothing it needs to hear.
+    assert brief(feed.admit("u", job().gpus(4).priority("urgent"))) == [("QuotaDeferred", "u")]
     assert brief(feed.admit("b2", job().gpus(2).priority("batch"))) == [("QuotaDeferred", "b2")]
-    # Both batch jobs were held behind u; now they wait for quota (a new reason, so a new deferral).
+    # b2 was held behind u; now it waits for quota like b1 (a new reason, so a new deferral).
     assert brief(feed.send(JobFinished, job_id="a")) == [
-        ("QuotaReleased", "a"), ("QuotaReserved", "u"), ("QuotaDeferred", "b1"), ("QuotaDeferred", "b2")]
+        ("QuotaReleased", "a"), ("QuotaReserved", "u"), ("QuotaDeferred", "b2")]
     assert brief(feed.send(JobFinished, job_id="u")) == [
         ("QuotaReleased", "u"), ("QuotaReserved", "b1"), ("QuotaReserved", "b2")]
 
@@ -160,7 +159,7 @@ def test_raising_a_queues_quota_serves_its_pending_jobs_in_order() -> None:
     feed.admit("a", job().gpus(4))
     feed.admit("b", job().gpus(2).priority("batch"))
     feed.admit("u", job().gpus(2).priority("urgent"))
-    assert brief(feed.queues(queue("ml-train", "ml", 6))) == [("QuotaReserved", "u"), ("QuotaDeferred", "b")]
+    assert brief(feed.queues(queue("ml-train", "ml", 6))) == [("QuotaReserved", "u")]
     assert brief(feed.queues(queue("ml-train", "ml", None))) == [("QuotaReserved", "b")]
 
 
