@@ -12,20 +12,20 @@ from libs.core.quotas import ANY, QuotaBook
 def quota_violations(events: Iterable[EventBase]) -> list[str]:
     """One line per reservation that left its queue or its cohort above a limit."""
     book = QuotaBook()
-    held: dict[str, tuple[str, str, int]] = {}  # job id -> (queue, flavor key, milli) of its reservation
+    held: dict[str, tuple[str, str, int, bool]] = {}  # job id -> (queue, flavor, milli, over budget)
     out: list[str] = []
     for e in events:
         if isinstance(e, QueuePolicyChanged):
             book.set_queue(e.queue)
         elif isinstance(e, QuotaReserved):
             key = e.flavor or ANY
-            book.add(e.queue, key, e.gpu_milli)
-            held[e.job_id] = (e.queue, key, e.gpu_milli)
+            book.add(e.queue, key, e.gpu_milli, e.over_budget)
+            held[e.job_id] = (e.queue, key, e.gpu_milli, e.over_budget)
             broken = book.violations(e.queue, key)
             if broken:
                 out.append(f"{e.job_id} ({e.id}): {'; '.join(broken)}")
         elif isinstance(e, QuotaReleased) and e.job_id in held:
             # The amount reserved, not the event's own figure: a release undoes exactly its reservation.
-            queue, key, milli = held.pop(e.job_id)
-            book.add(queue, key, -milli)
+            queue, key, milli, over = held.pop(e.job_id)
+            book.add(queue, key, -milli, over)
     return out

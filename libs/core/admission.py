@@ -112,6 +112,9 @@ def validate(spec: JobSpec, policy: PolicyBook, inventory: Inventory) -> Rejecti
     if demand_milli(spec) > total * 1000:
         return Rejection("exceeds_cluster_capacity",
                          f"the gang needs {demand_milli(spec) / 1000:g} GPUs; the cluster has {total}")
+    if queue.user_max_gpus is not None and demand_milli(spec) > queue.user_max_gpus * 1000:
+        return Rejection("exceeds_user_limit", f"the job needs {demand_milli(spec) / 1000:g} GPUs; a user of queue "
+                         f"{spec.queue!r} may hold at most {queue.user_max_gpus}")
     book = policy.quotas
     if book.governed(spec.queue):
         flavors = book.flavors_for(spec.queue, spec)

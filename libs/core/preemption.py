@@ -83,6 +83,7 @@ class Running:
 class Waiting:
     code: str  # the quota deferral's code, or "placement"
     since: float
+    grace_checked: bool = False  # considered once its queue's reclaim grace was over?
 
 
 @dataclass(slots=True)
@@ -136,7 +137,7 @@ class PreemptionDecider:
             case QuotaReserved():
                 flavor = event.flavor or ANY
                 s.reserved[event.job_id] = (event.queue, flavor, event.gpu_milli, event.over_budget)
-                self.book.add(event.queue, flavor, event.gpu_milli)
+                self.book.add(event.queue, flavor, event.gpu_milli, event.over_budget)
                 s.waiting.pop(event.job_id, None)
             case QuotaDeferred():
                 if event.code in PREEMPTION_MAY_HELP:
@@ -150,7 +151,7 @@ class PreemptionDecider:
             case QuotaReleased():
                 held_quota = s.reserved.pop(event.job_id, None)
                 if held_quota is not None:
-                    self.book.add(held_quota[0], held_quota[1], -held_quota[2])
+                    self.book.add(held_quota[0], held_quota[1], -held_quota[2], held_quota[3])
             case JobPlaced():
                 s.waiting.pop(event.job_id, None)
                 self._placed += 1
@@ -216,14 +217,16 @@ class PreemptionDecider:
         return out.out
 
     def _grace_ends(self, now: float) -> bool:
-        """Does some waiting job's reclaim grace run out by this tick (so reclaim may start now)?"""
+        """Has some waiting job's reclaim grace run out since it was last considered (so reclaim may start)?
+        Each job counts once: it is considered on this tick, and marked."""
+        due = False
         for job_id, w in self.s.waiting.items():
             spec = self.s.specs.get(job_id)
             queue = self.policy.queues.get(spec.queue) if spec is not None else None
-            if queue is not None and queue.reclaim_after_s > 0 and w.code != PLACEMENT \
-                    and w.since + queue.reclaim_after_s <= now < w.since + queue.reclaim_after_s + 60:
-                return True
-        return False
+            if (queue is not None and queue.reclaim_after_s > 0 and w.code != PLACEMENT and not w.grace_checked
+                    and w.since + queue.reclaim_after_s <= now):
+                w.grace_checked = due = True
+        return due
 
     def _heads_of_queues(self) -> list[str]:
         # The first waiting job per queue: (-priority, id) is a total order, so iterating the dict in any
@@ -343,7 +346,7 @@ class Simulation:
                 self.d.cluster.allocate(v.placements)
 
     def _apply(self, v: Running, sign: int, at: int | None = None) -> None:
-        self.d.book.add(v.queue, v.flavor, -sign * v.demand)
+        self.d.book.add(v.queue, v.flavor, -sign * v.demand, v.over_budget)
         if sign < 0:
             self.applied.remove(v)
         else:

@@ -56,6 +56,7 @@ BEHIND_HIGHER_PRIORITY = "behind_higher_priority"
 USER_LIMIT = "user_limit"
 BUDGET_SPENT = "budget_spent"
 HELD_FOR_STARVING_JOB = "held_for_starving_job"
+OVER_BUDGET_WAITS = "over_budget_waits_for_idle_quota"
 # Deferrals that evicting other jobs can cure: the preemption service acts on these.
 PREEMPTION_MAY_HELP = frozenset({QUEUE_QUOTA_EXHAUSTED, COHORT_QUOTA_EXHAUSTED, QUOTA_LENT_OUT})
 WAITING_FOR_QUOTA = PREEMPTION_MAY_HELP | {BEHIND_HIGHER_PRIORITY}
@@ -74,6 +75,7 @@ class QuotaJob:
     state: str = "pending"  # pending | reserved (ended jobs are forgotten)
     flavor: str = ANY
     reserved_at: float = 0.0
+    over_budget: bool = False
     # The queue's flavors this job may use, as of policy version `flavors_version`.
     flavors: tuple[str, ...] = ()
     flavors_version: int = -1
@@ -92,10 +94,12 @@ class Pass:
     # Cached between reservations (a reservation changes usage, so it clears them).
     keys: dict[str, tuple[object, ...]] = field(default_factory=dict)  # job id -> its order key
     within: dict[tuple[str, int, tuple[str, ...]], bool] = field(default_factory=dict)
+    over_budget: dict[str, bool] = field(default_factory=dict)
 
     def reserved(self) -> None:
         self.keys.clear()
         self.within.clear()
+        self.over_budget.clear()
 
 
 class QuotaDecider:
@@ -118,6 +122,7 @@ class QuotaDecider:
         self._arrivals = 0
         self._specs: dict[str, JobSubmitted] = {}
         self.policy_version = 0  # bumps on every policy event: cached per-job answers go stale
+        self._left_waiting: str | None = None
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (QueuePolicyChanged, PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, JobAdmitted,
@@ -160,9 +165,10 @@ class QuotaDecider:
         self.queue_used[job.queue] = self.queue_used.get(job.queue, 0) + sign * job.demand
         key = (job.queue, job.user)
         self.user_used[key] = self.user_used.get(key, 0) + sign * job.demand
-        self.book.add(job.queue, job.flavor, sign * job.demand)
+        self.book.add(job.queue, job.flavor, sign * job.demand, job.over_budget)
 
     def evolve(self, event: EventBase) -> None:
+        self._left_waiting = None  # the queue of a waiting job this event ended, for react
         if self.policy.apply(event):
             self.policy_version += 1
             return
@@ -184,6 +190,7 @@ class QuotaDecider:
                 job = self.jobs[event.job_id]
                 self._dequeue(job)
                 job.state, job.flavor, job.reserved_at = "reserved", event.flavor or ANY, event.ts
+                job.over_budget = event.over_budget
                 self.reserved.setdefault(job.queue, {})[job.job_id] = None
                 self._use(job, +1, event.ts)
                 self.deferred.pop(event.job_id, None)
@@ -213,6 +220,7 @@ class QuotaDecider:
         if job.state == "pending":
             self._dequeue(job)
             del self.jobs[job_id]
+            self._left_waiting = job.queue
 
     # --- budgets ---------------------------------------------------------------------------------
 
@@ -245,6 +253,7 @@ class QuotaDecider:
         out = Decisions(SERVICE, trigger, self.evolve, self.chain)
         event = trigger.event
         now = event.ts
+        left_waiting = self._left_waiting  # read first: folding our own decisions resets it
         match event:
             case JobAdmitted():
                 job = self.jobs.get(event.job_id)
@@ -254,6 +263,9 @@ class QuotaDecider:
                         self._tell_new(job, now, out)
             case JobFinished() | JobFailed() | JobCancelled() | JobEvicted():
                 self._release(event, out)
+                if left_waiting is not None:
+                    # A waiting job left: jobs it held back may go now.
+                    self._schedule(self._group(left_waiting), now, out)
             case QueuePolicyChanged() | PriorityClassesChanged() | SchedulingSettingsChanged():
                 for group in self._groups():
                     self._schedule(group, now, out)
@@ -273,6 +285,8 @@ class QuotaDecider:
         out.emit(QuotaReleased, correlation_id=event.job_id, job_id=event.job_id, queue=job.queue,
                  gpu_milli=job.demand, reason=reason)
         self._schedule(self._group(job.queue), event.ts, out)
+        if job.state == "pending" and job.job_id not in self.deferred:
+            self._tell_new(job, event.ts, out)  # evicted back into its queue, and not reached by the pass
 
     def _group(self, queue: str) -> list[str]:
         cohort = self.book.cohort.get(queue, "")
@@ -335,7 +349,7 @@ class QuotaDecider:
     def _order_key(self, job: QuotaJob, p: Pass) -> tuple[object, ...]:
         key = p.keys.get(job.job_id)
         if key is None:
-            key = p.keys[job.job_id] = (not self._within_nominal(job, p), self._fair_key(job.queue, p.now),
+            key = p.keys[job.job_id] = (not self._entitled(job, p), self._fair_key(job.queue, p.now),
                                         -job.priority, job.arrival, job.job_id)
         return key
 
@@ -368,17 +382,17 @@ class QuotaDecider:
             job.flavors_version = self.policy_version
         return job.flavors
 
-    def _within_nominal(self, job: QuotaJob, p: Pass | None = None) -> bool:
+    def _entitled(self, job: QuotaJob, p: Pass) -> bool:
+        """Would the job fit within its queue's own nominal quota (lent out or not)? A queue over budget is
+        never entitled: it only borrows."""
         if not self.book.governed(job.queue):
             return True
         flavors = self._flavors(job)
         key = (job.queue, job.demand, flavors)
-        if p is not None and key in p.within:
-            return p.within[key]
-        within = any(self.book.nominal_room(job.queue, f) >= job.demand for f in flavors)
-        if p is not None:
-            p.within[key] = within
-        return within
+        if key not in p.within:
+            p.within[key] = not self._over_budget(job.queue, p) and any(
+                self._nominal_left(job.queue, f) >= job.demand for f in flavors)
+        return p.within[key]
 
     def _try_reserve(self, job: QuotaJob, p: Pass, out: Decisions) -> bool:
         queue = self.policy.queues.get(job.queue)
@@ -388,51 +402,60 @@ class QuotaDecider:
                         f"{self.user_used.get((job.queue, job.user), 0) / 1000:g} GPUs in queue {job.queue} "
                         f"(limit {limit})", 0, out)
             return False
-        over_budget = False
-        left = self.budget_left_s(job.queue, p.now)
-        if left is not None and left <= 0:
-            assert queue is not None
-            if queue.over_budget == "wait":
-                self._defer(job, BUDGET_SPENT, f"queue {job.queue} spent its {queue.budget_gpu_hours:g} GPU-hour "
-                            f"{queue.budget_period}ly budget; it waits for the next period", 0, out)
-                return False
-            over_budget = True
+        over_budget = self._over_budget(job.queue, p)
+        if over_budget and queue is not None and queue.over_budget == "wait":
+            self._defer(job, BUDGET_SPENT, f"queue {job.queue} spent its {queue.budget_gpu_hours:g} GPU-hour "
+                        f"{queue.budget_period}ly budget; it waits for the next period", 0, out)
+            return False
         starving = p.starving
         if (starving is not None and starving is not job and job.priority <= starving.priority
                 and not (job.spec.duration_s is not None and p.now + job.spec.duration_s <= p.shadow)):
             self._defer(job, HELD_FOR_STARVING_JOB, f"quota is held for job {starving.job_id}, waiting since "
                         f"{starving.since:.0f}; only jobs ending before it can start may go first", 0, out)
             return False
-        within = self._within_nominal(job, p)
+        entitled = self._entitled(job, p)
         for flavor in self._flavors(job) if self.book.governed(job.queue) else (ANY,):
-            room = self.book.room(job.queue, flavor)
             nominal_left = self._nominal_left(job.queue, flavor)
             if over_budget:
-                room -= nominal_left  # over budget: only what others lend, never its own nominal
+                room = self.book.borrow_only_room(job.queue, flavor)  # only what peers lend, never its own
             elif p.no_borrowing and job.demand > nominal_left:
                 continue  # a queue under nominal waits for lent quota: no borrower grows meanwhile
+            else:
+                room = self.book.room(job.queue, flavor)
             if job.demand <= room:
-                borrowed = max(0, job.demand - nominal_left)
+                borrowed = job.demand if over_budget else max(0, job.demand - nominal_left)
                 out.emit(QuotaReserved, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue,
                          gpu_milli=job.demand, flavor=flavor_name(flavor), borrowed_milli=borrowed,
                          over_budget=over_budget)
                 return True
-        code, message, shortfall = self._quota_reason(job)
-        if p.no_borrowing and code == COHORT_QUOTA_EXHAUSTED:
-            message = "a queue under its nominal quota waits for quota lent out first; no queue borrows more meanwhile"
         key = (job.queue, self._flavors(job))
         p.failed[key] = min(p.failed.get(key, UNLIMITED), job.demand)
         p.held_below[job.queue] = max(p.held_below.get(job.queue, job.priority), job.priority)
-        if within and code == QUOTA_LENT_OUT:
-            p.no_borrowing = True
+        if over_budget:
+            # Only idle quota of its peers may serve it; evicting anyone for it would be wrong.
+            self._defer(job, OVER_BUDGET_WAITS, f"queue {job.queue} spent its GPU-hour budget; the job waits for "
+                        "idle quota its cohort lends", 0, out)
+            return False
+        code, message, shortfall = self._quota_reason(job)
+        if p.no_borrowing and code == COHORT_QUOTA_EXHAUSTED:
+            message = "a queue under its nominal quota waits for quota lent out first; no queue borrows more meanwhile"
+        if entitled:
+            p.no_borrowing = True  # it fits its own nominal, yet no room: its quota is lent out
         self._defer(job, code, message, shortfall, out)
         return False
 
+    def _over_budget(self, queue: str, p: Pass) -> bool:
+        if queue not in p.over_budget:
+            left = self.budget_left_s(queue, p.now)
+            p.over_budget[queue] = left is not None and left <= 0
+        return p.over_budget[queue]
+
     def _nominal_left(self, queue: str, flavor: str) -> int:
+        """What is left of the queue's own nominal quota (over-budget jobs do not use it)."""
         if not self.book.governed(queue):
             return UNLIMITED
         lim = self.book.limits[queue].get(flavor)
-        return 0 if lim is None else max(0, lim.nominal - self.book.usage(queue, flavor))
+        return 0 if lim is None else max(0, lim.nominal - self.book.used.get((queue, flavor), 0))
 
     def _quota_reason(self, job: QuotaJob) -> tuple[str, str, int]:
         """Why the job's queue cannot take it now (by its first flavor), with the shortfall."""
@@ -498,14 +521,14 @@ class QuotaDecider:
         try:
             for end, job_id in ends:
                 job = self.jobs[job_id]
-                self.book.add(job.queue, job.flavor, -job.demand)
+                self.book.add(job.queue, job.flavor, -job.demand, job.over_budget)
                 released.append(job)
                 if any(self.book.room(oldest.queue, f) >= oldest.demand for f in flavors):
                     p.shadow = end
                     break
         finally:
             for job in released:
-                self.book.add(job.queue, job.flavor, job.demand)
+                self.book.add(job.queue, job.flavor, job.demand, job.over_budget)
 
     def snapshot(self) -> bytes:
         return msgspec.json.encode({

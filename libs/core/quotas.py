@@ -106,6 +106,8 @@ class QuotaBook:
     members: dict[str, list[str]] = field(default_factory=dict)  # cohort -> queues (sorted)
     children: dict[str, list[str]] = field(default_factory=dict)
     used: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Usage admitted over budget: borrowed outright, never drawn from the queue's own nominal.
+    over: dict[tuple[str, str], int] = field(default_factory=dict)
     pool: dict[tuple[str, str], int] = field(default_factory=dict)  # (cohort, flavor) -> sum of lendable
     pool_used: dict[tuple[str, str], int] = field(default_factory=dict)
 
@@ -136,8 +138,8 @@ class QuotaBook:
             for flavor, lim in flavors.items():
                 key = (cohort, flavor)
                 self.pool[key] = self.pool.get(key, 0) + lim.lend
-                self.pool_used[key] = self.pool_used.get(key, 0) + max(0, self.used.get((name, flavor), 0)
-                                                                      - lim.guaranteed)
+                self.pool_used[key] = (self.pool_used.get(key, 0) + self.over.get((name, flavor), 0)
+                                       + max(0, self.used.get((name, flavor), 0) - lim.guaranteed))
 
     # --- questions -------------------------------------------------------------------------------
 
@@ -153,7 +155,23 @@ class QuotaBook:
         return [f for f in self.limits.get(queue, {}) if flavor_matches(f, spec)]
 
     def usage(self, queue: str, flavor: str) -> int:
-        return self.used.get((queue, flavor), 0)
+        """What the queue holds of this flavor, over-budget usage included."""
+        return self.used.get((queue, flavor), 0) + self.over.get((queue, flavor), 0)
+
+    def borrow_only_room(self, queue: str, flavor: str) -> int:
+        """What the queue may take purely from its peers' idle lendable quota (over budget): the pool's free
+        part without the queue's own idle lendable quota, within its borrowing limit."""
+        lim = self.limits.get(queue, {}).get(flavor)
+        cohort = self.cohort.get(queue, "")
+        if lim is None or not cohort:
+            return 0
+        own_used = self.used.get((queue, flavor), 0)
+        own_idle = max(0, lim.lend - max(0, own_used - lim.guaranteed))
+        key = (cohort, flavor)
+        room = self.pool[key] - self.pool_used[key] - own_idle
+        if lim.borrow is not None:
+            room = min(room, lim.nominal + lim.borrow - self.usage(queue, flavor))
+        return max(0, room)
 
     def room(self, queue: str, flavor: str) -> int:
         """How much more the queue may take of this flavor now (own limits and its cohort's pool)."""
@@ -166,8 +184,15 @@ class QuotaBook:
         if not cohort:
             return max(0, min(own, lim.nominal - used))
         key = (cohort, flavor)
-        shared = max(0, lim.guaranteed - used) + self.pool[key] - self.pool_used[key]
+        shared = max(0, lim.guaranteed - self.used.get((queue, flavor), 0)) + self.pool[key] - self.pool_used[key]
         return max(0, min(own, shared))
+
+    def entitled(self, queue: str, flavor: str, milli: int) -> bool:
+        """Would `milli` more stay within the queue's nominal quota (whatever its cohort lent out)?"""
+        lim = self.limits.get(queue, {}).get(flavor)
+        if lim is None:
+            return not self.governed(queue)
+        return self.usage(queue, flavor) + milli <= lim.nominal
 
     def nominal_room(self, queue: str, flavor: str) -> int:
         """What the queue may take without borrowing."""
@@ -190,7 +215,9 @@ class QuotaBook:
 
     def borrowed(self, queue: str, flavor: str) -> int:
         lim = self.limits.get(queue, {}).get(flavor)
-        return 0 if lim is None else max(0, self.usage(queue, flavor) - lim.nominal)
+        if lim is None:
+            return 0
+        return max(0, self.used.get((queue, flavor), 0) - lim.nominal) + self.over.get((queue, flavor), 0)
 
     def lent(self, queue: str, flavor: str) -> int:
         """The share of this queue's idle lendable quota that borrowers of its cohort use now. Borrowing is
@@ -202,7 +229,7 @@ class QuotaBook:
         borrowed = sum(self.borrowed(q, flavor) for q in peers)
         for q in peers:
             lim = self.limits[q][flavor]
-            idle = min(lim.lend, max(0, lim.nominal - self.usage(q, flavor)))
+            idle = min(lim.lend, max(0, lim.nominal - self.used.get((q, flavor), 0)))
             take = min(idle, borrowed)
             if q == queue:
                 return take
@@ -235,14 +262,20 @@ class QuotaBook:
 
     # --- changes ---------------------------------------------------------------------------------
 
-    def add(self, queue: str, flavor: str, milli: int) -> None:
-        """Usage of (queue, flavor) changes by `milli` (negative: released)."""
+    def add(self, queue: str, flavor: str, milli: int, over_budget: bool = False) -> None:
+        """Usage of (queue, flavor) changes by `milli` (negative: released). Over-budget usage is borrowed
+        outright: it draws on the cohort's pool in full, never on the queue's own nominal."""
         key = (queue, flavor)
+        lim = self.limits.get(queue, {}).get(flavor)
+        cohort = self.cohort.get(queue, "")
+        if over_budget:
+            self.over[key] = self.over.get(key, 0) + milli
+            if lim is not None and cohort:
+                self.pool_used[(cohort, flavor)] += milli
+            return
         before = self.used.get(key, 0)
         after = before + milli
         self.used[key] = after
-        lim = self.limits.get(queue, {}).get(flavor)
-        cohort = self.cohort.get(queue, "")
         if lim is not None and cohort:
             g = lim.guaranteed
             self.pool_used[(cohort, flavor)] += max(0, after - g) - max(0, before - g)
