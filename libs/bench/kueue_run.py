@@ -61,6 +61,8 @@ class BenchOptions:
     timeout_s: float = 600.0
     # 8 as in the scenario's description of GPU nodes; 10 tiles the 5-GPU requests without fragmentation.
     gpus_per_node: int = GPUS_PER_NODE
+    # GPUs per replica of a request larger than a node (see gang_shape).
+    replica_gpus: int = 1
 
 
 @dataclass(slots=True)
@@ -91,7 +93,7 @@ def run_bench(opts: BenchOptions, progress: ProgressFn | None = None) -> dict[st
     if opts.scale <= 0 or opts.gpus_per_node < 1:
         raise ValueError("--scale must be > 0 and --gpus-per-node >= 1")
     queues = load_scenario(opts.generator, opts.scale)
-    jobs = plan_jobs(queues, opts.gpus_per_node)
+    jobs = plan_jobs(queues, opts.gpus_per_node, opts.replica_gpus)
     data = opts.data or Path(tempfile.mkdtemp(prefix="gpusched-bench-"))
     data.mkdir(parents=True, exist_ok=True)
     (data / "policy.toml").write_text(policy_toml(queues))
@@ -116,6 +118,7 @@ def run_bench(opts: BenchOptions, progress: ProgressFn | None = None) -> dict[st
     result["kueue"] = published_figures(readme.read_text()) if readme.exists() else {}
     result["scale"] = opts.scale
     result["gpus_per_node"] = opts.gpus_per_node
+    result["replica_gpus"] = opts.replica_gpus
     return result
 
 

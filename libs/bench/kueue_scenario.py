@@ -115,12 +115,15 @@ def load_scenario(path: Path, scale: float = 1.0) -> list[QueueDef]:
         raise ScenarioError(f"{path}: {err}") from err
 
 
-def gang_shape(request: int, gpus_per_node: int = GPUS_PER_NODE) -> tuple[int, int]:
-    """(replicas, GPUs per replica): a request that fits a node is one replica; a larger one is a gang whose
-    replicas tile nodes exactly, as a distributed job's pods are sized in practice: the largest size that
-    divides both the request and the node (20 on 8-GPU nodes: 5 x 4, two replicas per node)."""
+def gang_shape(request: int, gpus_per_node: int = GPUS_PER_NODE, replica_gpus: int = 1) -> tuple[int, int]:
+    """(replicas, GPUs per replica). A request that fits a node is one replica. A larger one is a gang of
+    `replica_gpus`-GPU replicas: Kueue's scenario counts quota units, not nodes, so by default (1) any free
+    GPU can hold a replica, as any free unit can in Kueue's test. When `replica_gpus` does not divide the
+    request, the replicas tile nodes instead: the largest size dividing both request and node (20 on 8: 5 x 4)."""
     if request <= gpus_per_node:
         return 1, request
+    if replica_gpus >= 1 and request % replica_gpus == 0 and replica_gpus <= gpus_per_node:
+        return request // replica_gpus, replica_gpus
     per_replica = max(d for d in range(1, gpus_per_node + 1) if request % d == 0 and gpus_per_node % d == 0)
     return request // per_replica, per_replica
 
@@ -129,7 +132,7 @@ def priority_class(priority: int) -> str:
     return f"p{priority}"
 
 
-def plan_jobs(queues: list[QueueDef], gpus_per_node: int = GPUS_PER_NODE) -> list[PlannedJob]:
+def plan_jobs(queues: list[QueueDef], gpus_per_node: int = GPUS_PER_NODE, replica_gpus: int = 1) -> list[PlannedJob]:
     """Workload k of each class of a workloadsSet is created k * creationIntervalMs after the start, in
     every queue; sorted by time (then queue order, as created)."""
     jobs: list[PlannedJob] = []
@@ -137,7 +140,7 @@ def plan_jobs(queues: list[QueueDef], gpus_per_node: int = GPUS_PER_NODE) -> lis
         for s_index, ws in enumerate(q.workloads_sets):
             for k in range(ws.count):
                 for w in ws.workloads:
-                    replicas, gpus = gang_shape(w.request, gpus_per_node)
+                    replicas, gpus = gang_shape(w.request, gpus_per_node, replica_gpus)
                     job_id = f"{q.name}-{s_index}-{w.name}-{k}"
                     spec = JobSpec(team=q.name, queue=q.name, name=job_id, priority=priority_class(w.priority),
                                    replicas=replicas, gpus=gpus, duration_s=w.runtime_ms / 1000,

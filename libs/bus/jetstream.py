@@ -179,6 +179,10 @@ class Bus:
         return int(info.state.last_seq)
 
 
+# How long a fetch waits for more once it has a first message: the only latency batching may add.
+REST_WAIT_S = 0.005
+
+
 class Consumer:
     def __init__(self, bus: Bus, sub: JetStreamContext.PullSubscription, durable: str | None) -> None:
         self.bus = bus
@@ -186,10 +190,19 @@ class Consumer:
         self.durable = durable
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:
+        """Up to `batch` messages as soon as there is one: wait (up to `timeout`) for the first, then take
+        whatever else is already there. A single pull of `batch` would hold the first message until the
+        batch fills or the pull expires, adding up to `timeout` of latency to every hop when traffic is light."""
         try:
-            return await self.sub.fetch(batch, timeout=timeout)
+            first = await self.sub.fetch(1, timeout=timeout)
         except (TimeoutError, nats.errors.TimeoutError):
             return []
+        if batch <= 1:
+            return first
+        try:
+            return first + await self.sub.fetch(batch - 1, timeout=REST_WAIT_S)
+        except (TimeoutError, nats.errors.TimeoutError):
+            return first
 
     async def close(self) -> None:
         try:

@@ -24,7 +24,8 @@ def cmd_kueue_baseline(args: argparse.Namespace) -> None:
     from libs.bench.kueue_run import BenchOptions, run_bench
 
     opts = BenchOptions(generator=Path(args.generator), scale=args.scale, timeout_s=args.timeout,
-                        data=Path(args.data) if args.data else None, gpus_per_node=args.gpus_per_node)
+                        data=Path(args.data) if args.data else None, gpus_per_node=args.gpus_per_node,
+                        replica_gpus=args.replica_gpus)
     if not opts.generator.exists():
         raise FileNotFoundError(f"generator {opts.generator} not found (--generator PATH)")
     signal.signal(signal.SIGTERM, _interrupt)  # stop the platform and its servers on SIGTERM too
@@ -65,7 +66,8 @@ def _fmt(value: Any, unit: str = "") -> str:
 def comparison_table(result: dict[str, Any]) -> Table:
     kueue: dict[str, Any] = result.get("kueue", {})
     kueue_tta: dict[str, float] = kueue.get("time_to_admission_s", {})
-    table = Table(title=f"Kueue baseline scenario (scale {result['scale']:g}, {result['gpus_per_node']}-GPU nodes)")
+    table = Table(title=f"Kueue baseline scenario (scale {result['scale']:g}, {result['gpus_per_node']}-GPU nodes, "
+                        f"{result.get('replica_gpus', 1)}-GPU replicas)")
     for column in ("", "gpusched", "Kueue (published)"):
         table.add_column(column, justify="right" if column else "left")
     table.add_row("wall time", _fmt(result["wall_time_s"], " s"), _fmt(kueue.get("wall_time_s"), " s"))
@@ -99,5 +101,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for every job to be final")
     p.add_argument("--gpus-per-node", type=int, default=8,
                    help="GPUs of each simulated node; a request larger than a node becomes a gang")
+    p.add_argument("--replica-gpus", type=int, default=1,
+                   help="GPUs per replica of such a gang (1: any free GPU holds one, as any quota unit does in "
+                        "Kueue's node-less test; 4: replicas tile 8-GPU nodes)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_kueue_baseline)

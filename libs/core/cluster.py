@@ -72,6 +72,17 @@ class Cluster:
     _watchers: dict[int, dict[str, None]] = field(default_factory=dict)
     # The placement engine bound to this cluster (libs.core.fit.Placer), made on first use.
     placer: object | None = None
+    # Free GPU share over every GPU, kept as capacity changes (so "could it fit at all?" costs nothing).
+    free_total: int = 0
+    # GPUs that cannot take work: on offline nodes or unhealthy.
+    _down: set[str] = field(default_factory=set)
+    _sick: set[tuple[str, int]] = field(default_factory=set)
+
+    def usable_free_milli(self) -> int:
+        """Free GPU share on online nodes' healthy GPUs."""
+        lost = sum(g.free_milli for name in self._down for g in self.nodes[name].gpus)
+        lost += sum(self.nodes[n].gpu(i).free_milli for n, i in self._sick if n not in self._down)
+        return self.free_total - lost
 
     def changed_since(self, watcher: object) -> list[str]:
         changed = self._watchers.setdefault(id(watcher), {})
@@ -111,11 +122,19 @@ class Cluster:
         self.nodes[spec.name] = node
         self._order = [self.nodes[k] for k in sorted(self.nodes)]
         self.version += 1
+        self.free_total = sum(g.free_milli for n in self._order for g in n.gpus)
+        self._sick = {(n, i) for n, i in self._sick if n != spec.name}
+        self._sick.update((spec.name, g.index) for g in node.gpus if not g.healthy)
+        self._down.discard(spec.name)  # a (re)registered node is online
 
     def set_online(self, node: str, online: bool) -> None:
         if node in self.nodes:
             self.nodes[node].online = online
             self._touch(node)
+            if online:
+                self._down.discard(node)
+            else:
+                self._down.add(node)
 
     def set_gpu_health(self, node: str, index: int, healthy: bool) -> None:
         n = self.nodes.get(node)
@@ -124,6 +143,10 @@ class Cluster:
         if any(g.index == index for g in n.gpus):
             n.gpu(index).healthy = healthy
             self._touch(node)
+            if healthy:
+                self._sick.discard((node, index))
+            else:
+                self._sick.add((node, index))
 
     def allocate(self, placements: Iterable[ReplicaPlacement]) -> None:
         self._apply(placements, sign=-1)
@@ -140,6 +163,7 @@ class Cluster:
             node.free_cpu_milli += sign * p.cpu_milli
             node.free_memory_mib += sign * p.memory_mib
             node.free_rdma_nics += sign * p.rdma_nics
+            self.free_total += sign * p.gpu_milli * len(p.gpu_indices)
             for idx in p.gpu_indices:
                 gpu = node.gpu(idx)
                 gpu.free_milli += sign * p.gpu_milli

@@ -156,7 +156,7 @@ class PlacementDecider:
 
     def _place_waiting(self, out: Decisions) -> None:
         # A job asking for more than all free GPU share together cannot fit: skip it without a scan.
-        free = sum(g.free_milli for n in self.cluster.sorted_nodes() if n.online for g in n.gpus if g.healthy)
+        free = self.cluster.usable_free_milli()
         # A request that did not fit does not fit for an identical request either, as long as nothing was
         # placed in between: the failure is remembered per request shape and policy until then.
         failed: dict[tuple[object, ...], Shortfall] = {}

@@ -48,7 +48,7 @@ from libs.core.cluster import Cluster
 from libs.core.decider import Chain, Decisions, Trigger
 from libs.core.fit import fits
 from libs.core.policy import PolicyBook, demand_milli
-from libs.core.quota import PREEMPTION_MAY_HELP
+from libs.core.quota import WAITING_FOR_QUOTA
 from libs.core.quotas import ANY, QuotaBook
 
 SERVICE = "preemption"
@@ -84,6 +84,8 @@ class Waiting:
     code: str  # the quota deferral's code, or "placement"
     since: float
     grace_checked: bool = False  # considered once its queue's reclaim grace was over?
+    queue: str = ""
+    priority: int = 0
 
 
 @dataclass(slots=True)
@@ -96,6 +98,8 @@ class PreemptionState:
     in_flight: dict[str, list[str]] = field(default_factory=dict)
     victim_of: dict[str, str] = field(default_factory=dict)
     waiting: dict[str, Waiting] = field(default_factory=dict)
+    # queue -> priority -> how many of its jobs wait for quota at that priority
+    waiting_priorities: dict[str, dict[int, int]] = field(default_factory=dict)
     cancelled: dict[str, None] = field(default_factory=dict)
 
 
@@ -138,22 +142,20 @@ class PreemptionDecider:
                 flavor = event.flavor or ANY
                 s.reserved[event.job_id] = (event.queue, flavor, event.gpu_milli, event.over_budget)
                 self.book.add(event.queue, flavor, event.gpu_milli, event.over_budget)
-                s.waiting.pop(event.job_id, None)
+                self._unwait(event.job_id)
             case QuotaDeferred():
-                if event.code in PREEMPTION_MAY_HELP:
-                    held = s.waiting.get(event.job_id)
-                    s.waiting[event.job_id] = Waiting(event.code, held.since if held is not None else event.ts)
+                if event.code in WAITING_FOR_QUOTA:
+                    self._wait(event.job_id, event.code, event.ts)
                 else:
-                    s.waiting.pop(event.job_id, None)
+                    self._unwait(event.job_id)
             case PlacementDeferred():
-                held = s.waiting.get(event.job_id)
-                s.waiting[event.job_id] = Waiting(PLACEMENT, held.since if held is not None else event.ts)
+                self._wait(event.job_id, PLACEMENT, event.ts)
             case QuotaReleased():
                 held_quota = s.reserved.pop(event.job_id, None)
                 if held_quota is not None:
                     self.book.add(held_quota[0], held_quota[1], -held_quota[2], held_quota[3])
             case JobPlaced():
-                s.waiting.pop(event.job_id, None)
+                self._unwait(event.job_id)
                 self._placed += 1
                 spec = s.specs.get(event.job_id)
                 _, flavor, _, over_budget = s.reserved.get(event.job_id, ("", ANY, 0, False))
@@ -175,7 +177,7 @@ class PreemptionDecider:
                 for v in event.victims:
                     s.victim_of[v.job_id] = event.preemptor_id
             case JobCancelled():
-                s.waiting.pop(event.job_id, None)
+                self._unwait(event.job_id)
                 if event.job_id in s.running:
                     s.cancelled[event.job_id] = None  # still holds its GPUs until its executor stops it
                 else:
@@ -184,9 +186,36 @@ class PreemptionDecider:
                 final = not isinstance(event, JobEvicted) or event.job_id in s.cancelled
                 self._gone(event.job_id, final=final)
 
+    def _wait(self, job_id: str, code: str, now: float) -> None:
+        s = self.s
+        held = s.waiting.get(job_id)
+        self._unwait(job_id)
+        spec = s.specs.get(job_id)
+        w = Waiting(code, held.since if held is not None else now, queue=spec.queue if spec else "",
+                    priority=self.policy.priority_of(spec) if spec else 0)
+        s.waiting[job_id] = w
+        if code != PLACEMENT:
+            prios = s.waiting_priorities.setdefault(w.queue, {})
+            prios[w.priority] = prios.get(w.priority, 0) + 1
+
+    def _unwait(self, job_id: str) -> None:
+        s = self.s
+        held = s.waiting.pop(job_id, None)
+        if held is not None and held.code != PLACEMENT:
+            prios = s.waiting_priorities[held.queue]
+            prios[held.priority] -= 1
+            if not prios[held.priority]:
+                del prios[held.priority]
+
+    def _behind_higher_priority(self, job_id: str, spec: JobSpec) -> bool:
+        """Does a job of higher priority of the same queue wait for quota too? Freed quota goes to it first,
+        so evicting for this one would serve the other."""
+        prios = self.s.waiting_priorities.get(spec.queue, {})
+        return bool(prios) and max(prios) > self.policy.priority_of(spec)
+
     def _gone(self, job_id: str, final: bool) -> None:
         s = self.s
-        s.waiting.pop(job_id, None)
+        self._unwait(job_id)
         run = s.running.pop(job_id, None)
         if run is not None:
             self.cluster.release(run.placements)
@@ -282,6 +311,8 @@ class PreemptionDecider:
             flavor = held[1] if held is not None else ANY
             victims = sim.choose(self.candidates(spec, job_id, now), lambda: sim.fits(flavor))
             self._decide(job_id, victims, out)
+            return
+        if self._behind_higher_priority(job_id, spec):
             return
         flavors = self.book.flavors_for(spec.queue, spec) or [ANY]
         queue = self.policy.queues.get(spec.queue)

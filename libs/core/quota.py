@@ -367,7 +367,7 @@ class QuotaDecider:
             flavors = self._flavors(job)
             failed = p.failed.get((queue, flavors))
             if failed is not None and job.demand >= failed:
-                if told in PREEMPTION_MAY_HELP:
+                if told in WAITING_FOR_QUOTA:
                     if failed <= min(self.demands[(queue, job.priority)]):
                         order.skip_level()  # nothing of this level is smaller; all of it was told already
                     continue
@@ -485,11 +485,12 @@ class QuotaDecider:
             self._defer(job, *self._quota_reason(job), out)
 
     def _defer(self, job: QuotaJob, code: str, message: str, shortfall: int, out: Decisions) -> None:
-        """Tell the job why it waits, unless it was told so already. The quota codes count as one reason
-        here: which limit binds shifts with every reservation, and re-telling each waiting job every time
-        would flood the log without changing what anyone does about it."""
+        """Tell the job why it waits, unless it was told so already. Waiting for quota (whichever limit
+        binds, or behind a job of higher priority) counts as one reason here: which one applies shifts with
+        every reservation, and re-telling each waiting job every time would flood the log without changing
+        what anyone does about it."""
         told = self.deferred.get(job.job_id)
-        if told != code and not (told in PREEMPTION_MAY_HELP and code in PREEMPTION_MAY_HELP):
+        if told != code and not (told in WAITING_FOR_QUOTA and code in WAITING_FOR_QUOTA):
             out.emit(QuotaDeferred, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue, code=code,
                      message=message, shortfall_milli=shortfall)
 

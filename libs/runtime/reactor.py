@@ -29,6 +29,8 @@ from libs.runtime.handler import Handler
 from libs.telemetry import metrics
 
 log = logging.getLogger(__name__)
+# Within a batch, decisions are published at least this often (seconds of handling).
+FLUSH_EVERY_S = 0.01
 
 
 class Reactor:
@@ -128,7 +130,14 @@ class Reactor:
         name = self.handler.name
         decisions: list[EventBase] = []
         handled = 0
+        flushed = started
         for msg in msgs:
+            if decisions and time.perf_counter() - flushed > FLUSH_EVERY_S:
+                # A long batch publishes as it goes, so its first events' decisions move on at once.
+                await self.bus.publish(decisions)
+                self._count(decisions)
+                decisions = []
+                flushed = time.perf_counter()
             seq = stream_seq(msg)
             if seq <= self.last_seq:
                 continue  # redelivered after a lost ack: already decided
@@ -145,9 +154,8 @@ class Reactor:
                     await self._dead_letter(msg, f"handler_error: {type(err).__name__}: {err}")
             self.last_seq = seq
         await self.bus.publish(decisions)
+        self._count(decisions)
         await self._attest()
-        for d in decisions:
-            metrics.DECISIONS.labels(name, type(d).__name__).inc()
         await self.handler.after_batch()
         with contextlib.suppress(MsgAlreadyAckdError):
             await msgs[-1].ack()  # AckAll: acknowledges the whole batch
@@ -165,6 +173,10 @@ class Reactor:
                                      derived_id(name, "checkpoint", chain.length))
         await self.bus.publish([checkpoint])
         self._attested = chain.length
+
+    def _count(self, decisions: list[EventBase]) -> None:
+        for d in decisions:
+            metrics.DECISIONS.labels(self.handler.name, type(d).__name__).inc()
 
     def _decode_or_reason(self, msg: Msg) -> tuple[EventBase | None, str]:
         try:

@@ -203,6 +203,9 @@ def test_random_placements_and_releases_never_over_allocate_anything(ops) -> Non
             assert n.free_cpu_milli >= 0 and n.free_memory_mib >= 0
             for g in n.gpus:
                 assert 0 <= g.free_milli <= 1000 and 0 <= g.free_memory_mib <= g.memory_mib
+        # The running total placement reads instead of summing every GPU agrees with the sum.
+        assert c.usable_free_milli() == sum(g.free_milli for n in c.sorted_nodes() if n.online for g in n.gpus
+                                            if g.healthy)
     for placements in running:
         c.release(placements)
     assert free(c) == initial
