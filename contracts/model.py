@@ -119,6 +119,9 @@ class SchedulingSettings(msgspec.Struct, frozen=True, kw_only=True, omit_default
     # A job waiting longer than this gets its quota reserved; later jobs backfill only if they end before
     # the reservation is needed. None: never.
     starvation_after_s: float | None = 600.0
+    # A job expected to end (by its declared duration) within this many seconds is never evicted: waiting
+    # for it costs less than redoing its work.
+    preempt_min_remaining_s: float = 10.0
 
 
 class PriorityClass(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):

@@ -116,14 +116,17 @@ def load_scenario(path: Path, scale: float = 1.0) -> list[QueueDef]:
 
 
 def gang_shape(request: int, gpus_per_node: int = GPUS_PER_NODE, replica_gpus: int = 1) -> tuple[int, int]:
-    """(replicas, GPUs per replica). A request that fits a node is one replica. A larger one is a gang of
-    `replica_gpus`-GPU replicas: Kueue's scenario counts quota units, not nodes, so by default (1) any free
-    GPU can hold a replica, as any free unit can in Kueue's test. When `replica_gpus` does not divide the
-    request, the replicas tile nodes instead: the largest size dividing both request and node (20 on 8: 5 x 4)."""
-    if request <= gpus_per_node:
-        return 1, request
+    """(replicas, GPUs per replica) for a request of `request` GPUs.
+
+    Kueue's scenario counts quota units, not nodes: any free unit serves any workload. The faithful
+    equivalent is a gang of `replica_gpus`-GPU replicas (default 1), so that any free GPU can hold a piece,
+    as in Kueue's test. With `replica_gpus` 0, requests are shaped as on real nodes instead: one replica when
+    it fits a node, else replicas tiling nodes (the largest size dividing both request and node: 20 on 8 is
+    5 x 4), which adds placement fragmentation to the test."""
     if replica_gpus >= 1 and request % replica_gpus == 0 and replica_gpus <= gpus_per_node:
         return request // replica_gpus, replica_gpus
+    if request <= gpus_per_node:
+        return 1, request
     per_replica = max(d for d in range(1, gpus_per_node + 1) if request % d == 0 and gpus_per_node % d == 0)
     return request // per_replica, per_replica
 

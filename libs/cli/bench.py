@@ -102,7 +102,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus-per-node", type=int, default=8,
                    help="GPUs of each simulated node; a request larger than a node becomes a gang")
     p.add_argument("--replica-gpus", type=int, default=1,
-                   help="GPUs per replica of such a gang (1: any free GPU holds one, as any quota unit does in "
-                        "Kueue's node-less test; 4: replicas tile 8-GPU nodes)")
+                   help="GPUs per replica (1: a request is a gang of 1-GPU replicas, so any free GPU holds a "
+                        "piece, as any quota unit does in Kueue's node-less test; 0: shaped as on real nodes)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_kueue_baseline)

@@ -8,7 +8,8 @@ ticks. Two kinds of victims:
   - within the queue: jobs of lower priority in the preemptor's own queue.
 Borrowers are considered first; then, within each kind: lowest priority, least GPU-time lost (time running
 x GPUs), most recently started, id. Jobs of non-preemptible classes, or that have not yet run their class's
-minimum runtime, are never victims. Victims are added in that order until a simulation says the preemptor
+minimum runtime, or that are expected to end
+within the settings' preempt_min_remaining_s anyway, are never victims. Victims are added in that order until a simulation says the preemptor
 would then get its quota and fit; a minimisation pass then drops every victim that is not needed. No fit in
 simulation, no eviction.
 """
@@ -69,6 +70,7 @@ class Running:
     flavor: str = ANY
     over_budget: bool = False
     min_runtime_s: float = 0.0
+    ends_at: float | None = None  # from its declared duration
     placed_order: int = 0  # breaks ties between jobs started at the same instant: later placed, first out
 
     def victim_key(self, now: float) -> tuple[int, float, float, int, str]:
@@ -169,7 +171,8 @@ class PreemptionDecider:
                                   preemptible=self.policy.preemptible(spec) or over_budget,
                                   demand=demand_milli(spec), started=event.ts, placements=event.placements,
                                   flavor=flavor, over_budget=over_budget,
-                                  min_runtime_s=self.policy.min_runtime_s(spec), placed_order=self._placed)
+                                  min_runtime_s=self.policy.min_runtime_s(spec), placed_order=self._placed,
+                                  ends_at=None if spec.duration_s is None else event.ts + spec.duration_s)
                 s.running[event.job_id] = run
                 self.cluster.allocate(event.placements)
             case PreemptionDecided():
@@ -272,7 +275,8 @@ class PreemptionDecider:
 
     def _eligible(self, r: Running, now: float) -> bool:
         return (r.preemptible and r.job_id not in self.s.victim_of and r.job_id not in self.s.cancelled
-                and now - r.started >= r.min_runtime_s)
+                and now - r.started >= r.min_runtime_s
+                and (r.ends_at is None or r.ends_at - now > self.policy.settings.preempt_min_remaining_s))
 
     def candidates(self, preemptor: JobSpec, preemptor_id: str, now: float) -> list[Running]:
         """Jobs of the preemptor's queue with a lower priority, in victim order."""

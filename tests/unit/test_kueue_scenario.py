@@ -69,7 +69,7 @@ def test_scale_multiplies_every_count_but_keeps_at_least_one() -> None:
     assert per_queue == {"small": 2, "huge": 2, "medium": 1}
 
 
-@pytest.mark.parametrize(("request_gpus", "shape"), [(1, (1, 1)), (5, (1, 5)), (8, (1, 8)), (20, (20, 1)),
+@pytest.mark.parametrize(("request_gpus", "shape"), [(1, (1, 1)), (5, (5, 1)), (8, (8, 1)), (20, (20, 1)),
                                                      (16, (16, 1)), (12, (12, 1)), (11, (11, 1))])
 def test_gang_shape_keeps_the_gpu_count_and_fits_a_node(request_gpus: int, shape: tuple[int, int]) -> None:
     assert gang_shape(request_gpus, 8) == shape
@@ -112,8 +112,8 @@ def test_the_kueue_baseline_is_15000_jobs_on_75_nodes() -> None:
                        "time_to_admission_s": {"large": 6.7, "medium": 76.8, "small": 215.5}}
 
 
-@pytest.mark.parametrize(("request_gpus", "replica_gpus", "shape"), [(20, 4, (5, 4)), (20, 5, (4, 5)), (12, 5, (3, 4)),
-                                                                     (5, 4, (1, 5))])
+@pytest.mark.parametrize(("request_gpus", "replica_gpus", "shape"), [
+    (20, 4, (5, 4)), (20, 5, (4, 5)), (12, 5, (3, 4)), (5, 4, (1, 5)), (5, 0, (1, 5)), (20, 0, (5, 4))])
 def test_replicas_of_a_chosen_size_or_else_tiling_nodes(request_gpus: int, replica_gpus: int,
                                                         shape: tuple[int, int]) -> None:
     assert gang_shape(request_gpus, 8, replica_gpus) == shape
