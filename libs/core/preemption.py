@@ -7,11 +7,10 @@ ticks. Two kinds of victims:
     lose jobs: never a queue within its nominal quota, to feed another queue's borrowing.
   - within the queue: jobs of lower priority in the preemptor's own queue.
 Borrowers are considered first; then, within each kind: lowest priority, least GPU-time lost (time running
-x GPUs), most recently started, id. Jobs of non-preemptible classes, or that have not yet run their class's
-minimum runtime, or that are expected to end
-within the settings' preempt_min_remaining_s anyway, are never victims. Victims are added in that order until a simulation says the preemptor
-would then get its quota and fit; a minimisation pass then drops every victim that is not needed. No fit in
-simulation, no eviction.
+x GPUs), most recently started, id. Jobs of non-preemptible classes, jobs that have not yet run their class's
+minimum runtime, and jobs expected to end within the settings' preempt_min_remaining_s anyway are never
+victims. Victims are added in that order until a simulation says the preemptor would then get its quota and
+fit; a minimisation pass then drops every victim that is not needed. No fit in simulation, no eviction.
 """
 
 from __future__ import annotations
