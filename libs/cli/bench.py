@@ -23,6 +23,9 @@ DEFAULT_GENERATOR = REPO_ROOT.parent / "shared" / "data" / "kueue-baseline" / "g
 def cmd_kueue_baseline(args: argparse.Namespace) -> None:
     from libs.bench.kueue_run import BenchOptions, run_bench
 
+    if args.virtual:
+        _virtual(args)
+        return
     opts = BenchOptions(generator=Path(args.generator), scale=args.scale, timeout_s=args.timeout,
                         data=Path(args.data) if args.data else None, gpus_per_node=args.gpus_per_node,
                         replica_gpus=args.replica_gpus)
@@ -53,6 +56,25 @@ def cmd_kueue_baseline(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def _virtual(args: argparse.Namespace) -> None:
+    from libs.bench.kueue_metrics import published_figures
+    from libs.bench.kueue_virtual import run_virtual_bench
+
+    generator = Path(args.generator)
+    with Progress(TextColumn("[bold]{task.description}"), TextColumn("{task.completed} events"),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        task = progress.add_task("deciding in virtual time", total=None)
+        result = run_virtual_bench(generator, args.scale, args.gpus_per_node, args.replica_gpus,
+                                   progress=lambda n: progress.update(task, completed=n))
+    readme = generator.parent / "README.md"
+    result["kueue"] = published_figures(readme.read_text()) if readme.exists() else {}
+    result["timed_out"] = False
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        console.print(comparison_table(result))
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -66,8 +88,9 @@ def _fmt(value: Any, unit: str = "") -> str:
 def comparison_table(result: dict[str, Any]) -> Table:
     kueue: dict[str, Any] = result.get("kueue", {})
     kueue_tta: dict[str, float] = kueue.get("time_to_admission_s", {})
+    mode = ", virtual time: deciders only" if result.get("mode") == "virtual" else ""
     table = Table(title=f"Kueue baseline scenario (scale {result['scale']:g}, {result['gpus_per_node']}-GPU nodes, "
-                        f"{result.get('replica_gpus', 1)}-GPU replicas)")
+                        f"{result.get('replica_gpus', 1)}-GPU replicas){mode}")
     for column in ("", "gpusched", "Kueue (published)"):
         table.add_column(column, justify="right" if column else "left")
     table.add_row("wall time", _fmt(result["wall_time_s"], " s"), _fmt(kueue.get("wall_time_s"), " s"))
@@ -84,7 +107,8 @@ def comparison_table(result: dict[str, Any]) -> Table:
     for label, key in (("evictions", "evictions"), ("preemptions", "preemptions"),
                        ("quota violations", "quota_violations"), ("events in the log", "events")):
         table.add_row(label, _fmt(result[key]), "")
-    table.add_row("submission lag, max", _fmt(result["submit_lag_max_s"], " s"), "")
+    if "submit_lag_max_s" in result:
+        table.add_row("submission lag, max", _fmt(result["submit_lag_max_s"], " s"), "")
     if result["timed_out"]:
         table.add_row("[red]timed out[/red]", "not every job reached a final state", "")
     return table
@@ -104,5 +128,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replica-gpus", type=int, default=1,
                    help="GPUs per replica (1: a request is a gang of 1-GPU replicas, so any free GPU holds a "
                         "piece, as any quota unit does in Kueue's node-less test; 0: shaped as on real nodes)")
+    p.add_argument("--virtual", action="store_true",
+                   help="the deciders alone in virtual time (no bus, zero-latency pipeline): what the rules achieve")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_kueue_baseline)

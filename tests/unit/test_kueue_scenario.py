@@ -117,3 +117,14 @@ def test_the_kueue_baseline_is_15000_jobs_on_75_nodes() -> None:
 def test_replicas_of_a_chosen_size_or_else_tiling_nodes(request_gpus: int, replica_gpus: int,
                                                         shape: tuple[int, int]) -> None:
     assert gang_shape(request_gpus, 8, replica_gpus) == shape
+
+
+def test_the_virtual_bench_runs_the_scenario_through_the_deciders(tmp_path: Path) -> None:
+    from libs.bench.kueue_virtual import run_virtual_bench
+
+    generator = tmp_path / "generator.yaml"
+    generator.write_text(TINY)
+    result = run_virtual_bench(generator)
+    assert result["jobs_completed"] == result["jobs_submitted"] > 0
+    assert result["quota_violations"] == 0 and result["mode"] == "virtual"
+    assert set(result["time_to_admission_s"]) == {"small", "medium", "huge"}
