@@ -119,7 +119,7 @@ def queue_changes(platform: Platform) -> list[tuple[int, QueuePolicyChanged]]:
 
 
 def cli(platform: Platform, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "GPUSCHED_API": platform.api}
+    env = {**os.environ, "GPUSCHED_API": platform.api, "COLUMNS": "200"}  # wide enough for the table
     return subprocess.run([GPUSCHED, *args], env=env, capture_output=True, text=True, timeout=30)
 
 

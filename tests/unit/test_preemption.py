@@ -6,6 +6,7 @@ every placement the preemption decider sees is one the real deciders made.
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from contracts import (
@@ -18,6 +19,7 @@ from contracts import (
     QuotaDeferred,
     Victim,
 )
+from libs.core.policy import DEFAULT_PRIORITY_CLASSES
 from libs.core.preemption import PreemptionDecider, Running, Simulation
 from tests.unit.builders import EventFeed, brief, job, kinds, node, of, pipeline, queue
 
@@ -207,3 +209,41 @@ def test_a_job_placed_after_its_cancellation_holds_its_gpus_and_is_never_chosen_
     feed.send(JobSubmitted, job_id="p", spec=spec_of(job().gpus(8).priority("urgent")))
     out = feed.send(PlacementDeferred, job_id="p", code="insufficient_gpus", message="")
     assert of(out, PreemptionDecided) == []  # v is leaving anyway
+
+
+def classes_with_min_runtime(feed: EventFeed, seconds: float) -> None:
+    classes = tuple(c if c.name != "batch" else msgspec.structs.replace(c, min_runtime_s=seconds)
+                    for c in DEFAULT_PRIORITY_CLASSES)
+    feed.send(PriorityClassesChanged, classes=classes, version=2)
+
+
+@pytest.mark.parametrize(("ran_s", "victims"), [
+    pytest.param(30.0, [], id="a batch job inside its class's minimum runtime is not a victim"),
+    pytest.param(90.0, ["v4"], id="once past it, it is"),
+])
+def test_a_job_is_not_evicted_before_its_classs_minimum_runtime(ran_s: float, victims: list[str]) -> None:
+    feed = pipeline()
+    feed.queues(queue("ml-train", "ml", 8))
+    feed.nodes(node("a", 8))
+    classes_with_min_runtime(feed, 60.0)
+    feed.at(1000.0)
+    for job_id in ("v1", "v2", "v3", "v4"):
+        feed.submit(job_id, job().gpus(2).priority("batch"))
+    decided = of(feed.at(1000.0 + ran_s).submit("p", job().gpus(2).priority("urgent")), PreemptionDecided)
+    assert [[v.job_id for v in d.victims] for d in decided] == ([victims] if victims else [])
+
+
+@pytest.mark.parametrize(("duration_s", "victims"), [
+    pytest.param(100.0, ["v4"], id="a victim with most of its run ahead is evicted"),
+    pytest.param(25.0, [], id="one about to end anyway is spared: waiting costs less than redoing it"),
+])
+def test_jobs_about_to_end_are_not_evicted(duration_s: float, victims: list[str]) -> None:
+    feed = pipeline()
+    feed.queues(queue("ml-train", "ml", 8))
+    feed.nodes(node("a", 8))
+    feed.at(1000.0)
+    for job_id in ("v1", "v2", "v3", "v4"):
+        feed.submit(job_id, job().gpus(2).priority("batch").having(duration_s=duration_s))
+    # 20 s later: 5 s left of a 25 s run (within the default 10 s), 80 s left of a 100 s run.
+    decided = of(feed.at(1020.0).submit("p", job().gpus(2).priority("urgent")), PreemptionDecided)
+    assert [[v.job_id for v in d.victims] for d in decided] == ([victims] if victims else [])
