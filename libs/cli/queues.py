@@ -15,6 +15,8 @@ QUEUE_FLAGS = {  # flag -> QueueSpec field
     "placement_policy": "placement_policy", "budget_gpu_hours": "budget_gpu_hours", "budget_period": "budget_period",
     "over_budget": "over_budget", "user_max_gpus": "user_max_gpus", "reclaim_after": "reclaim_after_s",
 }
+# The flags whose value may be "none" (the field unset: no limit); elsewhere "none" is just a string.
+NULLABLE_FLAGS = frozenset({"nominal", "borrowing_limit", "lending_limit", "user_max_gpus"})
 
 
 def _num(value: float | None) -> str:
@@ -53,12 +55,16 @@ def parse_flavor(text: str) -> dict[str, Any]:
     """MODEL=NOMINAL[:BORROWING_LIMIT[:LENDING_LIMIT]], e.g. H100=8:4:2 or A100=16."""
     model, _, limits = text.partition("=")
     parts = limits.split(":")
-    if not model or not parts[0]:
-        raise ValueError(f"--flavor {text!r}: expected MODEL=NOMINAL[:BORROW[:LEND]]")
-    out: dict[str, Any] = {"model": model, "nominal_gpus": int(parts[0])}
-    for name, value in zip(("borrowing_limit_gpus", "lending_limit_gpus"), parts[1:], strict=False):
-        if value:
-            out[name] = int(value)
+    usage = f"--flavor {text!r}: expected MODEL=NOMINAL[:BORROW[:LEND]]"
+    if not model or not parts[0] or len(parts) > 3:
+        raise ValueError(usage)
+    try:
+        out: dict[str, Any] = {"model": model, "nominal_gpus": int(parts[0])}
+        for name, value in zip(("borrowing_limit_gpus", "lending_limit_gpus"), parts[1:], strict=False):
+            if value:
+                out[name] = int(value)
+    except ValueError:
+        raise ValueError(f"{usage}, with whole numbers of GPUs") from None
     return out
 
 
@@ -68,7 +74,7 @@ def queue_spec(current: dict[str, Any] | None, name: str, args: argparse.Namespa
     for flag, field in QUEUE_FLAGS.items():
         value = getattr(args, flag)
         if value is not None:
-            spec[field] = None if value == "none" else value
+            spec[field] = None if flag in NULLABLE_FLAGS and value == "none" else value
     if args.flavor:
         spec["flavors"] = [parse_flavor(f) for f in args.flavor]
         for field in ("nominal_gpus", "borrowing_limit_gpus", "lending_limit_gpus"):
@@ -122,4 +128,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--over-budget", choices=["borrow", "wait"])
     p.add_argument("--user-max-gpus", type=_int_or_none)
     p.add_argument("--reclaim-after", type=float, help="seconds before borrowers are preempted to reclaim")
+    # Here, after the queue's name (main adds --json only to the top-level commands). SUPPRESS when absent, so
+    # that `gpusched queue --json set ...` keeps working too.
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
     p.set_defaults(func=cmd_queue_set)
