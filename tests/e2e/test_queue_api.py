@@ -177,12 +177,15 @@ def test_a_new_queue_under_acme_admits_jobs_and_the_parent_takes_none(platform: 
     assert (view["cohort"], view["nominal_gpus"], view["spec"]) == ("acme", 4, spec)
     assert [(f["flavor"], f["nominal_gpus"], f["borrowing_limit_gpus"]) for f in view["flavors"]] == [
         ("A100", 4.0, 0.0)]
-    job = {"team": "vision", "queue": "vision", "gpus": 2, "duration_s": 1.0, "priority": "training"}
+    job = {"team": "vision", "queue": "vision", "gpus": 2, "duration_s": 2.0, "priority": "training"}
     # Admission learns of the queue from the log too: until it has, the team is unknown.
     created = wait_for(lambda: platform.client.submit(job), "admission never learned of queue vision")
-    done = wait_for(lambda: (j := platform.client.job(created["id"]))["state"] == "succeeded" and j,
-                    "the job on the new queue never ran to completion")
-    assert done["admitted_at"] is not None and done["placements"] == []
+    placed = wait_for(lambda: (j := platform.client.job(created["id"]))["placements"] and j,
+                      "the job on the new queue was never admitted and placed")
+    models = {n["name"]: n["models"] for n in platform.client.nodes()}
+    assert placed["admitted_at"] is not None
+    assert all(models[p["node"]] == ["A100"] for p in placed["placements"])  # the queue's only flavor
+    wait_for(lambda: platform.client.job(created["id"])["state"] == "succeeded", "the job never completed")
     assert wait_for(lambda: platform.client.queue("acme")["nominal_gpus"] == 12 + 16 + 12 + 8 + 4, "acme's sum")
     with pytest.raises(ApiError) as err:
         platform.client.submit({"team": "acme", "queue": "acme", "gpus": 1})
@@ -231,7 +234,8 @@ def test_borrowing_shows_as_borrowed_by_demo_and_lent_by_its_cohort(platform: Pl
         assert queues["demo"]["flavors"][0]["borrowed_gpus"] == 24 - nominal
         assert lent["demo"] == 0 and any(lent[n] > 0 for n in LEAVES if n != "demo")
         assert sum(f["lent_gpus"] for f in flavors) == sum(f["borrowed_gpus"] for f in flavors) == 24 - nominal
-        assert lent["product"] <= 4  # it lends only 4
+        # Borrowing is attributed to idle lenders in name order: platform's 8, then product's lendable 4.
+        assert {n: lent[n] for n in LEAVES} == {"demo": 0, "platform": 8, "product": 4, "research": 0}
         table = cli(platform, "queues")
         assert table.returncode == 0, table.stderr
         assert "demo" in table.stdout and "vision" in table.stdout and "A100" in table.stdout
