@@ -26,6 +26,7 @@ from contracts import (
 from contracts.codec import decode
 from libs.audit.invariants import overallocations
 from libs.audit.log_reader import read_log
+from libs.audit.quota_audit import quota_violations
 from libs.audit.replay import replay
 from libs.bus.jetstream import Bus, BusConfig
 from libs.cli.client import ApiError, Client
@@ -48,15 +49,27 @@ e2e-t4-2,32000,131072,2,T4
 """
 
 POLICY = """
+[settings]
+preempt_min_remaining_s = 0.0   # the jobs here run for seconds: let preemption act on them anyway
+starvation_after_s = 20.0
+
+[[queues]]
+name = "org"
+team = "org"
+
 [[queues]]
 name = "alpha"
 team = "alpha"
+parent = "org"
 nominal_gpus = 16
+borrowing_limit_gpus = 8
 
 [[queues]]
 name = "beta"
 team = "beta"
+parent = "org"
 nominal_gpus = 16
+lending_limit_gpus = 8
 
 [[queues]]
 name = "gamma"
@@ -154,7 +167,7 @@ async def test_two_hundred_jobs_from_three_teams_all_reach_a_final_state(
     try:
         client = Client(f"http://127.0.0.1:{sup.ports['admission']}")
         deadline = time.monotonic() + 30
-        while not (len(client.nodes()) == 10 and len(client.queues()) == 3):
+        while not (len(client.nodes()) == 10 and len(client.queues()) == 4):
             assert time.monotonic() < deadline, "cluster never registered"
             time.sleep(0.1)
 
@@ -227,6 +240,7 @@ async def test_two_hundred_jobs_from_three_teams_all_reach_a_final_state(
                                  for seq, e in events if getattr(e, "job_id", getattr(e, "preemptor_id", "")) in stuck
                                  or any(v.job_id in stuck for v in getattr(e, "victims", ())))
     assert overallocations(events) == []
+    assert quota_violations(e for _, e in events) == []
     submitted = [e.job_id for _, e in events if isinstance(e, SubmitJob)]
     assert sorted(set(submitted)) == sorted(accepted)  # nothing lost; duplicates collapsed by id
     assert sum(isinstance(e, PreemptionDecided) for _, e in events) >= 1

@@ -7,6 +7,7 @@ expects (demo's nominal changed to 12, queue "vision" added, demo's jobs cancell
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -76,10 +77,9 @@ def wait_for(check: Callable[[], T], what: str, timeout: float = 15.0) -> T:
     """Poll until `check` returns something truthy (API errors count as not yet)."""
     deadline = time.monotonic() + timeout
     while True:
-        try:
+        result: T | None = None
+        with contextlib.suppress(ApiError):
             result = check()
-        except ApiError:
-            result = None  # type: ignore[assignment]
         if result:
             return result
         assert time.monotonic() < deadline, what
