@@ -16,7 +16,8 @@ QUEUE_FLAGS = {  # flag -> QueueSpec field
     "over_budget": "over_budget", "user_max_gpus": "user_max_gpus", "reclaim_after": "reclaim_after_s",
 }
 # The flags whose value may be "none" (the field unset: no limit); elsewhere "none" is just a string.
-NULLABLE_FLAGS = frozenset({"nominal", "borrowing_limit", "lending_limit", "user_max_gpus"})
+NULLABLE_FLAGS = frozenset({"nominal", "borrowing_limit", "lending_limit", "user_max_gpus", "budget_gpu_hours"})
+SHORTHAND_FLAGS = ("nominal", "borrowing_limit", "lending_limit")  # the single any-model flavor's fields
 
 
 def _num(value: float | None) -> str:
@@ -71,6 +72,11 @@ def parse_flavor(text: str) -> dict[str, Any]:
 def queue_spec(current: dict[str, Any] | None, name: str, args: argparse.Namespace) -> dict[str, Any]:
     """The queue's spec after applying the flags to its current one (or to a new one)."""
     spec: dict[str, Any] = dict(current or {"name": name})
+    if spec.get("flavors") and not args.flavor and any(getattr(args, f) is not None for f in SHORTHAND_FLAGS):
+        if args.nominal is None:
+            raise ValueError(f"queue {name} has per-model flavors: change them with --flavor "
+                             "MODEL=NOMINAL[:BORROW[:LEND]] (or give --nominal to replace them by one quota)")
+        spec.pop("flavors")  # --nominal replaces the per-model quotas by one quota for any model
     for flag, field in QUEUE_FLAGS.items():
         value = getattr(args, flag)
         if value is not None:
@@ -103,6 +109,10 @@ def cmd_queue_set(args: argparse.Namespace) -> None:
         print(f"queue {args.name} {'created' if current is None else 'updated'}; the change is in the log")
 
 
+def _float_or_none(text: str) -> float | str:
+    return "none" if text == "none" else float(text)
+
+
 def _int_or_none(text: str) -> int | str:
     return "none" if text == "none" else int(text)
 
@@ -123,7 +133,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "preference order); replaces --nominal")
     p.add_argument("--weight", type=float)
     p.add_argument("--placement-policy")
-    p.add_argument("--budget-gpu-hours", type=float)
+    p.add_argument("--budget-gpu-hours", type=_float_or_none, help="GPU-hours per period ('none': no budget)")
     p.add_argument("--budget-period", choices=["day", "week", "month"])
     p.add_argument("--over-budget", choices=["borrow", "wait"])
     p.add_argument("--user-max-gpus", type=_int_or_none)

@@ -9,6 +9,7 @@ import msgspec
 from aiohttp import web
 
 from contracts import QueuePolicyChanged, QueueSpec
+from contracts.views import QueueView
 from libs.bus.jetstream import Bus
 from libs.core.admission import AdmissionDecider
 from libs.core.decider import derived_id
@@ -35,10 +36,18 @@ class QueuesApi:
         return json_response(await self.store.queues())
 
     async def get_queue(self, request: web.Request) -> web.Response:
+        """The queue's read model; its spec from admission's own fold of the log, which is fresher than the
+        projection (a queue just PUT is already there)."""
         name = request.match_info["name"]
         view = next((q for q in await self.store.queues() if q.name == name), None)
-        if view is None:
+        spec = self.decider.policy.queues.get(name)
+        if view is None and spec is None:
             return error_response(404, "unknown_queue", f"queue {name!r} does not exist")
+        if view is None:
+            assert spec is not None
+            view = QueueView(name=name, team=spec.team, parent=spec.parent, cohort=spec.cohort, weight=spec.weight)
+        if spec is not None:
+            view.spec = spec
         return json_response(view)
 
     async def put_queue(self, request: web.Request) -> web.Response:

@@ -162,3 +162,19 @@ def test_queue_rows_a_queue_without_quota_shows_no_limit_and_what_it_reserved() 
 
 def test_queue_rows_of_nothing_is_nothing() -> None:
     assert queue_rows([]) == []
+
+
+def test_nominal_replaces_per_model_flavors_but_a_limit_alone_is_refused() -> None:
+    current = {"name": "q", "team": "t", "flavors": [{"model": "A100", "nominal_gpus": 4}]}
+    parser = build_parser()
+    replaced = queue_spec(current, "q", parser.parse_args(["queue", "set", "q", "--nominal", "6"]))
+    assert "flavors" not in replaced and replaced["nominal_gpus"] == 6
+    with pytest.raises(ValueError, match="per-model flavors"):
+        queue_spec(current, "q", parser.parse_args(["queue", "set", "q", "--borrowing-limit", "2"]))
+
+
+def test_a_budget_can_be_cleared() -> None:
+    parser = build_parser()
+    spec = queue_spec({"name": "q", "team": "t", "budget_gpu_hours": 10.0}, "q",
+                      parser.parse_args(["queue", "set", "q", "--budget-gpu-hours", "none"]))
+    assert spec["budget_gpu_hours"] is None
