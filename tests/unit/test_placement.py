@@ -21,7 +21,7 @@ from contracts import (
 from libs.core.cluster import Cluster
 from libs.core.fit import Shortfall, fits, place_gang, place_replica
 from libs.core.placement import PlacementDecider
-from tests.unit.builders import EventFeed, Job, brief, job, node, of
+from tests.unit.builders import EventFeed, Job, brief, job, kinds, node, of, pipeline, queue
 
 
 def cluster(*specs, busy: dict[str, int] | None = None, partial: dict[tuple[str, int], int] | None = None) -> Cluster:
@@ -288,3 +288,26 @@ def test_a_lost_node_takes_no_new_work() -> None:
     feed.send(NodeLost, node="a", reason="heartbeat")
     assert [p.node for p in feed.reserve("j", job().gpus(1))[0].placements] == ["b"]
     assert [d.code for d in feed.reserve("k", job().gpus(4))] == ["insufficient_gpus"]
+
+
+def test_a_job_waiting_for_capacity_past_the_starvation_limit_gets_it_held_while_short_jobs_backfill() -> None:
+    from contracts import ClockTick, PlacementDeferred, SchedulingSettings, SchedulingSettingsChanged
+
+    feed = pipeline()
+    feed.queues(queue("ml-train", "ml"))
+    feed.nodes(node("a", 4))
+    feed.send(SchedulingSettingsChanged, version=1, settings=SchedulingSettings(starvation_after_s=100.0))
+    feed.at(0.0)
+    for i in range(4):
+        feed.submit(f"s{i}", job().gpus(1).having(duration_s=1000.0))
+    assert kinds(feed.at(1.0).submit("big", job().gpus(4)))[-1] == "PlacementDeferred"
+    feed.at(2.0).send(JobFinished, job_id="s0")
+    # Before the limit a small job simply takes the free GPU.
+    assert kinds(feed.at(3.0).submit("early", job().gpus(1).having(duration_s=500.0)))[-1] == "JobPlaced"
+    feed.at(200.0).send(ClockTick)
+    feed.at(201.0).send(JobFinished, job_id="s1")
+    # Past it: a job without a declared runtime would delay the big job, so it is held...
+    held = of(feed.at(202.0).submit("late", job().gpus(1)), PlacementDeferred)
+    assert [(d.job_id, d.code) for d in held] == [("late", "held_for_starving_job")]
+    # ...while one that ends before the big job could start (the others end at 1000) backfills.
+    assert kinds(feed.at(203.0).submit("short", job().gpus(1).having(duration_s=10.0)))[-1] == "JobPlaced"
