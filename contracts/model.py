@@ -109,6 +109,9 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, f
     # How long a queue under its nominal quota with pending work lets borrowers finish on their own before
     # the preemption service reclaims its quota from them.
     reclaim_after_s: float = 0.0
+    # Blast radius: at most this many of the queue's GPUs are chosen for eviction per window. None: no cap.
+    eviction_budget_gpus: int | None = None
+    eviction_window_s: float = 3600.0
 
 
 class SchedulingSettings(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -122,6 +125,8 @@ class SchedulingSettings(msgspec.Struct, frozen=True, kw_only=True, omit_default
     # A job expected to end (by its declared duration) within this many seconds is never evicted: waiting
     # for it costs less than redoing its work.
     preempt_min_remaining_s: float = 10.0
+    # One preemption decision may evict at most the preemptor's need plus this many GPUs.
+    preemption_slack_gpus: int = 8
 
 
 class PriorityClass(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -154,3 +159,7 @@ class Victim(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     priority: int
     gpu_milli: int
     reason: str
+    # The ordering criteria that selected it (after borrower-first and priority): GPU-seconds its eviction
+    # throws away, and when it started.
+    lost_gpu_seconds: float = 0.0
+    started_at: float | None = None

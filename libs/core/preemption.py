@@ -102,6 +102,10 @@ class PreemptionState:
     # queue -> priority -> how many of its jobs wait for quota at that priority
     waiting_priorities: dict[str, dict[int, int]] = field(default_factory=dict)
     cancelled: dict[str, None] = field(default_factory=dict)
+    # victim -> the job it was evicted for: a victim never preempts its preemptor back.
+    preempted_by: dict[str, str] = field(default_factory=dict)
+    # queue -> [(when, GPUs in thousandths)] chosen for eviction, for the blast-radius budget.
+    evicted: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
 
 
 class PreemptionDecider:
@@ -178,6 +182,8 @@ class PreemptionDecider:
                 s.in_flight[event.preemptor_id] = [v.job_id for v in event.victims]
                 for v in event.victims:
                     s.victim_of[v.job_id] = event.preemptor_id
+                    s.preempted_by[v.job_id] = event.preemptor_id
+                    s.evicted.setdefault(v.queue, []).append((event.ts, v.gpu_milli))
             case JobCancelled():
                 self._unwait(event.job_id)
                 if event.job_id in s.running:
@@ -232,6 +238,7 @@ class PreemptionDecider:
             s.specs.pop(job_id, None)
             s.in_flight.pop(job_id, None)
             s.cancelled.pop(job_id, None)
+            s.preempted_by.pop(job_id, None)
 
     def react(self, trigger: Trigger) -> list[EventBase]:
         out = Decisions(SERVICE, trigger, self.evolve, self.chain)
@@ -272,21 +279,31 @@ class PreemptionDecider:
                 heads[spec.queue] = key
         return [heads[q][1] for q in sorted(heads)]
 
-    def _eligible(self, r: Running, now: float) -> bool:
+    def _eligible(self, r: Running, now: float, preemptor_id: str) -> bool:
         return (r.preemptible and r.job_id not in self.s.victim_of and r.job_id not in self.s.cancelled
                 and now - r.started >= r.min_runtime_s
-                and (r.ends_at is None or r.ends_at - now > self.policy.settings.preempt_min_remaining_s))
+                and (r.ends_at is None or r.ends_at - now > self.policy.settings.preempt_min_remaining_s)
+                and self.s.preempted_by.get(preemptor_id) != r.job_id)  # no preempting one's preemptor back
+
+    def budget_left(self, queue: str, now: float) -> int | None:
+        """GPUs (thousandths) the queue may still lose to eviction in its window; None: no budget."""
+        spec = self.policy.queues.get(queue)
+        if spec is None or spec.eviction_budget_gpus is None:
+            return None
+        recent = [(t, m) for t, m in self.s.evicted.get(queue, []) if now - t < spec.eviction_window_s]
+        self.s.evicted[queue] = recent
+        return spec.eviction_budget_gpus * 1000 - sum(m for _, m in recent)
 
     def candidates(self, preemptor: JobSpec, preemptor_id: str, now: float) -> list[Running]:
         """Jobs of the preemptor's queue with a lower priority, in victim order."""
         prio = self.policy.priority_of(preemptor)
         cands = [r for r in self.s.running.values()
                  if r.queue == preemptor.queue and r.priority < prio and r.job_id != preemptor_id
-                 and self._eligible(r, now)]
+                 and self._eligible(r, now, preemptor_id)]
         cands.sort(key=lambda r: r.victim_key(now))
         return cands
 
-    def borrowers(self, preemptor: JobSpec, flavor: str, now: float) -> list[Running]:
+    def borrowers(self, preemptor: JobSpec, flavor: str, now: float, preemptor_id: str = "") -> list[Running]:
         """Jobs of other queues of the preemptor's cohort that hold borrowed quota of `flavor` (their queue is
         above its nominal, or they were admitted over budget), in victim order."""
         cohort = self.book.cohort.get(preemptor.queue, "")
@@ -296,7 +313,7 @@ class PreemptionDecider:
         borrowing = {q for q in peers if self.book.borrowed(q, flavor) > 0}
         cands = [r for r in self.s.running.values()
                  if r.queue in peers and r.flavor == flavor and (r.queue in borrowing or r.over_budget)
-                 and self._eligible(r, now)]
+                 and self._eligible(r, now, preemptor_id)]
         cands.sort(key=lambda r: r.victim_key(now))
         return cands
 
@@ -308,7 +325,7 @@ class PreemptionDecider:
             return
         leaving = [s.running[j] for j in sorted(s.running) if j in s.cancelled or j in s.victim_of]
         demand = demand_milli(spec)
-        sim = Simulation(self, spec, leaving)
+        sim = Simulation(self, spec, leaving, now)
         if waiting.code == PLACEMENT:
             held = s.reserved.get(job_id)
             flavor = held[1] if held is not None else ANY
@@ -326,7 +343,7 @@ class PreemptionDecider:
                 continue
             # Reclaim: shed own lower-priority jobs of this flavor down to nominal, then borrowers' jobs.
             own = [r for r in self.candidates(spec, job_id, now) if r.flavor == flavor]
-            others = self.borrowers(spec, flavor, now)
+            others = self.borrowers(spec, flavor, now, job_id)
             if not others:
                 continue
 
@@ -347,10 +364,14 @@ class PreemptionDecider:
         if not victims:
             return
         spec = self.s.specs[job_id]
+        now = out.trigger.event.ts
+        if sum(v.demand for v in victims) > demand_milli(spec) + self.policy.settings.preemption_slack_gpus * 1000:
+            return  # more than the need plus slack: waiting beats such collateral damage
         code = RECLAIM if any(v.queue != spec.queue for v in victims) else WITHIN_QUEUE_PRIORITY
         out.emit(PreemptionDecided, correlation_id=job_id, preemptor_id=job_id, code=code,
                  victims=tuple(Victim(job_id=v.job_id, queue=v.queue, priority=v.priority, gpu_milli=v.demand,
-                                      reason=RECLAIM if v.queue != spec.queue else WITHIN_QUEUE_PRIORITY)
+                                      reason=RECLAIM if v.queue != spec.queue else WITHIN_QUEUE_PRIORITY,
+                                      lost_gpu_seconds=round(v.lost(now) / 1000, 3), started_at=v.started)
                                for v in victims))
 
     def snapshot(self) -> bytes:
@@ -362,11 +383,17 @@ class PreemptionDecider:
 class Simulation:
     """Evictions tried on the decider's own quota book and cluster, always undone before returning."""
 
-    def __init__(self, decider: PreemptionDecider, spec: JobSpec, leaving: list[Running]) -> None:
+    def __init__(self, decider: PreemptionDecider, spec: JobSpec, leaving: list[Running], now: float = 0.0) -> None:
         self.d = decider
         self.spec = spec
         self.leaving = leaving  # on their way out already: their GPUs count as free
         self.applied: list[Running] = []
+        self.now = now
+
+    def _within_budget(self, c: Running) -> bool:
+        """Would taking `c` too keep its queue within its blast-radius budget?"""
+        left = self.d.budget_left(c.queue, self.now)
+        return left is None or c.demand + sum(v.demand for v in self.applied if v.queue == c.queue) <= left
 
     def fits(self, flavor: str) -> bool:
         spec = self.spec if flavor == ANY else msgspec.structs.replace(self.spec, gpu_models=(flavor,))
@@ -397,6 +424,8 @@ class Simulation:
             for c in candidates:
                 if keep_borrowing and c.queue != self.spec.queue and not c.over_budget \
                         and self.d.book.borrowed(c.queue, c.flavor) <= 0:
+                    continue
+                if not self._within_budget(c):
                     continue
                 self._apply(c, +1)
                 if enough():

@@ -84,6 +84,10 @@ def check_tree(queues: dict[str, QueueSpec], candidate: QueueSpec) -> str | None
         return "user_max_gpus must be >= 0"
     if candidate.reclaim_after_s < 0:
         return "reclaim_after_s must be >= 0"
+    if candidate.eviction_budget_gpus is not None and candidate.eviction_budget_gpus < 0:
+        return "eviction_budget_gpus must be >= 0"
+    if candidate.eviction_window_s <= 0:
+        return "eviction_window_s must be > 0"
     parent = candidate.parent
     seen = {candidate.name}
     while parent:

@@ -11,11 +11,13 @@ import pytest
 
 from contracts import (
     CancelJob,
+    ClockTick,
     JobEvicted,
     PlacementDeferred,
     PreemptionDecided,
     PriorityClass,
     PriorityClassesChanged,
+    QueueSpec,
     QuotaDeferred,
     Victim,
 )
@@ -84,8 +86,9 @@ def test_a_preemption_decision_names_the_preemptor_and_each_victim() -> None:
     feed = full_queue()
     [decided] = of(feed.submit("p", job().gpus(2).priority("urgent")), PreemptionDecided)
     assert (decided.preemptor_id, decided.code, decided.correlation_id) == ("p", "within_queue_priority", "p")
+    # With the criteria that chose it: nothing run yet to lose (all placed at the same instant), started when.
     assert decided.victims == (Victim(job_id="v4", queue="ml-train", priority=100, gpu_milli=2000,
-                                      reason="within_queue_priority"),)
+                                      reason="within_queue_priority", lost_gpu_seconds=0.0, started_at=1000.0),)
 
 
 def test_once_its_victim_is_evicted_the_preemptor_gets_the_quota_and_gpus_and_the_victim_waits() -> None:
@@ -247,3 +250,50 @@ def test_jobs_about_to_end_are_not_evicted(duration_s: float, victims: list[str]
     # 20 s later: 5 s left of a 25 s run (within the default 10 s), 80 s left of a 100 s run.
     decided = of(feed.at(1020.0).submit("p", job().gpus(2).priority("urgent")), PreemptionDecided)
     assert [[v.job_id for v in d.victims] for d in decided] == ([victims] if victims else [])
+
+
+def test_a_decision_never_evicts_more_than_the_need_plus_the_slack() -> None:
+    from contracts import SchedulingSettings, SchedulingSettingsChanged
+
+    feed = pipeline()
+    feed.queues(queue("ml-train", "ml", 16))
+    feed.nodes(node("a", 8), node("b", 8))
+    feed.send(SchedulingSettingsChanged, version=1, settings=SchedulingSettings(preemption_slack_gpus=4))
+    feed.submit("big", job().gpus(8).priority("batch"))   # one 8-GPU victim on a
+    feed.submit("small", job().gpus(8).priority("batch"))  # another on b
+    # A 2-GPU urgent job would need one 8-GPU victim: 8 > 2 + 4, so nobody is evicted; with slack 8 it goes.
+    assert of(feed.submit("p", job().gpus(2).priority("urgent")), PreemptionDecided) == []
+    feed.send(SchedulingSettingsChanged, version=2, settings=SchedulingSettings(preemption_slack_gpus=8))
+    feed.send(ClockTick)
+    assert len(of(feed.send(ClockTick), PreemptionDecided) + of(feed.submit("p2", job().gpus(2).priority("urgent")),
+                                                                 PreemptionDecided)) == 1
+
+
+@pytest.mark.parametrize(("budget", "victims"), [
+    pytest.param(None, ["v4", "v2"], id="without a budget both batch jobs go"),
+    pytest.param(2, [], id="a 2-GPU budget cannot cover the 4 GPUs needed: nobody"),
+    pytest.param(4, ["v4", "v2"], id="a 4-GPU budget covers exactly them"),
+])
+def test_a_queues_blast_radius_budget_caps_its_evictions_per_window(budget: int | None, victims: list[str]) -> None:
+    feed = pipeline()
+    feed.queues(QueueSpec(name="ml-train", team="ml", nominal_gpus=8, eviction_budget_gpus=budget),
+                queue("cv-train", "cv", None))
+    feed.nodes(node("a", 8))
+    for job_id, prio in (("v1", "batch"), ("v2", "batch"), ("v3", "experiment"), ("v4", "batch")):
+        feed.submit(job_id, job().gpus(2).priority(prio))
+    decided = of(feed.submit("p", job().gpus(4).priority("urgent")), PreemptionDecided)
+    assert [[v.job_id for v in d.victims] for d in decided] == ([victims] if victims else [])
+
+
+def test_a_victim_never_preempts_its_preemptor_back() -> None:
+    feed = pipeline()
+    feed.queues(queue("ml-train", "ml", 4))
+    feed.nodes(node("a", 4))
+    feed.submit("v", job().gpus(4).priority("batch"))
+    assert len(of(feed.submit("p", job().gpus(4).priority("urgent")), PreemptionDecided)) == 1
+    feed.send(JobEvicted, job_id="v", reason="preempted")
+    # The priority classes change so that v now outranks p: still, v may not take p's GPUs back.
+    classes = tuple(msgspec.structs.replace(c, value=900) if c.name == "batch" else c for c in DEFAULT_PRIORITY_CLASSES)
+    out = feed.send(PriorityClassesChanged, classes=classes, version=5)
+    out += feed.send(ClockTick)
+    assert of(out, PreemptionDecided) == []
