@@ -168,7 +168,18 @@ class JobFailed(EventBase, frozen=True, kw_only=True):
 class JobEvicted(EventBase, frozen=True, kw_only=True):
     job_id: str
     reason: str
+    # The checkpoint the job resumes from, and how many seconds of its work it holds.
     checkpoint: str = ""
+    progress_s: float = 0.0
+
+
+class JobCheckpointed(EventBase, frozen=True, kw_only=True):
+    """A running job saved its state: a later run resumes from `checkpoint` with `progress_s` of its work
+    done, so an eviction loses only what came after."""
+
+    job_id: str
+    checkpoint: str
+    progress_s: float = 0.0
 
 
 # --- node telemetry -----------------------------------------------------------------------------
@@ -228,6 +239,7 @@ Event = (
     | JobFinished
     | JobFailed
     | JobEvicted
+    | JobCheckpointed
     | NodeRegistered
     | NodeLost
     | GpuHealthChanged

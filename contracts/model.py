@@ -44,6 +44,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, for
     topology_required: bool = False
     # Replicas on distinct nodes (failure domains), e.g. for inference.
     spread: bool = False
+    # The job saves its state at least this often and on a stop signal (SIGTERM): preempting it loses
+    # little. None: it does not checkpoint, and an eviction loses all its work since it started.
+    checkpoint_interval_s: float | None = None
 
 
 class GpuSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -31,6 +31,9 @@ class JobView(msgspec.Struct, kw_only=True):
     exit_code: int | None = None
     evictions: int = 0
     gpu_seconds: float = 0.0
+    # Work saved by its last checkpoint (seconds), and GPU time its evictions threw away.
+    progress_s: float = 0.0
+    lost_gpu_seconds: float = 0.0
     # Stream sequence of the last event this view reflects: writes are idempotent and ordered by it.
     seq: int = 0
 
@@ -83,6 +86,8 @@ class TeamUsage(msgspec.Struct, kw_only=True):
     team: str
     gpu_seconds: float = 0.0
     jobs_finished: int = 0
+    # GPU time its jobs' evictions threw away (run time not covered by a checkpoint).
+    lost_gpu_seconds: float = 0.0
 
 
 class Reason(msgspec.Struct, kw_only=True):

@@ -29,7 +29,8 @@ WORKLOAD: list[tuple[float, dict[str, object]]] = [
     # demo borrows beyond its 16 GPUs from the idle cohort
     (0.0, {"team": "demo", "queue": "demo", "gpus": 8, "priority": "batch", "duration_s": 20.0, "user": "ana"}),
     (0.0, {"team": "demo", "queue": "demo", "gpus": 8, "priority": "batch", "duration_s": 20.0, "user": "ana"}),
-    (0.0, {"team": "demo", "queue": "demo", "gpus": 8, "priority": "batch", "duration_s": 20.0, "user": "bo"}),
+    (0.0, {"team": "demo", "queue": "demo", "gpus": 8, "priority": "batch", "duration_s": 20.0, "user": "bo",
+            "checkpoint_interval_s": 5.0}),
     (0.0, {"team": "demo", "queue": "demo", "gpus": 4, "priority": "batch", "duration_s": 20.0, "user": "bo"}),
     # research: one user over the per-user limit waits while another user's job goes
     (1.0, {"team": "research", "queue": "research", "gpus": 8, "duration_s": 4.0, "user": "cy"}),

@@ -64,6 +64,8 @@ class Ledger:
     dirty_nodes: dict[str, None] = field(default_factory=dict)
     dirty_teams: dict[str, None] = field(default_factory=dict)
     waits: list[AdmissionWait] = field(default_factory=list)
+    # (queue, reason, GPU-seconds) lost to each eviction since the projector last flushed
+    losses: list[tuple[str, str, float]] = field(default_factory=list)
     last_seq: int = 0
     last_ts: float = 0.0
 
@@ -108,6 +110,20 @@ class Ledger:
         usage = self.teams.setdefault(view.team, TeamUsage(team=view.team))
         usage.gpu_seconds += seconds
         self.dirty_teams[view.team] = None
+
+    def _charge_loss(self, view: JobView, event: JobEvicted) -> None:
+        """GPU time an eviction threw away: the run's time not covered by the progress it checkpointed."""
+        started = self.run_started.get(view.id)
+        if started is None:
+            return
+        saved = max(0.0, event.progress_s - view.progress_s)
+        lost = max(0.0, event.ts - started - saved) * gpu_count(view)
+        view.progress_s = event.progress_s
+        view.lost_gpu_seconds += lost
+        usage = self.teams.setdefault(view.team, TeamUsage(team=view.team))
+        usage.lost_gpu_seconds += lost
+        self.dirty_teams[view.team] = None
+        self.losses.append((view.queue, event.reason, lost))
 
     # --- the fold ------------------------------------------------------------------------------
 
@@ -199,6 +215,8 @@ class Ledger:
                 self.teams.setdefault(view.team, TeamUsage(team=view.team)).jobs_finished += 1
                 self.dirty_teams[view.team] = None
             case JobEvicted():
+                if event.reason != "cancelled" and view.phase != "cancelling":
+                    self._charge_loss(view, event)
                 self._end_run(view, event.ts, seq)
                 if event.reason == "cancelled" or view.phase == "cancelling":
                     self._set_state(view, "cancelled", seq)

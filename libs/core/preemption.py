@@ -25,6 +25,7 @@ from contracts import (
     EventBase,
     GpuHealthChanged,
     JobCancelled,
+    JobCheckpointed,
     JobEvicted,
     JobFailed,
     JobFinished,
@@ -71,13 +72,19 @@ class Running:
     min_runtime_s: float = 0.0
     ends_at: float | None = None  # from its declared duration
     placed_order: int = 0  # breaks ties between jobs started at the same instant: later placed, first out
+    checkpoints_on_stop: bool = False  # it saves its state when told to stop: evicting it loses nothing
+    last_checkpoint: float | None = None
 
     def victim_key(self, now: float) -> tuple[int, float, float, int, str]:
         return (self.priority, self.lost(now), -self.started, -self.placed_order, self.job_id)
 
     def lost(self, now: float) -> float:
-        """GPU-time an eviction now throws away (no checkpoint is known: all of it since the start)."""
-        return (now - self.started) * self.demand
+        """GPU-time (thousandths of GPU-seconds) an eviction now throws away: nothing for a job that
+        checkpoints when stopped, else everything since its last checkpoint (or its start)."""
+        if self.checkpoints_on_stop:
+            return 0.0
+        since = self.started if self.last_checkpoint is None else max(self.started, self.last_checkpoint)
+        return (now - since) * self.demand
 
 
 @dataclass(slots=True)
@@ -126,7 +133,7 @@ class PreemptionDecider:
     def input_types(self) -> Iterable[type[EventBase]]:
         return (NodeRegistered, NodeLost, GpuHealthChanged, QueuePolicyChanged, PriorityClassesChanged,
                 SchedulingSettingsChanged, JobSubmitted, QuotaReserved, QuotaReleased, QuotaDeferred, JobPlaced,
-                PlacementDeferred, JobCancelled, JobFinished, JobFailed, JobEvicted, ClockTick)
+                PlacementDeferred, JobCancelled, JobFinished, JobFailed, JobEvicted, JobCheckpointed, ClockTick)
 
     def evolve(self, event: EventBase) -> None:
         if not isinstance(event, ClockTick):
@@ -175,9 +182,12 @@ class PreemptionDecider:
                                   demand=demand_milli(spec), started=event.ts, placements=event.placements,
                                   flavor=flavor, over_budget=over_budget,
                                   min_runtime_s=self.policy.min_runtime_s(spec), placed_order=self._placed,
-                                  ends_at=None if spec.duration_s is None else event.ts + spec.duration_s)
+                                  ends_at=None if spec.duration_s is None else event.ts + spec.duration_s,
+                                  checkpoints_on_stop=spec.checkpoint_interval_s is not None)
                 s.running[event.job_id] = run
                 self.cluster.allocate(event.placements)
+            case JobCheckpointed() if event.job_id in s.running:
+                s.running[event.job_id].last_checkpoint = event.ts
             case PreemptionDecided():
                 s.in_flight[event.preemptor_id] = [v.job_id for v in event.victims]
                 for v in event.victims:

@@ -1,5 +1,7 @@
 """What a simulated executor knows and reports, whatever its clock: placed jobs start at once and finish
-after their declared duration, preempted and cancelled ones are evicted. The node-telemetry service drives
+after their declared duration, preempted and cancelled ones are evicted. A job that checkpoints
+(`checkpoint_interval_s`) saves its state when told to stop, so its next run resumes with that progress; one
+that does not loses its run. The node-telemetry service drives
 it with the wall clock; the virtual-time pipeline with its own. Report ids derive from the placement they
 belong to, so a report made twice (after a restart) is one message."""
 
@@ -11,6 +13,7 @@ from typing import Any
 from contracts import (
     EventBase,
     JobCancelled,
+    JobCheckpointed,
     JobEvicted,
     JobFailed,
     JobFinished,
@@ -22,7 +25,7 @@ from contracts import (
 from libs.core.decider import derived_id
 
 SOURCE = "sim-executor"
-REPORTS = (JobStarted, JobFinished, JobFailed, JobEvicted)
+REPORTS = (JobStarted, JobFinished, JobFailed, JobEvicted, JobCheckpointed)
 
 
 @dataclass(slots=True)
@@ -31,16 +34,26 @@ class Run:
     run_id: str  # the JobPlaced event id: one run per placement
     duration: float | None
     started_at: float | None = None
+    done_before: float = 0.0  # seconds of work saved by earlier runs (resumed from a checkpoint)
+    checkpoint_every: float | None = None
 
     def ends_at(self, time_scale: float = 1.0) -> float | None:
         if self.duration is None or self.started_at is None:
             return None  # runs until cancelled or evicted
-        return self.started_at + self.duration / time_scale
+        return self.started_at + max(0.0, self.duration - self.done_before) / time_scale
+
+    def progress(self, now: float, time_scale: float = 1.0) -> float:
+        """Seconds of the job's work done by `now`, this run included."""
+        ran = 0.0 if self.started_at is None else max(0.0, now - self.started_at) * time_scale
+        return self.done_before + ran
 
 
 class ExecutorBook:
-    def __init__(self) -> None:
+    def __init__(self, time_scale: float = 1.0) -> None:
+        self.time_scale = time_scale
         self.durations: dict[str, float | None] = {}
+        self.checkpoint_every: dict[str, float | None] = {}
+        self.saved: dict[str, float] = {}  # job -> progress of its last checkpoint
         self.runs: dict[str, Run] = {}
         self.cancelled: dict[str, None] = {}
 
@@ -54,8 +67,13 @@ class ExecutorBook:
         match event:
             case JobSubmitted():
                 self.durations[event.job_id] = event.spec.duration_s
+                self.checkpoint_every[event.job_id] = event.spec.checkpoint_interval_s
             case JobPlaced():
-                self.runs[event.job_id] = Run(event.job_id, event.id, self.durations.get(event.job_id))
+                self.runs[event.job_id] = Run(event.job_id, event.id, self.durations.get(event.job_id),
+                                              done_before=self.saved.get(event.job_id, 0.0),
+                                              checkpoint_every=self.checkpoint_every.get(event.job_id))
+            case JobCheckpointed():
+                self.saved[event.job_id] = event.progress_s
             case JobStarted():
                 run = self.runs.get(event.job_id)
                 if run is not None and run.started_at is None:
@@ -64,8 +82,12 @@ class ExecutorBook:
                 self.cancelled[event.job_id] = None
             case JobFinished() | JobFailed() | JobEvicted():
                 self.runs.pop(event.job_id, None)
+                if isinstance(event, JobEvicted):
+                    self.saved[event.job_id] = event.progress_s
                 if not isinstance(event, JobEvicted) or event.job_id in self.cancelled:
                     self.durations.pop(event.job_id, None)
+                    self.checkpoint_every.pop(event.job_id, None)
+                    self.saved.pop(event.job_id, None)
                     self.cancelled.pop(event.job_id, None)
 
     def react(self, event: EventBase, now: float) -> list[EventBase]:
@@ -75,22 +97,33 @@ class ExecutorBook:
         match event:
             case JobPlaced():
                 run = self.runs[event.job_id]
-                out.append(self.stop(run, "cancelled", now) if event.job_id in self.cancelled
-                           else self.start(run, now))
+                if event.job_id in self.cancelled:
+                    out += self.stop(run, "cancelled", now)
+                else:
+                    out.append(self.start(run, now))
             case PreemptionDecided():
-                out += [self.stop(self.runs[v.job_id], "preempted", now) for v in event.victims
-                        if v.job_id in self.runs]
+                for v in event.victims:
+                    if v.job_id in self.runs:
+                        out += self.stop(self.runs[v.job_id], "preempted", now)
             case JobCancelled() if event.job_id in self.runs:
-                out.append(self.stop(self.runs[event.job_id], "cancelled", now))
+                out += self.stop(self.runs[event.job_id], "cancelled", now)
         return out
 
     def start(self, run: Run, now: float) -> EventBase:
         run.started_at = now
         return self.report(JobStarted, run, "started", now, executor=SOURCE)
 
-    def stop(self, run: Run, reason: str, now: float) -> EventBase:
+    def stop(self, run: Run, reason: str, now: float) -> list[EventBase]:
+        """Stop a run. Told to stop (preempted), a job that checkpoints saves its state first; its next run
+        resumes from there. Cancelled, it simply ends."""
         self.runs.pop(run.job_id, None)
-        return self.report(JobEvicted, run, "evicted", now, reason=reason)
+        if reason == "cancelled" or run.checkpoint_every is None:
+            return [self.report(JobEvicted, run, "evicted", now, reason=reason, progress_s=run.done_before)]
+        progress = round(run.progress(now, self.time_scale), 3)
+        self.saved[run.job_id] = progress  # its own report is not folded back: apply it here
+        ref = f"{run.job_id}/ckpt-{progress:.3f}"
+        return [self.report(JobCheckpointed, run, "checkpoint", now, checkpoint=ref, progress_s=progress),
+                self.report(JobEvicted, run, "evicted", now, reason=reason, checkpoint=ref, progress_s=progress)]
 
     def finish(self, run: Run, now: float) -> EventBase | None:
         """The run's time is up: its JobFinished, unless it was stopped (or replaced) meanwhile."""

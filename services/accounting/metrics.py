@@ -19,4 +19,6 @@ GPUS = Gauge("gpusched_cluster_gpus", "GPUs in the cluster by state", ["state"])
 GPU_ALLOCATION = Gauge("gpusched_gpu_allocation_ratio", "Share of healthy GPU capacity allocated")
 PREEMPTIONS = Counter("gpusched_preemptions_total", "Jobs chosen as preemption victims", ["queue", "reason"])
 EVICTIONS = Counter("gpusched_evictions_total", "Jobs evicted by executors", ["reason"])
+LOST_GPU_SECONDS = Counter("gpusched_eviction_lost_gpu_seconds_total",
+                           "GPU time evictions threw away (run time not covered by a checkpoint)", ["queue", "reason"])
 FINISHED = Counter("gpusched_jobs_finished_total", "Jobs that reached a final state", ["queue", "state"])

@@ -101,6 +101,8 @@ class Projector:
             metrics.TEAM_GPU_SECONDS.labels(team).set(usage.gpu_seconds)
         for w in led.waits:
             metrics.ADMISSION_WAIT.labels(w.queue, w.priority).observe(w.seconds)
+        for queue, reason, lost in led.losses:
+            metrics.LOST_GPU_SECONDS.labels(queue, reason).inc(lost)
         if led.dirty_nodes:
             self._gpu_gauges()
         led.dirty_jobs.clear()
@@ -108,6 +110,7 @@ class Projector:
         led.dirty_nodes.clear()
         led.dirty_teams.clear()
         led.waits.clear()
+        led.losses.clear()
         return ops
 
     def _gpu_gauges(self) -> None:

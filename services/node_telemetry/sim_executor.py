@@ -13,8 +13,6 @@ from contracts import (
     EventBase,
     JobCancelled,
     JobEvicted,
-    JobFailed,
-    JobFinished,
     JobPlaced,
     JobStarted,
     JobSubmitted,
@@ -37,7 +35,7 @@ class SimExecutor:
         self.bus = bus
         self.time_scale = time_scale
         self.inventory = InventoryBook()
-        self.book = ExecutorBook()
+        self.book = ExecutorBook(time_scale)
         self.timers: dict[str, asyncio.TimerHandle] = {}  # job id -> the finish of its current run
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -49,7 +47,7 @@ class SimExecutor:
         self.book.fold(event)
 
     def on_event(self, seq: int, event: EventBase) -> list[EventBase]:
-        if isinstance(event, JobStarted | JobFinished | JobFailed | JobEvicted) and event.source == SOURCE:
+        if isinstance(event, REPORTS) and event.source == SOURCE:
             return []  # our own report coming back: already applied
         self.inventory.evolve(event)
         reports = self.book.react(event, time.time())
@@ -91,7 +89,7 @@ class SimExecutor:
         pending: list[EventBase] = []
         for run in list(self.book.runs.values()):
             if run.job_id in self.book.cancelled:
-                pending.append(self.book.stop(run, "cancelled", now))
+                pending += self.book.stop(run, "cancelled", now)
             elif run.started_at is None:
                 pending.append(self.book.start(run, now))
                 self._arm(run)
