@@ -10,14 +10,22 @@ from libs.core.quotas import ANY, QuotaBook
 
 
 def quota_violations(events: Iterable[EventBase]) -> list[str]:
-    """One line per reservation that left its queue or its cohort above a limit."""
+    """One line per reservation that left its queue or its cohort above a limit. Each reservation is judged
+    by the policy its decider knew: the policy events logged up to its trigger (a change logged between a
+    trigger and its decision, which is published after later inputs, came too late to bind it)."""
     book = QuotaBook()
     held: dict[str, tuple[str, str, int, bool]] = {}  # job id -> (queue, flavor, milli, over budget)
+    position: dict[str, int] = {}
+    policy: list[tuple[int, QueuePolicyChanged]] = []  # not yet applied
     out: list[str] = []
-    for e in events:
+    for i, e in enumerate(events):
+        position[e.id] = i
         if isinstance(e, QueuePolicyChanged):
-            book.set_queue(e.queue)
+            policy.append((i, e))
         elif isinstance(e, QuotaReserved):
+            trigger = position.get(e.causation_id, i)
+            while policy and policy[0][0] <= trigger:
+                book.set_queue(policy.pop(0)[1].queue)
             key = e.flavor or ANY
             book.add(e.queue, key, e.gpu_milli, e.over_budget)
             held[e.job_id] = (e.queue, key, e.gpu_milli, e.over_budget)

@@ -87,8 +87,10 @@ class PlacementDecider:
         self.lapsed = False  # did the last tick end a nomination?
         self.waiting_since: dict[str, float] = {}  # job -> when its quota was reserved
         self.ends: dict[str, float] = {}  # placed job -> its declared end
-        # The job capacity is held for after waiting too long: (job, priority, shadow time), set on ticks.
-        self.starving: tuple[str, int, float] | None = None
+        # The job capacity is held for after waiting too long: (job, priority, shadow time, the running jobs
+        # that end by then), set on ticks.
+        self.starving: tuple[str, int, float, tuple[str, ...]] | None = None
+        self._tentative: tuple[ReplicaPlacement, ...] = ()  # the placement being tried
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (NodeRegistered, NodeLost, GpuHealthChanged, QueuePolicyChanged, PriorityClassesChanged,
@@ -212,6 +214,7 @@ class PlacementDecider:
             return False
         # place_gang allocated on the live cluster to try; JobPlaced's evolve allocates for the record.
         blocked = self._starves_nominee(job_id, spec)
+        self._tentative = result
         held_for = None if blocked is not None else self._starves_starving(job_id, spec, out.trigger.event.ts)
         self.cluster.release(result)
         if held_for is not None:
@@ -262,7 +265,7 @@ class PlacementDecider:
             return
         spec = self.specs[job_id]
         shadow = float("inf")
-        released = []
+        released: list[str] = []
         try:
             for end, running in sorted((e, j) for j, e in self.ends.items() if j in self.placed):
                 self.cluster.release(self.placed[running])
@@ -273,19 +276,40 @@ class PlacementDecider:
         finally:
             for running in released:
                 self.cluster.allocate(self.placed[running])
-        self.starving = (job_id, self.policy.priority_of(spec), shadow)
+        self.starving = (job_id, self.policy.priority_of(spec), shadow, tuple(released))
 
     def _starves_starving(self, job_id: str, spec: JobSpec, now: float) -> str | None:
         """With `job_id` tentatively allocated: the starving job it would keep waiting, or None. A job of
-        higher priority goes anyway; one that ends before the starving job's shadow time backfills."""
+        higher priority goes anyway; one that ends before the starving job's shadow time backfills; one
+        that leaves the starving job room once the jobs ending by then are gone does no harm."""
         if self.starving is None or self.starving[0] == job_id or self.starving[0] not in self.specs:
             return None
-        starving, prio, shadow = self.starving
+        starving, prio, shadow, ending = self.starving
         if self.policy.priority_of(spec) > prio:
             return None
         if spec.duration_s is not None and shadow != float("inf") and now + spec.duration_s <= shadow:
             return None  # it ends before the starving job could start anyway (unknown shadow: no backfill)
-        return None if self.placer.fits(self.specs[starving]) else starving
+        gone = [self.placed[j] for j in ending if j in self.placed]
+        for placements in gone:
+            self.cluster.release(placements)
+        try:
+            if self.placer.fits(self.specs[starving]):
+                return None
+            # It may not fit at all yet; then the question is whether this job takes what it could use.
+            self.cluster.release(self._tentative)
+            try:
+                room_without = self.placer.fits(self.specs[starving])
+            finally:
+                self.cluster.allocate(self._tentative)
+            return starving if room_without else (starving if self._shares_models(spec, starving) else None)
+        finally:
+            for placements in gone:
+                self.cluster.allocate(placements)
+
+    def _shares_models(self, spec: JobSpec, starving: str) -> bool:
+        """Could the starving job use any GPU the tentative placement took?"""
+        allowed = self.specs[starving].gpu_models
+        return not allowed or any(p.model in allowed for p in self._tentative)
 
     def snapshot(self) -> bytes:
         return msgspec.json.encode({

@@ -139,6 +139,8 @@ class PreemptionDecider:
         if not isinstance(event, ClockTick):
             self.changed = True
         if self.policy.apply(event):
+            if isinstance(event, PriorityClassesChanged):
+                self._rerank()
             return
         s = self.s
         match event:
@@ -206,6 +208,8 @@ class PreemptionDecider:
 
     def _wait(self, job_id: str, code: str, now: float) -> None:
         s = self.s
+        if job_id not in s.specs:
+            return  # a deferral logged after the job ended (decisions are published after later inputs)
         held = s.waiting.get(job_id)
         self._unwait(job_id)
         spec = s.specs.get(job_id)
@@ -215,6 +219,22 @@ class PreemptionDecider:
         if code != PLACEMENT:
             prios = s.waiting_priorities.setdefault(w.queue, {})
             prios[w.priority] = prios.get(w.priority, 0) + 1
+
+    def _rerank(self) -> None:
+        """Priority classes changed: running and waiting jobs take their class's new value."""
+        s = self.s
+        for run in s.running.values():
+            spec = s.specs.get(run.job_id)
+            if spec is not None:
+                run.priority = self.policy.priority_of(spec)
+                run.preemptible = self.policy.preemptible(spec) or run.over_budget
+        s.waiting_priorities = {}
+        for job_id in list(s.waiting):
+            w = s.waiting[job_id]
+            w.priority = self.policy.priority_of(s.specs[job_id]) if job_id in s.specs else w.priority
+            if w.code != PLACEMENT:
+                prios = s.waiting_priorities.setdefault(w.queue, {})
+                prios[w.priority] = prios.get(w.priority, 0) + 1
 
     def _unwait(self, job_id: str) -> None:
         s = self.s
@@ -255,25 +275,29 @@ class PreemptionDecider:
         event = trigger.event
         if isinstance(event, QuotaDeferred | PlacementDeferred) and event.job_id in self.s.waiting:
             self._consider(event.job_id, event.ts, out)
-        elif isinstance(event, ClockTick) and (self.changed or self._grace_ends(event.ts)):
+        elif isinstance(event, ClockTick):
             # Circumstances change without a new deferral (a victim ended on its own, a job was placed
-            # elsewhere, a reclaim grace ran out): on a tick, the first waiting job of each queue is
-            # considered again.
-            self.changed = False
-            for job_id in self._heads_of_queues():
-                self._consider(job_id, event.ts, out)
+            # elsewhere, a reclaim grace ran out): on a tick, the first waiting job of each queue, and every
+            # job whose reclaim grace just ended, is considered again.
+            due = self._grace_ends(event.ts)
+            if self.changed or due:
+                self.changed = False
+                for job_id in dict.fromkeys(self._heads_of_queues() + due):
+                    self._consider(job_id, event.ts, out)
         return out.out
 
-    def _grace_ends(self, now: float) -> bool:
-        """Has some waiting job's reclaim grace run out since it was last considered (so reclaim may start)?
-        Each job counts once: it is considered on this tick, and marked."""
-        due = False
-        for job_id, w in self.s.waiting.items():
+    def _grace_ends(self, now: float) -> list[str]:
+        """The waiting jobs whose reclaim grace has run out since they were last considered (so reclaim may
+        start for them), in id order. Each job counts once: it is considered on this tick, and marked."""
+        due = []
+        for job_id in sorted(self.s.waiting):
+            w = self.s.waiting[job_id]
             spec = self.s.specs.get(job_id)
             queue = self.policy.queues.get(spec.queue) if spec is not None else None
             if (queue is not None and queue.reclaim_after_s > 0 and w.code != PLACEMENT and not w.grace_checked
                     and w.since + queue.reclaim_after_s <= now):
-                w.grace_checked = due = True
+                w.grace_checked = True
+                due.append(job_id)
         return due
 
     def _heads_of_queues(self) -> list[str]:
@@ -351,7 +375,8 @@ class PreemptionDecider:
             lim = self.book.limits.get(spec.queue, {}).get(flavor)
             if lim is None or demand > lim.nominal or now < waiting.since + grace:
                 continue
-            # Reclaim: shed own lower-priority jobs of this flavor down to nominal, then borrowers' jobs.
+            # Reclaim: borrowers' jobs first, then (if the queue itself is above nominal) its own
+            # lower-priority jobs of this flavor; minimisation drops whichever turn out not to be needed.
             own = [r for r in self.candidates(spec, job_id, now) if r.flavor == flavor]
             others = self.borrowers(spec, flavor, now, job_id)
             if not others:
@@ -361,7 +386,7 @@ class PreemptionDecider:
                 return (self.book.usage(spec.queue, flavor) + demand <= nominal
                         and self.book.room(spec.queue, flavor) >= demand and sim.fits(flavor))
 
-            victims = sim.choose(own + others, reclaimed, keep_borrowing=True)
+            victims = sim.choose(others + own, reclaimed, keep_borrowing=True)
             if victims:
                 self._decide(job_id, victims, out)
                 return

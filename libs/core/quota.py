@@ -88,7 +88,8 @@ class Pass:
     now: float
     failed: dict[tuple[str, tuple[str, ...]], int] = field(default_factory=dict)  # (queue, flavors) -> demand
     held_below: dict[str, int] = field(default_factory=dict)  # queue -> priority that holds lower ones back
-    no_borrowing: bool = False
+    # Flavors a queue under its nominal quota waits for (lent out): no borrower of them grows this pass.
+    no_borrowing: set[str] = field(default_factory=set)
     starving: QuotaJob | None = None
     shadow: float = 0.0
     # Cached between reservations (a reservation changes usage, so it clears them).
@@ -113,6 +114,10 @@ class QuotaDecider:
         self.pending: dict[str, dict[int, dict[str, list[tuple[int, str]]]]] = {}
         # (queue, priority) -> pending demand -> count: the smallest demand of a level, fast
         self.demands: dict[tuple[str, int], dict[int, int]] = {}
+        # (queue, priority) -> allowed GPU models -> count: is the level all one kind of request?
+        self.models: dict[tuple[str, int], dict[tuple[str, ...], int]] = {}
+        # Pending jobs by how long they have waited: (since, arrival, job id), for starvation.
+        self.by_wait: list[tuple[float, int, str]] = []
         self.reserved: dict[str, dict[str, None]] = {}  # queue -> jobs holding quota
         self.queue_used: dict[str, int] = {}
         self.user_used: dict[tuple[str, str], int] = {}
@@ -140,6 +145,9 @@ class QuotaDecider:
         bisect.insort(users.setdefault(job.user, []), (job.arrival, job.job_id))
         demands = self.demands.setdefault((job.queue, job.priority), {})
         demands[job.demand] = demands.get(job.demand, 0) + 1
+        models = self.models.setdefault((job.queue, job.priority), {})
+        models[job.spec.gpu_models] = models.get(job.spec.gpu_models, 0) + 1
+        bisect.insort(self.by_wait, (job.since, job.arrival, job.job_id))
 
     def _dequeue(self, job: QuotaJob) -> None:
         levels = self.pending[job.queue]
@@ -156,6 +164,29 @@ class QuotaDecider:
             del demands[job.demand]
             if not demands:
                 del self.demands[(job.queue, job.priority)]
+        models = self.models[(job.queue, job.priority)]
+        models[job.spec.gpu_models] -= 1
+        if not models[job.spec.gpu_models]:
+            del models[job.spec.gpu_models]
+            if not models:
+                del self.models[(job.queue, job.priority)]
+        key = (job.since, job.arrival, job.job_id)
+        i = bisect.bisect_left(self.by_wait, key)
+        if i < len(self.by_wait) and self.by_wait[i] == key:
+            self.by_wait.pop(i)
+
+    def _rerank(self) -> None:
+        """Priority classes changed: every job takes its class's new value, waiting ones their new place."""
+        for job in self.jobs.values():
+            priority = self.policy.priority_of(job.spec)
+            if priority == job.priority:
+                continue
+            if job.state == "pending":
+                self._dequeue(job)
+                job.priority = priority
+                self._enqueue(job)
+            else:
+                job.priority = priority
 
     def _use(self, job: QuotaJob, sign: int, now: float) -> None:
         """Usage of the job's queue, user and flavor changes by its demand."""
@@ -171,6 +202,8 @@ class QuotaDecider:
         self._left_waiting = None  # the queue of a waiting job this event ended, for react
         if self.policy.apply(event):
             self.policy_version += 1
+            if isinstance(event, PriorityClassesChanged):
+                self._rerank()
             return
         match event:
             case JobSubmitted():
@@ -187,7 +220,12 @@ class QuotaDecider:
                 self.jobs[event.job_id] = job
                 self._enqueue(job)
             case QuotaReserved():
-                job = self.jobs[event.job_id]
+                # A fold of the log (the accounting mirror) can see a decision after the input that ended its
+                # job (decisions are published after later inputs); the decider itself never does.
+                taken = self.jobs.get(event.job_id)
+                if taken is None or taken.state != "pending":
+                    return
+                job = taken
                 self._dequeue(job)
                 job.state, job.flavor, job.reserved_at = "reserved", event.flavor or ANY, event.ts
                 job.over_budget = event.over_budget
@@ -195,7 +233,10 @@ class QuotaDecider:
                 self._use(job, +1, event.ts)
                 self.deferred.pop(event.job_id, None)
             case QuotaReleased():
-                job = self.jobs[event.job_id]
+                freed = self.jobs.get(event.job_id)
+                if freed is None or freed.state != "reserved":
+                    return
+                job = freed
                 self._close_spending(job, event.ts)
                 self.reserved[job.queue].pop(job.job_id, None)
                 self._use(job, -1, event.ts)
@@ -271,7 +312,8 @@ class QuotaDecider:
                     self._schedule(group, now, out)
             case ClockTick():
                 # Time alone can change a verdict: a new budget period opens.
-                waiting = {self.jobs[j].queue for j, code in self.deferred.items() if code == BUDGET_SPENT}
+                waiting = {self.jobs[j].queue for j, code in self.deferred.items()
+                           if code in (BUDGET_SPENT, OVER_BUDGET_WAITS)}
                 for group in self._groups():
                     if waiting.intersection(group):
                         self._schedule(group, now, out)
@@ -368,8 +410,9 @@ class QuotaDecider:
             failed = p.failed.get((queue, flavors))
             if failed is not None and job.demand >= failed:
                 if told in WAITING_FOR_QUOTA:
-                    if failed <= min(self.demands[(queue, job.priority)]):
-                        order.skip_level()  # nothing of this level is smaller; all of it was told already
+                    level = (queue, job.priority)
+                    if failed <= min(self.demands[level]) and len(self.models[level]) == 1:
+                        order.skip_level()  # nothing of this level is smaller or asks for other models
                     continue
                 self._defer(job, *self._quota_reason(job), out)
                 continue
@@ -408,20 +451,17 @@ class QuotaDecider:
                         f"{queue.budget_period}ly budget; it waits for the next period", 0, out)
             return False
         starving = p.starving
-        if (starving is not None and starving is not job and job.priority <= starving.priority
-                and not (job.spec.duration_s is not None and p.now + job.spec.duration_s <= p.shadow)):
+        if starving is not None and self._held_for_starving(job, p):
             self._defer(job, HELD_FOR_STARVING_JOB, f"quota is held for job {starving.job_id}, waiting since "
                         f"{starving.since:.0f}; only jobs ending before it can start may go first", 0, out)
             return False
         entitled = self._entitled(job, p)
         for flavor in self._flavors(job) if self.book.governed(job.queue) else (ANY,):
             nominal_left = self._nominal_left(job.queue, flavor)
-            if over_budget:
-                room = self.book.borrow_only_room(job.queue, flavor)  # only what peers lend, never its own
-            elif p.no_borrowing and job.demand > nominal_left:
+            if flavor in p.no_borrowing and (over_budget or job.demand > nominal_left):
                 continue  # a queue under nominal waits for lent quota: no borrower grows meanwhile
-            else:
-                room = self.book.room(job.queue, flavor)
+            # Over budget: only what peers lend, never its own nominal.
+            room = self.book.borrow_only_room(job.queue, flavor) if over_budget else self.book.room(job.queue, flavor)
             if job.demand <= room:
                 borrowed = job.demand if over_budget else max(0, job.demand - nominal_left)
                 out.emit(QuotaReserved, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue,
@@ -440,7 +480,8 @@ class QuotaDecider:
         if p.no_borrowing and code == COHORT_QUOTA_EXHAUSTED:
             message = "a queue under its nominal quota waits for quota lent out first; no queue borrows more meanwhile"
         if entitled:
-            p.no_borrowing = True  # it fits its own nominal, yet no room: its quota is lent out
+            # It fits its own nominal, yet no room: that quota is lent out. No borrower of it grows now.
+            p.no_borrowing.update(f for f in self._flavors(job) if self._nominal_left(job.queue, f) >= job.demand)
         self._defer(job, code, message, shortfall, out)
         return False
 
@@ -497,26 +538,28 @@ class QuotaDecider:
     # --- starvation ----------------------------------------------------------------------------------
 
     def _find_starving(self, group: list[str], p: Pass) -> None:
-        """The group's longest-waiting job, when it has waited past the limit for quota, and the earliest
-        time (from declared runtimes) its quota frees up: the shadow time backfill must end by."""
+        """The group's longest-waiting job that waits for quota (not for its user limit or budget) and could
+        ever get it, once past the limit, and the earliest time (from declared runtimes) its quota frees up:
+        the shadow time backfill must end by. Unknown (a running job declares no runtime): no backfill."""
         limit = self.policy.settings.starvation_after_s
-        if limit is None:
+        if limit is None or not self.by_wait or p.now - self.by_wait[0][0] < limit:
             return
+        members = set(group)
         oldest: QuotaJob | None = None
-        for q in group:
-            for users in self.pending.get(q, {}).values():
-                for keys in users.values():
-                    job = self.jobs[keys[0][1]]
-                    if oldest is None or job.arrival < oldest.arrival:
-                        oldest = job
-        if oldest is None or p.now - oldest.since < limit:
+        for since, _, job_id in self.by_wait:
+            if p.now - since < limit:
+                return  # nobody in the group has waited long enough
+            job = self.jobs[job_id]
+            if (job.queue in members and self.deferred.get(job_id) in WAITING_FOR_QUOTA | {HELD_FOR_STARVING_JOB}
+                    and self._could_ever_fit(job)):
+                oldest = job
+                break
+        if oldest is None:
             return
-        if self.deferred.get(oldest.job_id) not in PREEMPTION_MAY_HELP | {HELD_FOR_STARVING_JOB, None}:
-            return  # it waits for something capacity cannot give (a user limit, a budget)
         p.starving = oldest
+        flavors = self._flavors(oldest) or (ANY,)
         ends = sorted((j.reserved_at + j.spec.duration_s, j.job_id) for q in group for j_id in self.reserved.get(q, {})
-                      if (j := self.jobs[j_id]).spec.duration_s is not None)
-        flavors = self.book.flavors_for(oldest.queue, oldest.spec) or [ANY]
+                      if (j := self.jobs[j_id]).spec.duration_s is not None and j.flavor in flavors)
         released: list[QuotaJob] = []
         p.shadow = UNLIMITED
         try:
@@ -530,6 +573,22 @@ class QuotaDecider:
         finally:
             for job in released:
                 self.book.add(job.queue, job.flavor, job.demand, job.over_budget)
+
+    def _could_ever_fit(self, job: QuotaJob) -> bool:
+        if not self.book.governed(job.queue):
+            return True
+        return any(self.book.ceiling(job.queue, f) >= job.demand for f in self._flavors(job))
+
+    def _held_for_starving(self, job: QuotaJob, p: Pass) -> bool:
+        """Must `job` wait for the starving job? Not if it outranks it, draws on other flavors, or ends
+        (by its declared runtime) before the starving job could start; always when that start is unknown."""
+        starving = p.starving
+        if starving is None or starving is job or job.priority > starving.priority:
+            return False
+        if not set(self._flavors(job) or (ANY,)) & set(self._flavors(starving) or (ANY,)):
+            return False
+        duration = job.spec.duration_s
+        return duration is None or p.shadow == UNLIMITED or p.now + duration > p.shadow
 
     def snapshot(self) -> bytes:
         return msgspec.json.encode({
@@ -598,7 +657,9 @@ class Order:
             job = self.d.jobs[keys[i][1]]
             yield job
             if i < len(keys) and keys[i][1] == job.job_id:
-                i += 1
+                i += 1  # it stays waiting: the user holds no more than before
+            else:
+                used += job.demand  # it was reserved: the user now holds more
             index[user] = i
             if i < len(keys):
-                heapq.heappush(heap, (used + job.demand, keys[i][0], user))
+                heapq.heappush(heap, (used, keys[i][0], user))

@@ -224,21 +224,27 @@ class QuotaBook:
         return max(0, self.used.get((queue, flavor), 0) - lim.nominal) + self.over.get((queue, flavor), 0)
 
     def lent(self, queue: str, flavor: str) -> int:
-        """The share of this queue's idle lendable quota that borrowers of its cohort use now. Borrowing is
-        attributed to lenders in name order, so the figure is deterministic."""
+        """The share of this queue's idle lendable quota that borrowers of its cohort use now. Each
+        borrower's borrowing is attributed to the other queues' idle lendable quota in name order, so the
+        figure is deterministic and a queue never lends to itself (over budget, it borrows)."""
         cohort = self.cohort.get(queue, "")
         if not cohort or flavor not in self.limits.get(queue, {}):
             return 0
         peers = [q for q in self.members[cohort] if flavor in self.limits[q]]
-        borrowed = sum(self.borrowed(q, flavor) for q in peers)
-        for q in peers:
-            lim = self.limits[q][flavor]
-            idle = min(lim.lend, max(0, lim.nominal - self.used.get((q, flavor), 0)))
-            take = min(idle, borrowed)
-            if q == queue:
-                return take
-            borrowed -= take
-        return 0
+        idle = {q: min(self.limits[q][flavor].lend,
+                       max(0, self.limits[q][flavor].nominal - self.used.get((q, flavor), 0))) for q in peers}
+        lent = dict.fromkeys(peers, 0)
+        for borrower in peers:
+            need = self.borrowed(borrower, flavor)
+            for lender in peers:
+                if need <= 0:
+                    break
+                if lender == borrower:
+                    continue
+                take = min(need, idle[lender] - lent[lender])
+                lent[lender] += take
+                need -= take
+        return lent[queue]
 
     def nominal_of(self, queue: str) -> int:
         """The queue's nominal quota over all flavors, summed over its subtree for a parent."""
