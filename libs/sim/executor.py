@@ -12,6 +12,7 @@ from typing import Any
 
 from contracts import (
     EventBase,
+    GpuHealthChanged,
     JobCancelled,
     JobCheckpointed,
     JobEvicted,
@@ -20,6 +21,7 @@ from contracts import (
     JobPlaced,
     JobStarted,
     JobSubmitted,
+    NodeLost,
     PreemptionDecided,
 )
 from libs.core.decider import derived_id
@@ -36,6 +38,7 @@ class Run:
     started_at: float | None = None
     done_before: float = 0.0  # seconds of work saved by earlier runs (resumed from a checkpoint)
     checkpoint_every: float | None = None
+    gpus: frozenset[tuple[str, int]] = frozenset()  # (node, GPU index) it runs on
 
     def ends_at(self, time_scale: float = 1.0) -> float | None:
         if self.duration is None or self.started_at is None:
@@ -71,7 +74,9 @@ class ExecutorBook:
             case JobPlaced():
                 self.runs[event.job_id] = Run(event.job_id, event.id, self.durations.get(event.job_id),
                                               done_before=self.saved.get(event.job_id, 0.0),
-                                              checkpoint_every=self.checkpoint_every.get(event.job_id))
+                                              checkpoint_every=self.checkpoint_every.get(event.job_id),
+                                              gpus=frozenset((p.node, i) for p in event.placements
+                                                             for i in p.gpu_indices))
             case JobCheckpointed():
                 self.saved[event.job_id] = event.progress_s
             case JobStarted():
@@ -107,6 +112,13 @@ class ExecutorBook:
                         out += self.stop(self.runs[v.job_id], "preempted", now)
             case JobCancelled() if event.job_id in self.runs:
                 out += self.stop(self.runs[event.job_id], "cancelled", now)
+            case NodeLost():
+                # Every job with a replica there stops as a whole (a gang cannot run with a piece missing).
+                for run in [r for r in self.runs.values() if any(n == event.node for n, _ in r.gpus)]:
+                    out += self.stop(run, "node_lost", now)
+            case GpuHealthChanged() if not event.healthy:
+                for run in [r for r in self.runs.values() if (event.node, event.index) in r.gpus]:
+                    out += self.stop(run, "gpu_unhealthy", now)
         return out
 
     def start(self, run: Run, now: float) -> EventBase:
@@ -115,10 +127,16 @@ class ExecutorBook:
 
     def stop(self, run: Run, reason: str, now: float) -> list[EventBase]:
         """Stop a run. Told to stop (preempted), a job that checkpoints saves its state first; its next run
-        resumes from there. Cancelled, it simply ends."""
+        resumes from there. Lost with its node or GPU, it keeps only its last periodic checkpoint. Cancelled,
+        it simply ends."""
         self.runs.pop(run.job_id, None)
         if reason == "cancelled" or run.checkpoint_every is None:
             return [self.report(JobEvicted, run, "evicted", now, reason=reason, progress_s=run.done_before)]
+        if reason != "preempted":
+            ran = run.progress(now, self.time_scale) - run.done_before
+            progress = round(run.done_before + ran // run.checkpoint_every * run.checkpoint_every, 3)
+            self.saved[run.job_id] = progress
+            return [self.report(JobEvicted, run, "evicted", now, reason=reason, progress_s=progress)]
         progress = round(run.progress(now, self.time_scale), 3)
         self.saved[run.job_id] = progress  # its own report is not folded back: apply it here
         ref = f"{run.job_id}/ckpt-{progress:.3f}"

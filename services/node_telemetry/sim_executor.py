@@ -11,11 +11,13 @@ from collections.abc import Iterable
 
 from contracts import (
     EventBase,
+    GpuHealthChanged,
     JobCancelled,
     JobEvicted,
     JobPlaced,
     JobStarted,
     JobSubmitted,
+    NodeLost,
     NodeRegistered,
     PreemptionDecided,
 )
@@ -40,7 +42,8 @@ class SimExecutor:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def input_types(self) -> Iterable[type[EventBase]]:
-        return (NodeRegistered, JobSubmitted, JobPlaced, PreemptionDecided, JobCancelled, *REPORTS)
+        return (NodeRegistered, NodeLost, GpuHealthChanged, JobSubmitted, JobPlaced, PreemptionDecided, JobCancelled,
+                *REPORTS)
 
     def replay(self, seq: int, event: EventBase) -> None:
         self.inventory.evolve(event)

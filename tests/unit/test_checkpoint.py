@@ -74,3 +74,24 @@ def test_a_job_that_checkpoints_is_the_cheaper_victim() -> None:
     log = run_virtual(inputs, tick_s=1.0).log
     [decided] = [e for _, e in log if isinstance(e, PreemptionDecided)]
     assert [(v.job_id, v.lost_gpu_seconds) for v in decided.victims] == [("saver", 0.0)]
+
+
+def test_a_gang_on_a_lost_node_is_requeued_whole_and_resumes_from_its_last_periodic_checkpoint() -> None:
+    from contracts import JobPlaced, NodeLost
+
+    inputs: list[EventBase] = [
+        NodeRegistered(id="na", ts=T0 - 3, source="node-telemetry", node=node("a", 4)),
+        NodeRegistered(id="nb", ts=T0 - 2, source="node-telemetry", node=node("b", 4)),
+        QueuePolicyChanged(id="q", ts=T0 - 1, source="operator", queue=queue("ml-train", "ml", None), version=1),
+        SubmitJob(id="s1", ts=T0, source="test", job_id="gang",
+                  spec=job().gpus(4).replicas(2).having(duration_s=100.0, checkpoint_interval_s=30.0).spec),
+        NodeLost(id="lost", ts=T0 + 50, source="node-telemetry", node="b", reason="heartbeat_missed"),
+        NodeRegistered(id="nc", ts=T0 + 60, source="node-telemetry", node=node("c", 4)),
+    ]
+    log = run_virtual(inputs, tick_s=1.0).log
+    [evicted] = [e for _, e in log if isinstance(e, JobEvicted)]
+    assert (evicted.reason, evicted.progress_s, evicted.ts - T0) == ("node_lost", 30.0, 50.0)
+    placed = [e for _, e in log if isinstance(e, JobPlaced)]
+    assert [sorted(p.node for p in e.placements) for e in placed] == [["a", "b"], ["a", "c"]]
+    [finished] = [e for _, e in log if isinstance(e, JobFinished)]
+    assert finished.ts - T0 == pytest.approx(60.0 + 70.0)  # 30 s of work kept; 70 s to go from the new start
