@@ -47,6 +47,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, for
     # The job saves its state at least this often and on a stop signal (SIGTERM): preempting it loses
     # little. None: it does not checkpoint, and an eviction loses all its work since it started.
     checkpoint_interval_s: float | None = None
+    # Exit codes that mean "try again" besides 128+ (killed by a signal) and infrastructure failures.
+    retry_exit_codes: tuple[int, ...] = ()
 
 
 class GpuSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -139,6 +141,9 @@ class PriorityClass(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     min_runtime_s: float = 0.0
     # Overrides the queue's placement policy for jobs of this class; "" means no override.
     placement_policy: str = ""
+    # A retryable failure runs the job again, at most this often, after retry_backoff_s x 2^(n-1).
+    max_retries: int = 2
+    retry_backoff_s: float = 10.0
 
 
 class ReplicaPlacement(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -30,6 +30,7 @@ class JobView(msgspec.Struct, kw_only=True):
     finished_at: float | None = None
     exit_code: int | None = None
     evictions: int = 0
+    retries: int = 0
     gpu_seconds: float = 0.0
     # Work saved by its last checkpoint (seconds), and GPU time its evictions threw away.
     progress_s: float = 0.0

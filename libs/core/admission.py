@@ -29,6 +29,7 @@ from contracts import (
 )
 from libs.core.decider import Chain, Decisions, Trigger, derived_id
 from libs.core.policy import PolicyBook, demand_milli, replica_milli
+from libs.core.retries import RetryBook
 
 SERVICE = "admission"
 
@@ -138,6 +139,8 @@ class AdmissionDecider:
         self.inventory = Inventory()
         self.jobs: dict[str, str] = {}
         self.job_team: dict[str, str] = {}
+        self.specs: dict[str, JobSpec] = {}  # jobs not yet final
+        self.retries = RetryBook()
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (SubmitJob, CancelJob, QueuePolicyChanged, PriorityClassesChanged, NodeRegistered,
@@ -152,6 +155,7 @@ class AdmissionDecider:
             case JobSubmitted():
                 self.jobs[event.job_id] = "submitted"
                 self.job_team[event.job_id] = event.spec.team
+                self.specs[event.job_id] = event.spec
             case JobAdmitted():
                 self.jobs[event.job_id] = "admitted"
             case JobRejected():
@@ -160,8 +164,11 @@ class AdmissionDecider:
                 self.jobs[event.job_id] = "cancelled"
             case JobFinished() if event.job_id in self.jobs:
                 self.jobs[event.job_id] = "succeeded" if event.exit_code == 0 else "failed"
+                self.specs.pop(event.job_id, None)
             case JobFailed() if event.job_id in self.jobs:
-                self.jobs[event.job_id] = "failed"
+                if self.retries.on_failed(event, self.specs.get(event.job_id), self.policy) is None:
+                    self.jobs[event.job_id] = "failed"
+                    self.specs.pop(event.job_id, None)
 
     def react(self, trigger: Trigger) -> list[EventBase]:
         out = Decisions(SERVICE, trigger, self.evolve, self.chain)

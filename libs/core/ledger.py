@@ -33,6 +33,7 @@ from contracts.views import FlavorUsage, JobView, NodeView, QueueView, TeamUsage
 from libs.core.cluster import FULL, Cluster
 from libs.core.policy import PolicyBook
 from libs.core.quota import QuotaDecider
+from libs.core.retries import RetryBook
 
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "rejected"})
 
@@ -66,6 +67,9 @@ class Ledger:
     waits: list[AdmissionWait] = field(default_factory=list)
     # (queue, reason, GPU-seconds) lost to each eviction since the projector last flushed
     losses: list[tuple[str, str, float]] = field(default_factory=list)
+    # (queue, reason) of each failure that will run again, since the projector last flushed
+    retried: list[tuple[str, str]] = field(default_factory=list)
+    retries: RetryBook = field(default_factory=RetryBook)
     last_seq: int = 0
     last_ts: float = 0.0
 
@@ -205,6 +209,13 @@ class Ledger:
                 if view.first_started_at is None:
                     view.first_started_at = event.ts
                 self.run_started[view.id] = event.ts
+            case JobFailed() if (delay := self.retries.on_failed(event, view.spec, self.policy)) is not None:
+                self._end_run(view, event.ts, seq)
+                view.retries += 1
+                self._set_state(view, "pending", seq)
+                view.phase, view.exit_code = "retrying", event.exit_code
+                view.reason, view.message = event.reason, f"exit code {event.exit_code}: runs again in {delay:g} s"
+                self.retried.append((view.queue, event.reason))
             case JobFinished() | JobFailed():
                 self._end_run(view, event.ts, seq)
                 ok = isinstance(event, JobFinished) and event.exit_code == 0

@@ -43,6 +43,7 @@ from libs.core.cluster import Cluster
 from libs.core.decider import Chain, Decisions, Trigger
 from libs.core.fit import Placer, Shortfall
 from libs.core.policy import PolicyBook, demand_milli
+from libs.core.retries import RetryBook
 from libs.core.scoring import DEFAULT_POLICY
 from libs.core.shapes import ShapeWindow
 
@@ -91,6 +92,7 @@ class PlacementDecider:
         # that end by then), set on ticks.
         self.starving: tuple[str, int, float, tuple[str, ...]] | None = None
         self._tentative: tuple[ReplicaPlacement, ...] = ()  # the placement being tried
+        self.retries = RetryBook()
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (NodeRegistered, NodeLost, GpuHealthChanged, QueuePolicyChanged, PriorityClassesChanged,
@@ -156,7 +158,10 @@ class PlacementDecider:
                 self.ends.pop(event.job_id, None)
                 if placements is not None:
                     self.cluster.release(placements)
-                if not isinstance(event, JobEvicted) or event.job_id in self.cancelled:
+                again = isinstance(event, JobEvicted) or (
+                    isinstance(event, JobFailed)
+                    and self.retries.on_failed(event, self.specs.get(event.job_id), self.policy) is not None)
+                if not again or event.job_id in self.cancelled:
                     self.specs.pop(event.job_id, None)
                     self.cancelled.pop(event.job_id, None)
                     self.nominated.pop(event.job_id, None)

@@ -51,6 +51,7 @@ from libs.core.fit import fits
 from libs.core.policy import PolicyBook, demand_milli
 from libs.core.quota import WAITING_FOR_QUOTA
 from libs.core.quotas import ANY, QuotaBook
+from libs.core.retries import RetryBook
 
 SERVICE = "preemption"
 WITHIN_QUEUE_PRIORITY = "within_queue_priority"
@@ -125,6 +126,7 @@ class PreemptionDecider:
         self.s = PreemptionState()
         self.changed = False  # anything folded since the last tick's reconsideration?
         self._placed = 0
+        self.retries = RetryBook()
 
     @property
     def book(self) -> QuotaBook:
@@ -203,8 +205,10 @@ class PreemptionDecider:
                 else:
                     self._gone(event.job_id, final=True)
             case JobFinished() | JobFailed() | JobEvicted():
-                final = not isinstance(event, JobEvicted) or event.job_id in s.cancelled
-                self._gone(event.job_id, final=final)
+                again = isinstance(event, JobEvicted) or (
+                    isinstance(event, JobFailed)
+                    and self.retries.on_failed(event, s.specs.get(event.job_id), self.policy) is not None)
+                self._gone(event.job_id, final=not again or event.job_id in s.cancelled)
 
     def _wait(self, job_id: str, code: str, now: float) -> None:
         s = self.s

@@ -47,6 +47,7 @@ from libs.core.decider import Chain, Decisions, Trigger
 from libs.core.fairness import DecayedUsage, period_start
 from libs.core.policy import PolicyBook, demand_milli
 from libs.core.quotas import ANY, UNLIMITED, QuotaBook, flavor_name
+from libs.core.retries import RetryBook
 
 SERVICE = "quota"
 QUEUE_QUOTA_EXHAUSTED = "queue_quota_exhausted"  # at nominal (plus borrowing limit, in a cohort)
@@ -57,6 +58,7 @@ USER_LIMIT = "user_limit"
 BUDGET_SPENT = "budget_spent"
 HELD_FOR_STARVING_JOB = "held_for_starving_job"
 OVER_BUDGET_WAITS = "over_budget_waits_for_idle_quota"
+RETRY_BACKOFF = "retry_backoff"
 # Deferrals that evicting other jobs can cure: the preemption service acts on these.
 PREEMPTION_MAY_HELP = frozenset({QUEUE_QUOTA_EXHAUSTED, COHORT_QUOTA_EXHAUSTED, QUOTA_LENT_OUT})
 WAITING_FOR_QUOTA = PREEMPTION_MAY_HELP | {BEHIND_HIGHER_PRIORITY}
@@ -127,6 +129,9 @@ class QuotaDecider:
         self._arrivals = 0
         self._specs: dict[str, JobSubmitted] = {}
         self.policy_version = 0  # bumps on every policy event: cached per-job answers go stale
+        self.retries = RetryBook()
+        self.retry_in: dict[str, float] = {}  # job that failed and runs again -> its backoff
+        self.backing_off: dict[str, float] = {}  # job -> not before
         self._left_waiting: str | None = None
 
     def input_types(self) -> Iterable[type[EventBase]]:
@@ -240,16 +245,22 @@ class QuotaDecider:
                 self._close_spending(job, event.ts)
                 self.reserved[job.queue].pop(job.job_id, None)
                 self._use(job, -1, event.ts)
-                if event.reason == "evicted":
+                if event.reason in ("evicted", "retry"):
                     # Back to its queue with its original arrival (its place in line); its wait toward
-                    # starvation starts again.
+                    # starvation starts again. A failed job that runs again waits out its backoff first.
                     job.since = event.ts
+                    if event.reason == "retry":
+                        self.backing_off[job.job_id] = event.ts + self.retry_in.pop(job.job_id, 0.0)
                     self._enqueue(job)
                 else:
                     job.state = "ended"
                     del self.jobs[job.job_id]
             case QuotaDeferred():
                 self.deferred[event.job_id] = event.code
+            case JobFailed() if event.job_id in self.jobs and self.jobs[event.job_id].state == "reserved":
+                delay = self.retries.on_failed(event, self.jobs[event.job_id].spec, self.policy)
+                if delay is not None:
+                    self.retry_in[event.job_id] = delay
             case JobCancelled() | JobFinished() | JobFailed():
                 self._end(event.job_id)
 
@@ -261,6 +272,7 @@ class QuotaDecider:
         if job.state == "pending":
             self._dequeue(job)
             del self.jobs[job_id]
+            self.backing_off.pop(job_id, None)
             self._left_waiting = job.queue
 
     # --- budgets ---------------------------------------------------------------------------------
@@ -311,9 +323,10 @@ class QuotaDecider:
                 for group in self._groups():
                     self._schedule(group, now, out)
             case ClockTick():
-                # Time alone can change a verdict: a new budget period opens.
+                # Time alone can change a verdict: a new budget period opens, a retry's backoff ends.
                 waiting = {self.jobs[j].queue for j, code in self.deferred.items()
                            if code in (BUDGET_SPENT, OVER_BUDGET_WAITS)}
+                waiting.update(self.jobs[j].queue for j, t in self.backing_off.items() if t <= now and j in self.jobs)
                 for group in self._groups():
                     if waiting.intersection(group):
                         self._schedule(group, now, out)
@@ -323,7 +336,7 @@ class QuotaDecider:
         job = self.jobs.get(event.job_id)
         if job is None or job.state != "reserved":
             return
-        reason = type(event).__name__.removeprefix("Job").lower()
+        reason = "retry" if event.job_id in self.retry_in else type(event).__name__.removeprefix("Job").lower()
         out.emit(QuotaReleased, correlation_id=event.job_id, job_id=event.job_id, queue=job.queue,
                  gpu_milli=job.demand, reason=reason)
         self._schedule(self._group(job.queue), event.ts, out)
@@ -399,6 +412,12 @@ class QuotaDecider:
         """The next job of the queue worth trying; jobs that cannot fit are told why (once) on the way."""
         for job in order:
             told = self.deferred.get(job.job_id)
+            not_before = self.backing_off.get(job.job_id)
+            if not_before is not None:
+                if not_before > p.now:
+                    self._defer(job, RETRY_BACKOFF, f"it failed and runs again after {not_before:.0f}", 0, out)
+                    continue
+                del self.backing_off[job.job_id]
             held = p.held_below.get(queue)
             if held is not None and job.priority < held:
                 if told in WAITING_FOR_QUOTA:

@@ -27,6 +27,9 @@ from contracts import (
 from libs.core.decider import derived_id
 
 SOURCE = "sim-executor"
+# A job label that scripts the simulated runs' exit codes, run after run: "137,0" fails the first run as if
+# OOM-killed and lets the second succeed. Without it every run succeeds.
+SIM_EXIT_CODES = "sim/exit-codes"
 REPORTS = (JobStarted, JobFinished, JobFailed, JobEvicted, JobCheckpointed)
 
 
@@ -59,6 +62,8 @@ class ExecutorBook:
         self.saved: dict[str, float] = {}  # job -> progress of its last checkpoint
         self.runs: dict[str, Run] = {}
         self.cancelled: dict[str, None] = {}
+        self.exit_plan: dict[str, list[int]] = {}
+        self.ended_runs: dict[str, int] = {}  # job -> runs that finished or failed
 
     def report(self, kind: Any, run: Run, what: str, ts: float, **fields: Any) -> EventBase:
         """One executor report (`kind` is JobStarted, JobFinished, JobFailed or JobEvicted)."""
@@ -71,6 +76,8 @@ class ExecutorBook:
             case JobSubmitted():
                 self.durations[event.job_id] = event.spec.duration_s
                 self.checkpoint_every[event.job_id] = event.spec.checkpoint_interval_s
+                plan = event.spec.labels.get(SIM_EXIT_CODES, "")
+                self.exit_plan[event.job_id] = [int(c) for c in plan.split(",") if c.strip().lstrip("-").isdigit()]
             case JobPlaced():
                 self.runs[event.job_id] = Run(event.job_id, event.id, self.durations.get(event.job_id),
                                               done_before=self.saved.get(event.job_id, 0.0),
@@ -89,6 +96,8 @@ class ExecutorBook:
                 self.runs.pop(event.job_id, None)
                 if isinstance(event, JobEvicted):
                     self.saved[event.job_id] = event.progress_s
+                else:
+                    self.ended_runs[event.job_id] = self.ended_runs.get(event.job_id, 0) + 1
                 if not isinstance(event, JobEvicted) or event.job_id in self.cancelled:
                     self.durations.pop(event.job_id, None)
                     self.checkpoint_every.pop(event.job_id, None)
@@ -144,8 +153,16 @@ class ExecutorBook:
                 self.report(JobEvicted, run, "evicted", now, reason=reason, checkpoint=ref, progress_s=progress)]
 
     def finish(self, run: Run, now: float) -> EventBase | None:
-        """The run's time is up: its JobFinished, unless it was stopped (or replaced) meanwhile."""
+        """The run's time is up: its JobFinished (or, as scripted, JobFailed), unless it was stopped (or
+        replaced) meanwhile."""
         if self.runs.get(run.job_id) is not run:
             return None
         del self.runs[run.job_id]
+        ended = self.ended_runs.get(run.job_id, 0)
+        self.ended_runs[run.job_id] = ended + 1  # its own report is not folded back: count it here
+        plan = self.exit_plan.get(run.job_id, [])
+        code = plan[ended] if ended < len(plan) else 0
+        if code != 0:
+            self.saved.pop(run.job_id, None)  # a failed run keeps nothing
+            return self.report(JobFailed, run, "failed", now, exit_code=code, reason="exit_code")
         return self.report(JobFinished, run, "finished", now)

@@ -59,11 +59,10 @@ class VirtualExecutor:
                 self.schedule(finish)
         return reports
 
-    def still_running(self, event: JobFinished) -> JobFinished | None:
-        """A scheduled finish of a run that was evicted meanwhile never happens."""
+    def still_running(self, event: JobFinished) -> EventBase | None:
+        """The run's end as it happens (a finish, or a scripted failure); None for a run evicted meanwhile."""
         run = self.pending.pop(event.id, None)
-        done = self.book.finish(run, event.ts) if run is not None else None
-        return event if done is not None else None
+        return self.book.finish(run, event.ts) if run is not None else None
 
 
 @dataclass
@@ -112,7 +111,8 @@ def run_virtual(inputs: Iterable[EventBase], tick_s: float = 5.0, horizon_s: flo
             for report in executor.react(event):
                 append(report)
 
-    while heap or executor.running:
+    quota = next(d for d in deciders if isinstance(d, QuotaDecider))
+    while heap or executor.running or quota.backing_off:  # a retry's backoff is work still to come
         upcoming = heap[0].ts if heap else None
         if upcoming is None or next_tick <= upcoming:
             # The clock ticks between events (time-driven decisions react to ticks, as in the services).
@@ -127,10 +127,13 @@ def run_virtual(inputs: Iterable[EventBase], tick_s: float = 5.0, horizon_s: flo
             continue
         item = heapq.heappop(heap)
         now = item.ts
-        if isinstance(item.event, JobFinished) and executor.still_running(item.event) is None:
-            continue
+        arrived: EventBase | None = item.event
+        if isinstance(arrived, JobFinished):
+            arrived = executor.still_running(arrived)
+            if arrived is None:
+                continue
         first = len(log)
-        append(item.event)
+        append(item.event if arrived is None else arrived)
         settle(first)
         if progress is not None and len(log) % 1000 < 20:
             progress(len(log))

@@ -103,6 +103,8 @@ class Projector:
             metrics.ADMISSION_WAIT.labels(w.queue, w.priority).observe(w.seconds)
         for queue, reason, lost in led.losses:
             metrics.LOST_GPU_SECONDS.labels(queue, reason).inc(lost)
+        for queue, reason in led.retried:
+            metrics.RETRIES.labels(queue, reason).inc()
         if led.dirty_nodes:
             self._gpu_gauges()
         led.dirty_jobs.clear()
@@ -111,6 +113,7 @@ class Projector:
         led.dirty_teams.clear()
         led.waits.clear()
         led.losses.clear()
+        led.retried.clear()
         return ops
 
     def _gpu_gauges(self) -> None:

@@ -95,3 +95,35 @@ def test_a_gang_on_a_lost_node_is_requeued_whole_and_resumes_from_its_last_perio
     assert [sorted(p.node for p in e.placements) for e in placed] == [["a", "b"], ["a", "c"]]
     [finished] = [e for _, e in log if isinstance(e, JobFinished)]
     assert finished.ts - T0 == pytest.approx(60.0 + 70.0)  # 30 s of work kept; 70 s to go from the new start
+
+
+@pytest.mark.parametrize(("exit_codes", "outcome", "failures"), [
+    pytest.param("137,0", "finished", 1, id="killed (137): runs again after its backoff and succeeds"),
+    pytest.param("1", "failed", 1, id="an application error (1): failed for good"),
+    pytest.param("137,137,137", "failed", 3, id="killed three times: two retries, then failed"),
+    pytest.param("3,0", "finished", 1, id="an exit code the job lists as retryable"),
+])
+def test_retryable_failures_run_again_with_backoff(exit_codes: str, outcome: str, failures: int) -> None:
+    from contracts import JobFailed
+    from libs.sim.executor import SIM_EXIT_CODES
+
+    spec = job().gpus(1).having(duration_s=10.0, labels={SIM_EXIT_CODES: exit_codes}, retry_exit_codes=(3,)).spec
+    inputs: list[EventBase] = [
+        NodeRegistered(id="n", ts=T0 - 2, source="node-telemetry", node=node("a", 4)),
+        QueuePolicyChanged(id="q", ts=T0 - 1, source="operator", queue=queue("ml-train", "ml", 4), version=1),
+        SubmitJob(id="s", ts=T0, source="test", job_id="j", spec=spec),
+    ]
+    log = run_virtual(inputs, tick_s=1.0).log
+    failed = [e.ts - T0 for _, e in log if isinstance(e, JobFailed)]
+    assert len(failed) == failures
+    if failures >= 2:  # backoff doubles: 10 s after the first failure, 20 s after the second
+        assert failed[1] - failed[0] == pytest.approx(10.0 + 10.0, abs=1.0)
+        assert failed[2] - failed[1] == pytest.approx(20.0 + 10.0, abs=1.0)
+    finished = [e.ts - T0 for _, e in log if isinstance(e, JobFinished)]
+    assert bool(finished) == (outcome == "finished")
+    ledger = Ledger()
+    for seq, e in log:
+        ledger.apply(e, seq)
+    view = ledger.jobs["j"]
+    assert view.state == ("succeeded" if outcome == "finished" else "failed")
+    assert view.retries == (failures if outcome == "finished" else failures - 1)

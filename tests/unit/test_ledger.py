@@ -50,7 +50,8 @@ def test_a_job_goes_from_pending_to_running_to_succeeded() -> None:
 
 @pytest.mark.parametrize(("ending", "state", "reason"), [
     pytest.param((JobFinished, {"exit_code": 3}), "failed", "", id="finished with an error"),
-    pytest.param((JobFailed, {"exit_code": 137, "reason": "oom"}), "failed", "oom", id="failed"),
+    pytest.param((JobFailed, {"exit_code": 2, "reason": "bad_input"}), "failed", "bad_input",
+                 id="failed with an exit code that retrying cannot cure"),
 ])
 def test_a_job_that_ends_badly_is_failed(ending, state: str, reason: str) -> None:
     feed = accounting()
@@ -169,3 +170,13 @@ def test_the_wait_for_quota_is_recorded_per_queue_and_priority() -> None:
     feed.submit("j2", job().gpus(2).priority("batch"))
     feed.at(1050.0).send(JobFinished, job_id="j1")
     assert ledger(feed).waits == [AdmissionWait("ml-train", "training", 0.0), AdmissionWait("ml-train", "batch", 50.0)]
+
+
+def test_a_retryable_failure_puts_the_job_back_to_wait_for_its_retry() -> None:
+    feed = accounting()
+    feed.at(1000.0).submit("j", job())
+    feed.send(JobStarted, job_id="j")
+    feed.at(1030.0).send(JobFailed, job_id="j", exit_code=137, reason="oom_killed")
+    view = ledger(feed).jobs["j"]
+    assert (view.state, view.phase, view.retries, view.exit_code) == ("pending", "retrying", 1, 137)
+    assert ledger(feed).teams["ml"].jobs_finished == 0
