@@ -45,6 +45,14 @@ class AdmissionWait:
     seconds: float
 
 
+LONG_JOB_S = 3600.0
+
+
+def is_long(view: JobView) -> bool:
+    """A job declaring an hour or more of runtime: interruptions hurt these most."""
+    return view.spec is not None and view.spec.duration_s is not None and view.spec.duration_s >= LONG_JOB_S
+
+
 def gpu_count(view: JobView) -> float:
     return sum(len(p.gpu_indices) * p.gpu_milli for p in view.placements) / FULL
 
@@ -70,6 +78,9 @@ class Ledger:
     # (queue, reason) of each failure that will run again, since the projector last flushed
     retried: list[tuple[str, str]] = field(default_factory=list)
     retries: RetryBook = field(default_factory=RetryBook)
+    # Long jobs (declared runtime of an hour or more) first started, and interrupted, since the last flush.
+    long_started: list[str] = field(default_factory=list)
+    long_interrupted: list[tuple[str, str]] = field(default_factory=list)
     last_seq: int = 0
     last_ts: float = 0.0
 
@@ -208,6 +219,8 @@ class Ledger:
                 view.phase, view.started_at = "running", event.ts
                 if view.first_started_at is None:
                     view.first_started_at = event.ts
+                    if is_long(view):
+                        self.long_started.append(view.queue)
                 self.run_started[view.id] = event.ts
             case JobFailed() if (delay := self.retries.on_failed(event, view.spec, self.policy)) is not None:
                 self._end_run(view, event.ts, seq)
@@ -228,6 +241,8 @@ class Ledger:
             case JobEvicted():
                 if event.reason != "cancelled" and view.phase != "cancelling":
                     self._charge_loss(view, event)
+                    if is_long(view):
+                        self.long_interrupted.append((view.queue, event.reason))
                 self._end_run(view, event.ts, seq)
                 if event.reason == "cancelled" or view.phase == "cancelling":
                     self._set_state(view, "cancelled", seq)

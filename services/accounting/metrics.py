@@ -18,6 +18,11 @@ TEAM_GPU_SECONDS = Gauge("gpusched_team_gpu_seconds", "GPU-seconds consumed per 
 GPUS = Gauge("gpusched_cluster_gpus", "GPUs in the cluster by state", ["state"])
 GPU_ALLOCATION = Gauge("gpusched_gpu_allocation_ratio", "Share of healthy GPU capacity allocated")
 PREEMPTIONS = Counter("gpusched_preemptions_total", "Jobs chosen as preemption victims", ["queue", "reason"])
+LONG_STARTED = Counter("gpusched_long_jobs_started_total", "Jobs declaring 1 h or more of runtime, first starts",
+                       ["queue"])
+LONG_INTERRUPTED = Counter("gpusched_long_job_interruptions_total",
+                           "Evictions of jobs declaring 1 h or more (interruption rate: this / started)",
+                           ["queue", "reason"])
 RETRIES = Counter("gpusched_job_retries_total", "Failed jobs that run again", ["queue", "reason"])
 EVICTIONS = Counter("gpusched_evictions_total", "Jobs evicted by executors", ["reason"])
 LOST_GPU_SECONDS = Counter("gpusched_eviction_lost_gpu_seconds_total",

@@ -105,6 +105,10 @@ class Projector:
             metrics.LOST_GPU_SECONDS.labels(queue, reason).inc(lost)
         for queue, reason in led.retried:
             metrics.RETRIES.labels(queue, reason).inc()
+        for queue in led.long_started:
+            metrics.LONG_STARTED.labels(queue).inc()
+        for queue, reason in led.long_interrupted:
+            metrics.LONG_INTERRUPTED.labels(queue, reason).inc()
         if led.dirty_nodes:
             self._gpu_gauges()
         led.dirty_jobs.clear()
@@ -114,6 +118,8 @@ class Projector:
         led.waits.clear()
         led.losses.clear()
         led.retried.clear()
+        led.long_started.clear()
+        led.long_interrupted.clear()
         return ops
 
     def _gpu_gauges(self) -> None:

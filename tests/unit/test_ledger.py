@@ -180,3 +180,15 @@ def test_a_retryable_failure_puts_the_job_back_to_wait_for_its_retry() -> None:
     view = ledger(feed).jobs["j"]
     assert (view.state, view.phase, view.retries, view.exit_code) == ("pending", "retrying", 1, 137)
     assert ledger(feed).teams["ml"].jobs_finished == 0
+
+
+def test_long_jobs_and_their_interruptions_are_counted() -> None:
+    feed = accounting()
+    feed.at(1000.0).submit("long", job().having(duration_s=7200.0))
+    feed.submit("short", job().having(duration_s=60.0))
+    feed.send(JobStarted, job_id="long")
+    feed.send(JobStarted, job_id="short")
+    feed.at(1100.0).send(JobEvicted, job_id="long", reason="preempted")
+    feed.send(JobEvicted, job_id="short", reason="preempted")
+    assert ledger(feed).long_started == ["ml-train"]
+    assert ledger(feed).long_interrupted == [("ml-train", "preempted")]
