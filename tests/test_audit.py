@@ -148,11 +148,29 @@ def test_what_if_more_quota_shortens_the_teams_waits() -> None:
     assert after["gpu_hours"] == pytest.approx(before["gpu_hours"])  # the same work, sooner
 
 
-@pytest.mark.parametrize("text", ["queue.x", "queue.small.nominal.A100=4", "queue.small.colour=red", "node.a=1",
-                                  "queue.small.nominal=lots"])
+@pytest.mark.parametrize("text", ["queue.x", "queue.small.weight.A100=4", "queue.small.colour=red", "node.a=1",
+                                  "queue.small.nominal=lots", "queue.small.nominal.A100=lots"])
 def test_what_if_rejects_a_bad_change_with_a_reason(text: str) -> None:
     with pytest.raises(WhatIfError):
         parse_change(text)
+
+
+def test_what_if_sets_one_gpu_models_quota() -> None:
+    from contracts import GpuSpec, JobSpec, NodeRegistered, NodeSpec, QueuePolicyChanged, QueueSpec, SubmitJob
+
+    gpus = tuple(GpuSpec(index=i, model="A100" if i < 4 else "H100") for i in range(8))
+    node = NodeSpec(name="n", cpu_milli=64_000, memory_mib=512_000, gpus=gpus)
+    inputs = [NodeRegistered(id="n", ts=0.0, source="node-telemetry", node=node),
+              QueuePolicyChanged(id="q", ts=0.0, source="operator", version=1,
+                                 queue=QueueSpec(name="small", team="small", nominal_gpus=1))]
+    inputs += [SubmitJob(id=f"s{i}", ts=float(i), source="api", job_id=f"j{i}",
+                         spec=JobSpec(team="small", queue="small", gpus=1, duration_s=60.0, gpu_models=("H100",)))
+               for i in range(4)]
+    change = parse_change("queue.small.nominal.H100=4")
+    assert (change.field, change.model, change.value) == ("nominal_gpus", "H100", 4)
+    result = what_if(inputs, [change], tick_s=5.0)
+    assert result["teams"]["small"]["before"]["mean_wait_s"] > 60
+    assert result["teams"]["small"]["after"]["mean_wait_s"] == 0.0
 
 
 def test_a_parallel_replay_finds_the_same_decisions_and_mismatches(recorded) -> None:

@@ -11,11 +11,14 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from contracts import EventBase, QueuePolicyChanged
+from contracts import EventBase, FlavorQuota, QueuePolicyChanged, QueueSpec
 from libs.core.ledger import Ledger, gpu_count
+from libs.core.quotas import flavor_quotas
 from libs.sim.pipeline import run_virtual
 
-QUEUE_FIELDS = {"nominal": "nominal_gpus", "weight": "weight", "placement_policy": "placement_policy"}
+QUEUE_FIELDS = {"nominal": "nominal_gpus", "weight": "weight", "placement_policy": "placement_policy",
+                "borrowing_limit": "borrowing_limit_gpus", "lending_limit": "lending_limit_gpus"}
+QUOTA_FIELDS = ("nominal_gpus", "borrowing_limit_gpus", "lending_limit_gpus")  # per GPU model, too
 
 
 class WhatIfError(ValueError):
@@ -27,24 +30,46 @@ class Change:
     queue: str
     field: str
     value: object
+    model: str | None = None  # a quota field of one GPU model's flavor
 
 
 def parse_change(text: str) -> Change:
-    """queue.NAME.nominal=N, queue.NAME.weight=W, queue.NAME.placement_policy=P."""
+    """queue.NAME.nominal=N (also borrowing_limit, lending_limit; each optionally .MODEL for one GPU model's
+    quota), queue.NAME.weight=W, queue.NAME.placement_policy=P."""
     key, sep, value = text.partition("=")
     parts = key.split(".")
     if not sep or len(parts) < 3 or parts[0] != "queue":
-        raise WhatIfError(f"--set {text!r}: expected queue.NAME.FIELD=VALUE")
+        raise WhatIfError(f"--set {text!r}: expected queue.NAME.FIELD[.MODEL]=VALUE")
     name, what = parts[1], parts[2]
-    if len(parts) > 3:
-        raise WhatIfError(f"--set {text!r}: quotas are per queue here, not per GPU model (drop .{parts[3]})")
     if what not in QUEUE_FIELDS:
         raise WhatIfError(f"--set {text!r}: field must be one of {', '.join(QUEUE_FIELDS)}")
+    field = QUEUE_FIELDS[what]
+    model = ".".join(parts[3:]) or None
+    if model is not None and field not in QUOTA_FIELDS:
+        raise WhatIfError(f"--set {text!r}: only quota fields ({', '.join(QUOTA_FIELDS)}) are per GPU model")
     try:
-        parsed: object = int(value) if what == "nominal" else float(value) if what == "weight" else value
+        parsed: object = (int(value) if field in QUOTA_FIELDS else float(value) if what == "weight" else value)
     except ValueError:
         raise WhatIfError(f"--set {text!r}: {value!r} is not a number") from None
-    return Change(name, QUEUE_FIELDS[what], parsed)
+    return Change(name, field, parsed, model)
+
+
+def changed_queue(queue: QueueSpec, c: Change) -> QueueSpec:
+    if c.model is None:
+        if queue.flavors and c.field in QUOTA_FIELDS:
+            models = ", ".join(f.model for f in queue.flavors)
+            raise WhatIfError(f"queue {queue.name} has quotas per GPU model ({models}): set "
+                              f"queue.{queue.name}.{c.field.removesuffix('_gpus')}.MODEL")
+        return msgspec.structs.replace(queue, **{c.field: c.value})
+    flavors = list(flavor_quotas(queue))
+    for i, f in enumerate(flavors):
+        if f.model == c.model:
+            flavors[i] = msgspec.structs.replace(f, **{c.field: c.value})
+            break
+    else:
+        flavors.append(msgspec.structs.replace(FlavorQuota(model=c.model), **{c.field: c.value}))
+    return msgspec.structs.replace(queue, flavors=tuple(flavors), nominal_gpus=None, borrowing_limit_gpus=None,
+                                   lending_limit_gpus=None)
 
 
 def apply_changes(inputs: list[EventBase], changes: list[Change]) -> list[EventBase]:
@@ -58,7 +83,7 @@ def apply_changes(inputs: list[EventBase], changes: list[Change]) -> list[EventB
             queue = e.queue
             for c in changes:
                 if c.queue == queue.name:
-                    queue = msgspec.structs.replace(queue, **{c.field: c.value})
+                    queue = changed_queue(queue, c)
             e = msgspec.structs.replace(e, queue=queue)
         out.append(e)
     return out
