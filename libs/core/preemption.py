@@ -361,7 +361,9 @@ class PreemptionDecider:
         waiting = s.waiting.get(job_id)
         if spec is None or waiting is None or job_id in s.in_flight or job_id in s.running:
             return
-        leaving = [s.running[j] for j in sorted(s.running) if j in s.cancelled or j in s.victim_of]
+        # Cancelled jobs on their way out leave room nobody has claimed; victims already leaving for another
+        # preemptor do not: that room is its.
+        leaving = [s.running[j] for j in sorted(s.running) if j in s.cancelled and j not in s.victim_of]
         demand = demand_milli(spec)
         sim = Simulation(self, spec, leaving, now)
         if waiting.code == PLACEMENT:
@@ -455,21 +457,24 @@ class Simulation:
     def choose(self, candidates: list[Running], enough: Callable[[], bool], keep_borrowing: bool = False
                ) -> list[Running]:
         """Greedy in candidate order until `enough`, then drop each victim (last added first) that is not
-        needed. [] when nothing needs to go, or when even every candidate is not enough. With
-        `keep_borrowing`, a job of another queue is taken only while that queue is still above nominal."""
+        needed. [] when nothing needs to go, or when even every candidate is not enough.
+
+        With `keep_borrowing`, a job of another queue is taken only while that queue is still above nominal.
+        When that greedy pass finds no answer (quota comes back but no node has room, the cheap victims being
+        spread out), a second pass takes the candidates node by node, cheapest node first, and may take a
+        borrowing queue below its nominal where placement needs a whole node; minimisation then gives back
+        whatever turned out not to be needed."""
         try:
             if enough():
                 return []
-            for c in candidates:
-                if keep_borrowing and c.queue != self.spec.queue and not c.over_budget \
-                        and self.d.book.borrowed(c.queue, c.flavor) <= 0:
-                    continue
-                if not self._within_budget(c):
-                    continue
-                self._apply(c, +1)
-                if enough():
-                    break
-            else:
+            borrowing = {c.queue for c in candidates if c.queue != self.spec.queue
+                         and (c.over_budget or self.d.book.borrowed(c.queue, c.flavor) > 0)}
+            found = self._greedy(candidates, enough, keep_borrowing)
+            if found is None and keep_borrowing:
+                by_node = self._node_by_node(candidates)
+                found = self._greedy([c for c in by_node if c.queue == self.spec.queue or c.queue in borrowing],
+                                     enough, keep_borrowing=False)
+            if found is None:
                 return []
             for v in reversed(list(self.applied)):
                 at = self.applied.index(v)
@@ -481,3 +486,30 @@ class Simulation:
         finally:
             for v in list(self.applied):
                 self._apply(v, -1)
+
+    def _greedy(self, candidates: list[Running], enough: Callable[[], bool], keep_borrowing: bool
+                ) -> list[Running] | None:
+        """Apply candidates in order until `enough`; on failure undo them all and return None."""
+        for c in candidates:
+            if keep_borrowing and c.queue != self.spec.queue and not c.over_budget \
+                    and self.d.book.borrowed(c.queue, c.flavor) <= 0:
+                continue
+            if not self._within_budget(c):
+                continue
+            self._apply(c, +1)
+            if enough():
+                return self.applied
+        for v in list(self.applied):
+            self._apply(v, -1)
+        return None
+
+    @staticmethod
+    def _node_by_node(candidates: list[Running]) -> list[Running]:
+        """The candidates grouped by the node holding the most of them (ties: the least lost work), each
+        group in the original order; a job spanning nodes goes with its first."""
+        groups: dict[str, list[Running]] = {}
+        for c in candidates:
+            groups.setdefault(c.placements[0].node if c.placements else "", []).append(c)
+        rank = {node: i for i, node in enumerate(groups)}
+        order = sorted(groups, key=lambda n: (-sum(c.demand for c in groups[n]), rank[n]))
+        return [c for node in order for c in groups[node]]
