@@ -110,8 +110,8 @@ class PreemptionState:
     # queue -> priority -> how many of its jobs wait for quota at that priority
     waiting_priorities: dict[str, dict[int, int]] = field(default_factory=dict)
     cancelled: dict[str, None] = field(default_factory=dict)
-    # victim -> the job it was evicted for: a victim never preempts its preemptor back.
-    preempted_by: dict[str, str] = field(default_factory=dict)
+    # victim -> the jobs it was evicted for: a victim never preempts any of its preemptors back.
+    preempted_by: dict[str, dict[str, None]] = field(default_factory=dict)
     # queue -> [(when, GPUs in thousandths)] chosen for eviction, for the blast-radius budget.
     evicted: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
 
@@ -196,7 +196,7 @@ class PreemptionDecider:
                 s.in_flight[event.preemptor_id] = [v.job_id for v in event.victims]
                 for v in event.victims:
                     s.victim_of[v.job_id] = event.preemptor_id
-                    s.preempted_by[v.job_id] = event.preemptor_id
+                    s.preempted_by.setdefault(v.job_id, {})[event.preemptor_id] = None
                     s.evicted.setdefault(v.queue, []).append((event.ts, v.gpu_milli))
             case JobCancelled():
                 self._unwait(event.job_id)
@@ -321,7 +321,8 @@ class PreemptionDecider:
         return (r.preemptible and r.job_id not in self.s.victim_of and r.job_id not in self.s.cancelled
                 and now - r.started >= r.min_runtime_s
                 and (r.ends_at is None or r.ends_at - now > self.policy.settings.preempt_min_remaining_s)
-                and self.s.preempted_by.get(preemptor_id) != r.job_id)  # no preempting one's preemptor back
+                and r.job_id not in self.s.preempted_by.get(preemptor_id, {})  # never one's preemptor back
+                and preemptor_id not in self.s.preempted_by.get(r.job_id, {}))  # nor the same victim twice
 
     def budget_left(self, queue: str, now: float) -> int | None:
         """GPUs (thousandths) the queue may still lose to eviction in its window; None: no budget."""

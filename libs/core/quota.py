@@ -384,6 +384,7 @@ class QuotaDecider:
     def _schedule(self, group: list[str], now: float, out: Decisions) -> None:
         p = Pass(now=now)
         self._find_starving(group, p)
+        self._lent_out(group, p)
         orders = {q: self._ordered(q) for q in group if self.pending.get(q)}
         heads: dict[str, QuotaJob] = {}
         while orders:
@@ -402,11 +403,32 @@ class QuotaDecider:
                 p.reserved()
 
     def _order_key(self, job: QuotaJob, p: Pass) -> tuple[object, ...]:
+        """A queue whose head must borrow still ranks as entitled when a smaller job of the head's priority
+        fits its nominal quota: that job comes right after the head fails, and quota freed for it (say by
+        a reclaim) must not go to a borrower meanwhile."""
         key = p.keys.get(job.job_id)
         if key is None:
-            key = p.keys[job.job_id] = (not self._entitled(job, p), self._fair_key(job.queue, p.now),
-                                        -job.priority, job.arrival, job.job_id)
+            key = p.keys[job.job_id] = (not (self._entitled(job, p) or self._level_entitled(job, p)),
+                                        self._fair_key(job.queue, p.now), -job.priority, job.arrival, job.job_id)
         return key
+
+    def _level_entitled(self, job: QuotaJob, p: Pass) -> bool:
+        if self._over_budget(job.queue, p) or not self.book.governed(job.queue):
+            return False
+        smallest = min(self.demands.get((job.queue, job.priority), {job.demand: 0}))
+        return any(self._nominal_left(job.queue, f) >= smallest for f in self._flavors(job))
+
+    def _lent_out(self, group: list[str], p: Pass) -> None:
+        """Flavors in which a queue's smallest waiting job would fit the queue's own nominal quota but not
+        the room its cohort left it: that quota is lent out, so no borrower of the flavor grows this pass,
+        whichever of the queue's jobs comes first in its own order."""
+        for q in group:
+            smallest = min((min(d) for (queue, _), d in self.demands.items() if queue == q), default=None)
+            if smallest is None or not self.book.governed(q) or self._over_budget(q, p):
+                continue
+            for f in self.book.limits[q]:
+                if self._nominal_left(q, f) >= smallest > self.book.room(q, f):
+                    p.no_borrowing.add(f)
 
     def _next_head(self, queue: str, order: Order, p: Pass, out: Decisions) -> QuotaJob | None:
         """The next job of the queue worth trying; jobs that cannot fit are told why (once) on the way."""
