@@ -36,6 +36,7 @@ from contracts import (
     JobFinished,
     JobSpec,
     JobSubmitted,
+    PreemptionDecided,
     PriorityClassesChanged,
     QueuePolicyChanged,
     QuotaDeferred,
@@ -60,6 +61,8 @@ HELD_FOR_STARVING_JOB = "held_for_starving_job"
 OVER_BUDGET_WAITS = "over_budget_waits_for_idle_quota"
 RETRY_BACKOFF = "retry_backoff"
 # Deferrals that evicting other jobs can cure: the preemption service acts on these.
+# A preemptor's claim on the quota its victims free lapses after this long (as placement's nomination).
+NOMINATION_TTL_S = 120.0
 PREEMPTION_MAY_HELP = frozenset({QUEUE_QUOTA_EXHAUSTED, COHORT_QUOTA_EXHAUSTED, QUOTA_LENT_OUT})
 WAITING_FOR_QUOTA = PREEMPTION_MAY_HELP | {BEHIND_HIGHER_PRIORITY}
 
@@ -132,11 +135,13 @@ class QuotaDecider:
         self.retries = RetryBook()
         self.retry_in: dict[str, float] = {}  # job that failed and runs again -> its backoff
         self.backing_off: dict[str, float] = {}  # job -> not before
+        # preemptor -> when its victims were chosen: quota they free goes to it first (until it lapses)
+        self.nominated: dict[str, float] = {}
         self._left_waiting: str | None = None
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (QueuePolicyChanged, PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, JobAdmitted,
-                JobCancelled, JobFinished, JobFailed, JobEvicted, ClockTick)
+                JobCancelled, JobFinished, JobFailed, JobEvicted, PreemptionDecided, ClockTick)
 
     @property
     def book(self) -> QuotaBook:
@@ -237,6 +242,7 @@ class QuotaDecider:
                 self.reserved.setdefault(job.queue, {})[job.job_id] = None
                 self._use(job, +1, event.ts)
                 self.deferred.pop(event.job_id, None)
+                self.nominated.pop(event.job_id, None)
             case QuotaReleased():
                 freed = self.jobs.get(event.job_id)
                 if freed is None or freed.state != "reserved":
@@ -257,6 +263,11 @@ class QuotaDecider:
                     del self.jobs[job.job_id]
             case QuotaDeferred():
                 self.deferred[event.job_id] = event.code
+            case PreemptionDecided() if event.preemptor_id in self.jobs:
+                self.nominated[event.preemptor_id] = event.ts
+            case ClockTick():
+                for job_id in [j for j, t in self.nominated.items() if event.ts - t > NOMINATION_TTL_S]:
+                    del self.nominated[job_id]
             case JobFailed() if event.job_id in self.jobs and self.jobs[event.job_id].state == "reserved":
                 delay = self.retries.on_failed(event, self.jobs[event.job_id].spec, self.policy)
                 if delay is not None:
@@ -269,6 +280,7 @@ class QuotaDecider:
         if job is None:
             return
         self.deferred.pop(job_id, None)
+        self.nominated.pop(job_id, None)
         if job.state == "pending":
             self._dequeue(job)
             del self.jobs[job_id]
@@ -403,12 +415,14 @@ class QuotaDecider:
                 p.reserved()
 
     def _order_key(self, job: QuotaJob, p: Pass) -> tuple[object, ...]:
-        """A queue whose head must borrow still ranks as entitled when a smaller job of the head's priority
-        fits its nominal quota: that job comes right after the head fails, and quota freed for it (say by
-        a reclaim) must not go to a borrower meanwhile."""
+        """A job that preempted others goes first: the quota its victims free is its. A queue whose head
+        must borrow still ranks as entitled when a smaller job of the head's priority fits its nominal
+        quota: that job comes right after the head fails, and quota freed for it (say by a reclaim) must not
+        go to a borrower meanwhile."""
         key = p.keys.get(job.job_id)
         if key is None:
-            key = p.keys[job.job_id] = (not (self._entitled(job, p) or self._level_entitled(job, p)),
+            key = p.keys[job.job_id] = (job.job_id not in self.nominated,
+                                        not (self._entitled(job, p) or self._level_entitled(job, p)),
                                         self._fair_key(job.queue, p.now), -job.priority, job.arrival, job.job_id)
         return key
 

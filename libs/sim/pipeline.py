@@ -24,6 +24,9 @@ from libs.sim.executor import REPORTS, ExecutorBook, Run
 from libs.sim.executor import SOURCE as EXECUTOR
 
 WORLD = (AdmissionDecider, QuotaDecider, PlacementDecider, PreemptionDecider)
+# With nothing left to happen but jobs still waiting, the clock runs on this long (past any nomination's
+# lapse) before the run ends with them waiting.
+IDLE_LIMIT_S = 300.0
 
 
 @dataclass(order=True)
@@ -112,7 +115,20 @@ def run_virtual(inputs: Iterable[EventBase], tick_s: float = 5.0, horizon_s: flo
                 append(report)
 
     quota = next(d for d in deciders if isinstance(d, QuotaDecider))
-    while heap or executor.running or quota.backing_off:  # a retry's backoff is work still to come
+    idle_since: float | None = None  # nothing scheduled or running, yet jobs wait: for how long?
+
+    def busy() -> bool:
+        """Work still to come: events due, runs going, a retry backing off, or waiting jobs that time
+        alone may release (a nomination or hold lapsing), for at most IDLE_LIMIT_S of idle virtual time."""
+        if heap or executor.running or quota.backing_off:
+            return True
+        return any(quota.pending.values()) and (idle_since is None or now - idle_since <= IDLE_LIMIT_S)
+
+    while busy():
+        if not (heap or executor.running or quota.backing_off):
+            idle_since = now if idle_since is None else idle_since
+        else:
+            idle_since = None
         upcoming = heap[0].ts if heap else None
         if upcoming is None or next_tick <= upcoming:
             # The clock ticks between events (time-driven decisions react to ticks, as in the services).
