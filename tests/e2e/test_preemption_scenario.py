@@ -8,12 +8,11 @@ log replays, within quota and without over-allocation."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -32,14 +31,14 @@ from libs.audit.log_reader import read_log
 from libs.audit.quota_audit import quota_violations
 from libs.audit.replay import replay
 from libs.bus.jetstream import Bus, BusConfig
-from libs.cli.client import ApiError, Client
+from libs.cli.client import Client
 from libs.cli.up import start_platform
 from libs.runtime.embedded import EmbeddedServer, free_port
 from libs.runtime.supervisor import Supervisor
+from tests.e2e.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
-T = TypeVar("T")
 
 TICK_S = 1.0
 A_DURATION_S = 20.0  # long enough that B's jobs come and go while A's victims are still short of done
@@ -111,19 +110,6 @@ def platform(tmp_path: Path, nats_server: EmbeddedServer, redis_server: Embedded
                                               subject_prefix=stream_name.lower()), tmp_path / "log.jsonl")
     finally:
         sup.stop()
-
-
-def wait_for(check: Callable[[], T], what: str | Callable[[], str], timeout: float = 15.0, every: float = 0.1) -> T:
-    """Poll until `check` returns something truthy (API errors count as not yet); `what` says what failed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result: T | None = None
-        with contextlib.suppress(ApiError):
-            result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, what() if callable(what) else what
-        time.sleep(every)
 
 
 def all_in(client: Client, ids: list[str], state: str) -> bool:

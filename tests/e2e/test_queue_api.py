@@ -7,7 +7,6 @@ expects (demo's nominal changed to 12, queue "vision" added, demo's jobs cancell
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import subprocess
@@ -15,10 +14,10 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -31,12 +30,12 @@ from libs.cli.up import start_platform
 from libs.runtime.embedded import EmbeddedServer, free_port
 from libs.runtime.settings import DEFAULT_CLUSTER, DEFAULT_POLICY, REPO_ROOT
 from libs.runtime.supervisor import Supervisor
+from tests.e2e.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
 GPUSCHED = str(REPO_ROOT / ".venv" / "bin" / "gpusched")
 LEAVES = ("demo", "platform", "product", "research")
-T = TypeVar("T")
 
 
 @dataclass
@@ -71,19 +70,6 @@ def platform(tmp_path_factory: pytest.TempPathFactory, nats_server: EmbeddedServ
         yield Platform(sup=sup, client=client, nats_url=nats_server.url, stream=stream)
     finally:
         sup.stop()
-
-
-def wait_for(check: Callable[[], T], what: str, timeout: float = 15.0) -> T:
-    """Poll until `check` returns something truthy (API errors count as not yet)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result: T | None = None
-        with contextlib.suppress(ApiError):
-            result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 def queues_by_name(client: Client) -> dict[str, dict[str, Any]]:
