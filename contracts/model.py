@@ -144,6 +144,9 @@ class PriorityClass(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     # A retryable failure runs the job again, at most this often, after retry_backoff_s x 2^(n-1).
     max_retries: int = 2
     retry_backoff_s: float = 10.0
+    # Told to stop (preempted), a job has this long to report its checkpoint; then it is killed and keeps
+    # only its last periodic checkpoint.
+    checkpoint_grace_s: float = 30.0
 
 
 class ReplicaPlacement(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

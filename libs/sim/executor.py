@@ -23,13 +23,17 @@ from contracts import (
     JobSubmitted,
     NodeLost,
     PreemptionDecided,
+    PriorityClassesChanged,
 )
 from libs.core.decider import derived_id
+from libs.core.policy import DEFAULT_PRIORITY_CLASSES
 
 SOURCE = "sim-executor"
 # A job label that scripts the simulated runs' exit codes, run after run: "137,0" fails the first run as if
 # OOM-killed and lets the second succeed. Without it every run succeeds.
 SIM_EXIT_CODES = "sim/exit-codes"
+# A job label: how long (seconds) the simulated job takes to write its checkpoint once told to stop.
+SIM_CHECKPOINT_S = "sim/checkpoint-s"
 REPORTS = (JobStarted, JobFinished, JobFailed, JobEvicted, JobCheckpointed)
 
 
@@ -42,6 +46,9 @@ class Run:
     done_before: float = 0.0  # seconds of work saved by earlier runs (resumed from a checkpoint)
     checkpoint_every: float | None = None
     gpus: frozenset[tuple[str, int]] = frozenset()  # (node, GPU index) it runs on
+    checkpoint_write_s: float = 0.0
+    signalled_at: float | None = None  # told to stop, writing its checkpoint
+    stop_armed: bool = False  # its delayed stop handed to the driver
 
     def ends_at(self, time_scale: float = 1.0) -> float | None:
         if self.duration is None or self.started_at is None:
@@ -63,6 +70,11 @@ class ExecutorBook:
         self.runs: dict[str, Run] = {}
         self.cancelled: dict[str, None] = {}
         self.exit_plan: dict[str, list[int]] = {}
+        self.write_s: dict[str, float] = {}
+        self.priority: dict[str, str] = {}
+        self.grace: dict[str, float] = {c.name: c.checkpoint_grace_s for c in DEFAULT_PRIORITY_CLASSES}
+        # Stops that complete later (a checkpoint being written): (when, run) for the driver to schedule.
+        self.later: list[tuple[float, Run]] = []
         self.ended_runs: dict[str, int] = {}  # job -> runs that finished or failed
 
     def report(self, kind: Any, run: Run, what: str, ts: float, **fields: Any) -> EventBase:
@@ -76,6 +88,9 @@ class ExecutorBook:
             case JobSubmitted():
                 self.durations[event.job_id] = event.spec.duration_s
                 self.checkpoint_every[event.job_id] = event.spec.checkpoint_interval_s
+                self.priority[event.job_id] = event.spec.priority
+                write = event.spec.labels.get(SIM_CHECKPOINT_S, "")
+                self.write_s[event.job_id] = float(write) if write.replace(".", "", 1).isdigit() else 0.0
                 plan = event.spec.labels.get(SIM_EXIT_CODES, "")
                 self.exit_plan[event.job_id] = [int(c) for c in plan.split(",") if c.strip().lstrip("-").isdigit()]
             case JobPlaced():
@@ -83,7 +98,16 @@ class ExecutorBook:
                                               done_before=self.saved.get(event.job_id, 0.0),
                                               checkpoint_every=self.checkpoint_every.get(event.job_id),
                                               gpus=frozenset((p.node, i) for p in event.placements
-                                                             for i in p.gpu_indices))
+                                                             for i in p.gpu_indices),
+                                              checkpoint_write_s=self.write_s.get(event.job_id, 0.0))
+            case PriorityClassesChanged():
+                self.grace = {c.name: c.checkpoint_grace_s for c in event.classes}
+            case PreemptionDecided():
+                for v in event.victims:  # a victim that writes a checkpoint is signalled now, stopped later
+                    run = self.runs.get(v.job_id)
+                    if (run is not None and run.signalled_at is None and run.checkpoint_every is not None
+                            and run.checkpoint_write_s > 0):
+                        run.signalled_at = event.ts
             case JobCheckpointed():
                 self.saved[event.job_id] = event.progress_s
             case JobStarted():
@@ -117,8 +141,13 @@ class ExecutorBook:
                     out.append(self.start(run, now))
             case PreemptionDecided():
                 for v in event.victims:
-                    if v.job_id in self.runs:
-                        out += self.stop(self.runs[v.job_id], "preempted", now)
+                    victim = self.runs.get(v.job_id)
+                    if victim is None:
+                        continue
+                    if victim.signalled_at is None:
+                        out += self.stop(victim, "preempted", now)
+                    else:
+                        self.arm_stop(victim)  # it writes its checkpoint, or is killed when its grace ends
             case JobCancelled() if event.job_id in self.runs:
                 out += self.stop(self.runs[event.job_id], "cancelled", now)
             case NodeLost():
@@ -134,7 +163,7 @@ class ExecutorBook:
         run.started_at = now
         return self.report(JobStarted, run, "started", now, executor=SOURCE)
 
-    def stop(self, run: Run, reason: str, now: float) -> list[EventBase]:
+    def stop(self, run: Run, reason: str, now: float, at: float | None = None) -> list[EventBase]:
         """Stop a run. Told to stop (preempted), a job that checkpoints saves its state first; its next run
         resumes from there. Lost with its node or GPU, it keeps only its last periodic checkpoint. Cancelled,
         it simply ends."""
@@ -149,8 +178,28 @@ class ExecutorBook:
         progress = round(run.progress(now, self.time_scale), 3)
         self.saved[run.job_id] = progress  # its own report is not folded back: apply it here
         ref = f"{run.job_id}/ckpt-{progress:.3f}"
-        return [self.report(JobCheckpointed, run, "checkpoint", now, checkpoint=ref, progress_s=progress),
-                self.report(JobEvicted, run, "evicted", now, reason=reason, checkpoint=ref, progress_s=progress)]
+        when = now if at is None else at  # the state saved is as of `now`; the reports come `at`
+        return [self.report(JobCheckpointed, run, "checkpoint", when, checkpoint=ref, progress_s=progress),
+                self.report(JobEvicted, run, "evicted", when, reason=reason, checkpoint=ref, progress_s=progress)]
+
+    def arm_stop(self, run: Run) -> None:
+        """Hand a signalled run's stop to the driver (once): due when its checkpoint is written, or when its
+        class's grace runs out, whichever comes first."""
+        if run.signalled_at is None or run.stop_armed:
+            return
+        run.stop_armed = True
+        grace = self.grace.get(self.priority.get(run.job_id, ""), 30.0)
+        self.later.append((run.signalled_at + min(run.checkpoint_write_s, grace), run))
+
+    def expire(self, run: Run, now: float) -> list[EventBase]:
+        """A signalled run's stop comes due: with its checkpoint written (saving its work as of the signal),
+        or killed at the end of its grace (keeping its last periodic checkpoint). Nothing if it ended first."""
+        if self.runs.get(run.job_id) is not run or run.signalled_at is None:
+            return []
+        grace = self.grace.get(self.priority.get(run.job_id, ""), 30.0)
+        if run.checkpoint_write_s <= grace:
+            return self.stop(run, "preempted", run.signalled_at, at=now)
+        return self.stop(run, "grace_expired", now)
 
     def finish(self, run: Run, now: float) -> EventBase | None:
         """The run's time is up: its JobFinished (or, as scripted, JobFailed), unless it was stopped (or

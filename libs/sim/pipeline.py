@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from contracts import (
     ClockTick,
     EventBase,
+    JobEvicted,
     JobFinished,
     JobStarted,
 )
@@ -43,6 +44,7 @@ class VirtualExecutor:
         self.schedule = schedule
         self.book = ExecutorBook()
         self.pending: dict[str, Run] = {}  # finish event id -> its run
+        self.stopping: dict[str, Run] = {}  # scheduled stop (eviction) id -> its run
 
     @property
     def running(self) -> dict[str, Run]:
@@ -60,7 +62,18 @@ class VirtualExecutor:
                 finish = self.book.report(JobFinished, run, "finished", end)
                 self.pending[finish.id] = run
                 self.schedule(finish)
+        for due, run in self.book.later:
+            # A stop that completes later: scheduled as its eviction, made real (or dropped) when due.
+            stop = self.book.report(JobEvicted, run, "evicted", due, reason="preempted")
+            self.stopping[stop.id] = run
+            self.schedule(stop)
+        self.book.later.clear()
         return reports
+
+    def expire(self, event: JobEvicted) -> list[EventBase]:
+        """A scheduled stop as it happens (checkpoint and eviction, or a kill); [] if the run ended first."""
+        run = self.stopping.pop(event.id, None)
+        return self.book.expire(run, event.ts) if run is not None else []
 
     def still_running(self, event: JobFinished) -> EventBase | None:
         """The run's end as it happens (a finish, or a scripted failure); None for a run evicted meanwhile."""
@@ -143,13 +156,17 @@ def run_virtual(inputs: Iterable[EventBase], tick_s: float = 5.0, horizon_s: flo
             continue
         item = heapq.heappop(heap)
         now = item.ts
-        arrived: EventBase | None = item.event
-        if isinstance(arrived, JobFinished):
-            arrived = executor.still_running(arrived)
-            if arrived is None:
-                continue
+        arrived: list[EventBase] = [item.event]
+        if isinstance(item.event, JobFinished):
+            finished = executor.still_running(item.event)
+            arrived = [] if finished is None else [finished]
+        elif isinstance(item.event, JobEvicted) and item.event.id in executor.stopping:
+            arrived = executor.expire(item.event)
+        if not arrived:
+            continue
         first = len(log)
-        append(item.event if arrived is None else arrived)
+        for event in arrived:
+            append(event)
         settle(first)
         if progress is not None and len(log) % 1000 < 20:
             progress(len(log))

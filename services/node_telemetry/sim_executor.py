@@ -20,6 +20,7 @@ from contracts import (
     NodeLost,
     NodeRegistered,
     PreemptionDecided,
+    PriorityClassesChanged,
 )
 from libs.bus.jetstream import Bus
 from libs.core.inventory import InventoryBook
@@ -43,7 +44,7 @@ class SimExecutor:
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (NodeRegistered, NodeLost, GpuHealthChanged, JobSubmitted, JobPlaced, PreemptionDecided, JobCancelled,
-                *REPORTS)
+                PriorityClassesChanged, *REPORTS)
 
     def replay(self, seq: int, event: EventBase) -> None:
         self.inventory.evolve(event)
@@ -59,7 +60,25 @@ class SimExecutor:
                 self._arm(self.book.runs[report.job_id])
             elif isinstance(report, JobEvicted) and report.job_id in self.timers:
                 self.timers.pop(report.job_id).cancel()
+        self._arm_stops()
         return reports
+
+    def _arm_stops(self) -> None:
+        """Stops that complete later (a checkpoint being written, a grace running out)."""
+        loop = asyncio.get_running_loop()
+        for due, run in self.book.later:
+            loop.call_later(max(0.0, due - time.time()), self._expire, run)
+        self.book.later.clear()
+
+    def _expire(self, run: Run) -> None:
+        reports = self.book.expire(run, time.time())
+        if reports:
+            timer = self.timers.pop(run.job_id, None)
+            if timer is not None:
+                timer.cancel()
+            task = asyncio.get_running_loop().create_task(self._publish(reports))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def _arm(self, run: Run) -> None:
         end = run.ends_at(self.time_scale)
@@ -98,5 +117,7 @@ class SimExecutor:
                 self._arm(run)
             else:
                 self._arm(run)
+                self.book.arm_stop(run)  # told to stop before the restart: its stop comes due still
+        self._arm_stops()
         if pending and self.bus is not None:
             await self._publish(pending)

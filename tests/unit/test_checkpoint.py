@@ -127,3 +127,30 @@ def test_retryable_failures_run_again_with_backoff(exit_codes: str, outcome: str
     view = ledger.jobs["j"]
     assert view.state == ("succeeded" if outcome == "finished" else "failed")
     assert view.retries == (failures if outcome == "finished" else failures - 1)
+
+
+@pytest.mark.parametrize(("write_s", "stopped_at", "reason", "progress"), [
+    pytest.param("5", 45.0, "preempted", 40.0, id="its checkpoint takes 5 s: stopped then, with 40 s of work saved"),
+    pytest.param("100", 70.0, "grace_expired", 60.0,
+                 id="it takes longer than the 30 s grace: killed at 70 s, keeping its periodic checkpoint of 60 s"),
+])
+def test_a_victim_has_its_classs_grace_to_write_its_checkpoint(write_s: str, stopped_at: float, reason: str,
+                                                                progress: float) -> None:
+    from contracts import JobStarted
+    from libs.sim.executor import SIM_CHECKPOINT_S
+
+    inputs: list[EventBase] = [
+        NodeRegistered(id="n", ts=T0 - 2, source="node-telemetry", node=node("a", 4)),
+        QueuePolicyChanged(id="q", ts=T0 - 1, source="operator", queue=queue("ml-train", "ml", 4), version=1),
+        SubmitJob(id="s1", ts=T0, source="test", job_id="long",
+                  spec=job().gpus(4).priority("batch").having(duration_s=100.0, checkpoint_interval_s=30.0,
+                                                              labels={SIM_CHECKPOINT_S: write_s}).spec),
+        SubmitJob(id="s2", ts=T0 + 40, source="test", job_id="urgent",
+                  spec=job().gpus(4).priority("urgent").having(duration_s=10.0).spec),
+    ]
+    log = run_virtual(inputs, tick_s=1.0).log
+    [evicted] = [e for _, e in log if isinstance(e, JobEvicted)]
+    assert (evicted.ts - T0, evicted.reason, evicted.progress_s) == (pytest.approx(stopped_at), reason,
+                                                                      pytest.approx(progress))
+    started = [e.ts - T0 for _, e in log if isinstance(e, JobStarted) and e.job_id == "urgent"]
+    assert started == [pytest.approx(stopped_at)]  # the preemptor starts once its victim is gone
