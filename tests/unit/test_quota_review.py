@@ -9,8 +9,6 @@ Unless a test says otherwise the fair order sees current usage only (half-life 0
 
 from __future__ import annotations
 
-from typing import Any
-
 from contracts import (
     ClockTick,
     EventBase,
@@ -26,9 +24,6 @@ from contracts import (
     QueuePolicyChanged,
     QueueSpec,
     QuotaDeferred,
-    QuotaReserved,
-    SchedulingSettings,
-    SchedulingSettingsChanged,
 )
 from libs.audit.quota_audit import quota_violations
 from libs.core.decider import run_decider
@@ -36,66 +31,8 @@ from libs.core.ledger import Ledger
 from libs.core.policy import DEFAULT_PRIORITY_CLASSES
 from libs.core.preemption import PreemptionDecider
 from libs.core.quota import QuotaDecider
-from tests.unit.builders import EventFeed, Job, brief, job, kinds, node, of, pipeline, spec_of
-
-DAY = 86_400.0
-D = 100 * DAY  # 1970-04-11 00:00 UTC
-
-
-def q(name: str, nominal: int | None = None, cohort: str = "c", **fields: Any) -> QueueSpec:
-    return QueueSpec(name=name, team=name, nominal_gpus=nominal, cohort=cohort, **fields)
-
-
-def on(queue: str, gpus: int = 1, **fields: Any) -> Job:
-    """A job of `queue` (its own team) asking `gpus` whole GPUs."""
-    return job(queue, queue, **fields).gpus(gpus)
-
-
-def plain(feed: EventFeed, starvation_after_s: float | None = None) -> None:
-    feed.send(SchedulingSettingsChanged, version=1, settings=SchedulingSettings(
-        fair_share_half_life_s=0.0, starvation_after_s=starvation_after_s))
-
-
-def quota(*queues: QueueSpec, starvation_after_s: float | None = None, ledger: Ledger | None = None) -> EventFeed:
-    feed = EventFeed(QuotaDecider(), ledger=ledger, t0=D)
-    plain(feed, starvation_after_s)
-    feed.queues(*queues)
-    return feed
-
-
-def cluster(*queues: QueueSpec, starvation_after_s: float | None = None) -> EventFeed:
-    """The whole pipeline (admission, quota, placement, preemption)."""
-    feed = pipeline()
-    plain(feed, starvation_after_s)
-    feed.queues(*queues)
-    return feed
-
-
-def outcome(decisions: list[EventBase], job_id: str) -> tuple[Any, ...]:
-    """("reserved", borrowed GPUs, flavor) or ("deferred", code): the job's last quota decision."""
-    mine = [d for d in decisions if isinstance(d, QuotaReserved | QuotaDeferred) and d.job_id == job_id]
-    if not mine:
-        return ("nothing",)
-    last = mine[-1]
-    if isinstance(last, QuotaReserved):
-        return ("reserved", last.borrowed_milli / 1000, last.flavor)
-    return ("deferred", last.code)
-
-
-def run(feed: EventFeed, *jobs: tuple[str, Job]) -> None:
-    """Admit jobs that must each get quota at once."""
-    for job_id, j in jobs:
-        assert brief(feed.admit(job_id, j)) == [("QuotaReserved", job_id)], job_id
-
-
-def wait(feed: EventFeed, *jobs: tuple[str, Job]) -> None:
-    """Admit jobs that must each wait."""
-    for job_id, j in jobs:
-        assert [k for k, _ in brief(feed.admit(job_id, j))][:1] == ["QuotaDeferred"], job_id
-
-
-def reserved(decisions: list[EventBase]) -> list[str]:
-    return [d.job_id for d in of(decisions, QuotaReserved)]
+from tests.unit.builders import EventFeed, Job, kinds, node, of, spec_of
+from tests.unit.quota_builders import DAY, D, cluster, on, outcome, q, quota, reserved, run, wait
 
 
 def budget_queue(name: str = "a") -> QueueSpec:
