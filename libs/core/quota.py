@@ -430,7 +430,7 @@ class QuotaDecider:
         if self._over_budget(job.queue, p) or not self.book.governed(job.queue):
             return False
         smallest = min(self.demands.get((job.queue, job.priority), {job.demand: 0}))
-        return any(self._nominal_left(job.queue, f) >= smallest for f in self._flavors(job))
+        return any(self.book.nominal_left(job.queue, f) >= smallest for f in self._flavors(job))
 
     def _lent_out(self, group: list[str], p: Pass) -> None:
         """Flavors in which a queue's smallest waiting job would fit the queue's own nominal quota but not
@@ -441,7 +441,7 @@ class QuotaDecider:
             if smallest is None or not self.book.governed(q) or self._over_budget(q, p):
                 continue
             for f in self.book.limits[q]:
-                if self._nominal_left(q, f) >= smallest > self.book.room(q, f):
+                if self.book.nominal_left(q, f) >= smallest > self.book.room(q, f):
                     p.no_borrowing.add(f)
 
     def _next_head(self, queue: str, order: Order, p: Pass, out: Decisions) -> QuotaJob | None:
@@ -489,7 +489,7 @@ class QuotaDecider:
         key = (job.queue, job.demand, flavors)
         if key not in p.within:
             p.within[key] = not self._over_budget(job.queue, p) and any(
-                self._nominal_left(job.queue, f) >= job.demand for f in flavors)
+                self.book.nominal_left(job.queue, f) >= job.demand for f in flavors)
         return p.within[key]
 
     def _try_reserve(self, job: QuotaJob, p: Pass, out: Decisions) -> bool:
@@ -512,7 +512,7 @@ class QuotaDecider:
             return False
         entitled = self._entitled(job, p)
         for flavor in self._flavors(job) if self.book.governed(job.queue) else (ANY,):
-            nominal_left = self._nominal_left(job.queue, flavor)
+            nominal_left = self.book.nominal_left(job.queue, flavor)
             if flavor in p.no_borrowing and (over_budget or job.demand > nominal_left):
                 continue  # a queue under nominal waits for lent quota: no borrower grows meanwhile
             # Over budget: only what peers lend, never its own nominal.
@@ -536,7 +536,7 @@ class QuotaDecider:
             message = "a queue under its nominal quota waits for quota lent out first; no queue borrows more meanwhile"
         if entitled:
             # It fits its own nominal, yet no room: that quota is lent out. No borrower of it grows now.
-            p.no_borrowing.update(f for f in self._flavors(job) if self._nominal_left(job.queue, f) >= job.demand)
+            p.no_borrowing.update(f for f in self._flavors(job) if self.book.nominal_left(job.queue, f) >= job.demand)
         self._defer(job, code, message, shortfall, out)
         return False
 
@@ -546,18 +546,12 @@ class QuotaDecider:
             p.over_budget[queue] = left is not None and left <= 0
         return p.over_budget[queue]
 
-    def _nominal_left(self, queue: str, flavor: str) -> int:
-        """What is left of the queue's own nominal quota (over-budget jobs do not use it)."""
-        if not self.book.governed(queue):
-            return UNLIMITED
-        lim = self.book.limits[queue].get(flavor)
-        return 0 if lim is None else max(0, lim.nominal - self.book.used.get((queue, flavor), 0))
-
     def _quota_reason(self, job: QuotaJob) -> tuple[str, str, int]:
         """Why the job's queue cannot take it now (by its first flavor), with the shortfall."""
         flavors = self.book.flavors_for(job.queue, job.spec) or [ANY]
         flavor = flavors[0]
-        lim = self.book.limits.get(job.queue, {}).get(flavor, _NO_LIMITS)
+        lim = self.book.limits.get(job.queue, {}).get(flavor)
+        nominal = lim.nominal if lim is not None else 0
         used = self.book.usage(job.queue, flavor)
         room = self.book.room(job.queue, flavor)
         shortfall = max(0, job.demand - room)
@@ -565,8 +559,8 @@ class QuotaDecider:
         ceiling = self.book.ceiling(job.queue, flavor)
         if used + job.demand > ceiling:
             return (QUEUE_QUOTA_EXHAUSTED, f"{where} holds {used / 1000:g} of at most {ceiling / 1000:g} GPUs "
-                    f"(nominal {lim.nominal / 1000:g}); the job needs {job.demand / 1000:g}", shortfall)
-        if used + job.demand <= lim.nominal:
+                    f"(nominal {nominal / 1000:g}); the job needs {job.demand / 1000:g}", shortfall)
+        if used + job.demand <= nominal:
             return (QUOTA_LENT_OUT, f"{where} is under its nominal quota but {shortfall / 1000:g} GPUs of it are "
                     f"lent to other queues of its cohort", shortfall)
         return (COHORT_QUOTA_EXHAUSTED, f"{where} must borrow {shortfall / 1000:g} more GPUs and its cohort has "
@@ -653,13 +647,6 @@ class QuotaDecider:
                         for q, levels in sorted(self.pending.items()) if levels},
             "jobs": {k: (j.queue, j.state, j.demand) for k, j in sorted(self.jobs.items())},
         })
-
-
-class _NoLimits:
-    nominal = 0
-
-
-_NO_LIMITS = _NoLimits()
 
 
 class Order:

@@ -191,19 +191,12 @@ class QuotaBook:
         shared = max(0, lim.guaranteed - self.used.get((queue, flavor), 0)) + self.pool[key] - self.pool_used[key]
         return max(0, min(own, shared))
 
-    def entitled(self, queue: str, flavor: str, milli: int) -> bool:
-        """Would `milli` more stay within the queue's nominal quota (whatever its cohort lent out)?"""
-        lim = self.limits.get(queue, {}).get(flavor)
-        if lim is None:
-            return not self.governed(queue)
-        return self.usage(queue, flavor) + milli <= lim.nominal
-
-    def nominal_room(self, queue: str, flavor: str) -> int:
-        """What the queue may take without borrowing."""
-        lim = self.limits.get(queue, {}).get(flavor)
-        if lim is None:
-            return UNLIMITED if not self.governed(queue) else 0
-        return max(0, min(lim.nominal - self.usage(queue, flavor), self.room(queue, flavor)))
+    def nominal_left(self, queue: str, flavor: str) -> int:
+        """What is left of the queue's own nominal quota, lent out or not (over-budget jobs do not use it)."""
+        if not self.governed(queue):
+            return UNLIMITED
+        lim = self.limits[queue].get(flavor)
+        return 0 if lim is None else max(0, lim.nominal - self.used.get((queue, flavor), 0))
 
     def ceiling(self, queue: str, flavor: str) -> int:
         """The most the queue could ever hold of this flavor: nominal plus what it may borrow."""
