@@ -91,7 +91,6 @@ class PlacementDecider:
         # The job capacity is held for after waiting too long: (job, priority, shadow time, the running jobs
         # that end by then), set on ticks.
         self.starving: tuple[str, int, float, tuple[str, ...]] | None = None
-        self._tentative: tuple[ReplicaPlacement, ...] = ()  # the placement being tried
         self.retries = RetryBook()
 
     def input_types(self) -> Iterable[type[EventBase]]:
@@ -219,8 +218,8 @@ class PlacementDecider:
             return False
         # place_gang allocated on the live cluster to try; JobPlaced's evolve allocates for the record.
         blocked = self._starves_nominee(job_id, spec)
-        self._tentative = result
-        held_for = None if blocked is not None else self._starves_starving(job_id, spec, out.trigger.event.ts)
+        held_for = (None if blocked is not None
+                    else self._starves_starving(job_id, spec, result, out.trigger.event.ts))
         self.cluster.release(result)
         if held_for is not None:
             if self.deferred.get(job_id) != HELD_FOR_STARVING_JOB:
@@ -283,10 +282,11 @@ class PlacementDecider:
                 self.cluster.allocate(self.placed[running])
         self.starving = (job_id, self.policy.priority_of(spec), shadow, tuple(released))
 
-    def _starves_starving(self, job_id: str, spec: JobSpec, now: float) -> str | None:
-        """With `job_id` tentatively allocated: the starving job it would keep waiting, or None. A job of
-        higher priority goes anyway; one that ends before the starving job's shadow time backfills; one
-        that leaves the starving job room once the jobs ending by then are gone does no harm."""
+    def _starves_starving(self, job_id: str, spec: JobSpec, tentative: tuple[ReplicaPlacement, ...], now: float
+                          ) -> str | None:
+        """With `job_id` tentatively allocated (at `tentative`): the starving job it would keep waiting, or
+        None. A job of higher priority goes anyway; one that ends before the starving job's shadow time
+        backfills; one that leaves the starving job room once the jobs ending by then are gone does no harm."""
         if self.starving is None or self.starving[0] == job_id or self.starving[0] not in self.specs:
             return None
         starving, prio, shadow, ending = self.starving
@@ -301,20 +301,20 @@ class PlacementDecider:
             if self.placer.fits(self.specs[starving]):
                 return None
             # It may not fit at all yet; then the question is whether this job takes what it could use.
-            self.cluster.release(self._tentative)
+            self.cluster.release(tentative)
             try:
                 room_without = self.placer.fits(self.specs[starving])
             finally:
-                self.cluster.allocate(self._tentative)
-            return starving if room_without else (starving if self._shares_models(spec, starving) else None)
+                self.cluster.allocate(tentative)
+            return starving if room_without or self._shares_models(tentative, starving) else None
         finally:
             for placements in gone:
                 self.cluster.allocate(placements)
 
-    def _shares_models(self, spec: JobSpec, starving: str) -> bool:
+    def _shares_models(self, tentative: tuple[ReplicaPlacement, ...], starving: str) -> bool:
         """Could the starving job use any GPU the tentative placement took?"""
         allowed = self.specs[starving].gpu_models
-        return not allowed or any(p.model in allowed for p in self._tentative)
+        return not allowed or any(p.model in allowed for p in tentative)
 
     def snapshot(self) -> bytes:
         return msgspec.json.encode({
