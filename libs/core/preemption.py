@@ -140,6 +140,8 @@ class PreemptionDecider:
     def evolve(self, event: EventBase) -> None:
         if not isinstance(event, ClockTick):
             self.changed = True
+        else:
+            self._forget_old_evictions(event.ts)
         if self.policy.apply(event):
             if isinstance(event, PriorityClassesChanged):
                 self._rerank()
@@ -324,14 +326,24 @@ class PreemptionDecider:
                 and r.job_id not in self.s.preempted_by.get(preemptor_id, {})  # never one's preemptor back
                 and preemptor_id not in self.s.preempted_by.get(r.job_id, {}))  # nor the same victim twice
 
+    def _forget_old_evictions(self, now: float) -> None:
+        """Evictions older than their queue's budget window no longer count."""
+        for queue in list(self.s.evicted):
+            spec = self.policy.queues.get(queue)
+            window = spec.eviction_window_s if spec is not None else 0.0
+            kept = [(t, m) for t, m in self.s.evicted[queue] if now - t < window]
+            if kept:
+                self.s.evicted[queue] = kept
+            else:
+                del self.s.evicted[queue]
+
     def budget_left(self, queue: str, now: float) -> int | None:
         """GPUs (thousandths) the queue may still lose to eviction in its window; None: no budget."""
         spec = self.policy.queues.get(queue)
         if spec is None or spec.eviction_budget_gpus is None:
             return None
-        recent = [(t, m) for t, m in self.s.evicted.get(queue, []) if now - t < spec.eviction_window_s]
-        self.s.evicted[queue] = recent
-        return spec.eviction_budget_gpus * 1000 - sum(m for _, m in recent)
+        recent = sum(m for t, m in self.s.evicted.get(queue, []) if now - t < spec.eviction_window_s)
+        return spec.eviction_budget_gpus * 1000 - recent
 
     def candidates(self, preemptor: JobSpec, preemptor_id: str, now: float) -> list[Running]:
         """Jobs of the preemptor's queue with a lower priority, in victim order."""
