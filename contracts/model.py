@@ -16,6 +16,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, for
     team: str
     queue: str
     user: str = ""
+    # What the GPU time is charged to inside the team (usage reports group by it); "" for none.
+    project: str = ""
     name: str = ""
     workload: str = "training"
     priority: str = "training"

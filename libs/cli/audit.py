@@ -85,13 +85,14 @@ def cmd_export(args: argparse.Namespace) -> None:
             sys.stdout.write(f'{{"seq":{seq},"event":{raw.decode()}}}\n')
 
 
-def _load(args: argparse.Namespace) -> list[tuple[int, bytes]]:
-    return _read_file(Path(args.log)) if args.log else asyncio.run(_read_live())
+def load_log(path: str | None) -> list[tuple[int, bytes]]:
+    """An exported log file, or the live stream when no file is given."""
+    return _read_file(Path(path)) if path else asyncio.run(_read_live())
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
     key = Path(args.key_file).read_bytes().strip() if args.key_file else None
-    report = verify(_load(args), key)
+    report = verify(load_log(args.log), key)
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
     elif report.ok:
@@ -106,7 +107,7 @@ def cmd_verify(args: argparse.Namespace) -> None:
 
 
 def cmd_timeline(args: argparse.Namespace) -> None:
-    rows = timeline(_load(args), args.job)
+    rows = timeline(load_log(args.log), args.job)
     if args.json:
         print(json.dumps(rows, indent=2))
         return
@@ -122,7 +123,7 @@ def cmd_timeline(args: argparse.Namespace) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> None:
-    log = _load(args)
+    log = load_log(args.log)
     report = replay(log, workers=args.workers)
     result = {"events": report.events, "decisions_checked": report.decisions_checked,
               "mismatches": len(report.mismatches), "events_per_s": round(report.events_per_s),

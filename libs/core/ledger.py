@@ -29,11 +29,13 @@ from contracts import (
     QuotaReserved,
     ReplicaPlacement,
 )
+from contracts.model import JobSpec
 from contracts.views import FlavorUsage, JobView, NodeView, QueueView, TeamUsage
 from libs.core.cluster import FULL, Cluster
 from libs.core.policy import PolicyBook
 from libs.core.quota import QuotaDecider
 from libs.core.retries import RetryBook
+from libs.core.usage import GpuRun, UsageBook
 
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "rejected"})
 
@@ -53,8 +55,20 @@ def is_long(view: JobView) -> bool:
     return view.spec is not None and view.spec.duration_s is not None and view.spec.duration_s >= LONG_JOB_S
 
 
-def gpu_count(view: JobView) -> float:
-    return sum(len(p.gpu_indices) * p.gpu_milli for p in view.placements) / FULL
+def requested_gpus(spec: JobSpec) -> float:
+    """GPUs a job asks for, fractions counted as fractions."""
+    per_replica = spec.gpu_milli / FULL if spec.gpu_milli else float(spec.gpus)
+    return spec.replicas * per_replica
+
+
+# The demand and capacity figure of the whole cluster, whatever the model.
+ALL_MODELS = "all"
+
+
+def demand_model(spec: JobSpec) -> str:
+    """The GPU model a waiting job's demand counts against: its one allowed model; a job that several models
+    would do counts only toward the cluster's total."""
+    return spec.gpu_models[0] if len(spec.gpu_models) == 1 else ALL_MODELS
 
 
 @dataclass(slots=True)
@@ -66,7 +80,12 @@ class Ledger:
     jobs: dict[str, JobView] = field(default_factory=dict)
     queues: dict[str, QueueView] = field(default_factory=dict)
     teams: dict[str, TeamUsage] = field(default_factory=dict)
-    run_started: dict[str, float] = field(default_factory=dict)
+    # Every run's GPU time, per model: the one source of GPU-seconds (the usage report folds it too).
+    usage: UsageBook = field(default_factory=UsageBook)
+    # GPUs waiting jobs ask for, per model (ALL_MODELS when not pinned to one): with the allocated GPUs, the demand.
+    pending_demand: dict[str, float] = field(default_factory=dict)
+    # queue -> {job: when it last became pending}, oldest first: the age of each queue's oldest waiting job.
+    pending_since: dict[str, dict[str, float]] = field(default_factory=dict)
     # What changed since the projector last flushed (dicts keep a deterministic order).
     dirty_jobs: dict[str, None] = field(default_factory=dict)
     dirty_queues: dict[str, None] = field(default_factory=dict)
@@ -81,6 +100,10 @@ class Ledger:
     # Long jobs (declared runtime of an hour or more) first started, and interrupted, since the last flush.
     long_started: list[str] = field(default_factory=list)
     long_interrupted: list[tuple[str, str]] = field(default_factory=list)
+    # Runs that ended, submissions (queue, priority) and start waits since the last flush.
+    ended_runs: list[GpuRun] = field(default_factory=list)
+    submitted: list[tuple[str, str]] = field(default_factory=list)
+    start_waits: list[AdmissionWait] = field(default_factory=list)
     last_seq: int = 0
     last_ts: float = 0.0
 
@@ -103,9 +126,37 @@ class Ledger:
                 q.pending += delta
             elif s == "running":
                 q.running += delta
+        if (view.state == "pending") != (state == "pending") and view.spec is not None:
+            self._waiting(view, state == "pending")
         view.state = state
         q.seq = seq
         self.dirty_queues[view.queue] = None
+
+    def _waiting(self, view: JobView, waits: bool) -> None:
+        """Keep the demand of waiting jobs and each queue's waiting order as a job starts or stops waiting."""
+        assert view.spec is not None
+        model, gpus = demand_model(view.spec), requested_gpus(view.spec)
+        since = self.pending_since.setdefault(view.queue, {})
+        if waits:
+            self.pending_demand[model] = self.pending_demand.get(model, 0.0) + gpus
+            since[view.id] = self.last_ts
+        else:
+            self.pending_demand[model] = max(0.0, self.pending_demand.get(model, 0.0) - gpus)
+            since.pop(view.id, None)
+
+    def oldest_pending_s(self, queue: str) -> float:
+        """How long the queue's longest-waiting job has waited, as of the last event."""
+        since = self.pending_since.get(queue)
+        return max(0.0, self.last_ts - next(iter(since.values()))) if since else 0.0
+
+    def demand(self) -> dict[str, float]:
+        """GPUs asked for per model: held by running jobs plus asked for by waiting ones pinned to that model;
+        under ALL_MODELS, everything held and asked for."""
+        out = {m: g for m, g in self.pending_demand.items() if m != ALL_MODELS}
+        for (_, model), gpus in self.usage.held.items():
+            out[model] = out.get(model, 0.0) + gpus
+        out[ALL_MODELS] = sum(out.values()) + self.pending_demand.get(ALL_MODELS, 0.0)
+        return out
 
     def _touch(self, view: JobView, seq: int) -> None:
         view.seq = seq
@@ -115,24 +166,23 @@ class Ledger:
         for p in placements:
             self.dirty_nodes[p.node] = None
 
-    def _charge(self, view: JobView, now: float) -> None:
+    def _charge(self, view: JobView, ended: list[GpuRun]) -> None:
         """Add the GPU time of the run that just ended to the job and its team."""
-        started = self.run_started.pop(view.id, None)
-        if started is None:
+        if not ended:
             return
-        seconds = max(0.0, now - started) * gpu_count(view)
+        seconds = sum(r.gpu_seconds() for r in ended)
+        self.ended_runs.extend(ended)
         view.gpu_seconds += seconds
         usage = self.teams.setdefault(view.team, TeamUsage(team=view.team))
         usage.gpu_seconds += seconds
         self.dirty_teams[view.team] = None
 
-    def _charge_loss(self, view: JobView, event: JobEvicted) -> None:
+    def _charge_loss(self, view: JobView, event: JobEvicted, ended: list[GpuRun]) -> None:
         """GPU time an eviction threw away: the run's time not covered by the progress it checkpointed."""
-        started = self.run_started.get(view.id)
-        if started is None:
+        if not ended:
             return
         saved = max(0.0, event.progress_s - view.progress_s)
-        lost = max(0.0, event.ts - started - saved) * gpu_count(view)
+        lost = sum(max(0.0, event.ts - r.start - saved) * r.gpus for r in ended)
         view.progress_s = event.progress_s
         view.lost_gpu_seconds += lost
         usage = self.teams.setdefault(view.team, TeamUsage(team=view.team))
@@ -145,6 +195,7 @@ class Ledger:
     def apply(self, event: EventBase, seq: int) -> None:
         self.last_seq = max(self.last_seq, seq)
         self.last_ts = max(self.last_ts, event.ts)
+        ended = self.usage.apply(event)  # before the job fold, which charges the runs this event ended
         if isinstance(event, QUOTA_FOLD):
             self.quota.evolve(event)
         if isinstance(event, QueuePolicyChanged):
@@ -176,7 +227,7 @@ class Ledger:
             view = self.jobs[job_id] = JobView(id=job_id, state="", team=spec.team if spec else "",
                                                queue=spec.queue if spec else "", spec=spec,
                                                submitted_at=event.ts)
-        self._apply_job(view, event, seq)
+        self._apply_job(view, event, seq, ended)
         self._touch(view, seq)
 
     def _apply_node(self, event: NodeRegistered | NodeLost | GpuHealthChanged, seq: int) -> None:
@@ -190,11 +241,12 @@ class Ledger:
             self.cluster.set_gpu_health(event.node, event.index, event.healthy)
             self.dirty_nodes[event.node] = None
 
-    def _apply_job(self, view: JobView, event: EventBase, seq: int) -> None:
+    def _apply_job(self, view: JobView, event: EventBase, seq: int, ended: list[GpuRun]) -> None:
         match event:
             case JobSubmitted():
                 self._set_state(view, "pending", seq)
                 view.phase = "submitted"
+                self.submitted.append((view.queue, event.spec.priority))
             case JobRejected():
                 self._set_state(view, "rejected", seq)
                 view.phase, view.reason, view.message = "rejected", event.code, event.message
@@ -219,18 +271,20 @@ class Ledger:
                 view.phase, view.started_at = "running", event.ts
                 if view.first_started_at is None:
                     view.first_started_at = event.ts
+                    prio = view.spec.priority if view.spec else ""
+                    self.start_waits.append(AdmissionWait(view.queue, prio,
+                                                          event.ts - (view.submitted_at or event.ts)))
                     if is_long(view):
                         self.long_started.append(view.queue)
-                self.run_started[view.id] = event.ts
             case JobFailed() if (delay := self.retries.on_failed(event, view.spec, self.policy)) is not None:
-                self._end_run(view, event.ts, seq)
+                self._end_run(view, ended)
                 view.retries += 1
                 self._set_state(view, "pending", seq)
                 view.phase, view.exit_code = "retrying", event.exit_code
                 view.reason, view.message = event.reason, f"exit code {event.exit_code}: runs again in {delay:g} s"
                 self.retried.append((view.queue, event.reason))
             case JobFinished() | JobFailed():
-                self._end_run(view, event.ts, seq)
+                self._end_run(view, ended)
                 ok = isinstance(event, JobFinished) and event.exit_code == 0
                 self._set_state(view, "succeeded" if ok else "failed", seq)
                 view.phase, view.exit_code, view.finished_at = view.state, event.exit_code, event.ts
@@ -240,10 +294,10 @@ class Ledger:
                 self.dirty_teams[view.team] = None
             case JobEvicted():
                 if event.reason != "cancelled" and view.phase != "cancelling":
-                    self._charge_loss(view, event)
+                    self._charge_loss(view, event, ended)
                     if is_long(view):
                         self.long_interrupted.append((view.queue, event.reason))
-                self._end_run(view, event.ts, seq)
+                self._end_run(view, ended)
                 if event.reason == "cancelled" or view.phase == "cancelling":
                     self._set_state(view, "cancelled", seq)
                     view.phase, view.finished_at = "cancelled", event.ts
@@ -259,8 +313,8 @@ class Ledger:
                     view.phase, view.finished_at = "cancelled", event.ts
                 view.reason = event.reason
 
-    def _end_run(self, view: JobView, now: float, seq: int) -> None:
-        self._charge(view, now)
+    def _end_run(self, view: JobView, ended: list[GpuRun]) -> None:
+        self._charge(view, ended)
         self.cluster.release(view.placements)
         self._touch_nodes(view.placements)
         view.placements = ()

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import dataclass
 
 from contracts import GpuSpec, NodeSpec
 
 
 class NvmlUnavailable(RuntimeError):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU's load at one moment: telemetry for Prometheus, not an event of the log."""
+
+    node: str
+    index: int
+    model: str
+    utilization: float
+    memory_used: float
 
 
 def _text(value: bytes | str) -> str:
@@ -44,3 +56,22 @@ class NvmlBackend:
         cpus = os.cpu_count() or 1
         mem_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
         return [NodeSpec(name=self.node_name, gpus=tuple(gpus), cpu_milli=cpus * 1000, memory_mib=mem_mib)]
+
+    def sample(self) -> list[GpuReading]:
+        """Utilisation (busy share of the last sample period) and memory in use of every GPU, from the driver."""
+        try:
+            import pynvml
+        except ImportError as err:
+            raise NvmlUnavailable("nvidia-ml-py is not installed") from err
+        pynvml.nvmlInit()
+        try:
+            out = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                util = pynvml.nvmlDeviceGetUtilizationRates(h)
+                mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+                out.append(GpuReading(self.node_name, i, _text(pynvml.nvmlDeviceGetName(h)), util.gpu / 100.0,
+                                      int(mem.used) / int(mem.total) if int(mem.total) else 0.0))
+            return out
+        finally:
+            pynvml.nvmlShutdown()

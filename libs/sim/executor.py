@@ -46,6 +46,8 @@ class Run:
     done_before: float = 0.0  # seconds of work saved by earlier runs (resumed from a checkpoint)
     checkpoint_every: float | None = None
     gpus: frozenset[tuple[str, int]] = frozenset()  # (node, GPU index) it runs on
+    gpu_milli: int = 1000  # its share of each of those GPUs
+    gpu_memory_mib: int = 0  # GPU memory it asked for on each (0: in proportion to its share)
     checkpoint_write_s: float = 0.0
     signalled_at: float | None = None  # told to stop, writing its checkpoint
     stop_armed: bool = False  # its delayed stop handed to the driver
@@ -99,6 +101,10 @@ class ExecutorBook:
                                               checkpoint_every=self.checkpoint_every.get(event.job_id),
                                               gpus=frozenset((p.node, i) for p in event.placements
                                                              for i in p.gpu_indices),
+                                              gpu_milli=event.placements[0].gpu_milli if event.placements
+                                              else 1000,
+                                              gpu_memory_mib=event.placements[0].gpu_memory_mib
+                                              if event.placements else 0,
                                               checkpoint_write_s=self.write_s.get(event.job_id, 0.0))
             case PriorityClassesChanged():
                 self.grace = {c.name: c.checkpoint_grace_s for c in event.classes}

@@ -12,7 +12,7 @@ import msgspec
 import numpy as np
 
 from contracts import EventBase, FlavorQuota, QueuePolicyChanged, QueueSpec
-from libs.core.ledger import Ledger, gpu_count
+from libs.core.ledger import Ledger
 from libs.core.quotas import flavor_quotas
 from libs.sim.pipeline import run_virtual
 
@@ -109,9 +109,8 @@ def team_figures(log: Iterable[tuple[int, EventBase]], end: float) -> dict[str, 
         ledger.apply(event, seq)
     capacity = sum(len(n.gpus) for n in ledger.cluster.sorted_nodes())
     gpu_seconds = {team: usage.gpu_seconds for team, usage in ledger.teams.items()}
-    for job_id, since in ledger.run_started.items():  # still running at the end
-        view = ledger.jobs[job_id]
-        gpu_seconds[view.team] = gpu_seconds.get(view.team, 0.0) + (end - since) * gpu_count(view)
+    for run in ledger.usage.open_runs():  # still running at the end
+        gpu_seconds[run.team] = gpu_seconds.get(run.team, 0.0) + run.gpu_seconds(until=end)
     span = max(end - (t0 if t0 is not None else end), 1e-9)
     submitted = [v for v in ledger.jobs.values() if v.state != "rejected"]
     out = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from libs.reports.rates import load_rates
 from libs.runtime.main import service_main
 from libs.runtime.service import run_service
 from libs.runtime.settings import Settings
@@ -12,7 +13,7 @@ from services.accounting.projector import Projector
 async def serve(settings: Settings) -> None:
     store = ViewStore.from_url(settings.redis_url, prefix=settings.stream.lower())
     try:
-        await run_service(settings, Projector(store))
+        await run_service(settings, Projector(store, load_rates()))
     finally:
         await store.close()
 

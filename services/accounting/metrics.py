@@ -28,3 +28,31 @@ EVICTIONS = Counter("gpusched_evictions_total", "Jobs evicted by executors", ["r
 LOST_GPU_SECONDS = Counter("gpusched_eviction_lost_gpu_seconds_total",
                            "GPU time evictions threw away (run time not covered by a checkpoint)", ["queue", "reason"])
 FINISHED = Counter("gpusched_jobs_finished_total", "Jobs that reached a final state", ["queue", "state"])
+
+# Efficiency: how much of the healthy capacity is allocated, stranded or idle.
+MODEL_GPUS = Gauge("gpusched_model_gpus", "GPUs per model by state (total, healthy, allocated)", ["model", "state"])
+FRAGMENTATION = Gauge("gpusched_gpu_fragmentation_ratio",
+                      "Share of free healthy GPU capacity that sits on partly allocated GPUs")
+IDLE = Gauge("gpusched_gpu_idle_ratio", "Share of healthy GPUs with nothing allocated")
+# Delivery.
+SUBMITTED = Counter("gpusched_jobs_submitted_total", "Jobs accepted into a queue", ["queue", "priority"])
+START_WAIT = Histogram(
+    "gpusched_job_start_wait_seconds", "Submission to first start", ["queue", "priority"],
+    buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600))
+OLDEST_PENDING = Gauge("gpusched_queue_oldest_pending_seconds", "How long the queue's longest-waiting job has waited",
+                       ["queue"])
+# Governance per GPU model.
+QUOTA_FLAVOR = Gauge("gpusched_queue_quota_gpus", "Nominal quota per queue and GPU model flavor", ["queue", "flavor"])
+USED_FLAVOR = Gauge("gpusched_queue_used_gpus", "GPUs reserved per queue and GPU model flavor", ["queue", "flavor"])
+BUDGET = Gauge("gpusched_queue_budget_gpu_hours", "The queue's GPU-hour budget per period", ["queue"])
+# Nodes.
+NODES = Gauge("gpusched_nodes", "Nodes by state (online, lost)", ["state"])
+NODE_ONLINE = Gauge("gpusched_node_online", "1 while the node is online, 0 once lost", ["node"])
+NODE_UNHEALTHY = Gauge("gpusched_node_unhealthy_gpus", "GPUs of the node out of service (quarantined)", ["node"])
+# Cost and capacity.
+GPU_SECONDS = Counter("gpusched_gpu_seconds_total", "GPU-seconds of ended runs",
+                      ["team", "queue", "model", "priority"])
+COST = Counter("gpusched_cost_total", "Cost of ended runs in the rates' currency", ["team", "model"])
+ALLOCATED = Gauge("gpusched_allocated_gpus", "GPUs held by running jobs", ["team", "model"])
+DEMAND = Gauge("gpusched_gpu_demand_gpus", "GPUs held by running jobs plus asked for by waiting ones, per model",
+               ["model"])

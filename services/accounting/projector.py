@@ -11,6 +11,7 @@ import msgspec
 from contracts import ALL_EVENT_TYPES, COMMAND_TYPES, EventBase, JobEvicted, PreemptionDecided
 from libs.core.cluster import FULL
 from libs.core.ledger import Ledger
+from libs.reports.rates import Rates
 from libs.views.store import ViewStore
 from services.accounting import metrics
 
@@ -20,8 +21,9 @@ FINAL = ("succeeded", "failed", "cancelled", "rejected")
 class Projector:
     name = "accounting"
 
-    def __init__(self, store: ViewStore) -> None:
+    def __init__(self, store: ViewStore, rates: Rates | None = None) -> None:
         self.store = store
+        self.rates = rates or Rates()
         self.ledger = Ledger()
         self.first_seq: dict[str, int] = {}
         self.written_state: dict[str, str] = {}
@@ -90,11 +92,19 @@ class Projector:
             for f in q.flavors:
                 metrics.BORROWED.labels(name, f.flavor).set(f.borrowed_gpus)
                 metrics.LENT.labels(name, f.flavor).set(f.lent_gpus)
+            for f in q.flavors:
+                metrics.QUOTA_FLAVOR.labels(name, f.flavor).set(f.nominal_gpus)
+                metrics.USED_FLAVOR.labels(name, f.flavor).set(f.in_use_gpus)
             metrics.FAIR_SHARE.labels(name).set(q.fair_share)
             if q.budget_left_gpu_hours is not None:
                 metrics.BUDGET_LEFT.labels(name).set(q.budget_left_gpu_hours)
+            if q.budget_gpu_hours is not None:
+                metrics.BUDGET.labels(name).set(q.budget_gpu_hours)
         for name in led.dirty_nodes:
-            ops.append(["HSET", f"{store.p}:nodes", name, enc.encode(led.node_view(name)).decode()])
+            node = led.node_view(name)
+            ops.append(["HSET", f"{store.p}:nodes", name, enc.encode(node).decode()])
+            metrics.NODE_ONLINE.labels(name).set(1 if node.online else 0)
+            metrics.NODE_UNHEALTHY.labels(name).set(node.gpus - node.healthy_gpus)
         for team in led.dirty_teams:
             usage = led.teams[team]
             ops.append(["HSET", f"{store.p}:usage", team, enc.encode(usage).decode()])
@@ -109,6 +119,7 @@ class Projector:
             metrics.LONG_STARTED.labels(queue).inc()
         for queue, reason in led.long_interrupted:
             metrics.LONG_INTERRUPTED.labels(queue, reason).inc()
+        self._usage_metrics()
         if led.dirty_nodes:
             self._gpu_gauges()
         led.dirty_jobs.clear()
@@ -120,21 +131,58 @@ class Projector:
         led.retried.clear()
         led.long_started.clear()
         led.long_interrupted.clear()
+        led.ended_runs.clear()
+        led.submitted.clear()
+        led.start_waits.clear()
         return ops
 
+    def _usage_metrics(self) -> None:
+        """Submissions, start waits, GPU time and cost of the runs that ended, and what is held and wanted."""
+        led = self.ledger
+        for queue, priority in led.submitted:
+            metrics.SUBMITTED.labels(queue, priority).inc()
+        for w in led.start_waits:
+            metrics.START_WAIT.labels(w.queue, w.priority).observe(w.seconds)
+        for run in led.ended_runs:
+            seconds = run.gpu_seconds()
+            metrics.GPU_SECONDS.labels(run.team, run.queue, run.model, run.priority).inc(seconds)
+            metrics.COST.labels(run.team, run.model).inc(self.rates.cost(run.model, seconds))
+        for (team, model), gpus in led.usage.held.items():
+            metrics.ALLOCATED.labels(team, model).set(gpus)
+        for model, gpus in led.demand().items():
+            metrics.DEMAND.labels(model).set(gpus)
+        for name in led.queues:
+            metrics.OLDEST_PENDING.labels(name).set(led.oldest_pending_s(name))
+
     def _gpu_gauges(self) -> None:
-        total = healthy = 0
-        allocated = 0.0
+        """Cluster-wide capacity figures; recomputed only after a batch that changed some node."""
+        by_model: dict[str, list[float]] = {}  # model -> [total, healthy, allocated]
+        stranded = free = 0  # free milli on partly allocated GPUs / on all healthy GPUs
+        idle = online = 0
         for node in self.ledger.cluster.sorted_nodes():
+            online += node.online
             for g in node.gpus:
-                total += 1
+                counts = by_model.setdefault(g.model, [0, 0, 0.0])
+                counts[0] += 1
                 if g.healthy and node.online:
-                    healthy += 1
-                    allocated += (FULL - g.free_milli) / FULL
+                    counts[1] += 1
+                    counts[2] += (FULL - g.free_milli) / FULL
+                    free += g.free_milli
+                    idle += g.free_milli == FULL
+                    stranded += g.free_milli if 0 < g.free_milli < FULL else 0
+        total, healthy, allocated = (sum(c[i] for c in by_model.values()) for i in range(3))
+        for model, (m_total, m_healthy, m_allocated) in by_model.items():
+            metrics.MODEL_GPUS.labels(model, "total").set(m_total)
+            metrics.MODEL_GPUS.labels(model, "healthy").set(m_healthy)
+            metrics.MODEL_GPUS.labels(model, "allocated").set(m_allocated)
         metrics.GPUS.labels("total").set(total)
         metrics.GPUS.labels("healthy").set(healthy)
         metrics.GPUS.labels("allocated").set(allocated)
         metrics.GPU_ALLOCATION.set(allocated / healthy if healthy else 0.0)
+        metrics.FRAGMENTATION.set(stranded / free if free else 0.0)
+        metrics.IDLE.set(idle / healthy if healthy else 0.0)
+        metrics.NODES.labels("online").set(online)
+        metrics.NODES.labels("lost").set(len(self.ledger.cluster.nodes) - online)
 
     async def flush(self, force: bool = False) -> None:
         await self.store.apply(self.ledger.last_seq, self.ops(), force=force)

@@ -10,10 +10,12 @@ from contracts import ClockTick
 from libs.bus.jetstream import Bus
 from libs.core.decider import derived_id
 from libs.nodes.backend import make_backend
+from libs.nodes.nvml import GpuReading
 from libs.runtime.main import service_main
 from libs.runtime.reactor import Reactor
 from libs.runtime.service import run_service
 from libs.runtime.settings import Settings
+from services.node_telemetry.gpu_samples import sample_forever, simulated_samples
 from services.node_telemetry.sim_executor import SimExecutor
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,14 @@ async def serve(settings: Settings) -> None:
             await bus.publish([ClockTick(id=derived_id(SOURCE, "tick", period, n), ts=n * period, source=SOURCE)])
             await asyncio.sleep((n + 1) * period - time.time())
 
-    await run_service(settings, handler, on_ready=announce_inventory, background=(tick,))
+    def samples() -> list[GpuReading]:
+        read = getattr(backend, "sample", None)  # the NVML backend reads the driver
+        return read() if read is not None else simulated_samples(handler.inventory, handler.book.runs.values())
+
+    async def sample(bus: Bus, reactor: Reactor) -> None:
+        await sample_forever(samples, min(settings.tick_seconds, 5.0))
+
+    await run_service(settings, handler, on_ready=announce_inventory, background=(tick, sample))
 
 
 def main() -> None:

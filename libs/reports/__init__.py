@@ -1,0 +1,1 @@
+"""Reports computed from the log: GPU usage and cost per any grouping, and the capacity trend."""
