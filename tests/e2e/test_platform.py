@@ -31,7 +31,10 @@ from libs.audit.replay import replay
 from libs.bus.jetstream import Bus, BusConfig
 from libs.cli.client import ApiError, Client
 from libs.cli.up import start_platform
+from libs.reports.rates import Rates
+from libs.reports.usage import UsageHistory, usage_rows
 from libs.runtime.embedded import EmbeddedServer, free_port
+from tests.usage_oracle import gpu_seconds_by_team
 
 pytestmark = pytest.mark.e2e
 
@@ -122,7 +125,9 @@ def check_api_edges(client: Client, finished_id: str, ports: dict[str, int]) -> 
     with urllib.request.urlopen(f"http://127.0.0.1:{ports['accounting']}/metrics", timeout=5) as resp:
         metrics = resp.read().decode()
     for name in ("gpusched_pending_jobs", "gpusched_admission_wait_time_seconds_bucket", "gpusched_preemptions_total",
-                 "gpusched_team_gpu_seconds", "gpusched_gpu_allocation_ratio", "gpusched_events_consumed_total"):
+                 "gpusched_team_gpu_seconds", "gpusched_gpu_allocation_ratio", "gpusched_events_consumed_total",
+                 "gpusched_gpu_seconds_total", "gpusched_cost_total", "gpusched_gpu_demand_gpus",
+                 "gpusched_job_start_wait_seconds_bucket", "gpusched_gpu_fragmentation_ratio"):
         assert name in metrics, name
 
 
@@ -226,6 +231,7 @@ async def test_two_hundred_jobs_from_three_teams_all_reach_a_final_state(
             time.sleep(0.5)
 
         check_api_edges(client, accepted[0], sup.ports)
+        usage = {u["team"]: u["gpu_seconds"] for u in client.usage()}
         bus = await Bus.connect(BusConfig(url=nats_server.url, stream=stream_name,
                                           subject_prefix=stream_name.lower()))
         raw = await read_log(bus)
@@ -248,6 +254,14 @@ async def test_two_hundred_jobs_from_three_teams_all_reach_a_final_state(
     assert {i: jobs[i]["state"] for i in accepted} == {i: from_log.get(i) for i in accepted}
     assert all(from_log[i] == "cancelled" for i in cancelled if from_log[i] != "succeeded")
     assert sum(1 for i in accepted if from_log[i] == "succeeded") >= 180
+
+    # Chargeback: the accounting service's live figures, the usage report and GPUs x time summed straight
+    # from the log all agree.
+    by_team = {r["team"]: r["gpu_seconds"]
+               for r in usage_rows(UsageHistory.fold(e for _, e in events), ("team",), Rates())}
+    oracle = gpu_seconds_by_team(e for _, e in events)
+    assert by_team == pytest.approx(oracle, abs=1e-3) and usage == pytest.approx(oracle, rel=1e-6)
+    assert sum(oracle.values()) > 0
 
     report = replay(raw)
     assert report.decisions_checked > 1000
