@@ -56,3 +56,6 @@ COST = Counter("gpusched_cost_total", "Cost of ended runs in the rates' currency
 ALLOCATED = Gauge("gpusched_allocated_gpus", "GPUs held by running jobs", ["team", "model"])
 DEMAND = Gauge("gpusched_gpu_demand_gpus", "GPUs held by running jobs plus asked for by waiting ones, per model",
                ["model"])
+# Inference services (jobs whose workload is "inference"): replicas wanted and running.
+INFERENCE_REPLICAS = Gauge("gpusched_inference_replicas", "Replicas of inference jobs by state (desired, ready)",
+                           ["queue", "service", "state"])

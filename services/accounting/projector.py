@@ -3,12 +3,14 @@ per batch and refresh the metrics."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import Any
 
 import msgspec
 
 from contracts import ALL_EVENT_TYPES, COMMAND_TYPES, EventBase, JobEvicted, PreemptionDecided
+from contracts.views import JobView
 from libs.core.cluster import FULL
 from libs.core.ledger import Ledger
 from libs.reports.rates import Rates
@@ -16,6 +18,7 @@ from libs.views.store import ViewStore
 from services.accounting import metrics
 
 FINAL = ("succeeded", "failed", "cancelled", "rejected")
+INFERENCE = "inference"  # the workload of online inference services
 
 
 class Projector:
@@ -68,6 +71,8 @@ class Projector:
         for job_id in led.dirty_jobs:
             view = led.jobs[job_id]
             ops.append(["SET", store.job_key(job_id), enc.encode(view).decode()])
+            if view.spec is not None and view.spec.workload == INFERENCE:
+                self._replicas(view)
             score = self.first_seq.get(job_id, view.seq)
             old = self.written_state.get(job_id)
             if old is None:
@@ -135,6 +140,19 @@ class Projector:
         led.submitted.clear()
         led.start_waits.clear()
         return ops
+
+    @staticmethod
+    def _replicas(view: JobView) -> None:
+        assert view.spec is not None
+        service = view.spec.name or view.id
+        if view.state in FINAL:
+            for state in ("desired", "ready"):
+                with contextlib.suppress(KeyError):
+                    metrics.INFERENCE_REPLICAS.remove(view.queue, service, state)
+            return
+        metrics.INFERENCE_REPLICAS.labels(view.queue, service, "desired").set(view.spec.replicas)
+        ready = len(view.placements) if view.state == "running" else 0
+        metrics.INFERENCE_REPLICAS.labels(view.queue, service, "ready").set(ready)
 
     def _usage_metrics(self) -> None:
         """Submissions, start waits, GPU time and cost of the runs that ended, and what is held and wanted."""

@@ -1,0 +1,62 @@
+"""What the accounting service exports after a batch: efficiency, nodes, cost, demand and inference replicas,
+read back from the Prometheus registry."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY
+
+from contracts import GpuHealthChanged, JobFinished, JobStarted, NodeLost
+from libs.reports.rates import Rates
+from libs.views.store import ViewStore
+from services.accounting.projector import Projector
+from tests.unit.builders import EventFeed, job, node, pipeline, queue
+
+
+def value(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+def project(feed: EventFeed, projector: Projector, start: int) -> int:
+    """Fold the feed's new events into the projector, then flush one batch's metrics."""
+    for seq, event in enumerate(feed.log[start:], start=start + 1):
+        projector.on_event(seq, event)
+    projector.ops()
+    return len(feed.log)
+
+
+def test_a_batch_exports_capacity_cost_demand_and_replicas() -> None:
+    projector = Projector(ViewStore.from_url("redis://127.0.0.1:1/0", prefix="metrics-test"),
+                          Rates(per_gpu_hour={"M1": 3.6}))
+    feed = pipeline()
+    feed.at(10.0).queues(queue("mq", "mteam", 8))
+    feed.nodes(node("m-a", 4, model="M1"), node("m-b", 4, model="M1"))
+    feed.at(20.0).submit("train", job("mteam", "mq").gpus(2).models("M1"))
+    feed.submit("part", job("mteam", "mq").fraction(500))
+    feed.submit("serve", job("mteam", "mq", workload="inference", name="chat").gpus(1).replicas(2))
+    for j in ("train", "part", "serve"):
+        feed.send(JobStarted, job_id=j)
+    feed.at(25.0).submit("waits", job("mteam", "mq").gpus(4).models("M1"))
+    seen = project(feed, projector, 0)
+
+    assert value("gpusched_model_gpus", model="M1", state="allocated") == 4.5
+    assert value("gpusched_gpu_idle_ratio") == 3 / 8
+    assert value("gpusched_gpu_fragmentation_ratio") == 0.5 / 3.5
+    assert value("gpusched_gpu_demand_gpus", model="M1") == 4.5 + 4  # held, plus waiting and pinned to M1
+    assert value("gpusched_allocated_gpus", team="mteam", model="M1") == 4.5
+    assert value("gpusched_inference_replicas", queue="mq", service="chat", state="desired") == 2
+    assert value("gpusched_inference_replicas", queue="mq", service="chat", state="ready") == 2
+    assert value("gpusched_queue_oldest_pending_seconds", queue="mq") == 0.0
+    assert value("gpusched_nodes", state="online") == 2
+
+    feed.at(60.0).send(JobFinished, job_id="train")
+    feed.send(JobFinished, job_id="serve")
+    feed.send(GpuHealthChanged, node="m-a", index=3, healthy=False, reason="xid", xid=79)
+    feed.send(NodeLost, node="m-b", reason="heartbeat")
+    project(feed, projector, seen)
+    assert value("gpusched_gpu_seconds_total", team="mteam", queue="mq", model="M1", priority="training") == 80 + 80
+    assert value("gpusched_cost_total", team="mteam", model="M1") == 0.16
+    assert value("gpusched_inference_replicas", queue="mq", service="chat", state="desired") is None
+    assert value("gpusched_nodes", state="lost") == 1
+    assert value("gpusched_node_online", node="m-b") == 0
+    assert value("gpusched_node_unhealthy_gpus", node="m-a") == 1
+    assert value("gpusched_queue_oldest_pending_seconds", queue="mq") == 35.0
