@@ -7,6 +7,10 @@ decisions -> acknowledge.
 - Restart: replay the log up to the durable consumer's ack floor (no publishing), then go live.
 - Poison: a message that does not decode, or whose type does not match its subject, or that makes the
   handler raise, goes to the dead-letter stream with its reason; the consumer keeps going.
+- Traces (when a tracing is given): each event about a job is handled under a span that continues the
+  trace its message's headers carry, and each decision about a job goes out with its job's `traceparent`
+  (libs/telemetry/tracing.py). Catch-up is never traced (it re-derives what was traced the first time);
+  it only recalls each job's last context, so that decisions after a restart continue the job's trace.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from libs.bus.jetstream import Bus, Consumer, stream_seq
 from libs.core.decider import Chain, derived_id
 from libs.runtime.handler import Handler
 from libs.telemetry import metrics
+from libs.telemetry.tracing import Headers, ServiceTracing
 
 log = logging.getLogger(__name__)
 # Within a batch, decisions are published at least this often (seconds of handling).
@@ -35,9 +40,12 @@ FLUSH_EVERY_S = 0.01
 
 class Reactor:
     def __init__(self, bus: Bus, handler: Handler, durable: str | None = None, batch_size: int = 500,
-                 fetch_timeout: float = 0.5, audit_key: bytes | None = None, audit_every: int = 500) -> None:
+                 fetch_timeout: float = 0.5, audit_key: bytes | None = None, audit_every: int = 500,
+                 tracing: ServiceTracing | None = None) -> None:
         self.bus = bus
         self.handler = handler
+        # None: tracing is off, and handling costs one None check per event.
+        self.tracing = tracing
         self.durable = durable or handler.name
         self.batch_size = batch_size
         self.fetch_timeout = fetch_timeout
@@ -85,6 +93,8 @@ class Reactor:
                             self.handler.replay(seq, event)
                         except Exception:  # it was dead-lettered the first time round too
                             log.exception("replay of %d failed", seq)
+                        if self.tracing is not None:
+                            self.tracing.recall(msg.headers, event)
                     self.last_seq = seq
         finally:
             self.last_seq = max(self.last_seq, floor)
@@ -129,14 +139,17 @@ class Reactor:
         started = time.perf_counter()
         name = self.handler.name
         decisions: list[EventBase] = []
+        # Parallel to `decisions` when tracing: each one's trace headers.
+        headers: list[Headers | None] | None = None if self.tracing is None else []
         handled = 0
         flushed = started
         for msg in msgs:
             if decisions and time.perf_counter() - flushed > FLUSH_EVERY_S:
                 # A long batch publishes as it goes, so its first events' decisions move on at once.
-                await self.bus.publish(decisions)
+                await self.bus.publish(decisions, headers)
                 self._count(decisions)
                 decisions = []
+                headers = None if headers is None else []
                 flushed = time.perf_counter()
             seq = stream_seq(msg)
             if seq <= self.last_seq:
@@ -146,14 +159,19 @@ class Reactor:
                 await self._dead_letter(msg, reason)
             else:
                 try:
-                    decisions.extend(self.handler.on_event(seq, event))
+                    if headers is None:
+                        decisions.extend(self.handler.on_event(seq, event))
+                    else:
+                        made, made_headers = self._traced(msg, seq, event)
+                        decisions.extend(made)
+                        headers.extend(made_headers)
                     metrics.EVENTS.labels(name, type(event).__name__).inc()
                     handled += 1
                 except Exception as err:
                     log.exception("%s failed on %s at %d", name, type(event).__name__, seq)
                     await self._dead_letter(msg, f"handler_error: {type(err).__name__}: {err}")
             self.last_seq = seq
-        await self.bus.publish(decisions)
+        await self.bus.publish(decisions, headers)
         self._count(decisions)
         await self._attest()
         await self.handler.after_batch()
@@ -162,6 +180,11 @@ class Reactor:
         metrics.LAST_SEQ.labels(name).set(self.last_seq)
         metrics.BATCH_SIZE.labels(name).observe(handled)
         metrics.BATCH_SECONDS.labels(name).observe(time.perf_counter() - started)
+
+    def _traced(self, msg: Msg, seq: int, event: EventBase) -> tuple[list[EventBase], list[Headers | None]]:
+        """The handler's decisions on `event` under its trace span, with each decision's trace headers."""
+        assert self.tracing is not None
+        return self.tracing.on_event(msg.headers, seq, event, lambda: self.handler.on_event(seq, event))
 
     async def _attest(self) -> None:
         """Every `audit_every` decisions, a keyed checkpoint of the service's chain (when a key is set)."""

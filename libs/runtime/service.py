@@ -16,6 +16,7 @@ from libs.runtime.handler import Handler
 from libs.runtime.http import base_app
 from libs.runtime.reactor import Reactor
 from libs.runtime.settings import Settings
+from libs.telemetry.tracing import setup_tracing
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +30,10 @@ async def run_service(
     background: tuple[Task, ...] = (),
     on_ready: Callable[[Bus, Reactor], Awaitable[None]] | None = None,
 ) -> None:
+    tracing = setup_tracing(settings.service, settings.trace_exporter)
     bus = await Bus.connect(settings.bus, name=f"gpusched-{settings.service}")
     reactor = Reactor(bus, handler, batch_size=settings.batch_size, audit_key=settings.audit_key,
-                      audit_every=settings.audit_every)
+                      audit_every=settings.audit_every, tracing=tracing)
     app = base_app(settings.service, reactor.ready.is_set)
     if configure_app is not None:
         configure_app(app, bus, reactor)
@@ -64,5 +66,7 @@ async def run_service(
     await asyncio.gather(*tasks, stopper, return_exceptions=True)
     await runner.cleanup()
     await bus.close()
+    if tracing is not None:
+        tracing.shutdown()  # exports the spans still buffered
     if failed:
         raise SystemExit(1)  # crash-only: the supervisor restarts us and we resume from the log

@@ -56,6 +56,9 @@ class Settings:
     # The key that signs the decision chains' checkpoints (never logged); None: no checkpoints.
     audit_key: bytes | None = field(default=None, repr=False)
     audit_every: int = 500
+    # Where traces go: "none" (off, no cost), "console" (stdout) or "otlp" (OTLP over HTTP to
+    # OTEL_EXPORTER_OTLP_ENDPOINT).
+    trace_exporter: str = "none"
 
     @property
     def bus(self) -> BusConfig:
@@ -80,4 +83,5 @@ class Settings:
             batch_size=int(env.get("GPUSCHED_BATCH_SIZE", cls.batch_size)),
             audit_key=_secret(env, "GPUSCHED_AUDIT_KEY"),
             audit_every=int(env.get("GPUSCHED_AUDIT_EVERY", cls.audit_every)),
+            trace_exporter=(env.get("GPUSCHED_TRACE_EXPORTER") or cls.trace_exporter).strip().lower(),
         )

@@ -1,13 +1,15 @@
 """The public HTTP API. Writes become commands on the bus; reads come from the Redis read models.
 
 A submission is checked at once with the same `validate` the admission core applies to the logged
-command, so the caller gets its 4xx (with the reason code) immediately and the log agrees.
+command, so the caller gets its 4xx (with the reason code) immediately and the log agrees. An accepted
+submission opens the job's trace: its `SubmitJob` carries the `traceparent` every later hop continues.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 
 import msgspec
 from aiohttp import web
@@ -18,6 +20,7 @@ from libs.bus.jetstream import Bus
 from libs.core.admission import AdmissionDecider, job_id_for_key, validate
 from libs.core.decider import derived_id
 from libs.runtime.http import error_response, json_response
+from libs.telemetry.tracing import ServiceTracing, current_tracing
 from libs.views.explain import explain
 from libs.views.store import ViewStore
 from services.admission.openapi import openapi_document
@@ -27,11 +30,18 @@ _spec_decoder = msgspec.json.Decoder(JobSpec)
 
 
 class JobsApi:
-    def __init__(self, bus: Bus, decider: AdmissionDecider, store: ViewStore) -> None:
+    def __init__(self, bus: Bus, decider: AdmissionDecider, store: ViewStore,
+                 tracing: ServiceTracing | None = None) -> None:
         self.bus = bus
         self.decider = decider
         self.store = store
+        # None: the process's tracing (the admission reactor's, so API and reactor share the jobs' contexts).
+        self._tracing = tracing
         self._openapi = msgspec.json.encode(openapi_document())
+
+    @property
+    def tracing(self) -> ServiceTracing | None:
+        return self._tracing or current_tracing()
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/jobs", self.submit)
@@ -60,8 +70,9 @@ class JobsApi:
         rejection = validate(spec, self.decider.policy, self.decider.inventory)
         if rejection is not None:
             return error_response(422, rejection.code, rejection.message)
-        await self.bus.publish([SubmitJob(id=derived_id(API, "submit", job_id), ts=time.time(), source=API,
-                                          correlation_id=job_id, job_id=job_id, spec=spec)])
+        command = SubmitJob(id=derived_id(API, "submit", job_id), ts=time.time(), source=API,
+                            correlation_id=job_id, job_id=job_id, spec=spec)
+        await self._publish_traced(command, "submit", job_id, request.headers)
         return json_response(JobCreated(id=job_id, state="pending"), status=201,
                              headers={"Location": f"/v1/jobs/{job_id}"})
 
@@ -109,9 +120,21 @@ class JobsApi:
         refusal = self.decider.cancel_refusal(job_id, team="")
         if refusal is not None:
             return error_response(404 if refusal.code == "unknown_job" else 409, refusal.code, refusal.message)
-        await self.bus.publish([CancelJob(id=derived_id(API, "cancel", job_id), ts=time.time(), source=API,
-                                          correlation_id=job_id, job_id=job_id)])
+        command = CancelJob(id=derived_id(API, "cancel", job_id), ts=time.time(), source=API,
+                            correlation_id=job_id, job_id=job_id)
+        await self._publish_traced(command, "cancel", job_id, request.headers)
         return json_response(JobCreated(id=job_id, state="cancelling"), status=202)
+
+    async def _publish_traced(self, command: SubmitJob | CancelJob, action: str, job_id: str,
+                              request_headers: Mapping[str, str]) -> None:
+        """Publish a command about a job, under a span `"admission {action}"` whose context it carries (a
+        submission's span is the job's root, unless the caller's request carried a traceparent)."""
+        tracing = self.tracing
+        if tracing is None:
+            await self.bus.publish([command])
+            return
+        with tracing.command(action, job_id, request_headers) as headers:
+            await self.bus.publish([command], [headers])
 
     async def nodes(self, _: web.Request) -> web.Response:
         return json_response(await self.store.nodes())

@@ -1,6 +1,7 @@
 """The simulated executor on the wall clock: the node-telemetry service's handler. It "runs" each placed
 job for its declared duration (divided by the time scale) and reports what a real executor would. It is the
-world, not a decider; after a restart it rebuilds what is running from the log and re-arms the timers."""
+world, not a decider; after a restart it rebuilds what is running from the log and re-arms the timers.
+Reports made by its timers carry their job's trace context, as the reactor's decisions do."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from contracts import (
 from libs.bus.jetstream import Bus
 from libs.core.inventory import InventoryBook
 from libs.sim.executor import REPORTS, SOURCE, ExecutorBook, Run
+from libs.telemetry.tracing import ServiceTracing, current_tracing
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,8 @@ class SimExecutor:
         self.book = ExecutorBook(time_scale)
         self.timers: dict[str, asyncio.TimerHandle] = {}  # job id -> the finish of its current run
         self._tasks: set[asyncio.Task[None]] = set()
+        # None: the process's tracing, which its reactor also uses (one memory of the jobs' contexts).
+        self.tracing: ServiceTracing | None = None
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (NodeRegistered, NodeLost, GpuHealthChanged, JobSubmitted, JobPlaced, PreemptionDecided, JobCancelled,
@@ -97,8 +101,9 @@ class SimExecutor:
 
     async def _publish(self, events: list[EventBase]) -> None:
         assert self.bus is not None
+        tracing = self.tracing or current_tracing()
         try:
-            await self.bus.publish(events)
+            await self.bus.publish(events, None if tracing is None else tracing.headers_for(events))
         except Exception:
             log.exception("could not report %s", [type(e).__name__ for e in events])
 
