@@ -50,6 +50,22 @@ class CancelJob(EventBase, frozen=True, kw_only=True):
     reason: str = "user_request"
 
 
+class CordonNode(EventBase, frozen=True, kw_only=True):
+    """An operator takes a node out of placement; with `drain`, its jobs are also stopped (checkpointing
+    first, as for a preemption) and requeued elsewhere."""
+
+    node: str
+    drain: bool = False
+    reason: str = ""
+    operator: str = ""
+
+
+class UncordonNode(EventBase, frozen=True, kw_only=True):
+    node: str
+    reason: str = ""
+    operator: str = ""
+
+
 # --- admission ----------------------------------------------------------------------------------
 
 
@@ -202,6 +218,30 @@ class GpuHealthChanged(EventBase, frozen=True, kw_only=True):
     xid: int = 0
 
 
+class GpuFault(EventBase, frozen=True, kw_only=True):
+    """What a node agent observed on one GPU: an XID error, an uncorrectable ECC error count, thermal or
+    power throttling. Node-telemetry decides what it means (a fatal one quarantines the GPU)."""
+
+    node: str
+    index: int
+    kind: str  # "xid", "ecc", "thermal" or "power"
+    code: int = 0  # the XID, or the new uncorrectable ECC count
+    detail: str = ""
+
+
+class NodeCordoned(EventBase, frozen=True, kw_only=True):
+    node: str
+    drain: bool = False
+    reason: str = ""
+    operator: str = ""
+
+
+class NodeUncordoned(EventBase, frozen=True, kw_only=True):
+    node: str
+    reason: str = ""
+    operator: str = ""
+
+
 class ClockTick(EventBase, frozen=True, kw_only=True):
     pass
 
@@ -243,12 +283,17 @@ Event = (
     | NodeRegistered
     | NodeLost
     | GpuHealthChanged
+    | GpuFault
+    | CordonNode
+    | UncordonNode
+    | NodeCordoned
+    | NodeUncordoned
     | ClockTick
     | AuditCheckpoint
 )
 
 ALL_EVENT_TYPES: Final[tuple[type[EventBase], ...]] = Event.__args__
-COMMAND_TYPES: Final[frozenset[type[EventBase]]] = frozenset({SubmitJob, CancelJob})
+COMMAND_TYPES: Final[frozenset[type[EventBase]]] = frozenset({SubmitJob, CancelJob, CordonNode, UncordonNode})
 
 
 def subject_for_type(event_type: type[EventBase]) -> str:

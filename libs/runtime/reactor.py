@@ -178,6 +178,8 @@ class Reactor:
         with contextlib.suppress(MsgAlreadyAckdError):
             await msgs[-1].ack()  # AckAll: acknowledges the whole batch
         metrics.LAST_SEQ.labels(name).set(self.last_seq)
+        # What the server still holds for this consumer after the batch: the service's lag behind the log.
+        metrics.LAG.labels(name).set(getattr(msgs[-1].metadata, "num_pending", 0) or 0)
         metrics.BATCH_SIZE.labels(name).observe(handled)
         metrics.BATCH_SECONDS.labels(name).observe(time.perf_counter() - started)
 

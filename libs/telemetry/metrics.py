@@ -14,3 +14,4 @@ BATCH_SIZE = Histogram("gpusched_reactor_batch_events", "Events per fetched batc
                        buckets=(1, 5, 10, 50, 100, 250, 500, 1000))
 LAST_SEQ = Gauge("gpusched_reactor_last_sequence", "Stream sequence of the last event processed", ["service"])
 CATCH_UP_SECONDS = Gauge("gpusched_reactor_catch_up_seconds", "Time the last start-up replay took", ["service"])
+LAG = Gauge("gpusched_reactor_lag_events", "Events in the log the service has not handled yet", ["service"])

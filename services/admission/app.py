@@ -13,6 +13,7 @@ from libs.runtime.service import run_service
 from libs.runtime.settings import Settings
 from libs.views.store import ViewStore
 from services.admission.api import JobsApi
+from services.admission.nodes_api import NodesApi
 from services.admission.queues_api import QueuesApi
 
 
@@ -23,6 +24,7 @@ async def serve(settings: Settings) -> None:
     def configure(app: web.Application, bus: Bus, reactor: Reactor) -> None:
         JobsApi(bus, decider, store).routes(app)
         QueuesApi(bus, decider, store).routes(app)
+        NodesApi(bus, decider).routes(app)
 
     try:
         await run_service(settings, DeciderHandler(decider), configure_app=configure)

@@ -1,26 +1,14 @@
-"""GPU utilisation and memory samples: telemetry for Prometheus, never part of the decision log.
-
-The NVML backend reads them from the driver; with the simulated cluster, each running job drives its GPUs
-at a steady load of its own (a job's share of a GPU x a per-job intensity between 60 and 100 %)."""
+"""Simulated GPU samples for the simulated cluster: each running job drives its GPUs at a steady load of
+its own (its share of a GPU x a per-job intensity between 60 and 100 %). Exported by libs/telemetry/gpu.py."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import logging
-from collections.abc import Callable, Iterable
-
-from prometheus_client import Gauge
+from collections.abc import Iterable
 
 from libs.core.inventory import InventoryBook
 from libs.nodes.nvml import GpuReading
 from libs.sim.executor import Run
-
-log = logging.getLogger(__name__)
-
-UTILIZATION = Gauge("gpusched_gpu_utilization_ratio", "GPU busy share over the last sample period",
-                    ["node", "gpu", "model"])
-MEMORY_USED = Gauge("gpusched_gpu_memory_used_ratio", "Share of the GPU's memory in use", ["node", "gpu", "model"])
 
 
 def intensity(job_id: str) -> float:
@@ -46,19 +34,3 @@ def simulated_samples(inventory: InventoryBook, runs: Iterable[Run]) -> list[Gpu
             memory = mem_mib / gpu.memory_mib if mem_mib and gpu.memory_mib else share
             samples.append(GpuReading(spec.name, gpu.index, gpu.model, min(1.0, util), min(1.0, memory)))
     return samples
-
-
-def export(samples: Iterable[GpuReading]) -> None:
-    for s in samples:
-        labels = (s.node, str(s.index), s.model)
-        UTILIZATION.labels(*labels).set(round(s.utilization, 4))
-        MEMORY_USED.labels(*labels).set(round(s.memory_used, 4))
-
-
-async def sample_forever(source: Callable[[], list[GpuReading]], period_s: float) -> None:
-    while True:
-        try:
-            export(source())
-        except Exception:  # a failed reading must not stop the node's telemetry
-            log.exception("GPU sampling failed")
-        await asyncio.sleep(period_s)

@@ -1,0 +1,88 @@
+"""Node health and operator actions, decided from the log: which GPU faults quarantine a GPU, and which
+cordon / uncordon commands take effect.
+
+Node agents report what they observe (`GpuFault`); this core decides what it means. A fatal XID class or
+an uncorrectable ECC error quarantines the GPU (`GpuHealthChanged(healthy=False)`): placement stops using
+it and the executor running a job there stops and requeues that job. Throttling and other XIDs are only
+recorded. Operators' `CordonNode` / `UncordonNode` become `NodeCordoned` / `NodeUncordoned` once checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from contracts import (
+    CordonNode,
+    EventBase,
+    GpuFault,
+    GpuHealthChanged,
+    NodeCordoned,
+    NodeRegistered,
+    NodeUncordoned,
+    UncordonNode,
+)
+from libs.core.decider import Chain, Decisions, Trigger
+
+SERVICE = "node-telemetry"
+# XIDs after which the GPU cannot be trusted until someone looks at it (NVIDIA's XID catalogue: double-bit
+# ECC, row-remapping failure, fallen off the bus, NVLink and contained/uncontained memory errors).
+FATAL_XIDS = frozenset({48, 63, 64, 74, 79, 94, 95})
+
+
+def fault_reason(fault: GpuFault) -> str | None:
+    """Why the fault quarantines its GPU; None when it does not."""
+    if fault.kind == "xid" and fault.code in FATAL_XIDS:
+        return f"xid_{fault.code}"
+    if fault.kind == "ecc" and fault.code > 0:
+        return "ecc_uncorrectable"
+    return None
+
+
+@dataclass(slots=True)
+class NodeDecider:
+    name: str = SERVICE
+    chain: Chain = field(default_factory=Chain)
+    # node -> healthy flag per GPU index, as the log last said
+    healthy: dict[str, dict[int, bool]] = field(default_factory=dict)
+    cordoned: dict[str, bool] = field(default_factory=dict)  # node -> drain
+
+    def input_types(self) -> Iterable[type[EventBase]]:
+        return (NodeRegistered, GpuHealthChanged, GpuFault, CordonNode, UncordonNode, NodeCordoned,
+                NodeUncordoned)
+
+    def evolve(self, event: EventBase) -> None:
+        match event:
+            case NodeRegistered():
+                self.healthy[event.node.name] = {g.index: g.healthy for g in event.node.gpus}
+            case GpuHealthChanged() if event.node in self.healthy:
+                self.healthy[event.node][event.index] = event.healthy
+            case NodeCordoned():
+                self.cordoned[event.node] = event.drain
+            case NodeUncordoned():
+                self.cordoned.pop(event.node, None)
+
+    def react(self, trigger: Trigger) -> list[EventBase]:
+        out = Decisions(SERVICE, trigger, self.evolve, self.chain)
+        event = trigger.event
+        match event:
+            case GpuFault():
+                reason = fault_reason(event)
+                if reason is not None and self.healthy.get(event.node, {}).get(event.index, False):
+                    out.emit(GpuHealthChanged, correlation_id=event.node, node=event.node, index=event.index,
+                             healthy=False, reason=reason, xid=event.code if event.kind == "xid" else 0)
+            case CordonNode() if event.node in self.healthy:
+                # Cordoning again may turn a cordon into a drain; repeating the same one changes nothing.
+                if self.cordoned.get(event.node) != event.drain and not (self.cordoned.get(event.node)
+                                                                         and not event.drain):
+                    out.emit(NodeCordoned, correlation_id=event.node, node=event.node, drain=event.drain,
+                             reason=event.reason, operator=event.operator)
+            case UncordonNode() if event.node in self.cordoned:
+                out.emit(NodeUncordoned, correlation_id=event.node, node=event.node, reason=event.reason,
+                         operator=event.operator)
+        return out.out
+
+    def snapshot(self) -> bytes:
+        return msgspec.json.encode({"healthy": self.healthy, "cordoned": self.cordoned})

@@ -1,0 +1,92 @@
+"""The operator's node API (cordon, drain, uncordon) and job logs.
+
+Cordons are commands in the log (`CordonNode`, `UncordonNode`), decided by node-telemetry, so every one is
+audited with its operator and reason. Logs stay on the node that ran the job: the API asks the agents on
+`<prefix>.logs` and the one that has the job's log answers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import msgspec
+from aiohttp import web
+from nats.errors import NoRespondersError, TimeoutError
+
+from contracts import CordonNode, UncordonNode
+from libs.bus.jetstream import Bus
+from libs.core.admission import AdmissionDecider
+from libs.core.decider import derived_id
+from libs.runtime.http import error_response, json_response
+
+OPERATOR = "operator"
+
+
+class NodeAction(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    reason: str = ""
+    operator: str = ""
+
+
+class NodesApi:
+    def __init__(self, bus: Bus, decider: AdmissionDecider) -> None:
+        self.bus = bus
+        self.decider = decider
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/nodes/{name}/cordon", self.cordon)
+        app.router.add_post("/v1/nodes/{name}/drain", self.drain)
+        app.router.add_post("/v1/nodes/{name}/uncordon", self.uncordon)
+        app.router.add_get("/v1/jobs/{job_id}/logs", self.logs)
+
+    async def _action(self, request: web.Request) -> tuple[str, NodeAction] | web.Response:
+        name = request.match_info["name"]
+        if name not in self.decider.inventory.nodes:
+            return error_response(404, "unknown_node", f"node {name!r} is not registered")
+        body = await request.read()
+        try:
+            action = msgspec.json.decode(body, type=NodeAction) if body.strip() else NodeAction()
+        except msgspec.ValidationError as err:
+            return error_response(400, "invalid_request", str(err))
+        except msgspec.DecodeError as err:
+            return error_response(400, "malformed_json", str(err))
+        return name, action
+
+    async def _publish(self, kind: type[CordonNode] | type[UncordonNode], name: str, action: NodeAction,
+                       **fields: object) -> web.Response:
+        version = await self.bus.last_seq()
+        command = kind(id=derived_id(OPERATOR, kind.__name__, name, version), ts=time.time(), source=OPERATOR,
+                       correlation_id=name, node=name, reason=action.reason, operator=action.operator,
+                       **fields)  # type: ignore[arg-type]
+        await self.bus.publish([command])
+        return json_response({"node": name, "command": kind.__name__, **fields, "reason": action.reason},
+                             status=202)
+
+    async def cordon(self, request: web.Request) -> web.Response:
+        parsed = await self._action(request)
+        return parsed if isinstance(parsed, web.Response) else await self._publish(CordonNode, *parsed, drain=False)
+
+    async def drain(self, request: web.Request) -> web.Response:
+        parsed = await self._action(request)
+        return parsed if isinstance(parsed, web.Response) else await self._publish(CordonNode, *parsed, drain=True)
+
+    async def uncordon(self, request: web.Request) -> web.Response:
+        parsed = await self._action(request)
+        return parsed if isinstance(parsed, web.Response) else await self._publish(UncordonNode, *parsed)
+
+    async def logs(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["job_id"]
+        try:
+            tail = int(request.query.get("tail", "65536"))
+        except ValueError:
+            return error_response(400, "invalid_request", "tail must be a number of bytes")
+        if tail < 0 or tail > 16 << 20:
+            return error_response(400, "invalid_request", "tail must be between 0 and 16 MiB")
+        subject = f"{self.bus.config.subject_prefix}.logs"
+        try:
+            reply = await self.bus.nc.request(subject, json.dumps({"job_id": job_id, "tail": tail}).encode(),
+                                              timeout=2.0)
+        except (TimeoutError, NoRespondersError):
+            return error_response(404, "no_logs", f"no node agent holds logs of job {job_id} (jobs run by the "
+                                                  "simulated executor have none)")
+        return web.Response(body=reply.data, content_type="application/json")

@@ -1,0 +1,59 @@
+"""Node-telemetry's reactor handler: the pure node decisions (GPU quarantine, cordons) plus, by backend,
+the simulated executor (a simulated cluster) or the agents' heartbeat watch (real node agents)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from contracts import EventBase
+from libs.core.decider import Chain, run_decider
+from libs.core.nodes import NodeDecider
+from services.node_telemetry.heartbeats import HeartbeatWatch
+from services.node_telemetry.sim_executor import SimExecutor
+
+
+class NodeTelemetry:
+    name = "node-telemetry"
+
+    def __init__(self, executor: SimExecutor | None = None, watch: HeartbeatWatch | None = None) -> None:
+        self.decider = NodeDecider()
+        self.executor = executor
+        self.watch = watch
+        self._decider_types = frozenset(self.decider.input_types())
+        self._executor_types = frozenset(executor.input_types()) if executor is not None else frozenset()
+        self._watch_types = frozenset(watch.input_types()) if watch is not None else frozenset()
+
+    @property
+    def chain(self) -> Chain:
+        return self.decider.chain
+
+    def input_types(self) -> Iterable[type[EventBase]]:
+        return sorted(self._decider_types | self._executor_types | self._watch_types, key=lambda t: t.__name__)
+
+    def replay(self, seq: int, event: EventBase) -> None:
+        kind = type(event)
+        if kind in self._decider_types:
+            run_decider(self.decider, event, seq)
+        if self.executor is not None and kind in self._executor_types:
+            self.executor.replay(seq, event)
+        if self.watch is not None and kind in self._watch_types:
+            self.watch.fold(event)
+
+    def on_event(self, seq: int, event: EventBase) -> list[EventBase]:
+        kind = type(event)
+        out: list[EventBase] = []
+        if kind in self._decider_types:
+            out += run_decider(self.decider, event, seq)
+        if self.executor is not None and kind in self._executor_types:
+            out += self.executor.on_event(seq, event)
+        if self.watch is not None and kind in self._watch_types:
+            self.watch.fold(event)
+        return out
+
+    async def after_batch(self) -> None:
+        if self.executor is not None:
+            await self.executor.after_batch()
+
+    async def after_catch_up(self) -> None:
+        if self.executor is not None:
+            await self.executor.after_catch_up()
