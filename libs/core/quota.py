@@ -65,6 +65,7 @@ RETRY_BACKOFF = "retry_backoff"
 NOMINATION_TTL_S = 120.0
 PREEMPTION_MAY_HELP = frozenset({QUEUE_QUOTA_EXHAUSTED, COHORT_QUOTA_EXHAUSTED, QUOTA_LENT_OUT})
 WAITING_FOR_QUOTA = PREEMPTION_MAY_HELP | {BEHIND_HIGHER_PRIORITY}
+BUDGET_WAITS = frozenset({BUDGET_SPENT, OVER_BUDGET_WAITS})
 
 
 @dataclass(slots=True)
@@ -101,11 +102,13 @@ class Pass:
     keys: dict[str, tuple[object, ...]] = field(default_factory=dict)  # job id -> its order key
     within: dict[tuple[str, int, tuple[str, ...]], bool] = field(default_factory=dict)
     over_budget: dict[str, bool] = field(default_factory=dict)
+    fair: dict[str, tuple[float, ...]] = field(default_factory=dict)  # queue -> its fair-share key
 
     def reserved(self) -> None:
         self.keys.clear()
         self.within.clear()
         self.over_budget.clear()
+        self.fair.clear()
 
 
 class QuotaDecider:
@@ -129,6 +132,8 @@ class QuotaDecider:
         self.decayed: dict[str, DecayedUsage] = {}
         self.spent: dict[str, tuple[float, float]] = {}  # queue -> (period start, GPU-seconds closed in it)
         self.deferred: dict[str, str] = {}
+        # The deferred jobs waiting for a budget (BUDGET_SPENT, OVER_BUDGET_WAITS): clock ticks look at these.
+        self.budget_deferred: dict[str, None] = {}
         self._arrivals = 0
         self._specs: dict[str, JobSubmitted] = {}
         self.policy_version = 0  # bumps on every policy event: cached per-job answers go stale
@@ -242,6 +247,7 @@ class QuotaDecider:
                 self.reserved.setdefault(job.queue, {})[job.job_id] = None
                 self._use(job, +1, event.ts)
                 self.deferred.pop(event.job_id, None)
+                self.budget_deferred.pop(event.job_id, None)
                 self.nominated.pop(event.job_id, None)
             case QuotaReleased():
                 freed = self.jobs.get(event.job_id)
@@ -263,6 +269,10 @@ class QuotaDecider:
                     del self.jobs[job.job_id]
             case QuotaDeferred():
                 self.deferred[event.job_id] = event.code
+                if event.code in BUDGET_WAITS:
+                    self.budget_deferred[event.job_id] = None
+                else:
+                    self.budget_deferred.pop(event.job_id, None)
             case PreemptionDecided() if event.preemptor_id in self.jobs:
                 self.nominated[event.preemptor_id] = event.ts
             case ClockTick():
@@ -280,6 +290,7 @@ class QuotaDecider:
         if job is None:
             return
         self.deferred.pop(job_id, None)
+        self.budget_deferred.pop(job_id, None)
         self.nominated.pop(job_id, None)
         if job.state == "pending":
             self._dequeue(job)
@@ -336,8 +347,7 @@ class QuotaDecider:
                     self._schedule(group, now, out)
             case ClockTick():
                 # Time alone can change a verdict: a new budget period opens, a retry's backoff ends.
-                waiting = {self.jobs[j].queue for j, code in self.deferred.items()
-                           if code in (BUDGET_SPENT, OVER_BUDGET_WAITS)}
+                waiting = {self.jobs[j].queue for j in self.budget_deferred}
                 waiting.update(self.jobs[j].queue for j, t in self.backing_off.items() if t <= now and j in self.jobs)
                 for group in self._groups():
                     if waiting.intersection(group):
@@ -383,6 +393,7 @@ class QuotaDecider:
         return own + sum(self._subtree_used(c, now, half_life) for c in self.book.children.get(queue, ()))
 
     def _fair_key(self, queue: str, now: float) -> tuple[float, ...]:
+        """The queue's fair shares level by level, from the root of its tree down to it."""
         path = [queue]
         while (parent := self.policy.queues[path[-1]].parent if path[-1] in self.policy.queues else ""):
             path.append(parent)
@@ -409,7 +420,10 @@ class QuotaDecider:
                         heads[q] = head
             if not heads:
                 break
-            best = min(heads.values(), key=lambda j: self._order_key(j, p))
+            if len(heads) == 1:  # nothing to compare (the order key has no effect but caching)
+                best = next(iter(heads.values()))
+            else:
+                best = min(heads.values(), key=lambda j: self._order_key(j, p))
             del heads[best.queue]
             if self._try_reserve(best, p, out):
                 p.reserved()
@@ -423,7 +437,13 @@ class QuotaDecider:
         if key is None:
             key = p.keys[job.job_id] = (job.job_id not in self.nominated,
                                         not (self._entitled(job, p) or self._level_entitled(job, p)),
-                                        self._fair_key(job.queue, p.now), -job.priority, job.arrival, job.job_id)
+                                        self._pass_fair_key(job.queue, p), -job.priority, job.arrival, job.job_id)
+        return key
+
+    def _pass_fair_key(self, queue: str, p: Pass) -> tuple[float, ...]:
+        key = p.fair.get(queue)
+        if key is None:
+            key = p.fair[queue] = self._fair_key(queue, p.now)
         return key
 
     def _level_entitled(self, job: QuotaJob, p: Pass) -> bool:
