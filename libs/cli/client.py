@@ -69,3 +69,11 @@ class Client:
 
     def usage(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/usage")
+
+    def node_action(self, name: str, action: str, reason: str = "", operator: str = "") -> dict[str, Any]:
+        """`action` is cordon, drain or uncordon."""
+        return self._call("POST", f"/v1/nodes/{urllib.parse.quote(name)}/{action}",
+                          {"reason": reason, "operator": operator})
+
+    def logs(self, job_id: str, tail: int = 65536) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}/logs?tail={tail}")

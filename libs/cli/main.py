@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-from libs.cli import audit, bench, jobs, queues, report, sim, up
+from libs.cli import audit, bench, jobs, nodes, queues, report, sim, up
 from libs.cli.client import ApiError
 from libs.runtime.settings import SERVICES
 from libs.runtime.supervisor import MODULES
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     queues.add_commands(sub)
     audit.add_command(sub)
     report.add_command(sub)
+    nodes.add_commands(sub)
     sim.add_command(sub)
     bench.add_command(sub)
     for action in sub.choices.values():

@@ -27,8 +27,9 @@ from contracts import (
 from libs.core.decider import Chain, Decisions, Trigger
 
 SERVICE = "node-telemetry"
-# XIDs after which the GPU cannot be trusted until someone looks at it (NVIDIA's XID catalogue: double-bit
-# ECC, row-remapping failure, fallen off the bus, NVLink and contained/uncontained memory errors).
+# XIDs after which the GPU cannot be trusted until it is reset or replaced: 48 double-bit ECC error,
+# 63/64 row remapping pending / failed, 74 NVLink error, 79 fallen off the bus, 94/95 contained /
+# uncontained ECC error. Other XIDs (13, 31, 43, ...) are usually one application's fault.
 FATAL_XIDS = frozenset({48, 63, 64, 74, 79, 94, 95})
 
 

@@ -1,19 +1,18 @@
 """What a node backend saw go wrong with a GPU, and which of those observations take the GPU out of service.
 
-Backends report observations; deciding what to do with them (drain the GPU, announce it unhealthy, alert)
-is the node agent's business. `is_fatal` is the one shared rule for "this GPU must not take work".
+Backends report observations; the agent sends XID and ECC ones to the log as `GpuFault`, and
+node-telemetry's core (libs/core/nodes.py) decides there which quarantine a GPU, by the same XID list.
+`is_fatal` applies that rule to an observation for the backend's own view of its GPUs' health.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-KINDS = frozenset({"xid", "ecc", "thermal", "power"})
+from libs.core.nodes import FATAL_XIDS
 
-# XIDs after which the GPU cannot be trusted until it is reset or replaced: 48 double-bit ECC error,
-# 63/64 row remapping pending / failed, 74 NVLink error, 79 fallen off the bus, 94/95 contained /
-# uncontained ECC error. Other XIDs (13, 31, 43, ...) are usually one application's fault.
-FATAL_XIDS = frozenset({48, 63, 64, 74, 79, 94, 95})
+KINDS = frozenset({"xid", "ecc", "thermal", "power"})
+__all__ = ["FATAL_XIDS", "KINDS", "HealthObservation", "is_fatal"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,101 @@
+"""`gpusched agent`, `gpusched node cordon|drain|uncordon|fault`, `gpusched logs`, `gpusched checkpoint`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import sys
+
+from libs.cli.audit import _bus_config
+from libs.cli.client import Client
+from libs.jobkit import checkpoint
+
+
+def cmd_agent(args: argparse.Namespace) -> None:
+    from services.agent.app import cmd_agent as run_agent  # the agent's dependencies load only here
+
+    run_agent(args)
+
+
+def cmd_node_action(args: argparse.Namespace) -> None:
+    result = Client().node_action(args.name, args.node_command, args.reason, args.operator or getpass.getuser())
+    print(json.dumps(result, indent=2) if args.json else f"{args.node_command} {args.name}: accepted")
+
+
+async def _send_fault(node: str, command: dict[str, object]) -> dict[str, object]:
+    from libs.bus.jetstream import Bus
+
+    bus = await Bus.connect(_bus_config(), name="gpusched-cli")
+    try:
+        reply = await bus.nc.request(f"{bus.config.subject_prefix}.agent.{node}.fault", json.dumps(command).encode(),
+                                     timeout=3.0)
+        return dict(json.loads(reply.data))
+    finally:
+        await bus.close()
+
+
+def cmd_fault(args: argparse.Namespace) -> None:
+    """Inject a fault into a node agent running the simulated backend (tests and demos)."""
+    if args.xid is not None or args.ecc is not None:
+        if args.gpu is None:
+            raise ValueError("--xid and --ecc need --gpu INDEX")
+        kind, code = ("xid", args.xid) if args.xid is not None else ("ecc", args.ecc)
+        command: dict[str, object] = {"kind": kind, "gpu": args.gpu, "code": code}
+    elif args.stop_heartbeats or args.resume_heartbeats or args.heartbeat_s is not None:
+        command = {"kind": "heartbeats", "stop": bool(args.stop_heartbeats)}
+        if args.heartbeat_s is not None:
+            command["every_s"] = args.heartbeat_s
+    else:
+        raise ValueError("say which fault: --xid N, --ecc N, --stop-heartbeats, --resume-heartbeats or --heartbeat-s S")
+    answer = asyncio.run(_send_fault(args.name, command))
+    print(json.dumps(answer))
+    if not answer.get("ok"):
+        sys.exit(1)
+
+
+def cmd_logs(args: argparse.Namespace) -> None:
+    result = Client().logs(args.job, args.tail)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        sys.stdout.write(result["log"])
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> None:
+    checkpoint(args.progress, args.ref)
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    from services.agent.app import add_command as add_agent
+
+    add_agent(sub)
+    sub.choices["agent"].set_defaults(func=cmd_agent)
+    node = sub.add_parser("node", help="operate nodes: cordon, drain, uncordon, inject simulated faults")
+    nsub = node.add_subparsers(dest="node_command", required=True)
+    for action, text in (("cordon", "no new jobs on the node"),
+                         ("drain", "cordon, and stop its jobs (checkpointing) so they run elsewhere"),
+                         ("uncordon", "take new jobs again")):
+        p = nsub.add_parser(action, help=text)
+        p.add_argument("name")
+        p.add_argument("--reason", default="")
+        p.add_argument("--operator", help="who (default: your user name)")
+        p.set_defaults(func=cmd_node_action)
+    p = nsub.add_parser("fault", help="inject a fault into a simulated node agent")
+    p.add_argument("name")
+    p.add_argument("--gpu", type=int)
+    p.add_argument("--xid", type=int, help="an XID error on --gpu (79: fallen off the bus)")
+    p.add_argument("--ecc", type=int, help="uncorrectable ECC errors on --gpu")
+    p.add_argument("--stop-heartbeats", action="store_true")
+    p.add_argument("--resume-heartbeats", action="store_true")
+    p.add_argument("--heartbeat-s", type=float, help="heartbeat period (a slow node)")
+    p.set_defaults(func=cmd_fault)
+    p = sub.add_parser("logs", help="a job's output, from the node agent that ran it")
+    p.add_argument("job")
+    p.add_argument("--tail", type=int, default=65536, help="bytes from the end")
+    p.set_defaults(func=cmd_logs)
+    p = sub.add_parser("checkpoint", help="inside a job: record that its state is saved")
+    p.add_argument("--progress", type=float, required=True, help="seconds of the job's work the state holds")
+    p.add_argument("--ref", default="", help="where the checkpoint is (path or URI)")
+    p.set_defaults(func=cmd_checkpoint)

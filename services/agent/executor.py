@@ -1,0 +1,406 @@
+"""The process executor of a node agent: runs each job placed on this node as real processes.
+
+One process per replica placed here, in a session of its own (so a stop signal reaches its children),
+with `CUDA_VISIBLE_DEVICES` set to its GPUs and the share and memory limit of a shared GPU in the
+environment. Stopping sends SIGTERM, waits the job's priority-class grace (the job checkpoints meanwhile),
+then SIGKILL. The agent hosting replica 0 (the leader) reports the start and the end; any agent reports a
+failure or an eviction, under ids derived from the run so that the server keeps one.
+
+What runs here is a fold of the log (JobPlaced on this node, not yet ended); after a restart, runs the log
+still holds but that have no process any more are reported evicted, so they run again elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from contracts import (
+    EventBase,
+    GpuHealthChanged,
+    JobCancelled,
+    JobCheckpointed,
+    JobEvicted,
+    JobFailed,
+    JobFinished,
+    JobPlaced,
+    JobSpec,
+    JobStarted,
+    JobSubmitted,
+    NodeCordoned,
+    NodeLost,
+    NodeRegistered,
+    NodeSpec,
+    PreemptionDecided,
+    PriorityClassesChanged,
+)
+from libs.bus.jetstream import Bus
+from libs.core.policy import DEFAULT_PRIORITY_CLASSES
+from libs.jobkit import CHECKPOINT_FILE, RESUME_CHECKPOINT, RESUME_PROGRESS, read_checkpoint
+from libs.nodes.reports import report_id
+
+log = logging.getLogger(__name__)
+ENDS = (JobFinished, JobFailed, JobEvicted)
+# Environment a job never inherits from the agent: the platform's own settings and anything secret.
+_HIDDEN_ENV = ("GPUSCHED_", "NATS_", "REDIS_")
+_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
+
+
+@dataclass(slots=True)
+class Replica:
+    index: int
+    gpu_indices: tuple[int, ...]
+    gpu_milli: int
+    gpu_memory_mib: int
+    proc: asyncio.subprocess.Process | None = None
+    exit_code: int | None = None
+
+
+@dataclass(slots=True)
+class LocalRun:
+    job_id: str
+    run_id: str  # the JobPlaced event id
+    leader: bool
+    replicas: list[Replica]
+    spawned: bool = False
+    stop_reason: str = ""
+    checkpoint_mtime: float = 0.0
+    reported_progress: float = -1.0
+    kill_timer: asyncio.TimerHandle | None = None
+
+    def alive(self) -> list[Replica]:
+        return [r for r in self.replicas if r.proc is not None and r.exit_code is None]
+
+
+def exit_status(returncode: int) -> int:
+    """A process killed by signal N exits with 128 + N, as a shell reports it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def job_environment(spec: JobSpec, replica: Replica, node: NodeSpec | None, checkpoint_file: Path,
+                    resume: tuple[float, str], job_id: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(_HIDDEN_ENV) and not any(w in k.upper() for w in _SECRET_WORDS)}
+    uuids = {g.index: g.uuid for g in node.gpus} if node is not None else {}
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids.get(i) or str(i) for i in replica.gpu_indices)
+    env.update({"GPUSCHED_JOB_ID": job_id, "GPUSCHED_REPLICA": str(replica.index),
+                "GPUSCHED_REPLICAS": str(spec.replicas), CHECKPOINT_FILE: str(checkpoint_file),
+                RESUME_PROGRESS: f"{resume[0]:g}", RESUME_CHECKPOINT: resume[1]})
+    if replica.gpu_milli < 1000:
+        # A share of one GPU: the fraction for the job's own limiter, and CUDA MPS's limits where MPS runs.
+        env["GPUSCHED_GPU_FRACTION"] = f"{replica.gpu_milli / 1000:.3f}"
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, replica.gpu_milli // 10))
+        if replica.gpu_memory_mib:
+            env["GPUSCHED_GPU_MEMORY_MIB"] = str(replica.gpu_memory_mib)
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={replica.gpu_memory_mib}M"
+    return env
+
+
+@dataclass
+class ProcessExecutor:
+    """The agent's reactor handler: the fold of what runs here, and the processes that run it."""
+
+    node: str
+    workdir: Path
+    bus: Bus | None = None
+    name: str = "agent"
+    # Events before this stream sequence are history even on a first start (a new agent must not start
+    # jobs that ran long ago): they are folded, never acted on.
+    live_from: int = 0
+    specs: dict[str, JobSpec] = field(default_factory=dict)
+    grace: dict[str, float] = field(default_factory=lambda: {c.name: c.checkpoint_grace_s
+                                                             for c in DEFAULT_PRIORITY_CLASSES})
+    placed: dict[str, LocalRun] = field(default_factory=dict)  # job -> its run here, as the log says
+    saved: dict[str, tuple[float, str]] = field(default_factory=dict)  # job -> its last checkpoint
+    cancelled: set[str] = field(default_factory=set)
+    spec: NodeSpec | None = None
+    registrations: int = 0  # NodeRegistered events of this node so far: the next one's version
+    lost: bool = False  # the log says this node is lost (it re-registers when it is back)
+    seen: int = 0  # stream sequence of the last event folded
+    reconciled: bool = False
+    history_done: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        for sub in ("logs", "checkpoints"):
+            (self.workdir / sub).mkdir(parents=True, exist_ok=True)
+
+    # --- the fold ----------------------------------------------------------------------------------
+
+    def input_types(self) -> Iterable[type[EventBase]]:
+        return (JobSubmitted, JobPlaced, JobCancelled, PreemptionDecided, PriorityClassesChanged, JobStarted,
+                JobCheckpointed, *ENDS, NodeRegistered, NodeLost, GpuHealthChanged, NodeCordoned)
+
+    def replay(self, seq: int, event: EventBase) -> None:
+        self.seen = seq
+        self._fold(event)
+
+    def _fold(self, event: EventBase) -> LocalRun | None:
+        """Fold one event; returns the local run a JobPlaced created, or the one an end took away."""
+        match event:
+            case JobSubmitted():
+                self.specs[event.job_id] = event.spec
+            case PriorityClassesChanged():
+                self.grace = {c.name: c.checkpoint_grace_s for c in event.classes}
+            case NodeRegistered() if event.node.name == self.node:
+                self.spec, self.lost = event.node, False
+                self.registrations += 1
+            case NodeLost() if event.node == self.node:
+                self.lost = True
+            case JobPlaced():
+                mine = [p for p in event.placements if p.node == self.node]
+                if mine:
+                    leader = min(event.placements, key=lambda p: p.replica).node == self.node
+                    run = LocalRun(event.job_id, event.id, leader,
+                                   [Replica(p.replica, p.gpu_indices, p.gpu_milli, p.gpu_memory_mib) for p in mine])
+                    self.placed[event.job_id] = run
+                    return run
+            case JobCheckpointed():
+                self.saved[event.job_id] = (event.progress_s, event.checkpoint)
+            case JobFinished() | JobFailed() | JobEvicted():
+                if isinstance(event, JobEvicted):
+                    self.saved[event.job_id] = (event.progress_s, event.checkpoint)
+                else:
+                    self.saved.pop(event.job_id, None)
+                    self.specs.pop(event.job_id, None)
+                return self.placed.pop(event.job_id, None)
+            case JobCancelled():
+                self.cancelled.add(event.job_id)
+        return None
+
+    # --- reacting ----------------------------------------------------------------------------------
+
+    def on_event(self, seq: int, event: EventBase) -> list[EventBase]:
+        self.seen = seq
+        run = self._fold(event)
+        if seq < self.live_from:
+            return []
+        self.reconcile()
+        match event:
+            case JobPlaced() if run is not None:
+                if event.job_id in self.cancelled:
+                    self._report_end(run, "cancelled")
+                else:
+                    self._spawn(run)
+            case JobFinished() | JobFailed() | JobEvicted() if run is not None and run.alive():
+                self._kill(run, signal.SIGKILL)  # ended by another reporter (the leader, or node-telemetry)
+            case PreemptionDecided():
+                for v in event.victims:
+                    self._stop(v.job_id, "preempted")
+            case JobCancelled():
+                self._stop(event.job_id, "cancelled")
+            case GpuHealthChanged() if event.node == self.node and not event.healthy:
+                for job_id, r in list(self.placed.items()):
+                    if any(event.index in rep.gpu_indices for rep in r.replicas):
+                        self._stop(job_id, "gpu_unhealthy")
+            case NodeLost() if event.node == self.node:
+                for job_id in list(self.placed):
+                    self._stop(job_id, "node_lost", grace=0.0)  # fenced: its jobs already run elsewhere
+            case NodeCordoned() if event.node == self.node and event.drain:
+                for job_id in list(self.placed):
+                    self._stop(job_id, "drained")
+        return []
+
+    async def after_batch(self) -> None:
+        self.reconcile()
+
+    async def after_catch_up(self) -> None:
+        self.reconcile()
+
+    def reconcile(self) -> None:
+        """Once the log's history is folded: runs it says are here but that have no process (the agent
+        restarted) are reported evicted, so that they run again."""
+        if self.reconciled or self.seen + 1 < self.live_from:
+            return
+        self.reconciled = True
+        self.history_done.set()
+        for run in list(self.placed.values()):
+            if not run.spawned:
+                self._report_end(run, "executor_restarted")
+
+    # --- processes ---------------------------------------------------------------------------------
+
+    def _spawn(self, run: LocalRun) -> None:
+        run.spawned = True
+        self._task(self._start(run))
+
+    async def _start(self, run: LocalRun) -> None:
+        spec = self.specs.get(run.job_id)
+        if spec is None or not spec.command:
+            self._forget(run)
+            await self._publish([JobFailed(id=report_id(run.run_id, "failed"), ts=time.time(), source=self.source,
+                                           correlation_id=run.job_id, job_id=run.job_id, exit_code=127,
+                                           reason="no_command")])
+            return
+        resume = self.saved.get(run.job_id, (0.0, ""))
+        ckpt = self.workdir / "checkpoints" / f"{run.job_id}.json"
+        with contextlib.suppress(FileNotFoundError):
+            ckpt.unlink()  # a new run reports its own checkpoints
+        try:
+            for rep in run.replicas:
+                env = job_environment(spec, rep, self.spec, ckpt, resume, run.job_id)
+                with open(self.log_path(run.job_id), "ab") as out:
+                    out.write(f"== run {run.run_id} replica {rep.index} on {self.node} GPUs "
+                              f"{env['CUDA_VISIBLE_DEVICES']} ==\n".encode())
+                    out.flush()
+                    rep.proc = await asyncio.create_subprocess_exec(
+                        *spec.command, env=env, stdout=out, stderr=asyncio.subprocess.STDOUT,
+                        stdin=asyncio.subprocess.DEVNULL, start_new_session=True, cwd=str(self.workdir))
+        except OSError as err:
+            log.warning("%s: cannot start %s: %s", self.node, run.job_id, err)
+            self._kill(run, signal.SIGKILL)
+            self._forget(run)
+            await self._publish([JobFailed(id=report_id(run.run_id, "failed"), ts=time.time(), source=self.source,
+                                           correlation_id=run.job_id, job_id=run.job_id, exit_code=127,
+                                           reason=f"spawn_failed: {err.strerror or err}")])
+            return
+        if run.leader:
+            await self._publish([JobStarted(id=report_id(run.run_id, "started"), ts=time.time(), source=self.source,
+                                            correlation_id=run.job_id, job_id=run.job_id, executor=self.source)])
+        if run.stop_reason:  # told to stop while it was starting
+            self._signal(run, self.grace_of(run), run.stop_reason)
+        for rep in run.replicas:
+            self._task(self._wait(run, rep))
+
+    async def _wait(self, run: LocalRun, rep: Replica) -> None:
+        assert rep.proc is not None
+        rep.exit_code = exit_status(await rep.proc.wait())
+        if run.alive():
+            if rep.exit_code != 0 and not run.stop_reason:
+                self._kill(run, signal.SIGKILL)  # a gang cannot go on with a replica gone
+            return
+        if run.kill_timer is not None:
+            run.kill_timer.cancel()
+        if self.placed.get(run.job_id) is not run:
+            return  # the log ended it already (another reporter): nothing to say
+        if run.stop_reason:
+            self._report_end(run, run.stop_reason)
+            return
+        self._forget(run)
+        failed = next((r for r in run.replicas if r.exit_code), None)
+        if failed is not None:
+            assert failed.exit_code is not None
+            reason = "killed_by_signal" if failed.exit_code > 128 else "exit_code"
+            await self._publish([JobFailed(id=report_id(run.run_id, "failed"), ts=time.time(), source=self.source,
+                                           correlation_id=run.job_id, job_id=run.job_id,
+                                           exit_code=failed.exit_code, reason=reason)])
+        elif run.leader:
+            await self._publish([JobFinished(id=report_id(run.run_id, "finished"), ts=time.time(),
+                                             source=self.source, correlation_id=run.job_id, job_id=run.job_id)])
+
+    def _stop(self, job_id: str, reason: str, grace: float | None = None) -> None:
+        run = self.placed.get(job_id)
+        if run is None or run.stop_reason:
+            return
+        run.stop_reason = reason
+        if not run.spawned:
+            self._report_end(run, reason)
+        elif run.alive():
+            self._signal(run, self.grace_of(run) if grace is None else grace, reason)
+
+    def _signal(self, run: LocalRun, grace: float, reason: str) -> None:
+        log.info("%s: stopping %s (%s), SIGKILL in %gs", self.node, run.job_id, reason, grace)
+        if grace <= 0:
+            self._kill(run, signal.SIGKILL)
+            return
+        self._kill(run, signal.SIGTERM)
+        run.kill_timer = asyncio.get_running_loop().call_later(grace, self._kill, run, signal.SIGKILL)
+
+    def _kill(self, run: LocalRun, sig: signal.Signals) -> None:
+        for rep in run.alive():
+            assert rep.proc is not None
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(rep.proc.pid, sig)
+
+    def grace_of(self, run: LocalRun) -> float:
+        spec = self.specs.get(run.job_id)
+        return self.grace.get(spec.priority if spec else "", 30.0)
+
+    def _report_end(self, run: LocalRun, reason: str) -> None:
+        """The run is over here (stopped, or never started): report it evicted with its last checkpoint."""
+        self._forget(run)
+        progress, ref = self.saved.get(run.job_id, (0.0, ""))
+        found = read_checkpoint(self.workdir / "checkpoints" / f"{run.job_id}.json") if run.spawned else None
+        reports: list[EventBase] = []
+        now = time.time()
+        if found is not None and found[0] > progress:
+            progress, ref = found
+            reports.append(JobCheckpointed(id=report_id(run.run_id, f"checkpoint/{progress:.3f}"), ts=now,
+                                           source=self.source, correlation_id=run.job_id, job_id=run.job_id,
+                                           checkpoint=ref, progress_s=progress))
+        reports.append(JobEvicted(id=report_id(run.run_id, "evicted"), ts=now, source=self.source,
+                                  correlation_id=run.job_id, job_id=run.job_id, reason=reason, checkpoint=ref,
+                                  progress_s=progress))
+        self._task(self._publish(reports))
+
+    def _forget(self, run: LocalRun) -> None:
+        if self.placed.get(run.job_id) is run:
+            del self.placed[run.job_id]
+
+    # --- checkpoints the jobs write ------------------------------------------------------------------
+
+    def checkpoints(self) -> list[EventBase]:
+        """Checkpoints running jobs wrote since the last look (the agent polls this)."""
+        out: list[EventBase] = []
+        for run in self.placed.values():
+            if not run.spawned or run.stop_reason:
+                continue
+            path = self.workdir / "checkpoints" / f"{run.job_id}.json"
+            try:
+                mtime = path.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if mtime == run.checkpoint_mtime:
+                continue
+            run.checkpoint_mtime = mtime
+            found = read_checkpoint(path)
+            if found is not None and found[0] > run.reported_progress:
+                run.reported_progress = found[0]
+                out.append(JobCheckpointed(id=report_id(run.run_id, f"checkpoint/{found[0]:.3f}"), ts=time.time(),
+                                           source=self.source, correlation_id=run.job_id, job_id=run.job_id,
+                                           checkpoint=found[1], progress_s=found[0]))
+        return out
+
+    # --- plumbing ------------------------------------------------------------------------------------
+
+    @property
+    def source(self) -> str:
+        return f"agent/{self.node}"
+
+    def log_path(self, job_id: str) -> Path:
+        return self.workdir / "logs" / f"{job_id}.log"
+
+    def running(self) -> int:
+        return sum(1 for r in self.placed.values() if r.alive())
+
+    async def _publish(self, reports: list[EventBase]) -> None:
+        if self.bus is not None and reports:
+            await self.bus.publish(reports)
+
+    def _task(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: executor task failed", self.node, exc_info=task.exception())
+
+    async def shutdown(self) -> None:
+        """Stop every process (SIGTERM, then SIGKILL after a short wait): the agent is going away."""
+        for run in list(self.placed.values()):
+            self._kill(run, signal.SIGTERM)
+        await asyncio.sleep(0.5)
+        for run in list(self.placed.values()):
+            self._kill(run, signal.SIGKILL)
+        for task in list(self._tasks):
+            task.cancel()
