@@ -15,6 +15,7 @@ fit; a minimisation pass then drops every victim that is not needed. No fit in s
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -114,6 +115,14 @@ class PreemptionState:
     preempted_by: dict[str, dict[str, None]] = field(default_factory=dict)
     # queue -> [(when, GPUs in thousandths)] chosen for eviction, for the blast-radius budget.
     evicted: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    # Indexes of `waiting`, so that clock ticks need not scan every waiting job:
+    # queue (of the job's spec) -> [(-priority, job id)] sorted: the queue's first waiting job, fast;
+    heads: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    head_of: dict[str, tuple[str, tuple[int, str]]] = field(default_factory=dict)
+    # queue -> [(waiting since, job id)] sorted, of the jobs waiting for quota whose reclaim grace has not
+    # been checked yet.
+    grace: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+    grace_of: dict[str, tuple[str, tuple[float, str]]] = field(default_factory=dict)
 
 
 class PreemptionDecider:
@@ -155,7 +164,13 @@ class PreemptionDecider:
             case GpuHealthChanged():
                 self.cluster.set_gpu_health(event.node, event.index, event.healthy)
             case JobSubmitted():
-                s.specs[event.job_id] = event.spec
+                if event.job_id in s.waiting:  # its spec changes under the indexes
+                    grace = event.job_id in s.grace_of
+                    self._unindex(event.job_id)
+                    s.specs[event.job_id] = event.spec
+                    self._index(event.job_id, grace)
+                else:
+                    s.specs[event.job_id] = event.spec
             case QuotaReserved():
                 flavor = event.flavor or ANY
                 s.reserved[event.job_id] = (event.queue, flavor, event.gpu_milli, event.over_budget)
@@ -222,9 +237,41 @@ class PreemptionDecider:
         w = Waiting(code, held.since if held is not None else now, queue=spec.queue if spec else "",
                     priority=self.policy.priority_of(spec) if spec else 0)
         s.waiting[job_id] = w
+        self._index(job_id, grace=code != PLACEMENT)
         if code != PLACEMENT:
             prios = s.waiting_priorities.setdefault(w.queue, {})
             prios[w.priority] = prios.get(w.priority, 0) + 1
+
+    def _index(self, job_id: str, grace: bool) -> None:
+        """Enter a waiting job into the indexes (`grace`: among those whose reclaim grace is unchecked)."""
+        s = self.s
+        spec = s.specs[job_id]
+        head = (spec.queue, (-self.policy.priority_of(spec), job_id))
+        s.head_of[job_id] = head
+        bisect.insort(s.heads.setdefault(head[0], []), head[1])
+        if grace:
+            entry = (spec.queue, (s.waiting[job_id].since, job_id))
+            s.grace_of[job_id] = entry
+            bisect.insort(s.grace.setdefault(entry[0], []), entry[1])
+
+    def _unindex(self, job_id: str) -> None:
+        s = self.s
+        head = s.head_of.pop(job_id, None)
+        if head is not None:
+            keys = s.heads[head[0]]
+            keys.pop(bisect.bisect_left(keys, head[1]))
+            if not keys:
+                del s.heads[head[0]]
+        self._ungrace(job_id)
+
+    def _ungrace(self, job_id: str) -> None:
+        s = self.s
+        entry = s.grace_of.pop(job_id, None)
+        if entry is not None:
+            keys = s.grace[entry[0]]
+            keys.pop(bisect.bisect_left(keys, entry[1]))
+            if not keys:
+                del s.grace[entry[0]]
 
     def _rerank(self) -> None:
         """Priority classes changed: running and waiting jobs take their class's new value."""
@@ -235,16 +282,26 @@ class PreemptionDecider:
                 run.priority = self.policy.priority_of(spec)
                 run.preemptible = self.policy.preemptible(spec) or run.over_budget
         s.waiting_priorities = {}
+        s.heads, s.head_of = {}, {}
         for job_id in list(s.waiting):
             w = s.waiting[job_id]
             w.priority = self.policy.priority_of(s.specs[job_id]) if job_id in s.specs else w.priority
             if w.code != PLACEMENT:
                 prios = s.waiting_priorities.setdefault(w.queue, {})
                 prios[w.priority] = prios.get(w.priority, 0) + 1
+            if job_id in s.specs:
+                spec = s.specs[job_id]
+                head = (spec.queue, (-self.policy.priority_of(spec), job_id))
+                s.head_of[job_id] = head
+                s.heads.setdefault(head[0], []).append(head[1])
+        for keys in s.heads.values():
+            keys.sort()
 
     def _unwait(self, job_id: str) -> None:
         s = self.s
         held = s.waiting.pop(job_id, None)
+        if held is not None:
+            self._unindex(job_id)
         if held is not None and held.code != PLACEMENT:
             prios = s.waiting_priorities[held.queue]
             prios[held.priority] -= 1
@@ -295,29 +352,32 @@ class PreemptionDecider:
     def _grace_ends(self, now: float) -> list[str]:
         """The waiting jobs whose reclaim grace has run out since they were last considered (so reclaim may
         start for them), in id order. Each job counts once: it is considered on this tick, and marked."""
+        s = self.s
         due = []
-        for job_id in sorted(self.s.waiting):
-            w = self.s.waiting[job_id]
-            spec = self.s.specs.get(job_id)
-            queue = self.policy.queues.get(spec.queue) if spec is not None else None
-            if (queue is not None and queue.reclaim_after_s > 0 and w.code != PLACEMENT and not w.grace_checked
-                    and w.since + queue.reclaim_after_s <= now):
-                w.grace_checked = True
+        for name, keys in s.grace.items():  # per queue, the unchecked jobs by how long they have waited
+            queue = self.policy.queues.get(name)
+            if queue is None or queue.reclaim_after_s <= 0:
+                continue
+            for since, job_id in keys:
+                if since + queue.reclaim_after_s > now:
+                    break
                 due.append(job_id)
+        due.sort()
+        for job_id in due:
+            s.waiting[job_id].grace_checked = True
+            self._ungrace(job_id)
         return due
 
     def _heads_of_queues(self) -> list[str]:
-        # The first waiting job per queue: (-priority, id) is a total order, so iterating the dict in any
-        # (insertion) order gives the same heads; no sort needed.
-        heads: dict[str, tuple[int, str]] = {}
-        for job_id in self.s.waiting:
-            if job_id in self.s.in_flight or job_id not in self.s.specs:
-                continue
-            spec = self.s.specs[job_id]
-            key = (-self.policy.priority_of(spec), job_id)
-            if spec.queue not in heads or key < heads[spec.queue]:
-                heads[spec.queue] = key
-        return [heads[q][1] for q in sorted(heads)]
+        # The first waiting job per queue, not already waiting for its victims to leave: the index keeps each
+        # queue's waiting jobs in (-priority, id) order.
+        heads = []
+        for queue in sorted(self.s.heads):
+            for _, job_id in self.s.heads[queue]:
+                if job_id not in self.s.in_flight:
+                    heads.append(job_id)
+                    break
+        return heads
 
     def _eligible(self, r: Running, now: float, preemptor_id: str) -> bool:
         return (r.preemptible and r.job_id not in self.s.victim_of and r.job_id not in self.s.cancelled
@@ -376,7 +436,7 @@ class PreemptionDecider:
             return
         # Cancelled jobs on their way out leave room nobody has claimed; victims already leaving for another
         # preemptor do not: that room is its.
-        leaving = [s.running[j] for j in sorted(s.running) if j in s.cancelled and j not in s.victim_of]
+        leaving = [s.running[j] for j in sorted(s.cancelled) if j in s.running and j not in s.victim_of]
         demand = demand_milli(spec)
         sim = Simulation(self, spec, leaving, now)
         if waiting.code == PLACEMENT:
