@@ -1,5 +1,7 @@
 """python -m services.agent: the node agent (same as `gpusched agent`)."""
 
+import sys
+
 from libs.cli.main import main
 
-main(["agent", *__import__("sys").argv[1:]])
+main(["agent", *sys.argv[1:]])
