@@ -128,9 +128,9 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
     try:
         await _wait_for_policy_and_nodes(bus, *queues_and_nodes)
         counts, backlog, stats = Counts(), Backlog(), SubmitStats()
-        watcher = asyncio.create_task(_watch(bus, counts))
+        watcher = asyncio.create_task(watch_progress(bus, counts))
         sampler = asyncio.create_task(_sample_backlog(bus, backlog))
-        cpu_before = _cpu_seconds(sup, servers)
+        cpu_before = cpu_seconds(sup, servers)
         submitter = asyncio.create_task(_submit_on_schedule(bus, jobs, counts, stats))
         deadline = time.monotonic() + timeout_s
         restarts: list[str] = []
@@ -142,7 +142,7 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
             await asyncio.sleep(0.25)
         progress(counts.submitted, len(counts.reserved), len(counts.final), len(jobs))
         timed_out = len(counts.final) < len(jobs)
-        cpu_after = _cpu_seconds(sup, servers)
+        cpu_after = cpu_seconds(sup, servers)
         for task in (submitter, watcher, sampler):
             task.cancel()
         await asyncio.gather(submitter, watcher, sampler, return_exceptions=True)
@@ -200,7 +200,7 @@ async def _submit_on_schedule(bus: Bus, jobs: list[PlannedJob], counts: Counts, 
         counts.submitted = i = j
 
 
-async def _watch(bus: Bus, counts: Counts) -> None:
+async def watch_progress(bus: Bus, counts: Counts) -> None:
     """Follow reservations and final states for the progress display and the end condition."""
     reader = await bus.reader([bus.subject_for_type(t) for t in (QuotaReserved, *FINAL_TYPES)])
     try:
@@ -225,17 +225,17 @@ async def _sample_backlog(bus: Bus, backlog: Backlog, every_s: float = 2.0) -> N
         await asyncio.sleep(every_s)
 
 
-def _cpu_seconds(sup: Supervisor, servers: list[EmbeddedServer]) -> dict[str, float]:
+def cpu_seconds(sup: Supervisor, servers: list[EmbeddedServer]) -> dict[str, float]:
     """CPU time (user + system) of every process of the platform and of this one, from /proc (Linux only)."""
     pids = {name: child.proc.pid for name, child in sup.children.items() if child.proc is not None}
     pids |= {f"{s.name}-server": s.proc.pid for s in servers}
-    out = {name: cpu for name, pid in pids.items() if (cpu := _proc_cpu(pid)) is not None}
+    out = {name: cpu for name, pid in pids.items() if (cpu := proc_cpu(pid)) is not None}
     own = os.times()
     out["bench"] = own.user + own.system
     return out
 
 
-def _proc_cpu(pid: int) -> float | None:
+def proc_cpu(pid: int) -> float | None:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):

@@ -56,6 +56,40 @@ def cmd_kueue_baseline(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def cmd_executor(args: argparse.Namespace) -> None:
+    from libs.bench.executor_run import ExecutorBenchOptions, run_executor_bench
+
+    opts = ExecutorBenchOptions(jobs=args.jobs, gpus=args.gpus, duration_s=args.duration, timeout_s=args.timeout,
+                                data=Path(args.data) if args.data else None)
+    signal.signal(signal.SIGTERM, _interrupt)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        task = progress.add_task("starting NATS, Redis, the six services and the node agent", total=None)
+
+        def show(submitted: int, final: int, total: int) -> None:
+            progress.update(task, description="jobs finished", completed=final, total=total)
+
+        try:
+            result = run_executor_bench(opts, progress=show)
+        except KeyboardInterrupt:
+            console.print("interrupted: the platform, the agent and the servers are stopped")
+            sys.exit(130)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        table = Table(title=f"{result['jobs']} x sleep {result['duration_s']:g} s on {result['gpus']} GPUs, one agent")
+        for c in ("", "gpusched", "Slurm 22.05", "ideal"):
+            table.add_column(c)
+        table.add_row("makespan", f"{result['makespan_s']} s", f"~{result['slurm_s']:g} s", f"{result['ideal_s']:g} s")
+        table.add_row("jobs/s", str(result["jobs_per_s"]), f"{result['jobs'] / result['slurm_s']:.1f}",
+                      f"{result['jobs'] / result['ideal_s']:.1f}" if result["ideal_s"] else "")
+        table.add_row("finished / failed / unfinished",
+                      f"{result['finished']} / {result['failed']} / {result['unfinished']}", "", "")
+        console.print(table)
+    if result["unfinished"]:
+        sys.exit(1)
+
+
 def _virtual(args: argparse.Namespace) -> None:
     from libs.bench.kueue_metrics import published_figures
     from libs.bench.kueue_virtual import run_virtual_bench
@@ -132,3 +166,11 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                    help="the deciders alone in virtual time (no bus, zero-latency pipeline): what the rules achieve")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_kueue_baseline)
+    p = bsub.add_parser("executor", help="one node agent runs many short one-GPU jobs as processes (vs Slurm)")
+    p.add_argument("--jobs", type=int, default=2000)
+    p.add_argument("--gpus", type=int, default=64, help="GPUs of the simulated node the agent exposes")
+    p.add_argument("--duration", type=float, default=0.5, help="each job runs `sleep DURATION`")
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--data", help="keep NATS, Redis, the service and agent logs here (default: a temporary folder)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_executor)
