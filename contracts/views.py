@@ -80,6 +80,9 @@ class NodeView(msgspec.Struct, kw_only=True):
     allocated_gpus: float = 0.0
     healthy_gpus: int = 0
     gpu_free_milli: tuple[int, ...] = ()
+    # An operator took it out of placement ("cordoned"), and stopped its jobs too ("draining"); "" otherwise.
+    cordon: str = ""
+    cordon_reason: str = ""
     seq: int = 0
 
 

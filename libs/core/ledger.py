@@ -19,8 +19,10 @@ from contracts import (
     JobRejected,
     JobStarted,
     JobSubmitted,
+    NodeCordoned,
     NodeLost,
     NodeRegistered,
+    NodeUncordoned,
     PlacementDeferred,
     PreemptionDecided,
     QueuePolicyChanged,
@@ -80,6 +82,8 @@ class Ledger:
     jobs: dict[str, JobView] = field(default_factory=dict)
     queues: dict[str, QueueView] = field(default_factory=dict)
     teams: dict[str, TeamUsage] = field(default_factory=dict)
+    # node -> ("cordoned" or "draining", the operator's reason)
+    cordons: dict[str, tuple[str, str]] = field(default_factory=dict)
     # Every run's GPU time, per model: the one source of GPU-seconds (the usage report folds it too).
     usage: UsageBook = field(default_factory=UsageBook)
     # GPUs waiting jobs ask for, per model (ALL_MODELS when not pinned to one): with the allocated GPUs, the demand.
@@ -209,6 +213,13 @@ class Ledger:
         if isinstance(event, NodeRegistered | NodeLost | GpuHealthChanged):
             self._apply_node(event, seq)
             return
+        if isinstance(event, NodeCordoned | NodeUncordoned):
+            if isinstance(event, NodeCordoned):
+                self.cordons[event.node] = ("draining" if event.drain else "cordoned", event.reason)
+            else:
+                self.cordons.pop(event.node, None)
+            self.dirty_nodes[event.node] = None
+            return
         job_id = getattr(event, "job_id", None)
         if isinstance(event, PreemptionDecided):
             for v in event.victims:
@@ -324,7 +335,8 @@ class Ledger:
     def node_view(self, name: str) -> NodeView:
         node = self.cluster.nodes[name]
         free = tuple(g.free_milli for g in node.gpus)
-        return NodeView(
+        cordon, reason = self.cordons.get(name, ("", ""))
+        return NodeView(cordon=cordon, cordon_reason=reason,
             name=name, online=node.online, gpus=len(node.gpus),
             models=tuple(sorted({g.model for g in node.gpus})),
             allocated_gpus=sum(FULL - f for f in free) / FULL,

@@ -46,7 +46,8 @@ QUOTA_FLAVOR = Gauge("gpusched_queue_quota_gpus", "Nominal quota per queue and G
 USED_FLAVOR = Gauge("gpusched_queue_used_gpus", "GPUs reserved per queue and GPU model flavor", ["queue", "flavor"])
 BUDGET = Gauge("gpusched_queue_budget_gpu_hours", "The queue's GPU-hour budget per period", ["queue"])
 # Nodes.
-NODES = Gauge("gpusched_nodes", "Nodes by state (online, lost)", ["state"])
+NODES = Gauge("gpusched_nodes", "Nodes by state (online, lost; cordoned counts cordoned and draining ones)",
+              ["state"])
 NODE_ONLINE = Gauge("gpusched_node_online", "1 while the node is online, 0 once lost", ["node"])
 NODE_UNHEALTHY = Gauge("gpusched_node_unhealthy_gpus", "GPUs of the node out of service (quarantined)", ["node"])
 # Cost and capacity.

@@ -201,6 +201,7 @@ class Projector:
         metrics.IDLE.set(idle / healthy if healthy else 0.0)
         metrics.NODES.labels("online").set(online)
         metrics.NODES.labels("lost").set(len(self.ledger.cluster.nodes) - online)
+        metrics.NODES.labels("cordoned").set(len(self.ledger.cordons))
 
     async def flush(self, force: bool = False) -> None:
         await self.store.apply(self.ledger.last_seq, self.ops(), force=force)

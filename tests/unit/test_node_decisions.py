@@ -1,0 +1,49 @@
+"""Node-telemetry's core: which GPU faults quarantine a GPU, and which cordons take effect."""
+
+from __future__ import annotations
+
+import pytest
+
+from contracts import CordonNode, GpuFault, GpuHealthChanged, NodeCordoned, NodeUncordoned, UncordonNode
+from libs.core.ledger import Ledger
+from libs.core.nodes import NodeDecider
+from tests.unit.builders import EventFeed, kinds, node
+
+
+def feed() -> EventFeed:
+    f = EventFeed(NodeDecider(), ledger=Ledger())
+    f.nodes(node("n1", 4))
+    return f
+
+
+@pytest.mark.parametrize(("kind", "code", "reason"), [
+    ("xid", 79, "xid_79"), ("xid", 48, "xid_48"), ("xid", 94, "xid_94"), ("ecc", 2, "ecc_uncorrectable"),
+    ("xid", 13, None), ("xid", 31, None), ("thermal", 1, None), ("power", 1, None),
+])
+def test_fatal_faults_quarantine_the_gpu_once(kind: str, code: int, reason: str | None) -> None:
+    f = feed()
+    out = f.send(GpuFault, node="n1", index=2, kind=kind, code=code)
+    if reason is None:
+        assert out == []
+        return
+    assert [(e.node, e.index, e.healthy, e.reason) for e in out if isinstance(e, GpuHealthChanged)] == [
+        ("n1", 2, False, reason)]
+    assert f.send(GpuFault, node="n1", index=2, kind=kind, code=code) == []  # already out of service
+    assert f.send(GpuFault, node="ghost", index=0, kind="xid", code=79) == []  # an unknown node: nothing
+    assert f.ledger is not None and f.ledger.node_view("n1").healthy_gpus == 3
+
+
+def test_cordon_drain_and_uncordon_are_decided_and_shown() -> None:
+    f = feed()
+    assert kinds(f.send(CordonNode, node="n1", reason="PSU", operator="ops")) == ["NodeCordoned"]
+    assert f.send(CordonNode, node="n1") == []  # already cordoned
+    drained = f.send(CordonNode, node="n1", drain=True, reason="replace PSU")
+    assert [(e.drain, e.reason) for e in drained if isinstance(e, NodeCordoned)] == [(True, "replace PSU")]
+    assert f.send(CordonNode, node="n1", drain=False) == []  # a drain is not softened back to a cordon
+    assert f.ledger is not None
+    assert (f.ledger.node_view("n1").cordon, f.ledger.node_view("n1").cordon_reason) == ("draining", "replace PSU")
+    assert kinds(f.send(UncordonNode, node="n1", operator="ops")) == ["NodeUncordoned"]
+    assert f.send(UncordonNode, node="n1") == []  # not cordoned
+    assert f.send(CordonNode, node="ghost") == []
+    assert f.ledger.node_view("n1").cordon == ""
+    assert any(isinstance(e, NodeUncordoned) for e in f.log)
