@@ -51,6 +51,23 @@ class NvmlUnavailable(RuntimeError):
     pass
 
 
+_VENDOR_WORDS = frozenset({"NVIDIA", "Tesla", "GeForce"})
+_TWO_WORD_FAMILIES = frozenset({"RTX", "Quadro", "TITAN", "GTX"})
+
+
+def short_model(name: str) -> str:
+    """The model name jobs and quotas use, from the driver's: "NVIDIA A100-SXM4-80GB" -> "A100",
+    "NVIDIA H100 80GB HBM3" -> "H100", "NVIDIA GeForce RTX 4090" -> "RTX4090"; the form factor and memory
+    size stay out (the GPU's memory is in its spec)."""
+    words = [w for w in name.split() if w not in _VENDOR_WORDS]
+    if not words:
+        return name.strip() or UNKNOWN_MODEL
+    first = words[0].split("-")[0]
+    if first in _TWO_WORD_FAMILIES and len(words) > 1:
+        return first + words[1].split("-")[0]
+    return first
+
+
 @dataclass(frozen=True, slots=True)
 class GpuReading:
     """One GPU's load at one moment: telemetry for Prometheus, not an event of the log."""
@@ -273,7 +290,7 @@ class NvmlBackend:
         pci = self._try("nvmlDeviceGetPciInfo", handle, gpu=i)
         mig = self._mig_enabled(i, handle)
         problem = self._problem(i, handle)
-        spec = GpuSpec(index=i, model=_text(name) if name is not None else UNKNOWN_MODEL,
+        spec = GpuSpec(index=i, model=short_model(_text(name)) if name is not None else UNKNOWN_MODEL,
                        memory_mib=int(memory.total) >> 20 if memory is not None else 0,
                        uuid=_text(uuid) if uuid is not None else "", healthy=not problem,
                        nvlink_group=groups.get(i, -1), mig_enabled=mig)
@@ -401,7 +418,7 @@ class NvmlBackend:
             used = math.nan
             if memory is not None:
                 used = int(memory.used) / int(memory.total) if int(memory.total) else 0.0
-            out.append(GpuReading(self.node_name, i, _text(name) if name is not None else UNKNOWN_MODEL,
+            out.append(GpuReading(self.node_name, i, short_model(_text(name)) if name is not None else UNKNOWN_MODEL,
                                   util.gpu / 100.0 if util is not None else math.nan, used))
         return out
 

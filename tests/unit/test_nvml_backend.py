@@ -16,7 +16,7 @@ import pytest
 
 from libs.nodes.backend import make_agent_backend
 from libs.nodes.health import FATAL_XIDS, HealthObservation, is_fatal
-from libs.nodes.nvml import NvmlBackend, NvmlUnavailable, mig_profile, pci_key
+from libs.nodes.nvml import NvmlBackend, NvmlUnavailable, mig_profile, pci_key, short_model
 from libs.nodes.sim import SimNodeBackend
 
 MIB = 1 << 20
@@ -286,8 +286,8 @@ def test_discover_reports_gpus_topology_mig_and_host(backend: NvmlBackend) -> No
     assert node.rdma_nics == 2
     assert node.cpu_milli > 0 and node.memory_mib > 0
     g0, _, g2 = node.gpus
-    assert (g0.index, g0.model, g0.memory_mib, g0.uuid) == (0, "NVIDIA A100-SXM4-80GB", 81920, "GPU-0000")
-    assert (g2.model, g2.memory_mib) == ("NVIDIA A100-PCIE-40GB", 40960)
+    assert (g0.index, g0.model, g0.memory_mib, g0.uuid) == (0, "A100", 81920, "GPU-0000")
+    assert (g2.model, g2.memory_mib) == ("A100", 40960)
     assert [g.nvlink_group for g in node.gpus] == [0, 0, -1]
     assert [g.mig_enabled for g in node.gpus] == [False, False, True]
     assert all(g.healthy for g in node.gpus)
@@ -395,7 +395,7 @@ def test_unavailable_nvml_raises_a_clear_error(monkeypatch: pytest.MonkeyPatch, 
 def test_sample_reads_load_and_leaves_unknown_as_nan(backend: NvmlBackend, nvml: FakeNvml) -> None:
     nvml.gpus[0].util, nvml.gpus[0].used = 75, 20480 * MIB
     readings = backend.sample()
-    assert (readings[0].node, readings[0].index, readings[0].model) == ("gpu-node-1", 0, "NVIDIA A100-SXM4-80GB")
+    assert (readings[0].node, readings[0].index, readings[0].model) == ("gpu-node-1", 0, "A100")
     assert (readings[0].utilization, readings[0].memory_used) == (0.75, 0.25)
     assert math.isnan(readings[2].utilization)  # MIG-enabled: no utilisation
     assert readings[2].memory_used == 0.0
@@ -515,3 +515,12 @@ def test_probe_script_exits_clearly_without_nvml(monkeypatch: pytest.MonkeyPatch
     probe = runpy.run_path(str(ROOT / "scripts" / "nvml_probe.py"))
     assert probe["main"]([]) == 2
     assert "NVML unavailable" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("name", "model"), [
+    ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200", "H200"),
+    ("Tesla V100-SXM2-32GB", "V100"), ("Tesla T4", "T4"), ("NVIDIA GeForce RTX 4090", "RTX4090"),
+    ("NVIDIA L40S", "L40S"), ("", "unknown"),
+])
+def test_driver_names_become_the_model_names_jobs_ask_for(name: str, model: str) -> None:
+    assert short_model(name) == model
