@@ -364,6 +364,10 @@ def jobs() -> Json:
          (12, timeseries("Oldest pending job per queue", "Age of the oldest pending job "
                          "(gpusched_queue_oldest_pending_seconds).",
                          [(f"max by (queue) (gpusched_queue_oldest_pending_seconds{{{Q}}})", "{{queue}}")], "s"))],
+        [(24, timeseries("Inference replicas: desired and ready", "Replicas of inference services (jobs whose "
+                         "workload is inference) wanted and running (gpusched_inference_replicas).",
+                         [(f"sum by (service, state) (gpusched_inference_replicas{{{Q}}})",
+                           "{{service}} {{state}}")]))],
     ], [QUEUE], height={0: 5})
 
 
