@@ -13,7 +13,7 @@ from contracts import AuditCheckpoint, EventBase
 from contracts.codec import decode, encode
 from libs.core.decider import GENESIS, chain_hash
 
-CHAINED = ("admission", "quota", "placement", "preemption")
+CHAINED = ("admission", "quota", "placement", "preemption", "node-health")
 
 
 def checkpoint_mac(key: bytes, service: str, head: str, decisions: int) -> str:

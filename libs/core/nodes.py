@@ -26,7 +26,9 @@ from contracts import (
 )
 from libs.core.decider import Chain, Decisions, Trigger
 
-SERVICE = "node-telemetry"
+# Node-telemetry also logs unchained facts (inventory, clock ticks, lost nodes) under its own name; its
+# decisions form a chain of their own under this one.
+SERVICE = "node-health"
 # XIDs after which the GPU cannot be trusted until it is reset or replaced: 48 double-bit ECC error,
 # 63/64 row remapping pending / failed, 74 NVLink error, 79 fallen off the bus, 94/95 contained /
 # uncontained ECC error. Other XIDs (13, 31, 43, ...) are usually one application's fault.

@@ -193,7 +193,8 @@ class Reactor:
         chain: Chain | None = getattr(self.handler, "chain", None)
         if self.audit_key is None or chain is None or chain.length - self._attested < self.audit_every:
             return
-        name = self.handler.name
+        # The chain's own name: a handler may run a decider whose decisions carry another source.
+        name = getattr(self.handler, "chain_source", self.handler.name)
         checkpoint = make_checkpoint(name, chain.head, chain.length, self.audit_key, time.time(),
                                      derived_id(name, "checkpoint", chain.length))
         await self.bus.publish([checkpoint])

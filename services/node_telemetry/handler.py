@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from contracts import EventBase
 from libs.core.decider import Chain, run_decider
+from libs.core.nodes import SERVICE as NODE_HEALTH
 from libs.core.nodes import NodeDecider
 from services.node_telemetry.heartbeats import HeartbeatWatch
 from services.node_telemetry.sim_executor import SimExecutor
@@ -14,6 +15,7 @@ from services.node_telemetry.sim_executor import SimExecutor
 
 class NodeTelemetry:
     name = "node-telemetry"
+    chain_source = NODE_HEALTH  # its decisions' source, which names their hash chain
 
     def __init__(self, executor: SimExecutor | None = None, watch: HeartbeatWatch | None = None) -> None:
         self.decider = NodeDecider()

@@ -47,3 +47,17 @@ def test_cordon_drain_and_uncordon_are_decided_and_shown() -> None:
     assert f.send(CordonNode, node="ghost") == []
     assert f.ledger.node_view("n1").cordon == ""
     assert any(isinstance(e, NodeUncordoned) for e in f.log)
+
+
+def test_node_decisions_form_a_verifiable_chain_of_their_own() -> None:
+    from contracts.codec import encode
+    from libs.audit.verify import verify
+
+    f = feed()
+    f.send(GpuFault, node="n1", index=1, kind="xid", code=79)
+    f.send(CordonNode, node="n1", drain=True)
+    log = [(seq, encode(e)) for seq, e in enumerate(f.log, start=1)]
+    report = verify(log, None)
+    assert report.ok and report.decisions == 2 and report.heads["node-health"] != "0" * 32
+    tampered = [(seq, raw.replace(b'"drain":true', b'"drain":false')) for seq, raw in log]
+    assert not verify(tampered, None).ok
