@@ -21,6 +21,7 @@ from contracts import (
     JobPlaced,
     JobStarted,
     JobSubmitted,
+    NodeCordoned,
     NodeLost,
     PreemptionDecided,
     PriorityClassesChanged,
@@ -163,6 +164,10 @@ class ExecutorBook:
             case GpuHealthChanged() if not event.healthy:
                 for run in [r for r in self.runs.values() if (event.node, event.index) in r.gpus]:
                     out += self.stop(run, "gpu_unhealthy", now)
+            case NodeCordoned() if event.drain:
+                # Drained: told to stop like a preemption victim, so a job that checkpoints keeps its work.
+                for run in [r for r in self.runs.values() if any(n == event.node for n, _ in r.gpus)]:
+                    out += self.stop(run, "drained", now)
         return out
 
     def start(self, run: Run, now: float) -> EventBase:
@@ -170,13 +175,13 @@ class ExecutorBook:
         return self.report(JobStarted, run, "started", now, executor=SOURCE)
 
     def stop(self, run: Run, reason: str, now: float, at: float | None = None) -> list[EventBase]:
-        """Stop a run. Told to stop (preempted), a job that checkpoints saves its state first; its next run
+        """Stop a run. Told to stop (preempted, drained), a job that checkpoints saves its state first; its next run
         resumes from there. Lost with its node or GPU, it keeps only its last periodic checkpoint. Cancelled,
         it simply ends."""
         self.runs.pop(run.job_id, None)
         if reason == "cancelled" or run.checkpoint_every is None:
             return [self.report(JobEvicted, run, "evicted", now, reason=reason, progress_s=run.done_before)]
-        if reason != "preempted":
+        if reason not in ("preempted", "drained"):  # told to stop: it saves its state first
             ran = run.progress(now, self.time_scale) - run.done_before
             progress = round(run.done_before + ran // run.checkpoint_every * run.checkpoint_every, 3)
             self.saved[run.job_id] = progress

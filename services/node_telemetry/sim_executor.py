@@ -18,6 +18,7 @@ from contracts import (
     JobPlaced,
     JobStarted,
     JobSubmitted,
+    NodeCordoned,
     NodeLost,
     NodeRegistered,
     PreemptionDecided,
@@ -47,8 +48,8 @@ class SimExecutor:
         self.tracing: ServiceTracing | None = None
 
     def input_types(self) -> Iterable[type[EventBase]]:
-        return (NodeRegistered, NodeLost, GpuHealthChanged, JobSubmitted, JobPlaced, PreemptionDecided, JobCancelled,
-                PriorityClassesChanged, *REPORTS)
+        return (NodeRegistered, NodeLost, GpuHealthChanged, NodeCordoned, JobSubmitted, JobPlaced, PreemptionDecided,
+                JobCancelled, PriorityClassesChanged, *REPORTS)
 
     def replay(self, seq: int, event: EventBase) -> None:
         self.inventory.evolve(event)
