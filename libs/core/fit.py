@@ -16,7 +16,7 @@ from contracts import JobSpec, ReplicaPlacement
 from libs.core.arrays import ClusterArrays
 from libs.core.cluster import FULL, MIG_SLICES, Cluster, Node, mig_slices
 from libs.core.policy import demand_milli, replica_milli
-from libs.core.scoring import DEFAULT_POLICY, POLICIES, Choice, FragModel, Mask, Request, choose
+from libs.core.scoring import DEFAULT_POLICY, POLICIES, Choice, FragModel, Mask, Request, choose, feasible_rows
 from libs.core.shapes import TypicalShapes
 
 # Reason codes of a placement that failed; also PlacementDeferred.code.
@@ -43,22 +43,62 @@ class Placer:
         self.typical = typical
         # The fragmentation model (made on first use; with the multi-copy measure once packing asks for it).
         self.frag: FragModel | None = None
+        # Bringing the model up to date is deferred until a replica is actually scored (most failed attempts
+        # never need it): the rows refreshed since, and whether a scoring policy that uses it (with the
+        # multi-copy measure) asked meanwhile. Folding them in later gives the same model, because the array
+        # rows do not change between refreshes.
+        self._pending_rows: set[int] = set()
+        self._pending_want = False
+        self._pending_multi = False
+        # Rows refreshed outside a sync (gang domains, explanations): the model keeps their older values
+        # until they change again or it is rebuilt, so until then it depends on more than the cluster now.
+        self.stale: set[int] = set()
 
     def set_typical(self, typical: TypicalShapes | None) -> None:
         self.typical = typical
         self.frag = None
+        self._pending_rows.clear()
+        self._pending_want = self._pending_multi = False
+        self.stale.clear()
 
-    def _sync(self, policy: str) -> FragModel | None:
+    def consistent(self) -> bool:
+        """Is the fragmentation model (once synced) a function of the cluster's current state alone?"""
+        return not self.stale
+
+    def _wants_frag(self, policy: str) -> bool:
+        return self.typical is not None and bool(self.typical.shapes) and policy in ("fgd", "packing")
+
+    def _refresh_for_sync(self, policy: str) -> None:
+        """The arrays part of a sync, now; the model's part is pending until `_flush`."""
         rows = self.arrays.refresh()
-        if self.frag is not None and self.frag.version == self.arrays.version and rows:
-            self.frag.update(rows)
-        if self.typical is None or not self.typical.shapes or policy not in ("fgd", "packing"):
-            return None
-        multi = policy == "packing"
-        if self.frag is None or self.frag.version != self.arrays.version or (multi and not self.frag.multi_copy):
-            self.frag = FragModel(self.arrays, self.typical, multi_copy=multi or bool(self.frag and
-                                                                                    self.frag.multi_copy))
-        return self.frag
+        if rows:
+            self._pending_rows.update(rows)
+        if self._wants_frag(policy):
+            self._pending_want = True
+            self._pending_multi = self._pending_multi or policy == "packing"
+
+    def _flush(self) -> None:
+        """Fold the pending syncs into the fragmentation model: as if each had updated it right away."""
+        rows, want, multi = self._pending_rows, self._pending_want, self._pending_multi
+        if not rows and not want:
+            return
+        self._pending_rows = set()
+        self._pending_want = self._pending_multi = False
+        frag = self.frag
+        if want and (frag is None or frag.version != self.arrays.version or (multi and not frag.multi_copy)):
+            assert self.typical is not None
+            self.frag = FragModel(self.arrays, self.typical, multi_copy=multi or bool(frag and frag.multi_copy))
+            self.stale.clear()
+        elif frag is not None and frag.version == self.arrays.version and rows:
+            frag.update(sorted(rows))
+            self.stale.difference_update(rows)
+
+    def refresh_outside_sync(self) -> None:
+        """Refresh the arrays without updating the fragmentation model for the rows that changed."""
+        self._flush()
+        rows = self.arrays.refresh()
+        if rows and self.frag is not None and self.frag.version == self.arrays.version:
+            self.stale.update(rows)
 
     # --- one replica -------------------------------------------------------------------------------
 
@@ -68,9 +108,14 @@ class Placer:
         if spec.mig_profile:
             return self._place_mig(spec, replica, allowed)
         policy = policy if policy in POLICIES else DEFAULT_POLICY
-        frag = self._sync(policy)
+        self._refresh_for_sync(policy)
         req = Request.of(spec)
-        choice = choose(self.arrays, frag, req, policy, salt, allowed)
+        ok = feasible_rows(self.arrays, req, allowed)
+        if not ok.any():
+            return None  # fits nowhere: no need to score, nor to bring the fragmentation model up to date
+        self._flush()
+        frag = self.frag if self._wants_frag(policy) else None
+        choice = choose(self.arrays, frag, req, policy, salt, allowed, ok)
         if choice is None:
             return None
         placement = self._placement(spec, replica, choice, req)
@@ -146,7 +191,7 @@ class Placer:
 
     def _domains(self, spec: JobSpec) -> list[Mask]:
         """Candidate domains for a gang, fullest first (best fit), each as a row mask."""
-        self.arrays.refresh()
+        self.refresh_outside_sync()
         nodes = self.arrays.nodes
         if spec.topology == "node":
             keys = [n.name for n in nodes]
@@ -189,7 +234,7 @@ def explain_shortfall(cluster: Cluster, spec: JobSpec) -> Shortfall:
     """Why the job does not fit, as a code, a message and the best candidate's shortfall."""
     placer = placer_for(cluster)
     a = placer.arrays
-    a.refresh()
+    placer.refresh_outside_sync()
     need = demand_milli(spec)
     if spec.mig_profile:
         mig = [g for n in cluster.sorted_nodes() if n.online for g in n.gpus

@@ -92,6 +92,21 @@ class PlacementDecider:
         # that end by then), set on ticks.
         self.starving: tuple[str, int, float, tuple[str, ...]] | None = None
         self.retries = RetryBook()
+        # Bumped by every event that can change where (or whether) a request fits: capacity taken or given
+        # back, nodes and GPUs coming or going, policy, the typical shapes that scoring judges against.
+        self.generation = 0
+        # A request that did not fit does not fit for an identical request either while the generation stays:
+        # failures are remembered per request shape (placement_shape) with the waiting pass that found them
+        # (0: none) and whether the answer depended on the cluster alone (see _pure). Within one pass of the
+        # waiting jobs a failure always stands; beyond it, only a pure one, and only while the placer is
+        # consistent (a placement cache refreshed out of step would make the next try see another cluster).
+        self.failed: dict[tuple[object, ...], tuple[Shortfall, int, bool]] = {}
+        self.failed_generation = 0
+        self._pass = 0
+        self._passes = 0
+        # The last shadow time computed: (generation, job, its spec) -> (shadow, the running jobs ending by then),
+        # kept only when pure.
+        self._shadow: tuple[tuple[int, str, JobSpec], tuple[float, tuple[str, ...]]] | None = None
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (NodeRegistered, NodeLost, GpuHealthChanged, QueuePolicyChanged, PriorityClassesChanged,
@@ -100,18 +115,23 @@ class PlacementDecider:
 
     def evolve(self, event: EventBase) -> None:
         if self.policy.apply(event):
+            self.generation += 1
             return
         match event:
             case NodeRegistered():
                 self.cluster.register(event.node)
+                self.generation += 1
             case NodeLost():
                 self.cluster.set_online(event.node, False)
+                self.generation += 1
             case GpuHealthChanged():
                 self.cluster.set_gpu_health(event.node, event.index, event.healthy)
+                self.generation += 1
             case JobSubmitted():
                 self.specs[event.job_id] = event.spec
                 if self.shapes.add(event.spec):
                     self.placer.set_typical(self.shapes.typical)
+                    self.generation += 1
             case QuotaReserved():
                 spec = self.specs.get(event.job_id)
                 if spec is not None and event.flavor and spec.gpu_models != (event.flavor,):
@@ -128,6 +148,7 @@ class PlacementDecider:
                 self.nominated.pop(event.job_id, None)
                 self.placed[event.job_id] = event.placements
                 self.cluster.allocate(event.placements)
+                self.generation += 1
                 placed_spec = self.specs.get(event.job_id)
                 if placed_spec is not None and placed_spec.duration_s is not None:
                     self.ends[event.job_id] = event.ts + placed_spec.duration_s
@@ -157,6 +178,7 @@ class PlacementDecider:
                 self.ends.pop(event.job_id, None)
                 if placements is not None:
                     self.cluster.release(placements)
+                    self.generation += 1
                 again = isinstance(event, JobEvicted) or (
                     isinstance(event, JobFailed)
                     and self.retries.on_failed(event, self.specs.get(event.job_id), self.policy) is not None)
@@ -185,16 +207,22 @@ class PlacementDecider:
     def _place_waiting(self, out: Decisions) -> None:
         # A job asking for more than all free GPU share together cannot fit: skip it without a scan.
         free = self.cluster.usable_free_milli()
-        # A request that did not fit does not fit for an identical request either, as long as nothing was
-        # placed in between: the failure is remembered per request shape and policy until then.
-        failed: dict[tuple[object, ...], Shortfall] = {}
-        for key in sorted(self.waiting.values()):
-            job_id = key[2]
-            if demand_milli(self.specs[job_id]) > free:
-                continue
-            if self._try_place(job_id, out, failed):
-                free -= demand_milli(self.specs[job_id])
-                failed.clear()
+        self._passes += 1
+        self._pass = self._passes
+        try:
+            for key in sorted(self.waiting.values()):
+                job_id = key[2]
+                if demand_milli(self.specs[job_id]) > free:
+                    continue
+                if self._try_place(job_id, out):
+                    free -= demand_milli(self.specs[job_id])
+        finally:
+            self._pass = 0
+
+    def _pure(self, spec: JobSpec) -> bool:
+        """Would placing `spec` now depend on the cluster's state alone (not on how the placer's caches got
+        there)? Gang domains refresh the placer out of step, so requests with a topology never are."""
+        return not spec.topology and self.placer.consistent()
 
     def policy_for(self, spec: JobSpec) -> str:
         """The priority class's placement policy, else the queue's, else the default."""
@@ -202,16 +230,23 @@ class PlacementDecider:
         queue = self.policy.queues.get(spec.queue)
         return (cls.placement_policy if cls else "") or (queue.placement_policy if queue else "") or DEFAULT_POLICY
 
-    def _try_place(self, job_id: str, out: Decisions, failed: dict[tuple[object, ...], Shortfall] | None = None
-                   ) -> bool:
+    def _try_place(self, job_id: str, out: Decisions) -> bool:
         spec = self.specs[job_id]
         policy = self.policy_for(spec)
         shape = placement_shape(spec, policy)
-        known = failed.get(shape) if failed is not None else None
-        result = known or self.placer.place_gang(spec, policy, salt=NODE_ORDER_SALT)
+        if self.failed_generation != self.generation:
+            self.failed.clear()
+            self.failed_generation = self.generation
+        known = self.failed.get(shape)
+        result: tuple[ReplicaPlacement, ...] | Shortfall | None = None
+        if known is not None and ((known[1] and known[1] == self._pass) or (known[2] and self._pure(spec))):
+            result = known[0]
+        if result is None:
+            pure = self._pure(spec)
+            result = self.placer.place_gang(spec, policy, salt=NODE_ORDER_SALT)
+            if isinstance(result, Shortfall):
+                self.failed[shape] = (result, self._pass, pure)
         if isinstance(result, Shortfall):
-            if failed is not None:
-                failed[shape] = result
             if self.deferred.get(job_id) != result.code:
                 out.emit(PlacementDeferred, correlation_id=job_id, job_id=job_id, code=result.code,
                          message=result.message, shortfall_milli=result.shortfall_milli)
@@ -268,6 +303,14 @@ class PlacementDecider:
         if now - self.waiting_since[job_id] < limit or job_id not in self.specs or job_id in self.nominated:
             return
         spec = self.specs[job_id]
+        # The shadow depends on the job's request and on capacity, running jobs and policy, all of which
+        # bump the generation when they change: between such changes the last answer stands.
+        key = (self.generation, job_id, spec)
+        pure = self._pure(spec)
+        if pure and self._shadow is not None and self._shadow[0] == key:
+            shadow, ending = self._shadow[1]
+            self.starving = (job_id, self.policy.priority_of(spec), shadow, ending)
+            return
         shadow = float("inf")
         released: list[str] = []
         try:
@@ -280,6 +323,7 @@ class PlacementDecider:
         finally:
             for running in released:
                 self.cluster.allocate(self.placed[running])
+        self._shadow = (key, (shadow, tuple(released))) if pure else None
         self.starving = (job_id, self.policy.priority_of(spec), shadow, tuple(released))
 
     def _starves_starving(self, job_id: str, spec: JobSpec, tentative: tuple[ReplicaPlacement, ...], now: float

@@ -224,9 +224,10 @@ def _best_fit_scores(a: ClusterArrays, rows: I64, req: Request) -> I64:
 
 
 def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, salt: int,
-           allowed: Mask | None = None) -> Choice | None:
-    """The best node (and, for a shared request, GPU) for one replica under `policy`; None if none fits."""
-    ok = feasible_rows(a, req, allowed)
+           allowed: Mask | None = None, feasible: Mask | None = None) -> Choice | None:
+    """The best node (and, for a shared request, GPU) for one replica under `policy`; None if none fits.
+    `feasible`: feasible_rows(a, req, allowed), when the caller has it already."""
+    ok = feasible_rows(a, req, allowed) if feasible is None else feasible
     if not ok.any():
         return None
     if req.shared:
