@@ -103,6 +103,8 @@ class Pass:
     within: dict[tuple[str, int, tuple[str, ...]], bool] = field(default_factory=dict)
     over_budget: dict[str, bool] = field(default_factory=dict)
     fair: dict[str, tuple[float, ...]] = field(default_factory=dict)  # queue -> its fair-share key
+    # Flavors -> do they share a model with the starving job's? (Usage does not change that.)
+    shares: dict[tuple[str, ...], bool] = field(default_factory=dict)
 
     def reserved(self) -> None:
         self.keys.clear()
@@ -409,6 +411,12 @@ class QuotaDecider:
         self._find_starving(group, p)
         self._lent_out(group, p)
         orders = {q: self._ordered(q) for q in group if self.pending.get(q)}
+        if len(orders) == 1:  # one queue waits: its own order is the pass's
+            ((queue, order),) = orders.items()
+            while (head := self._next_head(queue, order, p, out)) is not None:
+                if self._try_reserve(head, p, out):
+                    p.reserved()
+            return
         heads: dict[str, QuotaJob] = {}
         while orders:
             for q in list(orders):
@@ -471,15 +479,17 @@ class QuotaDecider:
             not_before = self.backing_off.get(job.job_id)
             if not_before is not None:
                 if not_before > p.now:
-                    self._defer(job, RETRY_BACKOFF, f"it failed and runs again after {not_before:.0f}", 0, out)
+                    if self._tells(job, RETRY_BACKOFF):
+                        self._defer(job, RETRY_BACKOFF, f"it failed and runs again after {not_before:.0f}", 0, out)
                     continue
                 del self.backing_off[job.job_id]
             held = p.held_below.get(queue)
             if held is not None and job.priority < held:
                 if told in WAITING_FOR_QUOTA:
                     return None  # everything after it is of lower priority still, and was told it waits
-                self._defer(job, BEHIND_HIGHER_PRIORITY,
-                            f"a job of higher priority waits for queue {queue}'s quota first", 0, out)
+                if self._tells(job, BEHIND_HIGHER_PRIORITY):
+                    self._defer(job, BEHIND_HIGHER_PRIORITY,
+                                f"a job of higher priority waits for queue {queue}'s quota first", 0, out)
                 continue
             flavors = self._flavors(job)
             failed = p.failed.get((queue, flavors))
@@ -516,19 +526,22 @@ class QuotaDecider:
         queue = self.policy.queues.get(job.queue)
         limit = queue.user_max_gpus if queue is not None else None
         if limit is not None and self.user_used.get((job.queue, job.user), 0) + job.demand > limit * 1000:
-            self._defer(job, USER_LIMIT, f"user {job.user} already holds "
-                        f"{self.user_used.get((job.queue, job.user), 0) / 1000:g} GPUs in queue {job.queue} "
-                        f"(limit {limit})", 0, out)
+            if self._tells(job, USER_LIMIT):
+                self._defer(job, USER_LIMIT, f"user {job.user} already holds "
+                            f"{self.user_used.get((job.queue, job.user), 0) / 1000:g} GPUs in queue {job.queue} "
+                            f"(limit {limit})", 0, out)
             return False
         over_budget = self._over_budget(job.queue, p)
         if over_budget and queue is not None and queue.over_budget == "wait":
-            self._defer(job, BUDGET_SPENT, f"queue {job.queue} spent its {queue.budget_gpu_hours:g} GPU-hour "
-                        f"{queue.budget_period}ly budget; it waits for the next period", 0, out)
+            if self._tells(job, BUDGET_SPENT):
+                self._defer(job, BUDGET_SPENT, f"queue {job.queue} spent its {queue.budget_gpu_hours:g} GPU-hour "
+                            f"{queue.budget_period}ly budget; it waits for the next period", 0, out)
             return False
         starving = p.starving
         if starving is not None and self._held_for_starving(job, p):
-            self._defer(job, HELD_FOR_STARVING_JOB, f"quota is held for job {starving.job_id}, waiting since "
-                        f"{starving.since:.0f}; only jobs ending before it can start may go first", 0, out)
+            if self._tells(job, HELD_FOR_STARVING_JOB):
+                self._defer(job, HELD_FOR_STARVING_JOB, f"quota is held for job {starving.job_id}, waiting since "
+                            f"{starving.since:.0f}; only jobs ending before it can start may go first", 0, out)
             return False
         entitled = self._entitled(job, p)
         for flavor in self._flavors(job) if self.book.governed(job.queue) else (ANY,):
@@ -548,16 +561,22 @@ class QuotaDecider:
         p.held_below[job.queue] = max(p.held_below.get(job.queue, job.priority), job.priority)
         if over_budget:
             # Only idle quota of its peers may serve it; evicting anyone for it would be wrong.
-            self._defer(job, OVER_BUDGET_WAITS, f"queue {job.queue} spent its GPU-hour budget; the job waits for "
-                        "idle quota its cohort lends", 0, out)
+            if self._tells(job, OVER_BUDGET_WAITS):
+                self._defer(job, OVER_BUDGET_WAITS, f"queue {job.queue} spent its GPU-hour budget; the job waits "
+                            "for idle quota its cohort lends", 0, out)
             return False
-        code, message, shortfall = self._quota_reason(job)
-        if p.no_borrowing and code == COHORT_QUOTA_EXHAUSTED:
-            message = "a queue under its nominal quota waits for quota lent out first; no queue borrows more meanwhile"
+        # Every quota reason waits for quota: a job told it waits for quota is not told again (see _defer).
+        tell = self.deferred.get(job.job_id) not in WAITING_FOR_QUOTA
+        if tell:
+            code, message, shortfall = self._quota_reason(job)
+            if p.no_borrowing and code == COHORT_QUOTA_EXHAUSTED:
+                message = ("a queue under its nominal quota waits for quota lent out first; no queue borrows more "
+                           "meanwhile")
         if entitled:
             # It fits its own nominal, yet no room: that quota is lent out. No borrower of it grows now.
             p.no_borrowing.update(f for f in self._flavors(job) if self.book.nominal_left(job.queue, f) >= job.demand)
-        self._defer(job, code, message, shortfall, out)
+        if tell:
+            self._defer(job, code, message, shortfall, out)
         return False
 
     def _over_budget(self, queue: str, p: Pass) -> bool:
@@ -593,6 +612,11 @@ class QuotaDecider:
                         f"a job of higher priority waits for queue {job.queue}'s quota first", 0, out)
         else:
             self._defer(job, *self._quota_reason(job), out)
+
+    def _tells(self, job: QuotaJob, code: str) -> bool:
+        """Would deferring the job with `code` tell it something new (see _defer)?"""
+        told = self.deferred.get(job.job_id)
+        return told != code and not (told in WAITING_FOR_QUOTA and code in WAITING_FOR_QUOTA)
 
     def _defer(self, job: QuotaJob, code: str, message: str, shortfall: int, out: Decisions) -> None:
         """Tell the job why it waits, unless it was told so already. Waiting for quota (whichever limit
@@ -654,7 +678,11 @@ class QuotaDecider:
         starving = p.starving
         if starving is None or starving is job or job.priority > starving.priority:
             return False
-        if not set(self._flavors(job) or (ANY,)) & set(self._flavors(starving) or (ANY,)):
+        flavors = self._flavors(job)
+        shares = p.shares.get(flavors)
+        if shares is None:
+            shares = p.shares[flavors] = bool(set(flavors or (ANY,)) & set(self._flavors(starving) or (ANY,)))
+        if not shares:
             return False
         duration = job.spec.duration_s
         return duration is None or p.shadow == UNLIMITED or p.now + duration > p.shadow
