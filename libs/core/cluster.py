@@ -77,6 +77,9 @@ class Cluster:
     # GPUs that cannot take work: on offline nodes or unhealthy.
     _down: set[str] = field(default_factory=set)
     _sick: set[tuple[str, int]] = field(default_factory=set)
+    # Nodes an operator took out of placement, and nodes lost: either keeps a node offline.
+    _cordoned: set[str] = field(default_factory=set)
+    _lost: set[str] = field(default_factory=set)
 
     def usable_free_milli(self) -> int:
         """Free GPU share on online nodes' healthy GPUs."""
@@ -125,16 +128,29 @@ class Cluster:
         self.free_total = sum(g.free_milli for n in self._order for g in n.gpus)
         self._sick = {(n, i) for n, i in self._sick if n != spec.name}
         self._sick.update((spec.name, g.index) for g in node.gpus if not g.healthy)
-        self._down.discard(spec.name)  # a (re)registered node is online
+        self._lost.discard(spec.name)  # a (re)registered node is back, unless an operator cordoned it
+        self._refresh_online(spec.name)
 
     def set_online(self, node: str, online: bool) -> None:
-        if node in self.nodes:
-            self.nodes[node].online = online
-            self._touch(node)
-            if online:
-                self._down.discard(node)
-            else:
-                self._down.add(node)
+        """A node lost (False) or back (True)."""
+        (self._lost.discard if online else self._lost.add)(node)
+        self._refresh_online(node)
+
+    def cordon(self, node: str, cordoned: bool) -> None:
+        """Take a node out of placement, or give it back; its running jobs are not touched here."""
+        (self._cordoned.add if cordoned else self._cordoned.discard)(node)
+        self._refresh_online(node)
+
+    def _refresh_online(self, node: str) -> None:
+        if node not in self.nodes:
+            return
+        online = node not in self._lost and node not in self._cordoned
+        self.nodes[node].online = online
+        self._touch(node)
+        if online:
+            self._down.discard(node)
+        else:
+            self._down.add(node)
 
     def set_gpu_health(self, node: str, index: int, healthy: bool) -> None:
         n = self.nodes.get(node)

@@ -29,8 +29,10 @@ from contracts import (
     JobPlaced,
     JobSpec,
     JobSubmitted,
+    NodeCordoned,
     NodeLost,
     NodeRegistered,
+    NodeUncordoned,
     PlacementDeferred,
     PreemptionDecided,
     PriorityClassesChanged,
@@ -109,9 +111,9 @@ class PlacementDecider:
         self._shadow: tuple[tuple[int, str, JobSpec], tuple[float, tuple[str, ...]]] | None = None
 
     def input_types(self) -> Iterable[type[EventBase]]:
-        return (NodeRegistered, NodeLost, GpuHealthChanged, QueuePolicyChanged, PriorityClassesChanged,
-                SchedulingSettingsChanged, JobSubmitted, QuotaReserved, JobCancelled, JobFinished, JobFailed,
-                JobEvicted, PreemptionDecided, ClockTick)
+        return (NodeRegistered, NodeLost, GpuHealthChanged, NodeCordoned, NodeUncordoned, QueuePolicyChanged,
+                PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, QuotaReserved, JobCancelled,
+                JobFinished, JobFailed, JobEvicted, PreemptionDecided, ClockTick)
 
     def evolve(self, event: EventBase) -> None:
         if self.policy.apply(event):
@@ -123,6 +125,9 @@ class PlacementDecider:
                 self.generation += 1
             case NodeLost():
                 self.cluster.set_online(event.node, False)
+                self.generation += 1
+            case NodeCordoned() | NodeUncordoned():
+                self.cluster.cordon(event.node, isinstance(event, NodeCordoned))
                 self.generation += 1
             case GpuHealthChanged():
                 self.cluster.set_gpu_health(event.node, event.index, event.healthy)
@@ -193,7 +198,7 @@ class PlacementDecider:
         match event:
             case QuotaReserved() if event.job_id in self.waiting:
                 self._try_place(event.job_id, out)
-            case JobFinished() | JobFailed() | JobEvicted() | NodeRegistered():
+            case JobFinished() | JobFailed() | JobEvicted() | NodeRegistered() | NodeUncordoned():
                 self._place_waiting(out)
             case GpuHealthChanged() if event.healthy:
                 self._place_waiting(out)

@@ -33,8 +33,10 @@ from contracts import (
     JobPlaced,
     JobSpec,
     JobSubmitted,
+    NodeCordoned,
     NodeLost,
     NodeRegistered,
+    NodeUncordoned,
     PlacementDeferred,
     PreemptionDecided,
     PriorityClassesChanged,
@@ -142,9 +144,10 @@ class PreemptionDecider:
         return self.policy.quotas
 
     def input_types(self) -> Iterable[type[EventBase]]:
-        return (NodeRegistered, NodeLost, GpuHealthChanged, QueuePolicyChanged, PriorityClassesChanged,
-                SchedulingSettingsChanged, JobSubmitted, QuotaReserved, QuotaReleased, QuotaDeferred, JobPlaced,
-                PlacementDeferred, JobCancelled, JobFinished, JobFailed, JobEvicted, JobCheckpointed, ClockTick)
+        return (NodeRegistered, NodeLost, GpuHealthChanged, NodeCordoned, NodeUncordoned, QueuePolicyChanged,
+                PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, QuotaReserved, QuotaReleased,
+                QuotaDeferred, JobPlaced, PlacementDeferred, JobCancelled, JobFinished, JobFailed, JobEvicted,
+                JobCheckpointed, ClockTick)
 
     def evolve(self, event: EventBase) -> None:
         if not isinstance(event, ClockTick):
@@ -161,6 +164,8 @@ class PreemptionDecider:
                 self.cluster.register(event.node)
             case NodeLost():
                 self.cluster.set_online(event.node, False)
+            case NodeCordoned() | NodeUncordoned():
+                self.cluster.cordon(event.node, isinstance(event, NodeCordoned))
             case GpuHealthChanged():
                 self.cluster.set_gpu_health(event.node, event.index, event.healthy)
             case JobSubmitted():

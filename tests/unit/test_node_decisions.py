@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from contracts import CordonNode, GpuFault, GpuHealthChanged, NodeCordoned, NodeUncordoned, UncordonNode
+from contracts import (
+    CordonNode,
+    GpuFault,
+    GpuHealthChanged,
+    NodeCordoned,
+    NodeRegistered,
+    NodeUncordoned,
+    UncordonNode,
+)
 from libs.core.ledger import Ledger
 from libs.core.nodes import NodeDecider
 from tests.unit.builders import EventFeed, kinds, node
@@ -61,3 +69,21 @@ def test_node_decisions_form_a_verifiable_chain_of_their_own() -> None:
     assert report.ok and report.decisions == 2 and report.heads["node-health"] != "0" * 32
     tampered = [(seq, raw.replace(b'"drain":true', b'"drain":false')) for seq, raw in log]
     assert not verify(tampered, None).ok
+
+
+def test_a_cordoned_node_takes_no_new_job_until_uncordoned() -> None:
+    from contracts import JobPlaced
+    from tests.unit.builders import job, pipeline, queue
+
+    f = pipeline(ledger=True)
+    f.queues(queue("ml-train", "ml"))
+    f.nodes(node("a", 2), node("b", 2))
+    f.send(NodeCordoned, node="a", reason="maintenance")
+    first = f.submit("j1", job().gpus(2))
+    assert [p.node for e in first if isinstance(e, JobPlaced) for p in e.placements] == ["b"]
+    second = f.submit("j2", job().gpus(2))
+    assert not [e for e in second if isinstance(e, JobPlaced)]  # only the cordoned node has room
+    f.send(NodeRegistered, node=node("a", 2))  # an agent restarting does not lift the cordon
+    assert not [e for e in f.log if isinstance(e, JobPlaced) and e.job_id == "j2"]
+    back = f.send(NodeUncordoned, node="a")
+    assert [(e.job_id, e.placements[0].node) for e in back if isinstance(e, JobPlaced)] == [("j2", "a")]
