@@ -170,8 +170,29 @@ def test_an_xid_quarantines_the_gpu_and_the_job_runs_again_on_another(platform: 
     platform.wait_state(job, *FINAL)
 
 
-def test_a_silent_agent_loses_its_node_and_its_jobs_run_elsewhere(platform: Platform) -> None:
+def test_a_drained_node_stops_its_jobs_which_resume_elsewhere_and_takes_none_until_uncordoned(
+        platform: Platform) -> None:
     platform.start_agent("ag-1", 2)
+    wait_for(lambda: len(platform.api.nodes()) == 2, "the second agent never registered", timeout=30)
+    job = platform.submit(CHECKPOINTING, checkpoint_interval_s=60.0)
+    platform.wait_log(job, "resumed from 0.0")
+    node = platform.wait_state(job, "running")["placements"][0]["node"]  # type: ignore[index]
+    other = "ag-1" if node == "ag-0" else "ag-0"
+    platform.api.node_action(str(node), "drain", reason="replace a fan", operator="ops")
+    moved = wait_for(lambda: (j := platform.job(job))["state"] == "running" and j["placements"][0]["node"] == other
+                     and j, "the drained job never ran on the other node", timeout=30)
+    assert moved["evictions"] == 1 and moved["progress_s"] == 42.0
+    platform.wait_log(job, "resumed from 42.0")
+    assert {n["name"]: n["cordon"] for n in platform.api.nodes()}[node] == "draining"
+    platform.api.cancel(job)
+    platform.wait_state(job, *FINAL)
+    platform.api.node_action(str(node), "uncordon", operator="ops")
+    wait_for(lambda: {n["name"]: n["cordon"] for n in platform.api.nodes()}[node] == "", "never uncordoned")
+
+
+def test_a_silent_agent_loses_its_node_and_its_jobs_run_elsewhere(platform: Platform) -> None:
+    if "ag-1" not in platform.agents:
+        platform.start_agent("ag-1", 2)
     wait_for(lambda: len(platform.api.nodes()) == 2, "the second agent never registered", timeout=30)
     job = platform.submit(CHECKPOINTING)  # one GPU: ag-0 has one healthy GPU left after the XID
     node = wait_for(lambda: (j := platform.job(job))["state"] == "running" and j["placements"][0]["node"],  # type: ignore[index]
