@@ -119,3 +119,18 @@ class JobCreated(msgspec.Struct, kw_only=True):
     id: str
     state: str
     duplicate: bool = False
+
+
+class NodeAction(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The body of POST /v1/nodes/{name}/cordon|drain|uncordon (optional)."""
+
+    reason: str = ""
+    operator: str = ""
+
+
+class JobLogs(msgspec.Struct, kw_only=True):
+    """The tail of a job's output, from the node agent that ran it."""
+
+    node: str
+    bytes: int  # the whole log's size; `log` is its last part
+    log: str

@@ -15,17 +15,13 @@ from aiohttp import web
 from nats.errors import NoRespondersError, TimeoutError
 
 from contracts import CordonNode, UncordonNode
+from contracts.views import NodeAction
 from libs.bus.jetstream import Bus
 from libs.core.admission import AdmissionDecider
 from libs.core.decider import derived_id
 from libs.runtime.http import error_response, json_response
 
 OPERATOR = "operator"
-
-
-class NodeAction(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    reason: str = ""
-    operator: str = ""
 
 
 class NodesApi:

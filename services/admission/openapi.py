@@ -7,9 +7,20 @@ from typing import Any
 import msgspec
 
 from contracts import JobSpec, QueueSpec
-from contracts.views import ApiError, Explanation, JobCreated, JobView, NodeView, QueueView, TeamUsage
+from contracts.views import (
+    ApiError,
+    Explanation,
+    JobCreated,
+    JobLogs,
+    JobView,
+    NodeAction,
+    NodeView,
+    QueueView,
+    TeamUsage,
+)
 
-_MODELS = (JobSpec, QueueSpec, JobView, QueueView, NodeView, TeamUsage, ApiError, JobCreated, Explanation)
+_MODELS = (JobSpec, QueueSpec, JobView, QueueView, NodeView, TeamUsage, ApiError, JobCreated, Explanation, NodeAction,
+           JobLogs)
 
 
 def _ref(name: str) -> dict[str, Any]:
@@ -75,6 +86,19 @@ def openapi_document() -> dict[str, Any]:
             },
             "/v1/nodes": {"get": {"summary": "Nodes and their GPUs",
                                   "responses": {"200": _json({"type": "array", "items": _ref("NodeView")}, "")}}},
+            **{f"/v1/nodes/{{name}}/{action}": {"post": {
+                "summary": summary, "parameters": [queue_name],
+                "requestBody": {"required": False, "content": {"application/json": {"schema": _ref("NodeAction")}}},
+                "responses": {"202": _json({"type": "object"}, "the command is in the log"), **_errors(400, 404)}}}
+               for action, summary in (("cordon", "No new jobs on the node (an audited command)"),
+                                       ("drain", "Cordon, and stop the node's jobs so they run elsewhere"),
+                                       ("uncordon", "The node takes new jobs again"))},
+            "/v1/jobs/{job_id}/logs": {
+                "get": {"summary": "The tail of a job's output, from the node agent that ran it",
+                        "parameters": [job_id, {"name": "tail", "in": "query", "required": False,
+                                                "schema": {"type": "integer", "minimum": 0, "maximum": 16 << 20}}],
+                        "responses": {"200": _json(_ref("JobLogs"), "the log's tail"), **_errors(400, 404)}},
+            },
             "/v1/usage": {"get": {"summary": "GPU-seconds per team",
                                   "responses": {"200": _json({"type": "array", "items": _ref("TeamUsage")}, "")}}},
         },

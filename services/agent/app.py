@@ -17,11 +17,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 from aiohttp import web
 from nats.aio.msg import Msg
 from prometheus_client import Gauge
 
 from contracts import GpuFault, NodeRegistered, NodeSpec
+from contracts.views import JobLogs
 from libs.bus.jetstream import Bus
 from libs.core.decider import derived_id
 from libs.core.inventory import registration_id
@@ -166,7 +168,7 @@ class Agent:
         with open(path, "rb") as f:
             f.seek(max(0, size - max(tail, 0)))
             text = f.read().decode(errors="replace")
-        await msg.respond(json.dumps({"node": self.node, "bytes": size, "log": text}).encode())
+        await msg.respond(msgspec.json.encode(JobLogs(node=self.node, bytes=size, log=text)))
 
     async def _inject_fault(self, msg: Msg) -> None:
         """Simulated backends take faults on command: an XID or ECC error on a GPU, stopped or slow
