@@ -12,11 +12,13 @@ from contracts.codec import decode, encode
 from contracts.events import EventBase
 from libs.core.admission import AdmissionDecider
 from libs.core.decider import Decider, run_decider
+from libs.core.nodes import NodeDecider
 from libs.core.placement import PlacementDecider
 from libs.core.preemption import PreemptionDecider
 from libs.core.quota import QuotaDecider
 
-DECIDERS: tuple[Callable[[], Decider], ...] = (AdmissionDecider, QuotaDecider, PlacementDecider, PreemptionDecider)
+DECIDERS: tuple[Callable[[], Decider], ...] = (AdmissionDecider, QuotaDecider, PlacementDecider, PreemptionDecider,
+                                               NodeDecider)
 
 
 @dataclass(frozen=True, slots=True)

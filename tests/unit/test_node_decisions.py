@@ -87,3 +87,20 @@ def test_a_cordoned_node_takes_no_new_job_until_uncordoned() -> None:
     assert not [e for e in f.log if isinstance(e, JobPlaced) and e.job_id == "j2"]
     back = f.send(NodeUncordoned, node="a")
     assert [(e.job_id, e.placements[0].node) for e in back if isinstance(e, JobPlaced)] == [("j2", "a")]
+
+
+def test_replay_re_derives_the_node_decisions_and_catches_a_changed_one() -> None:
+    import msgspec
+
+    from contracts.codec import encode
+    from libs.audit.replay import replay
+
+    f = feed()
+    f.send(GpuFault, node="n1", index=1, kind="xid", code=79)
+    f.send(CordonNode, node="n1", reason="fan")
+    log = [(seq, encode(e)) for seq, e in enumerate(f.log, start=1)]
+    report = replay(log)
+    assert report.mismatches == [] and report.decisions_checked == 2
+    forged = [(seq, encode(msgspec.structs.replace(e, reason="other")) if isinstance(e, NodeCordoned) else raw)
+              for (seq, raw), e in zip(log, f.log, strict=True)]
+    assert [m.service for m in replay(forged).mismatches] == ["node-health"]
