@@ -33,6 +33,11 @@ class ClusterArrays:
         self.mem: I64 = np.zeros(n, dtype=np.int64)
         self.rdma: I64 = np.zeros(n, dtype=np.int64)
         self.online = np.zeros(n, dtype=bool)
+        # Free share on each node's usable GPUs (idle_share, kept row by row).
+        self.idle: I64 = np.zeros(n, dtype=np.int64)
+        # model_mask / gpu_mask per allowed-models tuple (they change only with the set of nodes).
+        self._model_masks: dict[tuple[str, ...], npt.NDArray[np.bool_]] = {}
+        self._gpu_masks: dict[tuple[str, ...], npt.NDArray[np.bool_]] = {}
         self.models = sorted({g.model for x in nodes for g in x.gpus})
         model_id = {m: i for i, m in enumerate(self.models)}
         # A node's model: the model of its first GPU; -1 without GPUs. Nodes mixing models are rare and
@@ -51,10 +56,14 @@ class ClusterArrays:
         node = self.nodes[i]
         row = self.free[i]
         row[:] = UNUSABLE
+        idle = 0
         for j, g in enumerate(node.gpus):
             usable = g.healthy and not g.mig_enabled
             row[j] = g.free_milli if usable else UNUSABLE
             self.free_mem[i, j] = g.free_memory_mib if usable else 0
+            if usable and g.free_milli > 0:
+                idle += g.free_milli
+        self.idle[i] = idle
         self.cpu[i] = node.free_cpu_milli
         self.mem[i] = node.free_memory_mib
         self.rdma[i] = node.free_rdma_nics
@@ -74,7 +83,14 @@ class ClusterArrays:
         return [i for i, m in enumerate(self.models) if not models or m in models]
 
     def model_mask(self, models: tuple[str, ...]) -> npt.NDArray[np.bool_]:
-        """Nodes with at least one GPU of an allowed model."""
+        """Nodes with at least one GPU of an allowed model (read only: shared between callers)."""
+        mask = self._model_masks.get(models)
+        if mask is None:
+            mask = self._model_masks[models] = self._model_mask(models)
+            mask.flags.writeable = False
+        return mask
+
+    def _model_mask(self, models: tuple[str, ...]) -> npt.NDArray[np.bool_]:
         if not models:
             return self.model >= 0
         ids = self.model_ids(models)
@@ -83,10 +99,17 @@ class ClusterArrays:
         return np.isin(self.model, ids)
 
     def gpu_mask(self, models: tuple[str, ...]) -> npt.NDArray[np.bool_]:
-        """GPUs of an allowed model."""
+        """GPUs of an allowed model (read only: shared between callers)."""
+        mask = self._gpu_masks.get(models)
+        if mask is None:
+            mask = self._gpu_masks[models] = self._gpu_mask(models)
+            mask.flags.writeable = False
+        return mask
+
+    def _gpu_mask(self, models: tuple[str, ...]) -> npt.NDArray[np.bool_]:
         if not models:
             return self.gpu_model >= 0
         return np.isin(self.gpu_model, self.model_ids(models))
 
     def idle_share(self) -> I64:
-        return np.where(self.free > 0, self.free, 0).sum(axis=1)
+        return self.idle.copy()

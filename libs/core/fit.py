@@ -160,18 +160,24 @@ class Placer:
     def place_gang(self, spec: JobSpec, policy: str = DEFAULT_POLICY, salt: int = 0
                    ) -> tuple[ReplicaPlacement, ...] | Shortfall:
         """Place every replica or none: on failure the cluster is left exactly as it was."""
+        placed = self._gang(spec, policy, salt)
+        if placed is not None:
+            return placed
+        if spec.topology and spec.topology_required:
+            return Shortfall(TOPOLOGY, f"no single {spec.topology} can host all {spec.replicas} replicas",
+                             demand_milli(spec))
+        return self.explain(spec)
+
+    def _gang(self, spec: JobSpec, policy: str, salt: int) -> tuple[ReplicaPlacement, ...] | None:
+        """place_gang without the explanation of a failure: None."""
         if spec.topology:
             for domain in self._domains(spec):
                 placed = self._try_all(spec, policy, salt, domain)
                 if placed is not None:
                     return placed
             if spec.topology_required:
-                return Shortfall(TOPOLOGY, f"no single {spec.topology} can host all {spec.replicas} replicas",
-                                 demand_milli(spec))
-        placed = self._try_all(spec, policy, salt, None)
-        if placed is not None:
-            return placed
-        return self.explain(spec)
+                return None
+        return self._try_all(spec, policy, salt, None)
 
     def _try_all(self, spec: JobSpec, policy: str, salt: int, allowed: Mask | None
                  ) -> tuple[ReplicaPlacement, ...] | None:
@@ -210,10 +216,16 @@ class Placer:
 
     def fits(self, spec: JobSpec) -> bool:
         """Would the job fit now? Leaves the cluster unchanged."""
-        result = self.place_gang(spec)
-        if isinstance(result, Shortfall):
+        if self.cluster.placer is self and self.typical is not None and self.typical.shapes:
+            # Explaining a failure refreshes this very placer's arrays (see explain_shortfall), which its
+            # fragmentation model would notice: keep doing it, so that the model stays as it always was.
+            result = self.place_gang(spec)
+            placed = None if isinstance(result, Shortfall) else result
+        else:
+            placed = self._gang(spec, DEFAULT_POLICY, 0)
+        if placed is None:
             return False
-        self.cluster.release(result)
+        self.cluster.release(placed)
         return True
 
     def explain(self, spec: JobSpec) -> Shortfall:

@@ -76,6 +76,20 @@ def salted_order(rows: I64, salt: int) -> I64:
     return x.astype(np.int64)
 
 
+_SALTED: dict[tuple[int, int], I64] = {}
+
+
+def _salted_rows(n: int, salt: int) -> I64:
+    """salted_order of every row 0..n-1 (each row's key depends on the row and the salt alone)."""
+    keys = _SALTED.get((n, salt))
+    if keys is None:
+        if len(_SALTED) > 64:
+            _SALTED.clear()
+        keys = _SALTED[(n, salt)] = salted_order(np.arange(n, dtype=np.int64), salt)
+        keys.flags.writeable = False
+    return keys
+
+
 class FragModel:
     """Per-node fragmentation against the typical shapes, cached row by row (integer weights), under FGD's
     measure (`frag`) and, when `multi_copy` is set, also the multi-copy one (`frag_multi`: GPUs a node cannot
@@ -93,6 +107,9 @@ class FragModel:
         self.models = [s.models for s, _ in gpu_shapes]
         self.arrays = arrays
         self.thresholds = _LOGIT * 1000.0 * self.w_total
+        # Constants of `update`, shaped once.
+        self._milli3 = self.milli[None, None, :]
+        self._cpu_at_least_1 = np.maximum(self.cpu, 1)
         self._share_cache: dict[tuple[bytes, int, int], tuple[npt.NDArray[np.int32], ...]] = {}
         self.rebuild()
 
@@ -119,19 +136,31 @@ class FragModel:
         if rows.size == 0:
             return
         a = self.arrays
-        free = a.free[rows][:, :, None]  # (r, g, 1)
-        milli = self.milli[None, None, :]
-        self.spare[rows] = (free >= milli).sum(axis=1) - self.num
-        self.fragp[rows] = np.where((free > 0) & (free < milli), free, 0).sum(axis=1)
-        self.fits[rows] = np.where(free >= milli, free, 0).sum(axis=1)
-        self.cpu_slack[rows] = a.cpu[rows][:, None] - self.cpu
-        idle = np.where(a.free[rows] > 0, a.free[rows], 0).sum(axis=1)
+        free2 = a.free[rows]  # (r, g)
+        free = free2[:, :, None]  # (r, g, 1)
+        big = free >= self._milli3  # GPUs big enough for each shape
+        count = big.sum(axis=1)  # (r, t): GPUs that could host the shape
+        spare = count - self.num
+        # Share on GPUs too small for the shape ((0 < free < milli)), and on GPUs big enough.
+        fragp = np.where(big, 0, np.where(free > 0, free, 0)).sum(axis=1)
+        fits = np.where(big, free, 0).sum(axis=1)
+        cpu = a.cpu[rows]
+        idle = np.where(free2 > 0, free2, 0).sum(axis=1)
+        self.spare[rows] = spare
+        self.fragp[rows] = fragp
+        self.fits[rows] = fits
+        self.cpu_slack[rows] = cpu[:, None] - self.cpu
         self.idle[rows] = idle
-        fragp, fits, spare, cpu = self.fragp[rows], self.fits[rows], self.spare[rows], a.cpu[rows]
-        self.frag[rows] = self.w_cpu * idle + self._unusable(rows, fragp, fits, spare, cpu, idle, False) @ self.w
+        # As _unusable, on the values just computed (small enough that the int32 tables hold them exactly).
+        acc = self.acc[rows]
+        q3 = acc & (spare >= 0) & (cpu[:, None] >= self.cpu)
+        self.frag[rows] = self.w_cpu * idle + np.where(q3, fragp, idle[:, None]) @ self.w
         if self.multi_copy:
-            self.frag_multi[rows] = self.w_cpu * idle + self._unusable(rows, fragp, fits, spare, cpu, idle,
-                                                                       True) @ self.w
+            copies = np.minimum(count // self.num, cpu[:, None] // self._cpu_at_least_1)
+            copies = np.where(acc, np.maximum(copies, 0), 0)
+            used = np.minimum(copies * self.num, count)
+            spill = np.where(count > 0, fits * (count - used) // np.maximum(count, 1), 0)
+            self.frag_multi[rows] = self.w_cpu * idle + (fragp + spill) @ self.w
 
     def _unusable(self, rows: I64, fragp: npt.NDArray[np.int32], fits: npt.NDArray[np.int32],
                   spare: npt.NDArray[np.int32], cpu: I64, idle: I64, multi: bool) -> I64:
@@ -147,11 +176,11 @@ class FragModel:
         spill = np.where(cnt > 0, fits.astype(np.int64) * (cnt - used) // np.maximum(cnt, 1), 0)
         return fragp.astype(np.int64) + spill
 
-    def _per_candidate(self, v: I64, k: int, m: int
+    def _per_candidate(self, v: I64, k: int, m: int, uniform: bool = False
                        ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
         """_per_share for each candidate's share, computed once per distinct share (and remembered: the same
-        few shares and request sizes come back all the time)."""
-        if v.size and v.min() == v.max():
+        few shares and request sizes come back all the time). `uniform`: every candidate has the same share."""
+        if v.size and (uniform or v.min() == v.max()):
             shares, inverse = v[:1], None
         else:
             shares, inverse = np.unique(v, return_inverse=True)
@@ -179,10 +208,11 @@ class FragModel:
         return ((k * (after_c - before_c)).astype(np.int32), (k * dfits).astype(np.int32),
                 (k * lost).astype(np.int32))
 
-    def after(self, rows: I64, v: I64, k: int, m: int, c: int, multi: bool = False) -> I64:
+    def after(self, rows: I64, v: I64, k: int, m: int, c: int, multi: bool = False, uniform: bool = False) -> I64:
         """Scaled fragmentation of each candidate node after taking `k` GPUs of free share `v` by `m`
-        each (and `c` CPU), under FGD's measure or (`multi`) the multi-copy one. Integer arithmetic."""
-        dfrag, dfits, lost = self._per_candidate(v, k, m)
+        each (and `c` CPU), under FGD's measure or (`multi`) the multi-copy one. Integer arithmetic.
+        `uniform`: every candidate's share is the same."""
+        dfrag, dfits, lost = self._per_candidate(v, k, m, uniform)
         idle = self.idle[rows] - k * m
         if not multi:  # the paper's measure, on the cheapest path
             q3 = self.acc[rows] & (self.spare[rows] >= lost) & (self.cpu_slack[rows] >= c)
@@ -242,13 +272,14 @@ def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, 
         cols = np.zeros_like(rows)
         v = np.full_like(rows, FULL if req.gpus else 0)
     k, m = req.gpus, req.milli
-    idle_after = np.where(a.free[rows] > 0, a.free[rows], 0).sum(axis=1) - k * m
+    idle_after = a.idle[rows] - k * m
     gpu_left = v - m
-    salt_key = salted_order(rows, salt)
+    salt_key = _salted_rows(len(a.nodes), salt)[rows]
+    uniform = not req.shared  # whole GPUs (or none): every candidate's share is the same
     # Sort keys, least significant first (np.lexsort): the last key decides, ties fall to the previous.
     keys: tuple[npt.NDArray[np.int64], ...]
     if policy in ("fgd", "packing") and frag is not None:
-        score = frag.sigmoid_score(frag.frag[rows] - frag.after(rows, v, k, m, req.cpu))
+        score = frag.sigmoid_score(frag.frag[rows] - frag.after(rows, v, k, m, req.cpu, uniform=uniform))
         if policy == "fgd" or not frag.multi_copy:
             keys = (cols, salt_key, -score)
         else:
@@ -259,7 +290,8 @@ def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, 
             if len(top) == 1:  # no tie to break
                 keys = (cols,)
             else:
-                tie = frag.sigmoid_score(frag.frag_multi[rows] - frag.after(rows, v, k, m, req.cpu, multi=True))
+                tie = frag.sigmoid_score(frag.frag_multi[rows] - frag.after(rows, v, k, m, req.cpu, multi=True,
+                                                                            uniform=uniform))
                 keys = (cols, salt_key, gpu_left, -tie)
     elif policy == "spread":
         keys = (cols, salt_key, -gpu_left, -(a.cpu[rows] - req.cpu), -idle_after)
