@@ -474,27 +474,33 @@ class QuotaDecider:
 
     def _next_head(self, queue: str, order: Order, p: Pass, out: Decisions) -> QuotaJob | None:
         """The next job of the queue worth trying; jobs that cannot fit are told why (once) on the way."""
+        backing_off = self.backing_off
+        # Neither changes while the queue's next head is looked for (only trying a head does).
+        held = p.held_below.get(queue)
+        failures = p.failed
         for job in order:
-            told = self.deferred.get(job.job_id)
-            not_before = self.backing_off.get(job.job_id)
-            if not_before is not None:
-                if not_before > p.now:
-                    if self._tells(job, RETRY_BACKOFF):
-                        self._defer(job, RETRY_BACKOFF, f"it failed and runs again after {not_before:.0f}", 0, out)
-                    continue
-                del self.backing_off[job.job_id]
-            held = p.held_below.get(queue)
+            if backing_off:
+                not_before = backing_off.get(job.job_id)
+                if not_before is not None:
+                    if not_before > p.now:
+                        if self._tells(job, RETRY_BACKOFF):
+                            self._defer(job, RETRY_BACKOFF, f"it failed and runs again after {not_before:.0f}", 0,
+                                        out)
+                        continue
+                    del backing_off[job.job_id]
             if held is not None and job.priority < held:
-                if told in WAITING_FOR_QUOTA:
+                if self.deferred.get(job.job_id) in WAITING_FOR_QUOTA:
                     return None  # everything after it is of lower priority still, and was told it waits
                 if self._tells(job, BEHIND_HIGHER_PRIORITY):
                     self._defer(job, BEHIND_HIGHER_PRIORITY,
                                 f"a job of higher priority waits for queue {queue}'s quota first", 0, out)
                 continue
-            flavors = self._flavors(job)
-            failed = p.failed.get((queue, flavors))
+            if not failures:
+                return job
+            flavors = job.flavors if job.flavors_version == self.policy_version else self._flavors(job)
+            failed = failures.get((queue, flavors))
             if failed is not None and job.demand >= failed:
-                if told in WAITING_FOR_QUOTA:
+                if self.deferred.get(job.job_id) in WAITING_FOR_QUOTA:
                     level = (queue, job.priority)
                     if failed <= min(self.demands[level]) and len(self.models[level]) == 1:
                         order.skip_level()  # nothing of this level is smaller or asks for other models
