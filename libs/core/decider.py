@@ -22,15 +22,21 @@ DECISION_NAMESPACE = uuid.UUID("6f1d3a44-1c0e-5b7a-9a53-2f6c0c7e5a10")
 
 
 _NAMESPACE_BYTES = DECISION_NAMESPACE.bytes
+_SHA1 = hashlib.sha1
+_SHA256 = hashlib.sha256
+
+
+def _uuid5(name: str) -> str:
+    digest = bytearray(_SHA1(_NAMESPACE_BYTES + name.encode()).digest())
+    digest[6] = (digest[6] & 0x0F) | 0x50
+    digest[8] = (digest[8] & 0x3F) | 0x80
+    h = digest.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
 def derived_id(*parts: object) -> str:
     """uuid5(DECISION_NAMESPACE, "a/b/c"), computed directly (hot path: one per decision)."""
-    digest = bytearray(hashlib.sha1(_NAMESPACE_BYTES + "/".join(str(p) for p in parts).encode()).digest()[:16])
-    digest[6] = (digest[6] & 0x0F) | 0x50
-    digest[8] = (digest[8] & 0x3F) | 0x80
-    h = digest.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    return _uuid5("/".join(map(str, parts)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +56,7 @@ GENESIS = "0" * 32
 
 def chain_hash(previous: str, unchained: bytes) -> str:
     """The link of a decision: sha256 over the previous link and the decision's canonical bytes."""
-    return hashlib.sha256(previous.encode() + b"\n" + unchained).hexdigest()[:32]
+    return _SHA256(previous.encode() + b"\n" + unchained).hexdigest()[:32]
 
 
 @dataclass(slots=True)
@@ -76,7 +82,7 @@ class Decisions:
     def emit(self, event_type: type[EventBase], correlation_id: str = "", **fields: Any) -> EventBase:
         trig = self.trigger.event
         event = event_type(
-            id=derived_id(self.service, trig.id, len(self.out)),
+            id=_uuid5(f"{self.service}/{trig.id}/{len(self.out)}"),  # derived_id(service, trigger id, index)
             ts=trig.ts,
             source=self.service,
             trigger_seq=self.trigger.seq,
@@ -84,9 +90,10 @@ class Decisions:
             correlation_id=correlation_id or trig.correlation_id,
             **fields,
         )
-        link = chain_hash(self.chain.head, _ENCODE(event))
+        chain = self.chain
+        link = _SHA256(chain.head.encode() + b"\n" + _ENCODE(event)).hexdigest()[:32]  # chain_hash
         event = msgspec.structs.replace(event, chain=link)
-        self.chain.head, self.chain.length = link, self.chain.length + 1
+        chain.head, chain.length = link, chain.length + 1
         self.apply(event)
         self.out.append(event)
         return event
