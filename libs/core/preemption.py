@@ -125,6 +125,8 @@ class PreemptionState:
     # been checked yet.
     grace: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
     grace_of: dict[str, tuple[str, tuple[float, str]]] = field(default_factory=dict)
+    # `running` by queue (each queue's victim candidates, without scanning every running job).
+    by_queue: dict[str, dict[str, Running]] = field(default_factory=dict)
 
 
 class PreemptionDecider:
@@ -210,7 +212,11 @@ class PreemptionDecider:
                                   min_runtime_s=self.policy.min_runtime_s(spec), placed_order=self._placed,
                                   ends_at=None if spec.duration_s is None else event.ts + spec.duration_s,
                                   checkpoints_on_stop=spec.checkpoint_interval_s is not None)
+                held = s.running.get(event.job_id)
+                if held is not None:
+                    self._unindex_running(held)
                 s.running[event.job_id] = run
+                s.by_queue.setdefault(run.queue, {})[run.job_id] = run
                 self.cluster.allocate(event.placements)
             case JobCheckpointed() if event.job_id in s.running:
                 s.running[event.job_id].last_checkpoint = event.ts
@@ -324,6 +330,8 @@ class PreemptionDecider:
         self._unwait(job_id)
         run = s.running.pop(job_id, None)
         if run is not None:
+            self._unindex_running(run)
+        if run is not None:
             self.cluster.release(run.placements)
         preemptor = s.victim_of.pop(job_id, None)
         if preemptor is not None:
@@ -337,6 +345,12 @@ class PreemptionDecider:
             s.in_flight.pop(job_id, None)
             s.cancelled.pop(job_id, None)
             s.preempted_by.pop(job_id, None)
+
+    def _unindex_running(self, run: Running) -> None:
+        jobs = self.s.by_queue[run.queue]
+        del jobs[run.job_id]
+        if not jobs:
+            del self.s.by_queue[run.queue]
 
     def react(self, trigger: Trigger) -> list[EventBase]:
         out = Decisions(SERVICE, trigger, self.evolve, self.chain)
@@ -413,9 +427,8 @@ class PreemptionDecider:
     def candidates(self, preemptor: JobSpec, preemptor_id: str, now: float) -> list[Running]:
         """Jobs of the preemptor's queue with a lower priority, in victim order."""
         prio = self.policy.priority_of(preemptor)
-        cands = [r for r in self.s.running.values()
-                 if r.queue == preemptor.queue and r.priority < prio and r.job_id != preemptor_id
-                 and self._eligible(r, now, preemptor_id)]
+        cands = [r for r in self.s.by_queue.get(preemptor.queue, {}).values()
+                 if r.priority < prio and r.job_id != preemptor_id and self._eligible(r, now, preemptor_id)]
         cands.sort(key=lambda r: r.victim_key(now))
         return cands
 
@@ -427,9 +440,8 @@ class PreemptionDecider:
             return []
         peers = {q for q in self.book.members[cohort] if q != preemptor.queue}
         borrowing = {q for q in peers if self.book.borrowed(q, flavor) > 0}
-        cands = [r for r in self.s.running.values()
-                 if r.queue in peers and r.flavor == flavor and (r.queue in borrowing or r.over_budget)
-                 and self._eligible(r, now, preemptor_id)]
+        cands = [r for q in peers for r in self.s.by_queue.get(q, {}).values()
+                 if r.flavor == flavor and (q in borrowing or r.over_budget) and self._eligible(r, now, preemptor_id)]
         cands.sort(key=lambda r: r.victim_key(now))
         return cands
 
@@ -444,11 +456,13 @@ class PreemptionDecider:
         leaving = [s.running[j] for j in sorted(s.cancelled) if j in s.running and j not in s.victim_of]
         demand = demand_milli(spec)
         sim = Simulation(self, spec, leaving, now)
+        # Without candidates there is nobody to evict (Simulation.choose would answer []): skip the simulation.
         if waiting.code == PLACEMENT:
             held = s.reserved.get(job_id)
             flavor = held[1] if held is not None else ANY
-            victims = sim.choose(self.candidates(spec, job_id, now), lambda: sim.fits(flavor))
-            self._decide(job_id, victims, out)
+            cands = self.candidates(spec, job_id, now)
+            if cands:
+                self._decide(job_id, sim.choose(cands, lambda: sim.fits(flavor)), out)
             return
         if self._behind_higher_priority(job_id, spec):
             return
@@ -461,10 +475,10 @@ class PreemptionDecider:
                 continue
             # Reclaim: borrowers' jobs first, then (if the queue itself is above nominal) its own
             # lower-priority jobs of this flavor; minimisation drops whichever turn out not to be needed.
-            own = [r for r in self.candidates(spec, job_id, now) if r.flavor == flavor]
             others = self.borrowers(spec, flavor, now, job_id)
             if not others:
                 continue
+            own = [r for r in self.candidates(spec, job_id, now) if r.flavor == flavor]
 
             def reclaimed(flavor: str = flavor, nominal: int = lim.nominal) -> bool:
                 return (self.book.usage(spec.queue, flavor) + demand <= nominal
@@ -477,7 +491,9 @@ class PreemptionDecider:
         def within_queue() -> bool:
             return any(self.book.room(spec.queue, f) >= demand and sim.fits(f) for f in flavors)
 
-        self._decide(job_id, sim.choose(self.candidates(spec, job_id, now), within_queue), out)
+        cands = self.candidates(spec, job_id, now)
+        if cands:
+            self._decide(job_id, sim.choose(cands, within_queue), out)
 
     def _decide(self, job_id: str, victims: list[Running], out: Decisions) -> None:
         if not victims:

@@ -33,6 +33,8 @@ Mask = npt.NDArray[np.bool_]
 
 # score s (1..99) of the FGD paper's int(100*sigmoid(x)) is reached when x >= logit(s/100).
 _LOGIT = np.array([math.log(s / (100 - s)) for s in range(1, 100)])
+# Up to this many rows, the fragmentation model is updated in plain Python (numpy's cost per call dominates).
+FEW_ROWS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +109,11 @@ class FragModel:
         self.models = [s.models for s, _ in gpu_shapes]
         self.arrays = arrays
         self.thresholds = _LOGIT * 1000.0 * self.w_total
-        # Constants of `update`, shaped once.
+        # Constants of `update`, shaped once (and as Python lists, for updating a few rows).
         self._milli3 = self.milli[None, None, :]
         self._cpu_at_least_1 = np.maximum(self.cpu, 1)
+        self._shapes = list(zip(self.milli.tolist(), self.num.tolist(), self.cpu.tolist(), self.w.tolist(),
+                                self._cpu_at_least_1.tolist(), strict=True))
         self._share_cache: dict[tuple[bytes, int, int], tuple[npt.NDArray[np.int32], ...]] = {}
         self.rebuild()
 
@@ -134,6 +138,9 @@ class FragModel:
     def update(self, rows: npt.ArrayLike) -> None:
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size == 0:
+            return
+        if rows.size <= FEW_ROWS:
+            self._update_few(rows)
             return
         a = self.arrays
         free2 = a.free[rows]  # (r, g)
@@ -161,6 +168,46 @@ class FragModel:
             used = np.minimum(copies * self.num, count)
             spill = np.where(count > 0, fits * (count - used) // np.maximum(count, 1), 0)
             self.frag_multi[rows] = self.w_cpu * idle + (fragp + spill) @ self.w
+
+    def _update_few(self, rows: I64) -> None:
+        """`update` row by row in plain integers: the same numbers, without numpy's cost per call."""
+        a = self.arrays
+        w_cpu, multi = self.w_cpu, self.multi_copy
+        for r in rows.tolist():
+            free = a.free[r].tolist()
+            cpu = int(a.cpu[r])
+            acc = self.acc[r].tolist()
+            idle = 0
+            for x in free:
+                if x > 0:
+                    idle += x
+            spare, fragp, fits = [], [], []
+            g = g_multi = 0
+            for j, (milli, num, shape_cpu, w, cpu_at_least_1) in enumerate(self._shapes):
+                count = small = big = 0
+                for x in free:
+                    if x >= milli:
+                        count += 1
+                        big += x
+                    elif x > 0:
+                        small += x
+                spare.append(count - num)
+                fragp.append(small)
+                fits.append(big)
+                g += (small if acc[j] and count >= num and cpu >= shape_cpu else idle) * w
+                if multi:
+                    copies = max(min(count // num, cpu // cpu_at_least_1), 0) if acc[j] else 0
+                    used = min(copies * num, count)
+                    spill = big * (count - used) // max(count, 1) if count > 0 else 0
+                    g_multi += (small + spill) * w
+            self.spare[r] = spare
+            self.fragp[r] = fragp
+            self.fits[r] = fits
+            self.idle[r] = idle
+            self.frag[r] = w_cpu * idle + g
+            if multi:
+                self.frag_multi[r] = w_cpu * idle + g_multi
+        self.cpu_slack[rows] = a.cpu[rows][:, None] - self.cpu
 
     def _unusable(self, rows: I64, fragp: npt.NDArray[np.int32], fits: npt.NDArray[np.int32],
                   spare: npt.NDArray[np.int32], cpu: I64, idle: I64, multi: bool) -> I64:
