@@ -89,23 +89,28 @@ class Agent:
         await bus.nc.subscribe(fault_subject(self.prefix, self.node), cb=self._inject_fault)
 
     async def announce(self, bus: Bus, reactor: Reactor) -> None:
-        """Register the node once the log's history is folded (so the version follows the last one), and
-        again whenever the log says it was lost while this agent still runs."""
+        """Register the node once the log's history is folded (so the version follows the last one): at start
+        when the log's inventory differs or says the node was lost, later whenever the inventory changes. A
+        node lost while this agent runs comes back through node-telemetry, when it hears the heartbeats again."""
         await self.executor.history_done.wait()
-        announced: NodeSpec | None = None
+        first = True
         while True:
             found = [n for n in await asyncio.to_thread(self.backend.discover) if n.name == self.node]
-            spec = found[0] if found else None
             ex = self.executor
-            if spec is not None and (ex.spec != spec or ex.lost) and spec != announced:
+            if found and (ex.spec != found[0] or (first and ex.lost)):
                 version = ex.registrations + 1
-                await bus.publish([NodeRegistered(id=registration_id(spec, version), ts=time.time(),
-                                                  source=ex.source, correlation_id=self.node, node=spec)])
-                log.info("%s registered (version %d, %d GPUs)", self.node, version, len(spec.gpus))
-                announced = spec
-            elif ex.spec == spec and not ex.lost:
-                announced = None
+                await bus.publish([NodeRegistered(id=registration_id(found[0], version), ts=time.time(),
+                                                  source=ex.source, correlation_id=self.node, node=found[0])])
+                log.info("%s registered (version %d, %d GPUs)", self.node, version, len(found[0].gpus))
+                await self._echo(found[0])
+            first = False
             await asyncio.sleep(max(self.heartbeat.every_s, 1.0))
+
+    async def _echo(self, spec: NodeSpec, timeout_s: float = 10.0) -> None:
+        """Wait until the log hands the registration back, so it is not published twice."""
+        deadline = time.monotonic() + timeout_s
+        while self.executor.spec != spec and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
 
     async def beat(self, bus: Bus, reactor: Reactor) -> None:
         subject = heartbeat_subject(self.prefix, self.node)

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
@@ -48,6 +50,7 @@ from libs.jobkit import CHECKPOINT_FILE, RESUME_CHECKPOINT, RESUME_PROGRESS, rea
 from libs.nodes.reports import report_id
 
 log = logging.getLogger(__name__)
+PR_SET_PDEATHSIG = 1
 ENDS = (JobFinished, JobFailed, JobEvicted)
 # Environment a job never inherits from the agent: the platform's own settings and anything secret.
 _HIDDEN_ENV = ("GPUSCHED_", "NATS_", "REDIS_")
@@ -78,6 +81,13 @@ class LocalRun:
 
     def alive(self) -> list[Replica]:
         return [r for r in self.replicas if r.proc is not None and r.exit_code is None]
+
+
+def _die_with_agent() -> None:
+    """In the child before exec: SIGKILL it when the agent dies (Linux). An agent that restarts cannot take
+    its old processes back and reports their jobs evicted, so those must not keep running beside the new runs."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def exit_status(returncode: int) -> int:
@@ -253,7 +263,8 @@ class ProcessExecutor:
                     out.flush()
                     rep.proc = await asyncio.create_subprocess_exec(
                         *spec.command, env=env, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                        stdin=asyncio.subprocess.DEVNULL, start_new_session=True, cwd=str(self.workdir))
+                        stdin=asyncio.subprocess.DEVNULL, start_new_session=True, cwd=str(self.workdir),
+                        preexec_fn=_die_with_agent if sys.platform == "linux" else None)
         except OSError as err:
             log.warning("%s: cannot start %s: %s", self.node, run.job_id, err)
             self._kill(run, signal.SIGKILL)

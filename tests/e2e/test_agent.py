@@ -198,14 +198,28 @@ def test_a_silent_agent_loses_its_node_and_its_jobs_run_elsewhere(platform: Plat
     node = wait_for(lambda: (j := platform.job(job))["state"] == "running" and j["placements"][0]["node"],  # type: ignore[index]
                     "the job never ran")
     other = "ag-1" if node == "ag-0" else "ag-0"
-    if node == "ag-0":
-        platform.fault("ag-0", stop_heartbeats=True)  # a hung node: alive, silent
-    else:
-        platform.agents["ag-1"].send_signal(signal.SIGKILL)  # a crashed agent
+    platform.agents[str(node)].send_signal(signal.SIGKILL)  # a crashed agent: its jobs die with it
     wait_for(lambda: not {n["name"]: n["online"] for n in platform.api.nodes()}[node],
              "the silent node was never marked lost", timeout=20)
     moved = wait_for(lambda: (j := platform.job(job))["state"] == "running" and j["placements"][0]["node"] == other
                      and j, "the job never ran on the other node", timeout=30)
     assert moved["evictions"] == 1
-    if node == "ag-0":  # the hung agent saw itself lost in the log and killed its copy of the job
-        platform.wait_log(job, "resumed from")
+    platform.wait_log(job, "resumed from")
+
+
+def test_a_hung_agent_is_lost_kills_its_jobs_and_comes_back(platform: Platform) -> None:
+    alive = next(name for name, agent in platform.agents.items() if agent.poll() is None)
+    job = platform.submit(CHECKPOINTING)
+    wait_for(lambda: (j := platform.job(job))["state"] == "running" and j, "the job never ran")
+    platform.fault(alive, stop_heartbeats=True)  # alive but silent: partitioned, or hung
+    wait_for(lambda: not {n["name"]: n["online"] for n in platform.api.nodes()}[alive],
+             "the silent node was never marked lost", timeout=20)
+    view = platform.wait_state(job, "pending")  # evicted on the lost node's behalf, nowhere else to go
+    assert view["evictions"] == 1
+    platform.fault(alive, resume_heartbeats=True)
+    wait_for(lambda: {n["name"]: n["online"] for n in platform.api.nodes()}[alive], "the node never came back",
+             timeout=20)
+    again = platform.wait_state(job, "running")  # runs again on the node that came back
+    assert again["placements"][0]["node"] == alive  # type: ignore[index]
+    platform.api.cancel(job)
+    platform.wait_state(job, *FINAL)
