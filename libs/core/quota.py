@@ -712,33 +712,32 @@ class Order:
         self.d = decider
         self.queue = queue
         self.levels = sorted(decider.pending.get(queue, {}), reverse=True)
-        self.level = -1
-        self.jobs: Iterator[QuotaJob] = iter(())
+        self._skip = False
+        self._walk = self._jobs()
 
-    def __iter__(self) -> Order:
-        return self
+    def __iter__(self) -> Iterator[QuotaJob]:
+        return self._walk
 
     def skip_level(self) -> None:
-        self.jobs = iter(())
+        self._skip = True
 
-    def __next__(self) -> QuotaJob:
-        while True:
-            job = next(self.jobs, None)
-            if job is not None:
-                return job
-            self.level += 1
-            if self.level >= len(self.levels):
-                raise StopIteration
-            users = self.d.pending.get(self.queue, {}).get(self.levels[self.level], {})
-            self.jobs = self._one_user(next(iter(users.values()))) if len(users) == 1 else self._users(users)
-
-    def _one_user(self, keys: list[tuple[int, str]]) -> Iterator[QuotaJob]:
-        i = 0
-        while i < len(keys):
-            job_id = keys[i][1]
-            yield self.d.jobs[job_id]
-            if i < len(keys) and keys[i][1] == job_id:
-                i += 1
+    def _jobs(self) -> Iterator[QuotaJob]:
+        jobs = self.d.jobs
+        for level in self.levels:
+            self._skip = False
+            users = self.d.pending.get(self.queue, {}).get(level, {})
+            if len(users) != 1:
+                yield from self._users(users)
+                continue
+            keys = next(iter(users.values()))
+            i = 0
+            while i < len(keys):
+                job_id = keys[i][1]
+                yield jobs[job_id]
+                if self._skip:
+                    break
+                if i < len(keys) and keys[i][1] == job_id:
+                    i += 1
 
     def _users(self, users: dict[str, list[tuple[int, str]]]) -> Iterator[QuotaJob]:
         """Round robin by GPUs held: the user holding least goes next, counting what this pass gives."""
@@ -752,6 +751,8 @@ class Order:
                 continue
             job = self.d.jobs[keys[i][1]]
             yield job
+            if self._skip:
+                return
             if i < len(keys) and keys[i][1] == job.job_id:
                 i += 1  # it stays waiting: the user holds no more than before
             else:
