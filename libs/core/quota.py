@@ -103,6 +103,10 @@ class Pass:
     within: dict[tuple[str, int, tuple[str, ...]], bool] = field(default_factory=dict)
     over_budget: dict[str, bool] = field(default_factory=dict)
     fair: dict[str, tuple[float, ...]] = field(default_factory=dict)  # queue -> its fair-share key
+    # (queue, demand, flavors) -> _quota_reason's answer
+    reasons: dict[tuple[str, int, tuple[str, ...]], tuple[str, str, int]] = field(default_factory=dict)
+    # (queue, priority) -> the smallest demand waiting at that level
+    smallest: dict[tuple[str, int], int] = field(default_factory=dict)
     # Flavors -> do they share a model with the starving job's? (Usage does not change that.)
     shares: dict[tuple[str, ...], bool] = field(default_factory=dict)
 
@@ -111,6 +115,8 @@ class Pass:
         self.within.clear()
         self.over_budget.clear()
         self.fair.clear()
+        self.reasons.clear()
+        self.smallest.clear()
 
 
 class QuotaDecider:
@@ -502,10 +508,13 @@ class QuotaDecider:
             if failed is not None and job.demand >= failed:
                 if self.deferred.get(job.job_id) in WAITING_FOR_QUOTA:
                     level = (queue, job.priority)
-                    if failed <= min(self.demands[level]) and len(self.models[level]) == 1:
+                    smallest = p.smallest.get(level)
+                    if smallest is None:
+                        smallest = p.smallest[level] = min(self.demands[level])
+                    if failed <= smallest and len(self.models[level]) == 1:
                         order.skip_level()  # nothing of this level is smaller or asks for other models
                     continue
-                self._defer(job, *self._quota_reason(job), out)
+                self._defer(job, *self._quota_reason(job, p), out)
                 continue
             return job
         return None
@@ -523,10 +532,16 @@ class QuotaDecider:
             return True
         flavors = self._flavors(job)
         key = (job.queue, job.demand, flavors)
-        if key not in p.within:
-            p.within[key] = not self._over_budget(job.queue, p) and any(
-                self.book.nominal_left(job.queue, f) >= job.demand for f in flavors)
-        return p.within[key]
+        within = p.within.get(key)
+        if within is None:
+            within = False
+            if not self._over_budget(job.queue, p):
+                for f in flavors:
+                    if self.book.nominal_left(job.queue, f) >= job.demand:
+                        within = True
+                        break
+            p.within[key] = within
+        return within
 
     def _try_reserve(self, job: QuotaJob, p: Pass, out: Decisions) -> bool:
         queue = self.policy.queues.get(job.queue)
@@ -574,7 +589,7 @@ class QuotaDecider:
         # Every quota reason waits for quota: a job told it waits for quota is not told again (see _defer).
         tell = self.deferred.get(job.job_id) not in WAITING_FOR_QUOTA
         if tell:
-            code, message, shortfall = self._quota_reason(job)
+            code, message, shortfall = self._quota_reason(job, p)
             if p.no_borrowing and code == COHORT_QUOTA_EXHAUSTED:
                 message = ("a queue under its nominal quota waits for quota lent out first; no queue borrows more "
                            "meanwhile")
@@ -591,8 +606,18 @@ class QuotaDecider:
             p.over_budget[queue] = left is not None and left <= 0
         return p.over_budget[queue]
 
-    def _quota_reason(self, job: QuotaJob) -> tuple[str, str, int]:
-        """Why the job's queue cannot take it now (by its first flavor), with the shortfall."""
+    def _quota_reason(self, job: QuotaJob, p: Pass | None = None) -> tuple[str, str, int]:
+        """Why the job's queue cannot take it now (by its first flavor), with the shortfall. Within a pass
+        (`p`) the answer is kept until the next reservation."""
+        if p is None:
+            return self._reason(job)
+        key = (job.queue, job.demand, self._flavors(job))
+        reason = p.reasons.get(key)
+        if reason is None:
+            reason = p.reasons[key] = self._reason(job)
+        return reason
+
+    def _reason(self, job: QuotaJob) -> tuple[str, str, int]:
         flavors = self.book.flavors_for(job.queue, job.spec) or [ANY]
         flavor = flavors[0]
         lim = self.book.limits.get(job.queue, {}).get(flavor)
