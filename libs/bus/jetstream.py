@@ -10,7 +10,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -37,6 +38,36 @@ DEFAULT_STREAM = "GPUSCHED"
 DUPLICATE_WINDOW_S = 600.0
 
 
+DEFAULT_INBOX = "_INBOX"
+
+
+def inbox_prefix(user: str) -> str:
+    """Where a user's replies arrive: `_INBOX.<user>`, so that its NATS permissions can let it subscribe to
+    its own replies only (libs/bus/permissions.py renders the same rule), not to every client's."""
+    return f"{DEFAULT_INBOX}.{user}" if user else DEFAULT_INBOX
+
+
+@dataclass(frozen=True, slots=True)
+class NatsAuth:
+    """Who a process is on the bus: a user and password (the server's config grants each user its own
+    subjects) or a credentials file (user JWT and nkey seed). The password never appears in a repr."""
+
+    user: str = ""
+    password: str = field(default="", repr=False)
+    creds_file: str = ""
+
+    def __post_init__(self) -> None:
+        if self.creds_file and self.user:
+            raise ValueError("NATS credentials: give a user and password or a creds file, not both")
+        if not self.creds_file and not self.user:
+            raise ValueError("NATS credentials: a user (with its password) or a creds file")
+
+    def connect_options(self) -> dict[str, Any]:
+        if self.creds_file:
+            return {"user_credentials": self.creds_file}
+        return {"user": self.user, "password": self.password, "inbox_prefix": inbox_prefix(self.user)}
+
+
 @dataclass(frozen=True, slots=True)
 class BusConfig:
     url: str = "nats://127.0.0.1:4222"
@@ -45,6 +76,8 @@ class BusConfig:
     # (or a test) on the same server uses another stream and prefix.
     subject_prefix: str = SUBJECT_PREFIX
     replicas: int = 1
+    # None: connect without credentials (a server without authorization, e.g. `gpusched up`'s own).
+    auth: NatsAuth | None = None
 
     @property
     def dlq_stream(self) -> str:
@@ -61,9 +94,10 @@ class Bus:
 
     @classmethod
     async def connect(cls, config: BusConfig, name: str = "gpusched") -> Bus:
+        auth = config.auth.connect_options() if config.auth is not None else {}
         nc = await nats.connect(
             config.url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-            connect_timeout=5, allow_reconnect=True,
+            connect_timeout=5, allow_reconnect=True, error_cb=_log_nats_error, **auth,
         )
         bus = cls(nc, config)
         await bus.ensure_streams()
@@ -222,6 +256,15 @@ class Consumer:
             await self.sub.unsubscribe()
         except Exception:  # closing a reader whose server went away is not an error worth raising
             log.debug("unsubscribe failed", exc_info=True)
+
+
+async def _log_nats_error(err: Exception) -> None:
+    # The server refuses a subject this user may not use with an asynchronous -ERR, and the request that
+    # used it then only times out: the log line naming the subject is the operator's only clue.
+    if "permissions violation" in str(err).lower():
+        log.error("NATS refused it: %s; not in this user's permissions (infra/nats/README.md)", err)
+    else:
+        log.error("NATS: %s", err)
 
 
 def _with_msg_id(event: EventBase, extra: Mapping[str, str] | None) -> dict[str, str]:

@@ -55,9 +55,11 @@ def audit_key_file(data: Path) -> Path:
 
 def start_platform(data: Path, cluster: Path, policy: Path, api_port: int,
                    extra_env: dict[str, str] | None = None,
-                   own_servers: bool = False) -> tuple[Supervisor, list[EmbeddedServer], dict[str, str]]:
+                   own_servers: bool = False, service_env: dict[str, dict[str, str]] | None = None,
+                   ) -> tuple[Supervisor, list[EmbeddedServer], dict[str, str]]:
     """The six services; on NATS_URL / REDIS_URL when set, else (or with `own_servers`, e.g. a benchmark
-    that must start from an empty log) on servers of their own under `data`."""
+    that must start from an empty log) on servers of their own under `data`. `service_env` adds variables
+    for one service only (e.g. its NATS credentials)."""
     servers: list[EmbeddedServer] = []
     nats_url = None if own_servers else os.environ.get("NATS_URL")
     redis_url = None if own_servers else os.environ.get("REDIS_URL")
@@ -70,7 +72,7 @@ def start_platform(data: Path, cluster: Path, policy: Path, api_port: int,
     env = {"NATS_URL": nats_url, "REDIS_URL": redis_url, "GPUSCHED_CLUSTER": str(cluster.resolve()),
            "GPUSCHED_POLICY": str(policy.resolve()), "GPUSCHED_AUDIT_KEY_FILE": str(audit_key_file(data)),
            **(extra_env or {})}
-    sup = Supervisor(env=env, ports=_ports(api_port), log_dir=data / "logs")
+    sup = Supervisor(env=env, ports=_ports(api_port), log_dir=data / "logs", service_env=service_env or {})
     try:
         sup.start()
         sup.wait_ready()

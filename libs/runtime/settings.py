@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from libs.bus.jetstream import BusConfig
+from libs.bus.jetstream import BusConfig, NatsAuth
 
 # Default HTTP port of each service; admission's is the public API.
 DEFAULT_PORTS = {
@@ -30,6 +30,18 @@ def _secret(env: os._Environ[str] | dict[str, str], name: str) -> bytes | None:
         return env[name].encode()
     path = env.get(f"{name}_FILE")
     return Path(path).read_bytes().strip() if path else None
+
+
+def nats_auth_from_env(env: os._Environ[str] | dict[str, str]) -> NatsAuth | None:
+    """The process's NATS identity: NATS_CREDS (a credentials file), or NATS_USER with NATS_PASSWORD or
+    NATS_PASSWORD_FILE; None without either (a server without authorization)."""
+    creds, user = env.get("NATS_CREDS", ""), env.get("NATS_USER", "")
+    password = _secret(env, "NATS_PASSWORD")
+    if not creds and not user:
+        if password is not None:
+            raise ValueError("NATS_PASSWORD is set but NATS_USER is not")
+        return None
+    return NatsAuth(user=user, password=password.decode() if password is not None else "", creds_file=creds)
 
 
 def _env_port(service: str) -> int:
@@ -59,10 +71,14 @@ class Settings:
     # Where traces go: "none" (off, no cost), "console" (stdout) or "otlp" (OTLP over HTTP to
     # OTEL_EXPORTER_OTLP_ENDPOINT).
     trace_exporter: str = "none"
+    # Who this process is on the bus (never logged). Read from the environment even when the settings are
+    # built field by field (the node agent builds its own), so a process always connects as its user.
+    nats_auth: NatsAuth | None = field(default_factory=lambda: nats_auth_from_env(os.environ), repr=False)
 
     @property
     def bus(self) -> BusConfig:
-        return BusConfig(url=self.nats_url, stream=self.stream, subject_prefix=self.subject_prefix)
+        return BusConfig(url=self.nats_url, stream=self.stream, subject_prefix=self.subject_prefix,
+                         auth=self.nats_auth)
 
     @classmethod
     def from_env(cls, service: str) -> Settings:
@@ -84,4 +100,5 @@ class Settings:
             audit_key=_secret(env, "GPUSCHED_AUDIT_KEY"),
             audit_every=int(env.get("GPUSCHED_AUDIT_EVERY", cls.audit_every)),
             trace_exporter=(env.get("GPUSCHED_TRACE_EXPORTER") or cls.trace_exporter).strip().lower(),
+            nats_auth=nats_auth_from_env(env),
         )

@@ -46,11 +46,14 @@ class Supervisor:
     ports: dict[str, int]
     log_dir: Path
     children: dict[str, Child] = field(default_factory=dict)
+    # Per service, variables only it gets (on top of `env`): its own NATS user and password, for one.
+    service_env: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def start(self, services: tuple[str, ...] = SERVICES) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for name in services:
-            env = {**os.environ, **self.env, f"GPUSCHED_{name.upper().replace('-', '_')}_PORT": str(self.ports[name])}
+            env = {**os.environ, **self.env, **self.service_env.get(name, {}),
+                   f"GPUSCHED_{name.upper().replace('-', '_')}_PORT": str(self.ports[name])}
             child = Child(name, self.ports[name], self.log_dir / f"{name}.log", env)
             child.start()
             self.children[name] = child
