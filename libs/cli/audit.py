@@ -19,14 +19,17 @@ from libs.audit.replay import replay
 from libs.audit.timeline import timeline
 from libs.audit.verify import verify
 from libs.bus.jetstream import Bus, BusConfig
+from libs.runtime.settings import nats_auth_from_env
 
 console = Console(stderr=True)
 
 
 def _bus_config() -> BusConfig:
+    """The live log's server, stream and prefix, with NATS credentials when set (an auditor's user, say)."""
     return BusConfig(url=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
                      stream=os.environ.get("GPUSCHED_STREAM", "GPUSCHED"),
-                     subject_prefix=os.environ.get("GPUSCHED_SUBJECT_PREFIX", "gs"))
+                     subject_prefix=os.environ.get("GPUSCHED_SUBJECT_PREFIX", "gs"),
+                     auth=nats_auth_from_env(os.environ))
 
 
 async def _read_live() -> list[tuple[int, bytes]]:
