@@ -65,6 +65,7 @@ RETRY_BACKOFF = "retry_backoff"
 NOMINATION_TTL_S = 120.0
 PREEMPTION_MAY_HELP = frozenset({QUEUE_QUOTA_EXHAUSTED, COHORT_QUOTA_EXHAUSTED, QUOTA_LENT_OUT})
 WAITING_FOR_QUOTA = PREEMPTION_MAY_HELP | {BEHIND_HIGHER_PRIORITY}
+WAITING_OR_HELD = WAITING_FOR_QUOTA | {HELD_FOR_STARVING_JOB}
 BUDGET_WAITS = frozenset({BUDGET_SPENT, OVER_BUDGET_WAITS})
 
 
@@ -134,6 +135,7 @@ class QuotaDecider:
         self.models: dict[tuple[str, int], dict[tuple[str, ...], int]] = {}
         # Pending jobs by how long they have waited: (since, arrival, job id), for starvation.
         self.by_wait: list[tuple[float, int, str]] = []
+        self.by_wait_in: dict[str, list[tuple[float, int, str]]] = {}  # the same, per queue
         self.reserved: dict[str, dict[str, None]] = {}  # queue -> jobs holding quota
         self.queue_used: dict[str, int] = {}
         self.user_used: dict[tuple[str, str], int] = {}
@@ -171,6 +173,7 @@ class QuotaDecider:
         models = self.models.setdefault((job.queue, job.priority), {})
         models[job.spec.gpu_models] = models.get(job.spec.gpu_models, 0) + 1
         bisect.insort(self.by_wait, (job.since, job.arrival, job.job_id))
+        bisect.insort(self.by_wait_in.setdefault(job.queue, []), (job.since, job.arrival, job.job_id))
 
     def _dequeue(self, job: QuotaJob) -> None:
         levels = self.pending[job.queue]
@@ -194,9 +197,10 @@ class QuotaDecider:
             if not models:
                 del self.models[(job.queue, job.priority)]
         key = (job.since, job.arrival, job.job_id)
-        i = bisect.bisect_left(self.by_wait, key)
-        if i < len(self.by_wait) and self.by_wait[i] == key:
-            self.by_wait.pop(i)
+        for waits in (self.by_wait, self.by_wait_in.get(job.queue, [])):
+            i = bisect.bisect_left(waits, key)
+            if i < len(waits) and waits[i] == key:
+                waits.pop(i)
 
     def _rerank(self) -> None:
         """Priority classes changed: every job takes its class's new value, waiting ones their new place."""
@@ -471,7 +475,7 @@ class QuotaDecider:
         the room its cohort left it: that quota is lent out, so no borrower of the flavor grows this pass,
         whichever of the queue's jobs comes first in its own order."""
         for q in group:
-            smallest = min((min(d) for (queue, _), d in self.demands.items() if queue == q), default=None)
+            smallest = min((min(self.demands[(q, prio)]) for prio in self.pending.get(q, {})), default=None)
             if smallest is None or not self.book.governed(q) or self._over_budget(q, p):
                 continue
             for f in self.book.limits[q]:
@@ -668,14 +672,14 @@ class QuotaDecider:
         limit = self.policy.settings.starvation_after_s
         if limit is None or not self.by_wait or p.now - self.by_wait[0][0] < limit:
             return
-        members = set(group)
+        # The group's waiting jobs, longest waiting first (as in by_wait).
+        waits = [w for q in group if (w := self.by_wait_in.get(q))]
         oldest: QuotaJob | None = None
-        for since, _, job_id in self.by_wait:
+        for since, _, job_id in waits[0] if len(waits) == 1 else heapq.merge(*waits):
             if p.now - since < limit:
                 return  # nobody in the group has waited long enough
             job = self.jobs[job_id]
-            if (job.queue in members and self.deferred.get(job_id) in WAITING_FOR_QUOTA | {HELD_FOR_STARVING_JOB}
-                    and self._could_ever_fit(job)):
+            if self.deferred.get(job_id) in WAITING_OR_HELD and self._could_ever_fit(job):
                 oldest = job
                 break
         if oldest is None:
