@@ -39,7 +39,11 @@ def cmd_submit(args: argparse.Namespace) -> None:
     spec: dict[str, Any] = {"team": args.team, "queue": args.queue, "gpus": args.gpus, "replicas": args.replicas,
                             "priority": args.priority}
     optional = {"gpu_milli": args.gpu_milli, "duration_s": args.duration, "user": args.user, "name": args.name,
-                "idempotency_key": args.key, "cpu_milli": args.cpu_milli, "memory_mib": args.memory_mib}
+                "idempotency_key": args.key, "cpu_milli": args.cpu_milli, "memory_mib": args.memory_mib,
+                "project": args.project, "checkpoint_interval_s": args.checkpoint_interval}
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if command:
+        spec["command"] = command
     spec.update({k: v for k, v in optional.items() if v is not None})
     if args.gpu_milli:
         spec["gpus"] = 1
@@ -128,6 +132,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--user")
     p.add_argument("--name")
     p.add_argument("--key", help="idempotency key: the same key returns the same job")
+    p.add_argument("--project", help="what the GPU time is charged to inside the team")
+    p.add_argument("--checkpoint-interval", type=float, help="seconds between the job's own checkpoints")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="after --: the command node agents run (e.g. -- python train.py --epochs 3)")
     p.set_defaults(func=cmd_submit)
     p = sub.add_parser("jobs", help="list jobs")
     p.add_argument("--queue")

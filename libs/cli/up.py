@@ -8,8 +8,10 @@ import json
 import os
 import secrets
 import signal
+import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -84,15 +86,59 @@ def start_platform(data: Path, cluster: Path, policy: Path, api_port: int,
     return sup, servers, env
 
 
+@dataclass
+class SimAgents:
+    """Node agents with the simulated backend and the process executor, for `gpusched up --agents N`: each
+    a simulated GPU server whose jobs run as real processes. Restarted when they die, like the services."""
+
+    env: dict[str, str]
+    data: Path
+    gpus: int
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, count: int) -> None:
+        for i in range(count):
+            self._spawn(f"agent-{i}")
+
+    def _spawn(self, node: str) -> None:
+        (self.data / "logs").mkdir(parents=True, exist_ok=True)
+        with open(self.data / "logs" / f"{node}.log", "ab") as log:
+            self.procs[node] = subprocess.Popen(
+                [sys.executable, "-m", "services.agent", "--node", node, "--backend", "sim", "--gpus", str(self.gpus),
+                 "--port", str(free_port()), "--workdir", str(self.data / "agents" / node)],
+                env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT)
+
+    def restart_dead(self) -> list[str]:
+        dead = [node for node, proc in self.procs.items() if proc.poll() is not None]
+        for node in dead:
+            self._spawn(node)
+        return dead
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+
+
 def cmd_up(args: argparse.Namespace) -> None:
     data = Path(args.data)
+    extra = {"GPUSCHED_NODE_BACKEND": "agents"} if args.agents else {}
+    agents: SimAgents | None = None
     with console.status("starting NATS, Redis and the six services...") as status:
-        sup, servers, env = start_platform(data, Path(args.cluster), Path(args.policy), args.port)
+        sup, servers, env = start_platform(data, Path(args.cluster), Path(args.policy), args.port, extra_env=extra)
         api = f"http://127.0.0.1:{sup.ports['admission']}"
-        status.update(f"waiting for the cluster to register at {api} ...")
         try:
+            if args.agents:
+                status.update(f"starting {args.agents} node agent(s) with {args.agent_gpus} simulated GPUs each ...")
+                agents = SimAgents(env, data, args.agent_gpus)
+                agents.start(args.agents)
+            status.update(f"waiting for the cluster to register at {api} ...")
             n_nodes, n_queues = _wait_for_cluster(Client(api))
         except BaseException:
+            if agents is not None:
+                agents.stop()
             sup.stop()
             for s in servers:
                 s.stop()
@@ -107,7 +153,8 @@ def cmd_up(args: argparse.Namespace) -> None:
         table.add_row(f"{name} metrics", f"http://127.0.0.1:{sup.ports[name]}/metrics")
     table.add_row("logs", str((data / "logs").resolve()))
     table.add_row("audit key", f"{env['GPUSCHED_AUDIT_KEY_FILE']} (gpusched audit verify --key-file ...)")
-    table.add_row("cluster", f"{n_nodes} nodes from {args.cluster}; {n_queues} queues from {args.policy}")
+    where = f"{args.agents} node agent(s), jobs run as processes" if args.agents else f"from {args.cluster}"
+    table.add_row("cluster", f"{n_nodes} nodes {where}; {n_queues} queues from {args.policy}")
     console.print(table)
     console.print("Ctrl-C stops everything.")
     (data / "endpoints.json").write_text(json.dumps({"api": api, **env, "ports": sup.ports}, indent=2))
@@ -122,11 +169,13 @@ def cmd_up(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGINT, _stop)
     try:
         while not stopping:
-            for name in sup.restart_dead():
+            for name in [*sup.restart_dead(), *(agents.restart_dead() if agents else [])]:
                 console.print(f"[yellow]{name} died; restarted (it resumes from the log)[/yellow]")
             time.sleep(0.5)
     finally:
         console.print("stopping...")
+        if agents is not None:
+            agents.stop()
         sup.stop()
         for s in reversed(servers):
             s.stop()
@@ -139,6 +188,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", default=str(DEFAULT_POLICY), help="queues and priority classes (TOML)")
     p.add_argument("--data", default=".data", help="folder for NATS data and logs")
     p.add_argument("--port", type=int, default=8080, help="API port (another free one if taken)")
+    p.add_argument("--agents", type=int, default=0,
+                   help="instead of the simulated cluster: N node agents (simulated GPUs, jobs run as processes)")
+    p.add_argument("--agent-gpus", type=int, default=8, help="GPUs of each agent's simulated server")
     p.set_defaults(func=cmd_up)
 
 

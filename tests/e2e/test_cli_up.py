@@ -67,3 +67,33 @@ def test_up_submit_jobs_and_ctrl_c(tmp_path: Path, nats_server: EmbeddedServer, 
     assert up.returncode == 0, output
     assert "stopped." in output
     assert not port_open(port)  # the services went with it
+
+
+def test_up_with_node_agents_runs_a_command_and_shows_its_log(tmp_path: Path, nats_server: EmbeddedServer,
+                                                              redis_server: EmbeddedServer, stream_name: str) -> None:
+    env = {**os.environ, "NATS_URL": nats_server.url, "REDIS_URL": redis_server.url,
+           "GPUSCHED_STREAM": stream_name, "GPUSCHED_SUBJECT_PREFIX": stream_name.lower()}
+    up = subprocess.Popen([*GPUSCHED, "up", "--data", str(tmp_path), "--port", str(free_port()), "--agents", "2",
+                           "--agent-gpus", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 150
+        endpoints = tmp_path / "endpoints.json"
+        while not endpoints.exists():
+            assert up.poll() is None, up.stdout.read() if up.stdout else ""
+            assert time.monotonic() < deadline, "gpusched up --agents did not come up"
+            time.sleep(0.2)
+        cli_env = {**env, "GPUSCHED_API": json.loads(endpoints.read_text())["api"]}
+        nodes = json.loads(run("nodes", "--json", env=cli_env))
+        assert sorted(n["name"] for n in nodes) == ["agent-0", "agent-1"]
+        created = json.loads(run("submit", "--team", "demo", "--queue", "demo", "--gpus", "2", "--json", "--",
+                                 sys.executable, "-c", "import os; print('GPUs', os.environ['CUDA_VISIBLE_DEVICES'])",
+                                 env=cli_env))
+        deadline = time.monotonic() + 60
+        while json.loads(run("job", created["id"], "--json", env=cli_env))["state"] != "succeeded":
+            assert time.monotonic() < deadline, "the command never succeeded"
+            time.sleep(0.2)
+        assert "GPUs SIM-agent-" in run("logs", created["id"], env=cli_env)
+    finally:
+        up.send_signal(signal.SIGINT)
+        output, _ = up.communicate(timeout=30)
+    assert up.returncode == 0, output
