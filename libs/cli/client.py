@@ -1,4 +1,8 @@
-"""A small synchronous client of the gpusched API (also the Python client for producers)."""
+"""A small synchronous client of the gpusched API (also the Python client for producers).
+
+It authenticates with the bearer token in GPUSCHED_TOKEN, or in the file GPUSCHED_TOKEN_FILE names (so the
+token need not sit in the environment); with neither, it sends none (an open, development-mode API).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 DEFAULT_API = "http://127.0.0.1:8080"
@@ -18,15 +23,38 @@ class ApiError(Exception):
         self.status, self.code, self.message = status, code, message
 
 
+def token_from_env() -> str | None:
+    """GPUSCHED_TOKEN, else the first line of the file GPUSCHED_TOKEN_FILE names, else None."""
+    token = os.environ.get("GPUSCHED_TOKEN", "").strip()
+    if token:
+        return token
+    path = os.environ.get("GPUSCHED_TOKEN_FILE", "").strip()
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError as err:
+        raise ApiError(0, "token_file", f"cannot read GPUSCHED_TOKEN_FILE {path}: {err.strerror}") from None
+
+
 class Client:
-    def __init__(self, base_url: str | None = None, timeout: float = 10.0) -> None:
+    def __init__(self, base_url: str | None = None, timeout: float = 10.0, token: str | None = None) -> None:
         self.base = (base_url or os.environ.get("GPUSCHED_API", DEFAULT_API)).rstrip("/")
         self.timeout = timeout
+        self._token = token if token is not None else token_from_env()
+
+    def __repr__(self) -> str:  # never the token: clients end up in tracebacks and logs
+        return f"Client({self.base!r}, token={'set' if self._token else 'none'})"
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        return headers
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=self._headers())
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return json.loads(resp.read() or b"null")

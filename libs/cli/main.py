@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-from libs.cli import audit, bench, jobs, nats_config, nodes, queues, report, sim, up
+from libs.cli import audit, bench, jobs, nats_config, nodes, queues, report, sim, tokens, up
 from libs.cli.client import ApiError
 from libs.runtime.settings import SERVICES
 from libs.runtime.supervisor import MODULES
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_command(sub)
     bench.add_command(sub)
     nats_config.add_command(sub)
+    tokens.add_command(sub)
     for action in sub.choices.values():
         if not any(a.dest == "json" for a in action._actions):
             action.add_argument("--json", action="store_true", help="machine-readable output")

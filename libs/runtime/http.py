@@ -21,8 +21,30 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     return web.Response(body=msgspec.json.encode(body), status=status, content_type=JSON, headers=headers)
 
 
-def error_response(status: int, code: str, message: str) -> web.Response:
-    return json_response(ApiError(code=code, message=message), status=status)
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return json_response(ApiError(code=code, message=message), status=status, headers=headers)
+
+
+class HttpError(Exception):
+    """Raised anywhere below a handler (a middleware, a permission check) to answer with an ApiError: the
+    caller learns the code and message, plus any headers the status calls for (WWW-Authenticate,
+    Retry-After), without every handler threading a response back."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message, self.headers = status, code, message, headers
+
+    def response(self) -> web.Response:
+        return error_response(self.status, self.code, self.message, self.headers)
+
+
+def check_query(request: web.Request, allowed: frozenset[str]) -> None:
+    """400 for a query parameter the operation does not take: a typo (`?stat=running`) would otherwise be
+    ignored silently and answer as if no filter had been asked for."""
+    unknown = sorted(set(request.query) - allowed)
+    if unknown:
+        raise HttpError(400, "unknown_parameter", f"unknown query parameter(s) {', '.join(map(repr, unknown))}; "
+                                                  f"this operation takes {', '.join(sorted(allowed)) or 'none'}")
 
 
 _CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
@@ -35,10 +57,15 @@ async def json_errors(request: web.Request, handler: Callable[[web.Request], Awa
     """Every error leaves as JSON with a code and a message, including aiohttp's own (404, 405, 413)."""
     try:
         return await handler(request)
+    except HttpError as err:
+        return err.response()
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(exc.status, _CODES.get(exc.status, f"http_{exc.status}"), exc.reason or exc.text or "")
+        # Allow (on a 405) tells the caller which methods the path does take.
+        kept = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        return error_response(exc.status, _CODES.get(exc.status, f"http_{exc.status}"), exc.reason or exc.text or "",
+                              kept or None)
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(500, "internal_error", "the server failed; the request was not applied")

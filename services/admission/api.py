@@ -19,14 +19,25 @@ from contracts.views import JOB_STATES, JobCreated, JobView
 from libs.bus.jetstream import Bus
 from libs.core.admission import AdmissionDecider, job_id_for_key, validate
 from libs.core.decider import derived_id
-from libs.runtime.http import error_response, json_response
+from libs.runtime.http import HttpError, check_query, error_response, json_response
 from libs.telemetry.tracing import ServiceTracing, current_tracing
 from libs.views.explain import explain
 from libs.views.store import ViewStore
+from services.admission.auth import (
+    CLUSTER_READERS,
+    JOB_READERS,
+    JOB_WRITERS,
+    Principal,
+    require,
+    require_team,
+)
 from services.admission.openapi import openapi_document
 
 API = "api"
 _spec_decoder = msgspec.json.Decoder(JobSpec)
+_LIST_PARAMETERS = frozenset({"queue", "state", "team", "limit", "offset"})
+# Redis indexes sorted sets with signed 64-bit integers; an offset beyond this would be a server error.
+_MAX_OFFSET = 1 << 60
 
 
 class JobsApi:
@@ -54,12 +65,14 @@ class JobsApi:
         app.router.add_get("/openapi.json", self.openapi)
 
     async def submit(self, request: web.Request) -> web.Response:
+        who = require(request, JOB_WRITERS, "submitting a job")
         try:
             spec = _spec_decoder.decode(await request.read())
         except msgspec.ValidationError as err:
             return error_response(400, "invalid_request", str(err))
         except msgspec.DecodeError as err:
             return error_response(400, "malformed_json", str(err))
+        require_team(who, spec.team, "submit jobs")
         if spec.idempotency_key:
             job_id = job_id_for_key(spec.team, spec.idempotency_key)
             if job_id in self.decider.jobs:
@@ -76,23 +89,35 @@ class JobsApi:
         return json_response(JobCreated(id=job_id, state="pending"), status=201,
                              headers={"Location": f"/v1/jobs/{job_id}"})
 
-    async def get_job(self, request: web.Request) -> web.Response:
-        job_id = request.match_info["job_id"]
+    def _team_of(self, job_id: str, view: JobView) -> str:
+        """The job's team: from its view, else from admission's own fold ("" when neither knows it yet)."""
+        return view.team or self.decider.job_team.get(job_id, "")
+
+    def _decided(self, job_id: str) -> JobView | None:
+        """A job decided but not yet projected into the read model, from admission's own state."""
+        state = self.decider.jobs.get(job_id)
+        if state is None:
+            return None
+        return JobView(id=job_id, state="rejected" if state == "rejected" else "pending",
+                       team=self.decider.job_team.get(job_id, ""), queue="", phase=state)
+
+    async def _job(self, who: Principal, job_id: str, projected_only: bool = False) -> JobView:
+        """The job as this caller may see it. Another team's job is 404 exactly like a missing one, so that a
+        submitter cannot even learn which ids are taken."""
         view = await self.store.job(job_id)
-        if view is None:
-            state = self.decider.jobs.get(job_id)
-            if state is None:
-                return error_response(404, "unknown_job", f"job {job_id} not found")
-            # Decided, not yet projected: answer from admission's own state.
-            view = JobView(id=job_id, state="rejected" if state == "rejected" else "pending", team="", queue="",
-                           phase=state)
-        return json_response(view)
+        if view is None and not projected_only:
+            view = self._decided(job_id)
+        if view is None or not who.sees(self._team_of(job_id, view)):
+            raise HttpError(404, "unknown_job", f"job {job_id} not found")
+        return view
+
+    async def get_job(self, request: web.Request) -> web.Response:
+        who = require(request, JOB_READERS, "reading jobs")
+        return json_response(await self._job(who, request.match_info["job_id"]))
 
     async def explain(self, request: web.Request) -> web.Response:
-        job_id = request.match_info["job_id"]
-        view = await self.store.job(job_id)
-        if view is None:
-            return error_response(404, "unknown_job", f"job {job_id} not found")
+        who = require(request, JOB_READERS, "explaining a job")
+        view = await self._job(who, request.match_info["job_id"], projected_only=True)
         queue = next((q for q in await self.store.queues() if q.name == view.queue), None)
         cluster_running = await self.store.jobs(state="running", limit=100_000)
         queue_running = [j for j in cluster_running if j.queue == view.queue]
@@ -100,6 +125,8 @@ class JobsApi:
         return json_response(answer)
 
     async def list_jobs(self, request: web.Request) -> web.Response:
+        who = require(request, JOB_READERS, "listing jobs")
+        check_query(request, _LIST_PARAMETERS)
         q = request.query
         state = q.get("state", "")
         if state and state not in JOB_STATES:
@@ -111,17 +138,27 @@ class JobsApi:
             return error_response(400, "invalid_paging", "limit and offset must be integers")
         if limit < 0 or offset < 0:
             return error_response(400, "invalid_paging", "limit and offset must be >= 0")
-        views = await self.store.jobs(queue=q.get("queue", ""), state=state, team=q.get("team", ""),
+        if offset > _MAX_OFFSET:  # past any list there can be (and past what Redis can index): nothing
+            return json_response([])
+        team = q.get("team", "")
+        if who.team_scope is not None:  # a submitter's list holds its own team's jobs only
+            if team not in ("", who.team_scope):
+                return json_response([])
+            team = who.team_scope
+        views = await self.store.jobs(queue=q.get("queue", ""), state=state, team=team,
                                       limit=min(limit, 100_000), offset=offset)
         return json_response(views)
 
     async def cancel(self, request: web.Request) -> web.Response:
+        who = require(request, JOB_WRITERS, "cancelling a job")
         job_id = request.match_info["job_id"]
-        refusal = self.decider.cancel_refusal(job_id, team="")
+        # A submitter's cancel names its team: the admission core refuses it for another team's job too.
+        team = who.team_scope or ""
+        refusal = self.decider.cancel_refusal(job_id, team=team)
         if refusal is not None:
             return error_response(404 if refusal.code == "unknown_job" else 409, refusal.code, refusal.message)
         command = CancelJob(id=derived_id(API, "cancel", job_id), ts=time.time(), source=API,
-                            correlation_id=job_id, job_id=job_id)
+                            correlation_id=job_id, job_id=job_id, team=team)
         await self._publish_traced(command, "cancel", job_id, request.headers)
         return json_response(JobCreated(id=job_id, state="cancelling"), status=202)
 
@@ -136,11 +173,13 @@ class JobsApi:
         with tracing.command(action, job_id, request_headers) as headers:
             await self.bus.publish([command], [headers])
 
-    async def nodes(self, _: web.Request) -> web.Response:
+    async def nodes(self, request: web.Request) -> web.Response:
+        require(request, CLUSTER_READERS, "reading nodes")
         return json_response(await self.store.nodes())
 
-    async def usage(self, _: web.Request) -> web.Response:
-        return json_response(await self.store.usage())
+    async def usage(self, request: web.Request) -> web.Response:
+        who = require(request, JOB_READERS, "reading usage")
+        return json_response([u for u in await self.store.usage() if who.sees(u.team)])
 
     async def openapi(self, _: web.Request) -> web.Response:
         return web.Response(body=self._openapi, content_type="application/json")

@@ -12,6 +12,7 @@ from libs.runtime.reactor import Reactor
 from libs.runtime.service import run_service
 from libs.runtime.settings import Settings
 from libs.views.store import ViewStore
+from services.admission import auth
 from services.admission.api import JobsApi
 from services.admission.nodes_api import NodesApi
 from services.admission.queues_api import QueuesApi
@@ -22,6 +23,7 @@ async def serve(settings: Settings) -> None:
     store = ViewStore.from_url(settings.redis_url, prefix=settings.stream.lower())
 
     def configure(app: web.Application, bus: Bus, reactor: Reactor) -> None:
+        auth.install(app)
         JobsApi(bus, decider, store).routes(app)
         QueuesApi(bus, decider, store).routes(app)
         NodesApi(bus, decider).routes(app)

@@ -19,7 +19,8 @@ from contracts.views import NodeAction
 from libs.bus.jetstream import Bus
 from libs.core.admission import AdmissionDecider
 from libs.core.decider import derived_id
-from libs.runtime.http import error_response, json_response
+from libs.runtime.http import check_query, error_response, json_response
+from services.admission.auth import JOB_READERS, OPERATOR_ONLY, principal, require
 
 OPERATOR = "operator"
 
@@ -36,6 +37,7 @@ class NodesApi:
         app.router.add_get("/v1/jobs/{job_id}/logs", self.logs)
 
     async def _action(self, request: web.Request) -> tuple[str, NodeAction] | web.Response:
+        require(request, OPERATOR_ONLY, "cordoning, draining or uncordoning a node")
         name = request.match_info["name"]
         if name not in self.decider.inventory.nodes:
             return error_response(404, "unknown_node", f"node {name!r} is not registered")
@@ -46,6 +48,9 @@ class NodesApi:
             return error_response(400, "invalid_request", str(err))
         except msgspec.DecodeError as err:
             return error_response(400, "malformed_json", str(err))
+        who = principal(request)
+        if who.authenticated:  # the log records who did it as authenticated, not as the body claims
+            action = msgspec.structs.replace(action, operator=who.name)
         return name, action
 
     async def _publish(self, kind: type[CordonNode] | type[UncordonNode], name: str, action: NodeAction,
@@ -71,7 +76,11 @@ class NodesApi:
         return parsed if isinstance(parsed, web.Response) else await self._publish(UncordonNode, *parsed)
 
     async def logs(self, request: web.Request) -> web.Response:
+        who = require(request, JOB_READERS, "reading job logs")
+        check_query(request, frozenset({"tail"}))
         job_id = request.match_info["job_id"]
+        if not who.sees(self.decider.job_team.get(job_id, "")):
+            return error_response(404, "unknown_job", f"job {job_id} not found")
         try:
             tail = int(request.query.get("tail", "65536"))
         except ValueError:

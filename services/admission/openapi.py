@@ -35,6 +35,38 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(c): _json(_ref("ApiError"), "error with a machine-readable code and a message") for c in codes}
 
 
+_WRITES = ("post", "put", "patch", "delete")
+_BEARER = {"bearerAuth": {"type": "http", "scheme": "bearer",
+                          "description": "a token from `gpusched token create`; without GPUSCHED_API_TOKENS_FILE the "
+                                         "API is open (development mode) and ignores it"}}
+
+
+def _header(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, "schema": schema}
+
+
+def _auth_errors(method: str) -> dict[str, Any]:
+    """What every operation may answer for want of a token, a role or patience (writes only)."""
+    out = {
+        "401": {**_errors(401)["401"], "description": "no valid bearer token",
+                "headers": {"WWW-Authenticate": _header("the Bearer challenge", {"type": "string"})}},
+        "403": {**_errors(403)["403"], "description": "the token's role (or team) may not do this"},
+    }
+    if method in _WRITES:
+        out["429"] = {**_errors(429)["429"], "description": "too many writes from this team; retry later",
+                      "headers": {"Retry-After": _header("seconds to wait", {"type": "integer", "minimum": 1})}}
+    return out
+
+
+def _secured(paths: dict[str, Any]) -> dict[str, Any]:
+    """Every operation under bearer authentication, with its 401/403 (and, for writes, 429) answers."""
+    for operations in paths.values():
+        for method, operation in operations.items():
+            operation["security"] = [{"bearerAuth": []}]
+            operation["responses"].update(_auth_errors(method))
+    return paths
+
+
 def openapi_document() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(_MODELS, ref_template="#/components/schemas/{name}")
     job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -46,7 +78,7 @@ def openapi_document() -> dict[str, Any]:
     return {
         "openapi": "3.0.3",
         "info": {"title": "gpusched API", "version": "1"},
-        "paths": {
+        "paths": _secured({
             "/v1/jobs": {
                 "post": {
                     "summary": "Submit a job",
@@ -101,6 +133,6 @@ def openapi_document() -> dict[str, Any]:
             },
             "/v1/usage": {"get": {"summary": "GPU-seconds per team",
                                   "responses": {"200": _json({"type": "array", "items": _ref("TeamUsage")}, "")}}},
-        },
-        "components": {"schemas": components},
+        }),
+        "components": {"schemas": components, "securitySchemes": _BEARER},
     }

@@ -16,6 +16,7 @@ from libs.core.decider import derived_id
 from libs.core.quotas import check_tree
 from libs.runtime.http import error_response, json_response
 from libs.views.store import ViewStore
+from services.admission.auth import CLUSTER_READERS, OPERATOR_ONLY, require
 
 OPERATOR = "operator"
 _queue_decoder = msgspec.json.Decoder(QueueSpec)
@@ -32,12 +33,14 @@ class QueuesApi:
         app.router.add_get("/v1/queues/{name}", self.get_queue)
         app.router.add_put("/v1/queues/{name}", self.put_queue)
 
-    async def list_queues(self, _: web.Request) -> web.Response:
+    async def list_queues(self, request: web.Request) -> web.Response:
+        require(request, CLUSTER_READERS, "reading queues")
         return json_response(await self.store.queues())
 
     async def get_queue(self, request: web.Request) -> web.Response:
         """The queue's read model; its spec from admission's own fold of the log, which is fresher than the
         projection (a queue just PUT is already there)."""
+        require(request, CLUSTER_READERS, "reading queues")
         name = request.match_info["name"]
         view = next((q for q in await self.store.queues() if q.name == name), None)
         spec = self.decider.policy.queues.get(name)
@@ -53,6 +56,7 @@ class QueuesApi:
     async def put_queue(self, request: web.Request) -> web.Response:
         """Create or replace one queue. 200 with the spec as logged; 422 with a code when the tree would
         break; the change reaches every service through the log."""
+        require(request, OPERATOR_ONLY, "changing a queue")
         name = request.match_info["name"]
         try:
             spec = _queue_decoder.decode(await request.read())
