@@ -34,6 +34,8 @@ from contracts.events import SUBJECT_PREFIX, EventBase, subject_for_type
 log = logging.getLogger(__name__)
 
 DEFAULT_STREAM = "GPUSCHED"
+# Bytes kept free for a dead letter's headers (reason up to 1,000 characters, subject, service, sequence).
+DEAD_LETTER_HEADER_ROOM = 4096
 # Long enough to cover a service restart that re-derives decisions it published before it crashed.
 DUPLICATE_WINDOW_S = 600.0
 
@@ -182,7 +184,15 @@ class Bus:
         }
         with contextlib.suppress(Exception):  # a message without JetStream metadata is dead-lettered too
             headers["Gpusched-Seq"] = str(msg.metadata.sequence.stream)
-        await self.js.publish(f"{self.config.subject_prefix}.dlq.{service}", msg.data, headers=headers)
+        data = msg.data
+        # The reason headers come on top of the message: one near the size limit would no longer fit, the server
+        # would refuse it, and the service would fail on the same message after every restart. The log keeps
+        # the whole message at Gpusched-Seq; the dead letter keeps its head.
+        room = self.nc.max_payload - DEAD_LETTER_HEADER_ROOM
+        if len(data) > room:
+            headers["Gpusched-Truncated-From"] = str(len(data))
+            data = data[:max(room, 0)]
+        await self.js.publish(f"{self.config.subject_prefix}.dlq.{service}", data, headers=headers)
 
     # --- consuming ---------------------------------------------------------------------------------
 
