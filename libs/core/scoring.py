@@ -16,6 +16,7 @@ the salt): deterministic. A constant salt keeps one order for every request, whi
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -35,6 +36,8 @@ Mask = npt.NDArray[np.bool_]
 _LOGIT = np.array([math.log(s / (100 - s)) for s in range(1, 100)])
 # Up to this many rows, the fragmentation model is updated in plain Python (numpy's cost per call dominates).
 FEW_ROWS = 4
+# Up to this many candidate nodes, FGD and packing score in plain Python, for the same reason.
+FEW_CANDIDATES = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +112,7 @@ class FragModel:
         self.models = [s.models for s, _ in gpu_shapes]
         self.arrays = arrays
         self.thresholds = _LOGIT * 1000.0 * self.w_total
+        self._thresholds = self.thresholds.tolist()
         # Constants of `update`, shaped once (and as Python lists, for updating a few rows).
         self._milli3 = self.milli[None, None, :]
         self._cpu_at_least_1 = np.maximum(self.cpu, 1)
@@ -269,6 +273,36 @@ class FragModel:
                              self.arrays.cpu[rows] - c, idle, True)
         return self.w_cpu * idle + g64 @ self.w
 
+    def after_one(self, row: int, v: int, k: int, m: int, c: int, multi: bool = False) -> int:
+        """`after` for one candidate (node `row`, free share `v`), in plain integers."""
+        idle = int(self.idle[row]) - k * m
+        acc, spare, fragp = self.acc[row].tolist(), self.spare[row].tolist(), self.fragp[row].tolist()
+        if multi:
+            fits, cpu = self.fits[row].tolist(), int(self.arrays.cpu[row]) - c
+        else:
+            slack = self.cpu_slack[row].tolist()
+        g = 0
+        left = v - m
+        for j, (milli, num, _, w, cpu_at_least_1) in enumerate(self._shapes):
+            # _per_share: the change of the too-small share, of the big-enough share, GPUs that stop fitting
+            dfrag = k * ((left if 0 < left < milli else 0) - (v if 0 < v < milli else 0))
+            lost = k if v >= milli > left else 0
+            small = fragp[j] + dfrag
+            if not multi:
+                g += (small if acc[j] and spare[j] >= lost and slack[j] >= c else idle) * w
+                continue
+            big = fits[j] + k * ((left if left >= milli else 0) - (v if v >= milli else 0))
+            count = spare[j] - lost + num
+            copies = max(min(count // num, cpu // cpu_at_least_1), 0) if acc[j] else 0
+            used = min(copies * num, count)
+            spill = big * (count - used) // max(count, 1) if count > 0 else 0
+            g += (small + spill) * w
+        return self.w_cpu * idle + g
+
+    def sigmoid_one(self, delta: int) -> int:
+        """sigmoid_score of one integer drop."""
+        return bisect.bisect_right(self._thresholds, float(delta))
+
     def sigmoid_score(self, delta: I64) -> I64:
         """The FGD paper's int(100*sigmoid(dF/1000)), from the scaled integer drop in fragmentation."""
         return np.searchsorted(self.thresholds, delta.astype(np.float64), side="right").astype(np.int64)
@@ -307,6 +341,12 @@ def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, 
     ok = feasible_rows(a, req, allowed) if feasible is None else feasible
     if not ok.any():
         return None
+    if policy in ("fgd", "packing") and frag is not None:
+        rows_ok = np.flatnonzero(ok)
+        if len(rows_ok) <= FEW_CANDIDATES:
+            choice = _choose_scored(a, frag, req, policy, salt, rows_ok.tolist())
+            if choice is not None:
+                return choice
     if req.shared:
         fit = (a.free >= req.milli) & (a.free_mem >= req.gpu_mem) & ok[:, None] & a.gpu_mask(req.models)
         rows, cols = np.nonzero(fit)
@@ -350,6 +390,52 @@ def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, 
     row = int(rows[best])
     if req.shared:
         return Choice(row, (int(cols[best]),))
+    if req.gpus == 0:
+        return Choice(row, ())
+    return Choice(row, _whole_gpus(a, row, req))
+
+
+def _choose_scored(a: ClusterArrays, frag: FragModel, req: Request, policy: str, salt: int, rows: list[int]
+                   ) -> Choice | None:
+    """`choose` under FGD or packing for a few candidate nodes, in plain integers (same keys, same order, same
+    answer). None when it cannot tell (a GPU with more than a whole share free): `choose` decides then."""
+    k, m = req.gpus, req.milli
+    candidates: list[tuple[int, int, int]] = []  # (row, column, free share), ordered as in `choose`
+    if req.shared:
+        models = a.gpu_mask(req.models)
+        for r in rows:
+            firsts: dict[int, int] = {}
+            for j, (v, mem, allowed) in enumerate(zip(a.free[r].tolist(), a.free_mem[r].tolist(),
+                                                      models[r].tolist(), strict=True)):
+                if v > FULL:
+                    return None
+                if v >= m and mem >= req.gpu_mem and allowed and v not in firsts:
+                    firsts[v] = j
+            candidates.extend((r, firsts[v], v) for v in sorted(firsts))
+    else:
+        share = FULL if req.gpus else 0
+        candidates = [(r, 0, share) for r in rows]
+    if not candidates:
+        return None
+    salted = _salted_rows(len(a.nodes), salt)
+    scored = [(frag.sigmoid_one(int(frag.frag[r]) - frag.after_one(r, v, k, m, req.cpu)), r, col, v)
+              for r, col, v in candidates]
+    if policy == "fgd" or not frag.multi_copy:
+        # lexsort keys (cols, salt, -score): the best score, then the salted order, then the column
+        best = min(scored, key=lambda c: (-c[0], int(salted[c[1]]), c[2]))
+    else:
+        top = max(c[0] for c in scored)
+        tied = [c for c in scored if c[0] == top]
+        if len(tied) == 1:
+            best = tied[0]
+        else:
+            # keys (cols, salt, gpu left, -multi-copy score)
+            best = min(tied, key=lambda c: (
+                -frag.sigmoid_one(int(frag.frag_multi[c[1]]) - frag.after_one(c[1], c[3], k, m, req.cpu, multi=True)),
+                c[3] - m, int(salted[c[1]]), c[2]))
+    row, col = best[1], best[2]
+    if req.shared:
+        return Choice(row, (col,))
     if req.gpus == 0:
         return Choice(row, ())
     return Choice(row, _whole_gpus(a, row, req))
