@@ -10,7 +10,7 @@ import hashlib
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
@@ -39,9 +39,8 @@ def derived_id(*parts: object) -> str:
     return _uuid5("/".join(map(str, parts)))
 
 
-@dataclass(frozen=True, slots=True)
-class Trigger:
-    """What a decision reacts to: the event and its position in the log."""
+class Trigger(NamedTuple):
+    """What a decision reacts to: the event and its position in the log (a tuple: one is made per event)."""
 
     event: EventBase
     seq: int
@@ -125,4 +124,4 @@ class Decider(Protocol):
 def run_decider(decider: Decider, event: EventBase, seq: int) -> list[EventBase]:
     """The one step every shell and the replayer run: fold the input, then react to it."""
     decider.evolve(event)
-    return decider.react(Trigger(event=event, seq=seq))
+    return decider.react(Trigger(event, seq))

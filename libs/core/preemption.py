@@ -353,11 +353,12 @@ class PreemptionDecider:
             del self.s.by_queue[run.queue]
 
     def react(self, trigger: Trigger) -> list[EventBase]:
-        out = Decisions(SERVICE, trigger, self.evolve, self.chain)
         event = trigger.event
         if isinstance(event, QuotaDeferred | PlacementDeferred) and event.job_id in self.s.waiting:
+            out = Decisions(SERVICE, trigger, self.evolve, self.chain)
             self._consider(event.job_id, event.ts, out)
         elif isinstance(event, ClockTick):
+            out = Decisions(SERVICE, trigger, self.evolve, self.chain)
             # Circumstances change without a new deferral (a victim ended on its own, a job was placed
             # elsewhere, a reclaim grace ran out): on a tick, the first waiting job of each queue, and every
             # job whose reclaim grace just ended, is considered again.
@@ -366,6 +367,8 @@ class PreemptionDecider:
                 self.changed = False
                 for job_id in dict.fromkeys(self._heads_of_queues() + due):
                     self._consider(job_id, event.ts, out)
+        else:
+            return []  # nothing else is reacted to
         return out.out
 
     def _grace_ends(self, now: float) -> list[str]:
@@ -451,17 +454,15 @@ class PreemptionDecider:
         waiting = s.waiting.get(job_id)
         if spec is None or waiting is None or job_id in s.in_flight or job_id in s.running:
             return
-        # Cancelled jobs on their way out leave room nobody has claimed; victims already leaving for another
-        # preemptor do not: that room is its.
-        leaving = [s.running[j] for j in sorted(s.cancelled) if j in s.running and j not in s.victim_of]
         demand = demand_milli(spec)
-        sim = Simulation(self, spec, leaving, now)
-        # Without candidates there is nobody to evict (Simulation.choose would answer []): skip the simulation.
+        # Without candidates there is nobody to evict (Simulation.choose would answer []): no simulation then,
+        # and the simulation is only set up once some candidate needs it.
         if waiting.code == PLACEMENT:
             held = s.reserved.get(job_id)
             flavor = held[1] if held is not None else ANY
             cands = self.candidates(spec, job_id, now)
             if cands:
+                sim = self._simulation(spec, now)
                 self._decide(job_id, sim.choose(cands, lambda: sim.fits(flavor)), out)
             return
         if self._behind_higher_priority(job_id, spec):
@@ -469,6 +470,13 @@ class PreemptionDecider:
         flavors = self.book.flavors_for(spec.queue, spec) or [ANY]
         queue = self.policy.queues.get(spec.queue)
         grace = queue.reclaim_after_s if queue is not None else 0.0
+        sims: list[Simulation] = []  # the one simulation, once made
+
+        def simulation() -> Simulation:
+            if not sims:
+                sims.append(self._simulation(spec, now))
+            return sims[0]
+
         for flavor in flavors:
             lim = self.book.limits.get(spec.queue, {}).get(flavor)
             if lim is None or demand > lim.nominal or now < waiting.since + grace:
@@ -482,18 +490,25 @@ class PreemptionDecider:
 
             def reclaimed(flavor: str = flavor, nominal: int = lim.nominal) -> bool:
                 return (self.book.usage(spec.queue, flavor) + demand <= nominal
-                        and self.book.room(spec.queue, flavor) >= demand and sim.fits(flavor))
+                        and self.book.room(spec.queue, flavor) >= demand and simulation().fits(flavor))
 
-            victims = sim.choose(others + own, reclaimed, keep_borrowing=True)
+            victims = simulation().choose(others + own, reclaimed, keep_borrowing=True)
             if victims:
                 self._decide(job_id, victims, out)
                 return
         def within_queue() -> bool:
-            return any(self.book.room(spec.queue, f) >= demand and sim.fits(f) for f in flavors)
+            return any(self.book.room(spec.queue, f) >= demand and simulation().fits(f) for f in flavors)
 
         cands = self.candidates(spec, job_id, now)
         if cands:
-            self._decide(job_id, sim.choose(cands, within_queue), out)
+            self._decide(job_id, simulation().choose(cands, within_queue), out)
+
+    def _simulation(self, spec: JobSpec, now: float) -> Simulation:
+        s = self.s
+        # Cancelled jobs on their way out leave room nobody has claimed; victims already leaving for another
+        # preemptor do not: that room is its.
+        leaving = [s.running[j] for j in sorted(s.cancelled) if j in s.running and j not in s.victim_of]
+        return Simulation(self, spec, leaving, now)
 
     def _decide(self, job_id: str, victims: list[Running], out: Decisions) -> None:
         if not victims:
