@@ -6,8 +6,10 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.sharedctypes import Synchronized
 
 from contracts.codec import decode, encode
 from contracts.events import EventBase
@@ -58,15 +60,21 @@ class ReplayReport:
 
 PARALLEL_FROM = 5000  # events
 
-# The decoded log, shared with forked workers without copying it through pipes.
-_SHARED: tuple[list[tuple[int, EventBase]], dict[tuple[str, int], list[bytes]]] = ([], {})
+# The decoded log (stream sequence and event, with the raw payload beside each), shared with forked workers
+# without copying it through pipes.
+_SHARED: tuple[list[tuple[int, EventBase]], list[bytes]] = ([], [])
 
 
 def _replay_one(index: int) -> tuple[int, list[Mismatch]]:
     """Run one decider over the whole log; its decisions checked and its mismatches."""
-    entries, recorded = _SHARED
+    entries, raws = _SHARED
     decider = DECIDERS[index]()
     accepted = tuple(decider.input_types())
+    # What the decider decided, as recorded: its decisions' payloads by the sequence of their trigger.
+    recorded: dict[int, list[bytes]] = {}
+    for (_, logged), raw in zip(entries, raws, strict=True):
+        if logged.source == decider.name:
+            recorded.setdefault(logged.trigger_seq, []).append(raw)
     checked, mismatches = 0, []
     for seq, event in entries:
         if not isinstance(event, accepted):
@@ -75,11 +83,81 @@ def _replay_one(index: int) -> tuple[int, list[Mismatch]]:
             got = [encode(d) for d in run_decider(decider, event, seq)]
         except Exception as err:  # an altered log can make a decider fail: that is a finding, not a crash
             got = [f"error: {type(err).__name__}: {err}".encode()]
-        expected = recorded.get((decider.name, seq), [])
+        expected = recorded.get(seq, [])
         checked += len(expected)
         if got != expected:
             mismatches.append(Mismatch(decider.name, seq, [e.decode() for e in expected], [g.decode() for g in got]))
     return checked, mismatches
+
+
+def _decode_log(log: list[tuple[int, bytes]]) -> tuple[list[tuple[int, EventBase]], list[bytes], int]:
+    """The decodable entries, their payloads, and how many did not decode."""
+    raws = [raw for _, raw in log]
+    try:
+        events = [decode(raw) for raw in raws]
+    except Exception:  # some entry does not decode: go one by one
+        entries: list[tuple[int, EventBase]] = []
+        kept: list[bytes] = []
+        for seq, raw in log:
+            try:
+                event = decode(raw)
+            except Exception:  # dead-lettered when it was live: it decided nothing
+                continue
+            entries.append((seq, event))
+            kept.append(raw)
+        return entries, kept, len(log) - len(entries)
+    return [(seq, event) for (seq, _), event in zip(log, events, strict=True)], raws, 0
+
+
+Done = dict[int, tuple[int, list[Mismatch]]]
+
+
+def _take(order: list[int], taken: Synchronized[int]) -> Iterator[tuple[int, tuple[int, list[Mismatch]]]]:
+    """Replay the deciders of `order` that no other process has taken yet, one after the other."""
+    while True:
+        with taken.get_lock():
+            k = taken.value
+            taken.value = k + 1
+        if k >= len(order):
+            return
+        yield order[k], _replay_one(order[k])
+
+
+def _worker(order: list[int], taken: Synchronized[int], results: Connection) -> None:
+    try:
+        for item in _take(order, taken):
+            results.send(item)
+    finally:
+        results.close()
+
+
+def _replay_parallel(workers: int) -> Done:
+    """The deciders replayed by this process and `workers` - 1 forked ones, each taking the next decider not
+    yet taken (longest first) as soon as it is free."""
+    ctx = multiprocessing.get_context("fork")
+    order = _cost_order()
+    taken: Synchronized[int] = ctx.Value("i", 0)
+    children = []
+    for _ in range(min(workers, len(order)) - 1):
+        receive, send = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_worker, args=(order, taken, send), daemon=True)
+        child.start()
+        send.close()
+        children.append((child, receive))
+    done: Done = dict(_take(order, taken))
+    for child, receive in children:
+        try:
+            while True:
+                index, result = receive.recv()
+                done[index] = result
+        except EOFError:
+            pass
+        receive.close()
+        child.join()
+    for index in order:  # taken by a worker that died before answering: replay it here
+        if index not in done:
+            done[index] = _replay_one(index)
+    return done
 
 
 def replay(log: Iterable[tuple[int, bytes]], workers: int = 1) -> ReplayReport:
@@ -88,36 +166,28 @@ def replay(log: Iterable[tuple[int, bytes]], workers: int = 1) -> ReplayReport:
     global _SHARED
     started = time.perf_counter()
     report = ReplayReport()
-    entries: list[tuple[int, EventBase]] = []
-    event: EventBase
-    recorded: dict[tuple[str, int], list[bytes]] = {}
-    for seq, raw in log:
-        try:
-            event = decode(raw)
-        except Exception:  # dead-lettered when it was live: it decided nothing
-            report.undecodable += 1
-            continue
-        entries.append((seq, event))
-        recorded.setdefault((event.source, event.trigger_seq), []).append(raw)
-    report.events = len(entries)
-    _SHARED = (entries, recorded)
+    # What exists already, and the decoded log, live as long as the replay: the collector need not walk
+    # them over and over (nor, in forked workers, copy every page it would touch). Unless the process keeps
+    # objects frozen itself: then it is left as it is.
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
     try:
+        entries, raws, report.undecodable = _decode_log(list(log))
+        report.events = len(entries)
+        _SHARED = (entries, raws)
+        if freeze:
+            gc.freeze()
         # Forking costs more than it saves on a short log.
         if workers > 1 and len(entries) >= PARALLEL_FROM and "fork" in multiprocessing.get_all_start_methods():
-            order = _cost_order()
-            # The decoded log lives as long as the replay: keep the collector off it, here and in the workers
-            # (where it would also copy every page it touches).
-            gc.freeze()
-            try:
-                with multiprocessing.get_context("fork").Pool(min(workers, len(DECIDERS))) as pool:
-                    done = dict(zip(order, pool.map(_replay_one, order, chunksize=1), strict=True))
-            finally:
-                gc.unfreeze()
+            done = _replay_parallel(workers)
             results = [done[i] for i in range(len(DECIDERS))]
         else:
             results = [_replay_one(i) for i in range(len(DECIDERS))]
     finally:
-        _SHARED = ([], {})
+        _SHARED = ([], [])
+        if freeze:
+            gc.unfreeze()
     for checked, mismatches in results:
         report.decisions_checked += checked
         report.mismatches.extend(mismatches)
