@@ -28,6 +28,7 @@ class ClusterArrays:
         width = max((len(x.gpus) for x in nodes), default=1) or 1
         self.width = width
         self.free: I64 = np.full((n, width), UNUSABLE, dtype=np.int64)
+        self.free_rows: list[list[int]] = [[UNUSABLE] * width for _ in range(n)]  # `free` as lists, row by row
         self.free_mem: I64 = np.zeros((n, width), dtype=np.int64)
         self.cpu: I64 = np.zeros(n, dtype=np.int64)
         self.mem: I64 = np.zeros(n, dtype=np.int64)
@@ -54,15 +55,18 @@ class ClusterArrays:
 
     def _fill(self, i: int) -> None:
         node = self.nodes[i]
-        row = self.free[i]
-        row[:] = UNUSABLE
+        free = [UNUSABLE] * self.width
+        mem = [0] * self.width
         idle = 0
         for j, g in enumerate(node.gpus):
-            usable = g.healthy and not g.mig_enabled
-            row[j] = g.free_milli if usable else UNUSABLE
-            self.free_mem[i, j] = g.free_memory_mib if usable else 0
-            if usable and g.free_milli > 0:
-                idle += g.free_milli
+            if g.healthy and not g.mig_enabled:
+                free[j] = g.free_milli
+                mem[j] = g.free_memory_mib
+                if g.free_milli > 0:
+                    idle += g.free_milli
+        self.free[i] = free
+        self.free_mem[i] = mem
+        self.free_rows[i] = free
         self.idle[i] = idle
         self.cpu[i] = node.free_cpu_milli
         self.mem[i] = node.free_memory_mib

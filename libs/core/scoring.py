@@ -84,6 +84,18 @@ def salted_order(rows: I64, salt: int) -> I64:
 _SALTED: dict[tuple[int, int], I64] = {}
 
 
+_SALTED_LISTS: dict[tuple[int, int], list[int]] = {}
+
+
+def _salted_list(n: int, salt: int) -> list[int]:
+    keys = _SALTED_LISTS.get((n, salt))
+    if keys is None:
+        if len(_SALTED_LISTS) > 64:
+            _SALTED_LISTS.clear()
+        keys = _SALTED_LISTS[(n, salt)] = _salted_rows(n, salt).tolist()
+    return keys
+
+
 def _salted_rows(n: int, salt: int) -> I64:
     """salted_order of every row 0..n-1 (each row's key depends on the row and the salt alone)."""
     keys = _SALTED.get((n, salt))
@@ -136,6 +148,8 @@ class FragModel:
         self.idle = np.zeros(n, dtype=np.int64)
         self.frag = np.zeros(n, dtype=np.int64)
         self.frag_multi = np.zeros(n, dtype=np.int64)
+        # Rows read back as Python values (for scoring a few candidates), made on demand, dropped on update.
+        self._rows: dict[int, tuple[list[bool], list[int], list[int], list[int], list[int], int, int, int]] = {}
         self.update(np.arange(n))
         self.version = a.version
 
@@ -143,6 +157,8 @@ class FragModel:
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size == 0:
             return
+        for r in rows.tolist():
+            self._rows.pop(r, None)
         if rows.size <= FEW_ROWS:
             self._update_few(rows)
             return
@@ -178,7 +194,7 @@ class FragModel:
         a = self.arrays
         w_cpu, multi = self.w_cpu, self.multi_copy
         for r in rows.tolist():
-            free = a.free[r].tolist()
+            free = a.free_rows[r]
             cpu = int(a.cpu[r])
             acc = self.acc[r].tolist()
             idle = 0
@@ -273,14 +289,21 @@ class FragModel:
                              self.arrays.cpu[rows] - c, idle, True)
         return self.w_cpu * idle + g64 @ self.w
 
+    def row(self, r: int) -> tuple[list[bool], list[int], list[int], list[int], list[int], int, int, int]:
+        """Row `r` as Python values: acc, spare, fragp, fits, cpu_slack, idle, frag, frag_multi."""
+        row = self._rows.get(r)
+        if row is None:
+            row = self._rows[r] = (self.acc[r].tolist(), self.spare[r].tolist(), self.fragp[r].tolist(),
+                                   self.fits[r].tolist(), self.cpu_slack[r].tolist(), int(self.idle[r]),
+                                   int(self.frag[r]), int(self.frag_multi[r]))
+        return row
+
     def after_one(self, row: int, v: int, k: int, m: int, c: int, multi: bool = False) -> int:
         """`after` for one candidate (node `row`, free share `v`), in plain integers."""
-        idle = int(self.idle[row]) - k * m
-        acc, spare, fragp = self.acc[row].tolist(), self.spare[row].tolist(), self.fragp[row].tolist()
+        acc, spare, fragp, fits, slack, idle, _, _ = self.row(row)
+        idle -= k * m
         if multi:
-            fits, cpu = self.fits[row].tolist(), int(self.arrays.cpu[row]) - c
-        else:
-            slack = self.cpu_slack[row].tolist()
+            cpu = int(self.arrays.cpu[row]) - c
         g = 0
         left = v - m
         for j, (milli, num, _, w, cpu_at_least_1) in enumerate(self._shapes):
@@ -405,7 +428,7 @@ def _choose_scored(a: ClusterArrays, frag: FragModel, req: Request, policy: str,
         models = a.gpu_mask(req.models)
         for r in rows:
             firsts: dict[int, int] = {}
-            for j, (v, mem, allowed) in enumerate(zip(a.free[r].tolist(), a.free_mem[r].tolist(),
+            for j, (v, mem, allowed) in enumerate(zip(a.free_rows[r], a.free_mem[r].tolist(),
                                                       models[r].tolist(), strict=True)):
                 if v > FULL:
                     return None
@@ -417,12 +440,12 @@ def _choose_scored(a: ClusterArrays, frag: FragModel, req: Request, policy: str,
         candidates = [(r, 0, share) for r in rows]
     if not candidates:
         return None
-    salted = _salted_rows(len(a.nodes), salt)
-    scored = [(frag.sigmoid_one(int(frag.frag[r]) - frag.after_one(r, v, k, m, req.cpu)), r, col, v)
+    salted = _salted_list(len(a.nodes), salt)
+    scored = [(frag.sigmoid_one(frag.row(r)[6] - frag.after_one(r, v, k, m, req.cpu)), r, col, v)
               for r, col, v in candidates]
     if policy == "fgd" or not frag.multi_copy:
         # lexsort keys (cols, salt, -score): the best score, then the salted order, then the column
-        best = min(scored, key=lambda c: (-c[0], int(salted[c[1]]), c[2]))
+        best = min(scored, key=lambda c: (-c[0], salted[c[1]], c[2]))
     else:
         top = max(c[0] for c in scored)
         tied = [c for c in scored if c[0] == top]
@@ -431,8 +454,8 @@ def _choose_scored(a: ClusterArrays, frag: FragModel, req: Request, policy: str,
         else:
             # keys (cols, salt, gpu left, -multi-copy score)
             best = min(tied, key=lambda c: (
-                -frag.sigmoid_one(int(frag.frag_multi[c[1]]) - frag.after_one(c[1], c[3], k, m, req.cpu, multi=True)),
-                c[3] - m, int(salted[c[1]]), c[2]))
+                -frag.sigmoid_one(frag.row(c[1])[7] - frag.after_one(c[1], c[3], k, m, req.cpu, multi=True)),
+                c[3] - m, salted[c[1]], c[2]))
     row, col = best[1], best[2]
     if req.shared:
         return Choice(row, (col,))
