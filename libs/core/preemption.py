@@ -127,6 +127,8 @@ class PreemptionState:
     grace_of: dict[str, tuple[str, tuple[float, str]]] = field(default_factory=dict)
     # `running` by queue (each queue's victim candidates, without scanning every running job).
     by_queue: dict[str, dict[str, Running]] = field(default_factory=dict)
+    # queue -> priority -> how many of its jobs run at that priority
+    running_priorities: dict[str, dict[int, int]] = field(default_factory=dict)
 
 
 class PreemptionDecider:
@@ -217,6 +219,8 @@ class PreemptionDecider:
                     self._unindex_running(held)
                 s.running[event.job_id] = run
                 s.by_queue.setdefault(run.queue, {})[run.job_id] = run
+                prios = s.running_priorities.setdefault(run.queue, {})
+                prios[run.priority] = prios.get(run.priority, 0) + 1
                 self.cluster.allocate(event.placements)
             case JobCheckpointed() if event.job_id in s.running:
                 s.running[event.job_id].last_checkpoint = event.ts
@@ -287,11 +291,14 @@ class PreemptionDecider:
     def _rerank(self) -> None:
         """Priority classes changed: running and waiting jobs take their class's new value."""
         s = self.s
+        s.running_priorities = {}
         for run in s.running.values():
             spec = s.specs.get(run.job_id)
             if spec is not None:
                 run.priority = self.policy.priority_of(spec)
                 run.preemptible = self.policy.preemptible(spec) or run.over_budget
+            prios = s.running_priorities.setdefault(run.queue, {})
+            prios[run.priority] = prios.get(run.priority, 0) + 1
         s.waiting_priorities = {}
         s.heads, s.head_of = {}, {}
         for job_id in list(s.waiting):
@@ -351,6 +358,12 @@ class PreemptionDecider:
         del jobs[run.job_id]
         if not jobs:
             del self.s.by_queue[run.queue]
+        prios = self.s.running_priorities[run.queue]
+        prios[run.priority] -= 1
+        if not prios[run.priority]:
+            del prios[run.priority]
+            if not prios:
+                del self.s.running_priorities[run.queue]
 
     def react(self, trigger: Trigger) -> list[EventBase]:
         event = trigger.event
@@ -456,7 +469,12 @@ class PreemptionDecider:
             return
         demand = demand_milli(spec)
         # Without candidates there is nobody to evict (Simulation.choose would answer []): no simulation then,
-        # and the simulation is only set up once some candidate needs it.
+        # and the simulation is only set up once some candidate needs it. No job of the queue running at a
+        # lower priority: no candidate within the queue; no cohort either: no borrower to reclaim from.
+        prio = self.policy.priority_of(spec)
+        lower = any(p < prio for p in s.running_priorities.get(spec.queue, ()))
+        if not lower and (waiting.code == PLACEMENT or not self.book.cohort.get(spec.queue, "")):
+            return
         if waiting.code == PLACEMENT:
             held = s.reserved.get(job_id)
             flavor = held[1] if held is not None else ANY
