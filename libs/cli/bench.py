@@ -90,6 +90,51 @@ def cmd_executor(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def cmd_chaos(args: argparse.Namespace) -> None:
+    from libs.bench.chaos_run import ChaosOptions, ChaosProgress, failed, run_chaos
+
+    opts = ChaosOptions(jobs=args.jobs, seed=args.seed, kill_every_s=args.kill_every, window_s=args.window,
+                        time_scale=args.time_scale, timeout_s=args.timeout, data=Path(args.data) if args.data else None)
+    signal.signal(signal.SIGTERM, _interrupt)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(bar_width=30), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn("{task.fields[note]}"), console=console, transient=True) as progress:
+        accepted = progress.add_task("starting", total=None, note="NATS, Redis and the six services")
+        final = progress.add_task("final", total=None, visible=False, note="")
+
+        def show(p: ChaosProgress) -> None:
+            progress.update(accepted, description="accepted", completed=p.accepted, total=p.total, note=p.phase)
+            progress.update(final, completed=p.final, total=p.total, visible=True,
+                            note=f"kills {p.kills}, NATS restarts {p.nats_restarts}, Redis flushes {p.redis_flushes}")
+
+        try:
+            result = run_chaos(opts, progress=show)
+        except KeyboardInterrupt:
+            console.print("interrupted: the platform and its servers are stopped")
+            sys.exit(130)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        console.print(chaos_table(result))
+    if failed(result):
+        sys.exit(1)
+
+
+def chaos_table(result: dict[str, Any]) -> Table:
+    from libs.bench.chaos_run import FAIL_KEYS
+
+    table = Table(title=f"{result['jobs']:,} jobs under faults: {result['kills']} kills, {result['nats_restarts']} "
+                        f"NATS restart(s), {result['redis_flushes']} Redis flush(es), {result['wall_s']} s")
+    table.add_column("check")
+    table.add_column("count", justify="right")
+    for key in FAIL_KEYS:
+        mark = "[red]" if result[key] else "[green]"
+        table.add_row(key.replace("_", " "), f"{mark}{result[key]:,}")
+    for key in ("preemptions", "evictions", "events", "finished_before_started", "refused_valid"):
+        table.add_row(key.replace("_", " "), f"{result[key]:,}")
+    table.add_row("states", ", ".join(f"{k} {v:,}" for k, v in result["states"].items()))
+    return table
+
+
 def _virtual(args: argparse.Namespace) -> None:
     from libs.bench.kueue_metrics import published_figures
     from libs.bench.kueue_virtual import run_virtual_bench
@@ -174,3 +219,16 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", help="keep NATS, Redis, the service and agent logs here (default: a temporary folder)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_executor)
+    p = bsub.add_parser("chaos", help="jobs from three teams while services are killed, NATS restarted and Redis "
+                                      "flushed: nothing lost, duplicated or over-allocated")
+    p.add_argument("--jobs", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=1, help="the workload and the choice of services to kill")
+    p.add_argument("--kill-every", type=float, default=3.0, help="seconds between two service kills")
+    p.add_argument("--window", type=float, help="seconds over which the jobs are submitted (default: 30 a second, "
+                                                 "at least 10 s)")
+    p.add_argument("--time-scale", type=float, default=4.0,
+                   help="the simulated executor runs each job its declared 1-4 s divided by this")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds for every job to be final")
+    p.add_argument("--data", help="keep NATS, Redis and the service logs here (default: a temporary folder)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_chaos)

@@ -52,6 +52,9 @@ class EmbeddedServer:
     url: str
     port: int
     proc: subprocess.Popen[bytes]
+    # How it was started (argv, and the file its output goes to, if any): enough to start it again.
+    argv: tuple[str, ...] = ()
+    log_path: Path | None = None
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -62,16 +65,32 @@ class EmbeddedServer:
                 self.proc.kill()
                 self.proc.wait()
 
+    def restart(self) -> None:
+        """Stop the server and start it again with the same arguments: same port, same store, so clients
+        that reconnect find their data (JetStream streams and consumers come back from the store dir). The
+        object is updated in place, so whoever holds it sees the new process."""
+        if not self.argv:
+            raise RuntimeError(f"{self.name} server was not started by this module; cannot restart it")
+        self.stop()
+        self.proc = _spawn(self.argv, self.log_path)
+        wait_port(self.port, proc=self.proc)
+
+
+def _spawn(argv: tuple[str, ...], log_path: Path | None) -> subprocess.Popen[bytes]:
+    if log_path is None:
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
 
 def start_nats(data_dir: Path, port: int | None = None) -> EmbeddedServer:
     port = port or free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
-    log = open(data_dir / "nats-server.log", "ab")  # noqa: SIM115 - owned by the child for its lifetime
-    proc = subprocess.Popen(
-        [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(data_dir)],
-        stdout=log, stderr=subprocess.STDOUT)
+    argv = (nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(data_dir))
+    log_path = data_dir / "nats-server.log"
+    proc = _spawn(argv, log_path)
     wait_port(port, proc=proc)
-    return EmbeddedServer("nats", f"nats://127.0.0.1:{port}", port, proc)
+    return EmbeddedServer("nats", f"nats://127.0.0.1:{port}", port, proc, argv, log_path)
 
 
 def start_redis(data_dir: Path, port: int | None = None) -> EmbeddedServer:
@@ -80,9 +99,8 @@ def start_redis(data_dir: Path, port: int | None = None) -> EmbeddedServer:
         raise FileNotFoundError("redis-server not found: apt-get install -y redis-server")
     port = port or free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(
-        [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-         "--dir", str(data_dir), "--logfile", str(data_dir / "redis.log")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    argv = (binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+            "--dir", str(data_dir), "--logfile", str(data_dir / "redis.log"))
+    proc = _spawn(argv, None)
     wait_port(port, proc=proc)
-    return EmbeddedServer("redis", f"redis://127.0.0.1:{port}/0", port, proc)
+    return EmbeddedServer("redis", f"redis://127.0.0.1:{port}/0", port, proc, argv)

@@ -1,7 +1,10 @@
 """Redis read models: written by the accounting projector, read by the API.
 
 Every batch is written by one Lua script that first checks the projection's sequence, so a batch applied
-twice (or by a stale writer) changes nothing, and the whole batch lands atomically.
+twice (or by a stale writer) changes nothing, and the whole batch lands atomically. A writer that has
+written before says so (`expect_existing`): if the sequence key is gone, Redis lost the views (FLUSHALL, a
+restart without persistence) and the script refuses the batch, so that the writer rebuilds every view
+instead of writing one batch into an empty store and re-creating the key that would have told it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import redis.asyncio as aioredis
 from contracts.views import JobView, NodeView, QueueView, TeamUsage
 
 _APPLY = """
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+local raw = redis.call('GET', KEYS[1])
+if not raw and ARGV[3] == 'expect' then return -1 end
+local current = tonumber(raw or '0')
 local seq = tonumber(ARGV[1])
 if seq <= current and ARGV[3] ~= 'force' then return 0 end
 local ops = cjson.decode(ARGV[2])
@@ -25,6 +30,10 @@ end
 redis.call('SET', KEYS[1], ARGV[1])
 return 1
 """
+
+
+class ViewsVanished(Exception):
+    """The projection's sequence key is missing although the writer wrote it before: the views are gone."""
 
 
 class ViewStore:
@@ -54,11 +63,19 @@ class ViewStore:
 
     # --- writing -----------------------------------------------------------------------------------
 
-    async def apply(self, seq: int, ops: list[list[Any]], force: bool = False) -> bool:
-        if not ops:
+    async def apply(self, seq: int, ops: list[list[Any]], force: bool = False,
+                    expect_existing: bool = False) -> bool:
+        """Write one batch. `force` writes whatever the stored sequence (a rebuild), and writes the sequence
+        key even with no ops, so that a later `expect_existing` finds it. `expect_existing` raises
+        ViewsVanished instead of writing when the sequence key is missing; it runs the script even with no ops,
+        which makes it a one-round-trip check per batch."""
+        mode = "force" if force else "expect" if expect_existing else ""
+        if not ops and not mode:
             return False
         payload = json.dumps(ops, separators=(",", ":"))
-        done = await self._apply(keys=[self.seq_key], args=[seq, payload, "force" if force else ""])
+        done = await self._apply(keys=[self.seq_key], args=[seq, payload, mode])
+        if done == -1:
+            raise ViewsVanished(f"{self.seq_key} is missing: the read models were lost")
         return bool(done)
 
     async def clear(self) -> None:

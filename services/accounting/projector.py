@@ -4,6 +4,7 @@ per batch and refresh the metrics."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -14,8 +15,10 @@ from contracts.views import JobView
 from libs.core.cluster import FULL
 from libs.core.ledger import Ledger
 from libs.reports.rates import Rates
-from libs.views.store import ViewStore
+from libs.views.store import ViewStore, ViewsVanished
 from services.accounting import metrics
+
+log = logging.getLogger(__name__)
 
 FINAL = ("succeeded", "failed", "cancelled", "rejected")
 INFERENCE = "inference"  # the workload of online inference services
@@ -58,12 +61,32 @@ class Projector:
 
     async def after_catch_up(self) -> None:
         # The views are rebuilt from the log on every start: Redis is never the source of truth.
-        await self.store.clear()
-        self.written_state.clear()
-        await self.flush(force=True)
+        await self.rebuild()
 
     async def after_batch(self) -> None:
-        await self.flush()
+        try:
+            await self.flush(expect_existing=True)
+        except ViewsVanished:
+            # Redis lost the views (flushed, or restarted empty) while we ran: the ledger in memory holds
+            # the whole log's fold, so every view is written again from it, as after a restart.
+            log.warning("the read models vanished from Redis; rebuilding every view from the ledger")
+            await self.rebuild()
+
+    async def rebuild(self) -> None:
+        """Write every view from the ledger into an emptied store."""
+        await self.store.clear()
+        self.written_state.clear()
+        self._mark_all_dirty()
+        await self.flush(force=True)
+
+    def _mark_all_dirty(self) -> None:
+        """Everything the ledger knows is due for writing (after a catch-up the fold marked it already;
+        after a loss of the store mid-run, only what changed since the last batch is marked)."""
+        led = self.ledger
+        led.dirty_jobs.update(dict.fromkeys(led.jobs))
+        led.dirty_queues.update(dict.fromkeys(led.queues))
+        led.dirty_nodes.update(dict.fromkeys(led.cluster.nodes))
+        led.dirty_teams.update(dict.fromkeys(led.teams))
 
     def ops(self) -> list[list[Any]]:
         led, store, enc = self.ledger, self.store, self._enc
@@ -203,5 +226,5 @@ class Projector:
         metrics.NODES.labels("lost").set(len(self.ledger.cluster.nodes) - online)
         metrics.NODES.labels("cordoned").set(len(self.ledger.cordons))
 
-    async def flush(self, force: bool = False) -> None:
-        await self.store.apply(self.ledger.last_seq, self.ops(), force=force)
+    async def flush(self, force: bool = False, expect_existing: bool = False) -> None:
+        await self.store.apply(self.ledger.last_seq, self.ops(), force=force, expect_existing=expect_existing)
