@@ -176,6 +176,22 @@ class Bus:
         ]
         await asyncio.gather(*futures)
 
+    async def publish_until_stored(self, events: Sequence[EventBase],
+                                   headers: Sequence[dict[str, str] | None] | None = None) -> None:
+        """Publish, retrying with backoff while the server is away (restarting, reconnecting). For reports of
+        the outside world (executors, agents) that no trigger would re-derive: dropped, they would leave a job
+        running for ever. Their ids are derived, so one sent twice is stored once."""
+        delay = 0.2
+        while True:
+            try:
+                await self.publish(events, headers)
+                return
+            except Exception as err:
+                log.warning("could not publish %s yet (%s); retrying in %.1fs",
+                            [type(e).__name__ for e in events], err, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
     async def dead_letter(self, service: str, msg: Msg, reason: str) -> None:
         headers = {
             "Gpusched-Reason": reason[:1000],

@@ -71,8 +71,23 @@ async def json_errors(request: web.Request, handler: Callable[[web.Request], Awa
         return error_response(500, "internal_error", "the server failed; the request was not applied")
 
 
+def not_before_ready(is_ready: Callable[[], bool]) -> Any:
+    """The API answers 503 with Retry-After until the service has caught up with the log: checked against a
+    half-replayed policy or inventory, a valid request would be refused (a 422 the caller would trust)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                         ) -> web.StreamResponse:
+        if request.path.startswith("/v1/") and not is_ready():
+            raise HttpError(503, "not_ready", "the service is catching up with the log; try again shortly",
+                            {"Retry-After": "1"})
+        return await handler(request)
+
+    return middleware
+
+
 def base_app(service: str, is_ready: Callable[[], bool]) -> web.Application:
-    app = web.Application(client_max_size=1 << 20, middlewares=[json_errors])
+    app = web.Application(client_max_size=1 << 20, middlewares=[json_errors, not_before_ready(is_ready)])
 
     async def healthz(_: web.Request) -> web.Response:
         return json_response({"service": service, "status": "ok"})

@@ -394,7 +394,7 @@ class ProcessExecutor:
 
     async def _publish(self, reports: list[EventBase]) -> None:
         if self.bus is not None and reports:
-            await self.bus.publish(reports)
+            await self.bus.publish_until_stored(reports)
 
     def _task(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)

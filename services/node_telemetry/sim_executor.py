@@ -25,6 +25,7 @@ from contracts import (
     PriorityClassesChanged,
 )
 from libs.bus.jetstream import Bus
+from libs.core.decider import derived_id
 from libs.core.inventory import InventoryBook
 from libs.sim.executor import REPORTS, SOURCE, ExecutorBook, Run
 from libs.telemetry.tracing import ServiceTracing, current_tracing
@@ -57,13 +58,18 @@ class SimExecutor:
 
     def on_event(self, seq: int, event: EventBase) -> list[EventBase]:
         if isinstance(event, REPORTS) and event.source == SOURCE:
-            return []  # our own report coming back: already applied
+            # Our own report coming back, already applied. A run's finish is timed from here, once its start
+            # is stored: a finish timed from the decision could reach the log before a start lost to a
+            # reconnecting server, and the log would read "finished, then started".
+            if isinstance(event, JobStarted):
+                run = self.book.runs.get(event.job_id)
+                if run is not None and event.id == derived_id(SOURCE, run.run_id, "started"):
+                    self._arm(run)
+            return []
         self.inventory.evolve(event)
         reports = self.book.react(event, time.time())
         for report in reports:
-            if isinstance(report, JobStarted):
-                self._arm(self.book.runs[report.job_id])
-            elif isinstance(report, JobEvicted) and report.job_id in self.timers:
+            if isinstance(report, JobEvicted) and report.job_id in self.timers:
                 self.timers.pop(report.job_id).cancel()
         self._arm_stops()
         return reports
@@ -103,10 +109,7 @@ class SimExecutor:
     async def _publish(self, events: list[EventBase]) -> None:
         assert self.bus is not None
         tracing = self.tracing or current_tracing()
-        try:
-            await self.bus.publish(events, None if tracing is None else tracing.headers_for(events))
-        except Exception:
-            log.exception("could not report %s", [type(e).__name__ for e in events])
+        await self.bus.publish_until_stored(events, None if tracing is None else tracing.headers_for(events))
 
     async def after_batch(self) -> None:
         return None
@@ -119,8 +122,7 @@ class SimExecutor:
             if run.job_id in self.book.cancelled:
                 pending += self.book.stop(run, "cancelled", now)
             elif run.started_at is None:
-                pending.append(self.book.start(run, now))
-                self._arm(run)
+                pending.append(self.book.start(run, now))  # timed when it comes back through the log
             else:
                 self._arm(run)
                 self.book.arm_stop(run)  # told to stop before the restart: its stop comes due still
