@@ -76,8 +76,12 @@ def _replay_one(index: int) -> tuple[int, list[Mismatch]]:
         if logged.source == decider.name:
             recorded.setdefault(logged.trigger_seq, []).append(raw)
     checked, mismatches = 0, []
+    takes: dict[type, bool] = {}  # event type -> is it an input? (isinstance, asked once per type)
     for seq, event in entries:
-        if not isinstance(event, accepted):
+        take = takes.get(type(event))
+        if take is None:
+            take = takes[type(event)] = isinstance(event, accepted)
+        if not take:
             continue
         try:
             got = [encode(d) for d in run_decider(decider, event, seq)]

@@ -116,22 +116,8 @@ class PlacementDecider:
                 JobFinished, JobFailed, JobEvicted, PreemptionDecided, ClockTick)
 
     def evolve(self, event: EventBase) -> None:
-        if self.policy.apply(event):
-            self.generation += 1
-            return
+        # The most frequent events first; policy events (which no case names) last.
         match event:
-            case NodeRegistered():
-                self.cluster.register(event.node)
-                self.generation += 1
-            case NodeLost():
-                self.cluster.set_online(event.node, False)
-                self.generation += 1
-            case NodeCordoned() | NodeUncordoned():
-                self.cluster.cordon(event.node, isinstance(event, NodeCordoned))
-                self.generation += 1
-            case GpuHealthChanged():
-                self.cluster.set_gpu_health(event.node, event.index, event.healthy)
-                self.generation += 1
             case JobSubmitted():
                 self.specs[event.job_id] = event.spec
                 if self.shapes.add(event.spec):
@@ -159,25 +145,6 @@ class PlacementDecider:
                     self.ends[event.job_id] = event.ts + placed_spec.duration_s
                 if self.starving is not None and self.starving[0] == event.job_id:
                     self.starving = None
-            case PlacementDeferred():
-                self.deferred[event.job_id] = event.code
-            case PreemptionDecided() if event.preemptor_id in self.specs:
-                prio = self.policy.priority_of(self.specs[event.preemptor_id])
-                self.nominated[event.preemptor_id] = (prio, tuple(v.job_id for v in event.victims), event.ts)
-            case ClockTick():
-                lapsed = [j for j, n in self.nominated.items() if event.ts - n[2] > NOMINATION_TTL_S]
-                for job_id in lapsed:
-                    del self.nominated[job_id]
-                self.lapsed = bool(lapsed)
-            case JobCancelled():
-                self.waiting.pop(event.job_id, None)
-                self.waiting_since.pop(event.job_id, None)
-                self.deferred.pop(event.job_id, None)
-                self.nominated.pop(event.job_id, None)
-                if event.job_id in self.placed:
-                    self.cancelled[event.job_id] = None  # its executor will report it gone
-                else:
-                    self.specs.pop(event.job_id, None)
             case JobFinished() | JobFailed() | JobEvicted():
                 placements = self.placed.pop(event.job_id, None)
                 self.ends.pop(event.job_id, None)
@@ -191,6 +158,39 @@ class PlacementDecider:
                     self.specs.pop(event.job_id, None)
                     self.cancelled.pop(event.job_id, None)
                     self.nominated.pop(event.job_id, None)
+            case ClockTick():
+                lapsed = [j for j, n in self.nominated.items() if event.ts - n[2] > NOMINATION_TTL_S]
+                for job_id in lapsed:
+                    del self.nominated[job_id]
+                self.lapsed = bool(lapsed)
+            case PlacementDeferred():
+                self.deferred[event.job_id] = event.code
+            case PreemptionDecided() if event.preemptor_id in self.specs:
+                prio = self.policy.priority_of(self.specs[event.preemptor_id])
+                self.nominated[event.preemptor_id] = (prio, tuple(v.job_id for v in event.victims), event.ts)
+            case JobCancelled():
+                self.waiting.pop(event.job_id, None)
+                self.waiting_since.pop(event.job_id, None)
+                self.deferred.pop(event.job_id, None)
+                self.nominated.pop(event.job_id, None)
+                if event.job_id in self.placed:
+                    self.cancelled[event.job_id] = None  # its executor will report it gone
+                else:
+                    self.specs.pop(event.job_id, None)
+            case NodeRegistered():
+                self.cluster.register(event.node)
+                self.generation += 1
+            case NodeLost():
+                self.cluster.set_online(event.node, False)
+                self.generation += 1
+            case NodeCordoned() | NodeUncordoned():
+                self.cluster.cordon(event.node, isinstance(event, NodeCordoned))
+                self.generation += 1
+            case GpuHealthChanged():
+                self.cluster.set_gpu_health(event.node, event.index, event.healthy)
+                self.generation += 1
+            case _ if self.policy.apply(event):
+                self.generation += 1
 
     def react(self, trigger: Trigger) -> list[EventBase]:
         out = Decisions(SERVICE, trigger, self.evolve, self.chain)

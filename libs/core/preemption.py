@@ -154,6 +154,13 @@ class PreemptionDecider:
                 JobCheckpointed, ClockTick)
 
     def evolve(self, event: EventBase) -> None:
+        if type(event) is QuotaDeferred:  # by far the most frequent input: straight to its case below
+            self.changed = True
+            if event.code in WAITING_FOR_QUOTA:
+                self._wait(event.job_id, event.code, event.ts)
+            else:
+                self._unwait(event.job_id)
+            return
         if not isinstance(event, ClockTick):
             self.changed = True
         else:

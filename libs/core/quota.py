@@ -227,6 +227,9 @@ class QuotaDecider:
 
     def evolve(self, event: EventBase) -> None:
         self._left_waiting = None  # the queue of a waiting job this event ended, for react
+        if type(event) is QuotaDeferred:  # by far the most frequent: straight to its case below
+            self._deferred(event)
+            return
         if self.policy.apply(event):
             self.policy_version += 1
             if isinstance(event, PriorityClassesChanged):
@@ -280,11 +283,7 @@ class QuotaDecider:
                     job.state = "ended"
                     del self.jobs[job.job_id]
             case QuotaDeferred():
-                self.deferred[event.job_id] = event.code
-                if event.code in BUDGET_WAITS:
-                    self.budget_deferred[event.job_id] = None
-                else:
-                    self.budget_deferred.pop(event.job_id, None)
+                self._deferred(event)
             case PreemptionDecided() if event.preemptor_id in self.jobs:
                 self.nominated[event.preemptor_id] = event.ts
             case ClockTick():
@@ -296,6 +295,13 @@ class QuotaDecider:
                     self.retry_in[event.job_id] = delay
             case JobCancelled() | JobFinished() | JobFailed():
                 self._end(event.job_id)
+
+    def _deferred(self, event: QuotaDeferred) -> None:
+        self.deferred[event.job_id] = event.code
+        if event.code in BUDGET_WAITS:
+            self.budget_deferred[event.job_id] = None
+        else:
+            self.budget_deferred.pop(event.job_id, None)
 
     def _end(self, job_id: str) -> None:
         job = self.jobs.get(job_id)
