@@ -367,7 +367,7 @@ class QuotaDecider:
                 # Time alone can change a verdict: a new budget period opens, a retry's backoff ends.
                 waiting = {self.jobs[j].queue for j in self.budget_deferred}
                 waiting.update(self.jobs[j].queue for j, t in self.backing_off.items() if t <= now and j in self.jobs)
-                for group in self._groups():
+                for group in self._groups() if waiting else ():
                     if waiting.intersection(group):
                         self._schedule(group, now, out)
         return out.out
