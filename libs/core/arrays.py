@@ -7,10 +7,12 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from libs.core.cluster import Cluster, Node
+from libs.core.cluster import FULL, Cluster, Node
 
 I64 = npt.NDArray[np.int64]
 UNUSABLE = -1  # padding, unhealthy and MIG-enabled GPUs: never a candidate, never idle share
+# Up to this many nodes, row-by-row questions are answered in plain Python (numpy's cost per call dominates).
+FEW_NODES = 64
 
 
 class ClusterArrays:
@@ -34,11 +36,13 @@ class ClusterArrays:
         self.mem: I64 = np.zeros(n, dtype=np.int64)
         self.rdma: I64 = np.zeros(n, dtype=np.int64)
         self.online = np.zeros(n, dtype=bool)
+        self.online_rows: list[bool] = [False] * n  # `online` as a list
         # Free share on each node's usable GPUs (idle_share, kept row by row).
         self.idle: I64 = np.zeros(n, dtype=np.int64)
         # model_mask / gpu_mask per allowed-models tuple (they change only with the set of nodes).
         self._model_masks: dict[tuple[str, ...], npt.NDArray[np.bool_]] = {}
         self._gpu_masks: dict[tuple[str, ...], npt.NDArray[np.bool_]] = {}
+        self._gpu_mask_rows: dict[tuple[str, ...], list[list[bool]]] = {}
         self.models = sorted({g.model for x in nodes for g in x.gpus})
         model_id = {m: i for i, m in enumerate(self.models)}
         # A node's model: the model of its first GPU; -1 without GPUs. Nodes mixing models are rare and
@@ -72,6 +76,7 @@ class ClusterArrays:
         self.mem[i] = node.free_memory_mib
         self.rdma[i] = node.free_rdma_nics
         self.online[i] = node.online
+        self.online_rows[i] = bool(node.online)
 
     def refresh(self) -> list[int]:
         """Bring the arrays up to date; returns the rows that changed."""
@@ -114,6 +119,29 @@ class ClusterArrays:
         if not models:
             return self.gpu_model >= 0
         return np.isin(self.gpu_model, self.model_ids(models))
+
+    def usable_free(self, models: tuple[str, ...], whole: bool) -> tuple[bool, int]:
+        """Over usable GPUs (healthy, not MIG, on online nodes) of the allowed models: is there any, and
+        their free share (`whole`: only idle GPUs count, a whole share each)."""
+        if len(self.nodes) > FEW_NODES:
+            usable = (self.free >= 0) & self.online[:, None] & self.gpu_mask(models)
+            if not usable.any():
+                return False, 0
+            if whole:
+                return True, int((self.free[usable] == FULL).sum()) * FULL
+            return True, int(self.free[usable].sum())
+        masks = self._gpu_mask_rows.get(models)
+        if masks is None:
+            masks = self._gpu_mask_rows[models] = self.gpu_mask(models).tolist()
+        found, total = False, 0
+        for online, row, mask in zip(self.online_rows, self.free_rows, masks, strict=True):
+            if not online:
+                continue
+            for free, allowed in zip(row, mask, strict=True):
+                if allowed and free >= 0:
+                    found = True
+                    total += (free == FULL) if whole else free
+        return found, total * FULL if whole else total
 
     def idle_share(self) -> I64:
         return self.idle.copy()

@@ -254,12 +254,11 @@ def explain_shortfall(cluster: Cluster, spec: JobSpec) -> Shortfall:
         if not mig:
             return Shortfall(NO_MODEL_MATCH, f"no healthy MIG-enabled GPU for {spec.mig_profile}", need)
         return Shortfall(FRAGMENTATION, f"no MIG-enabled GPU has {mig_slices(spec.mig_profile)} free slices", need)
-    usable = (a.free >= 0) & a.online[:, None] & a.gpu_mask(tuple(spec.gpu_models))
-    if not usable.any():
+    any_usable, free = a.usable_free(tuple(spec.gpu_models), whole=spec.gpu_milli <= 0)
+    if not any_usable:
         models = ",".join(spec.gpu_models) or "any model"
         return Shortfall(NO_MODEL_MATCH, f"no healthy GPU of {models}", need)
     per_replica = replica_milli(spec)
-    free = int(a.free[usable].sum()) if spec.gpu_milli > 0 else int((a.free[usable] == FULL).sum()) * FULL
     if free < need:
         return Shortfall(INSUFFICIENT_GPUS,
                          f"needs {need / FULL:g} GPUs of allowed models, {free / FULL:g} free", need - free)

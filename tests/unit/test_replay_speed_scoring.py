@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from contracts import GpuSpec, JobSpec, NodeSpec, ReplicaPlacement
+from libs.core import arrays as arrays_module
 from libs.core import scoring
 from libs.core.arrays import ClusterArrays
 from libs.core.cluster import FULL, Cluster
@@ -84,6 +85,14 @@ def test_fragmentation_rows_and_scoring_agree(seed: int, monkeypatch: pytest.Mon
     frag.update(rows)
     for t in tables:
         assert (getattr(frag, t) == few[t]).all(), t
+
+    # Usable GPUs and their free share, row by row as over the whole array.
+    for models in ((), ("A100",), ("V100", "T4"), ("H100",)):
+        for whole in (True, False):
+            rowwise = arrays.usable_free(models, whole)
+            monkeypatch.setattr(arrays_module, "FEW_NODES", -1)
+            assert arrays.usable_free(models, whole) == rowwise
+            monkeypatch.setattr(arrays_module, "FEW_NODES", 64)
 
     # Candidates scored in plain integers choose what the vectorised scoring chooses.
     for _ in range(40):
