@@ -164,6 +164,13 @@ class Cluster:
             else:
                 self._sick.add((node, index))
 
+    def touch(self, placements: Iterable[ReplicaPlacement]) -> None:
+        """Mark the placements' nodes changed for every array view, as releasing and allocating them again
+        would, without doing either."""
+        for p in placements:
+            if p.node in self.nodes:
+                self._touch(p.node)
+
     def allocate(self, placements: Iterable[ReplicaPlacement]) -> None:
         self._apply(placements, sign=-1)
 

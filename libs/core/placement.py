@@ -104,6 +104,8 @@ class PlacementDecider:
         # consistent (a placement cache refreshed out of step would make the next try see another cluster).
         self.failed: dict[tuple[object, ...], tuple[Shortfall, int, bool]] = {}
         self.failed_generation = 0
+        # The job whose JobPlaced, about to be folded, this decider has allocated already.
+        self._allocated: str | None = None
         self._pass = 0
         self._passes = 0
         # The last shadow time computed: (generation, job, its spec) -> (shadow, the running jobs ending by then),
@@ -138,7 +140,8 @@ class PlacementDecider:
                 self.deferred.pop(event.job_id, None)
                 self.nominated.pop(event.job_id, None)
                 self.placed[event.job_id] = event.placements
-                self.cluster.allocate(event.placements)
+                if self._allocated != event.job_id:  # else: our own decision, allocated when taken (_try_place)
+                    self.cluster.allocate(event.placements)
                 self.generation += 1
                 placed_spec = self.specs.get(event.job_id)
                 if placed_spec is not None and placed_spec.duration_s is not None:
@@ -260,6 +263,16 @@ class PlacementDecider:
         blocked = self._starves_nominee(job_id, spec)
         held_for = (None if blocked is not None
                     else self._starves_starving(job_id, spec, result, out.trigger.event.ts))
+        if held_for is None and blocked is None:
+            # Placed: the tentative allocation stands as JobPlaced's (giving it back for its evolve to take it
+            # again comes to the same, but for the array views' notice of the change, which `touch` gives).
+            self.cluster.touch(result)
+            self._allocated = job_id
+            try:
+                out.emit(JobPlaced, correlation_id=job_id, job_id=job_id, placements=result, policy=policy)
+            finally:
+                self._allocated = None
+            return True
         self.cluster.release(result)
         if held_for is not None:
             if self.deferred.get(job_id) != HELD_FOR_STARVING_JOB:
@@ -267,13 +280,10 @@ class PlacementDecider:
                          message=f"capacity is held for job {held_for}, which has waited too long; only jobs "
                                  "ending before it can start may go first")
             return False
-        if blocked is not None:
-            if self.deferred.get(job_id) != RESERVED_FOR_PREEMPTOR:
-                out.emit(PlacementDeferred, correlation_id=job_id, job_id=job_id, code=RESERVED_FOR_PREEMPTOR,
-                         message=f"capacity is held for job {blocked}, which preempted jobs to run")
-            return False
-        out.emit(JobPlaced, correlation_id=job_id, job_id=job_id, placements=result, policy=policy)
-        return True
+        if self.deferred.get(job_id) != RESERVED_FOR_PREEMPTOR:  # blocked by a nominee
+            out.emit(PlacementDeferred, correlation_id=job_id, job_id=job_id, code=RESERVED_FOR_PREEMPTOR,
+                     message=f"capacity is held for job {blocked}, which preempted jobs to run")
+        return False
 
     def _starves_nominee(self, job_id: str, spec: JobSpec) -> str | None:
         """With `job_id` tentatively allocated: the first nominated preemptor of higher priority that would
