@@ -556,21 +556,24 @@ class QuotaDecider:
     def _try_reserve(self, job: QuotaJob, p: Pass, out: Decisions) -> bool:
         queue = self.policy.queues.get(job.queue)
         limit = queue.user_max_gpus if queue is not None else None
+        # (Codes that do not wait for quota are told whenever they are new: see _tells.)
         if limit is not None and self.user_used.get((job.queue, job.user), 0) + job.demand > limit * 1000:
-            if self._tells(job, USER_LIMIT):
+            if self.deferred.get(job.job_id) != USER_LIMIT:
                 self._defer(job, USER_LIMIT, f"user {job.user} already holds "
                             f"{self.user_used.get((job.queue, job.user), 0) / 1000:g} GPUs in queue {job.queue} "
                             f"(limit {limit})", 0, out)
             return False
-        over_budget = self._over_budget(job.queue, p)
+        over_budget = p.over_budget.get(job.queue)
+        if over_budget is None:
+            over_budget = self._over_budget(job.queue, p)
         if over_budget and queue is not None and queue.over_budget == "wait":
-            if self._tells(job, BUDGET_SPENT):
+            if self.deferred.get(job.job_id) != BUDGET_SPENT:
                 self._defer(job, BUDGET_SPENT, f"queue {job.queue} spent its {queue.budget_gpu_hours:g} GPU-hour "
                             f"{queue.budget_period}ly budget; it waits for the next period", 0, out)
             return False
         starving = p.starving
         if starving is not None and self._held_for_starving(job, p):
-            if self._tells(job, HELD_FOR_STARVING_JOB):
+            if self.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB:
                 self._defer(job, HELD_FOR_STARVING_JOB, f"quota is held for job {starving.job_id}, waiting since "
                             f"{starving.since:.0f}; only jobs ending before it can start may go first", 0, out)
             return False
@@ -719,7 +722,7 @@ class QuotaDecider:
         starving = p.starving
         if starving is None or starving is job or job.priority > starving.priority:
             return False
-        flavors = self._flavors(job)
+        flavors = job.flavors if job.flavors_version == self.policy_version else self._flavors(job)
         shares = p.shares.get(flavors)
         if shares is None:
             shares = p.shares[flavors] = bool(set(flavors or (ANY,)) & set(self._flavors(starving) or (ANY,)))
