@@ -14,7 +14,7 @@ from multiprocessing.sharedctypes import Synchronized
 from contracts.codec import decode, encode
 from contracts.events import EventBase
 from libs.core.admission import AdmissionDecider
-from libs.core.decider import Decider, run_decider
+from libs.core.decider import Decider, Trigger
 from libs.core.nodes import NodeDecider
 from libs.core.placement import PlacementDecider
 from libs.core.preemption import PreemptionDecider
@@ -77,6 +77,7 @@ def _replay_one(index: int) -> tuple[int, list[Mismatch]]:
             recorded.setdefault(logged.trigger_seq, []).append(raw)
     checked, mismatches = 0, []
     takes: dict[type, bool] = {}  # event type -> is it an input? (isinstance, asked once per type)
+    evolve, react = decider.evolve, decider.react
     for seq, event in entries:
         take = takes.get(type(event))
         if take is None:
@@ -84,10 +85,16 @@ def _replay_one(index: int) -> tuple[int, list[Mismatch]]:
         if not take:
             continue
         try:
-            got = [encode(d) for d in run_decider(decider, event, seq)]
+            evolve(event)  # run_decider, inline: fold the input, then react to it
+            decided = react(Trigger(event, seq))
+            got = [encode(d) for d in decided] if decided else []
         except Exception as err:  # an altered log can make a decider fail: that is a finding, not a crash
             got = [f"error: {type(err).__name__}: {err}".encode()]
-        expected = recorded.get(seq, [])
+        expected = recorded.get(seq)
+        if expected is None:
+            if got:
+                mismatches.append(Mismatch(decider.name, seq, [], [g.decode() for g in got]))
+            continue
         checked += len(expected)
         if got != expected:
             mismatches.append(Mismatch(decider.name, seq, [e.decode() for e in expected], [g.decode() for g in got]))
