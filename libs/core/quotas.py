@@ -179,23 +179,27 @@ class QuotaBook:
 
     def room(self, queue: str, flavor: str) -> int:
         """How much more the queue may take of this flavor now (own limits and its cohort's pool)."""
-        lim = self.limits.get(queue, {}).get(flavor)
+        flavors = self.limits.get(queue)
+        lim = flavors.get(flavor) if flavors else None
         if lim is None:
-            return UNLIMITED if not self.governed(queue) else 0
-        used = self.usage(queue, flavor)
+            return UNLIMITED if not flavors else 0  # no quota at all: unlimited (see governed)
+        key = (queue, flavor)
+        held = self.used.get(key, 0)
+        used = held + self.over.get(key, 0)  # usage()
         own = UNLIMITED if lim.borrow is None else lim.nominal + lim.borrow - used
         cohort = self.cohort.get(queue, "")
         if not cohort:
             return max(0, min(own, lim.nominal - used))
         key = (cohort, flavor)
-        shared = max(0, lim.guaranteed - self.used.get((queue, flavor), 0)) + self.pool[key] - self.pool_used[key]
+        shared = max(0, lim.guaranteed - held) + self.pool[key] - self.pool_used[key]
         return max(0, min(own, shared))
 
     def nominal_left(self, queue: str, flavor: str) -> int:
         """What is left of the queue's own nominal quota, lent out or not (over-budget jobs do not use it)."""
-        if not self.governed(queue):
+        flavors = self.limits.get(queue)
+        if not flavors:  # not governed
             return UNLIMITED
-        lim = self.limits[queue].get(flavor)
+        lim = flavors.get(flavor)
         return 0 if lim is None else max(0, lim.nominal - self.used.get((queue, flavor), 0))
 
     def ceiling(self, queue: str, flavor: str) -> int:
