@@ -60,8 +60,9 @@ class ReplayReport:
 
 PARALLEL_FROM = 5000  # events
 
-# The decoded log (stream sequence and event, with the raw payload beside each), shared with forked workers
-# without copying it through pipes.
+# The decoded log: stream sequence and event, with the raw payload beside each. Each process of a parallel
+# replay decodes it for itself, forked workers right after the fork: what they decode is then their own memory,
+# not pages shared with the parent that every reference count update would make the kernel copy.
 _SHARED: tuple[list[tuple[int, EventBase]], list[bytes]] = ([], [])
 
 
@@ -120,6 +121,16 @@ def _decode_log(log: list[tuple[int, bytes]]) -> tuple[list[tuple[int, EventBase
     return [(seq, event) for (seq, _), event in zip(log, events, strict=True)], raws, 0
 
 
+def _load(log: list[tuple[int, bytes]], freeze: bool) -> tuple[int, int]:
+    """Decode the log into _SHARED; (events, undecodable). `freeze`: keep the collector off it from then on."""
+    global _SHARED
+    entries, raws, undecodable = _decode_log(log)
+    _SHARED = (entries, raws)
+    if freeze:
+        gc.freeze()
+    return len(entries), undecodable
+
+
 Done = dict[int, tuple[int, list[Mismatch]]]
 
 
@@ -134,15 +145,17 @@ def _take(order: list[int], taken: Synchronized[int]) -> Iterator[tuple[int, tup
         yield order[k], _replay_one(order[k])
 
 
-def _worker(order: list[int], taken: Synchronized[int], results: Connection) -> None:
+def _worker(order: list[int], taken: Synchronized[int], results: Connection, log: list[tuple[int, bytes]],
+            freeze: bool) -> None:
     try:
+        _load(log, freeze)
         for item in _take(order, taken):
             results.send(item)
     finally:
         results.close()
 
 
-def _replay_parallel(workers: int) -> Done:
+def _replay_parallel(workers: int, log: list[tuple[int, bytes]], report: ReplayReport, freeze: bool) -> Done:
     """The deciders replayed by this process and `workers` - 1 forked ones, each taking the next decider not
     yet taken (longest first) as soon as it is free."""
     ctx = multiprocessing.get_context("fork")
@@ -151,10 +164,11 @@ def _replay_parallel(workers: int) -> Done:
     children = []
     for _ in range(min(workers, len(order)) - 1):
         receive, send = ctx.Pipe(duplex=False)
-        child = ctx.Process(target=_worker, args=(order, taken, send), daemon=True)
+        child = ctx.Process(target=_worker, args=(order, taken, send, log, freeze), daemon=True)
         child.start()
         send.close()
         children.append((child, receive))
+    report.events, report.undecodable = _load(log, freeze)
     done: Done = dict(_take(order, taken))
     for child, receive in children:
         try:
@@ -184,16 +198,13 @@ def replay(log: Iterable[tuple[int, bytes]], workers: int = 1) -> ReplayReport:
     if freeze:
         gc.freeze()
     try:
-        entries, raws, report.undecodable = _decode_log(list(log))
-        report.events = len(entries)
-        _SHARED = (entries, raws)
-        if freeze:
-            gc.freeze()
+        logged = list(log)
         # Forking costs more than it saves on a short log.
-        if workers > 1 and len(entries) >= PARALLEL_FROM and "fork" in multiprocessing.get_all_start_methods():
-            done = _replay_parallel(workers)
+        if workers > 1 and len(logged) >= PARALLEL_FROM and "fork" in multiprocessing.get_all_start_methods():
+            done = _replay_parallel(workers, logged, report, freeze)
             results = [done[i] for i in range(len(DECIDERS))]
         else:
+            report.events, report.undecodable = _load(logged, freeze)
             results = [_replay_one(i) for i in range(len(DECIDERS))]
     finally:
         _SHARED = ([], [])
