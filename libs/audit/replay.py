@@ -64,18 +64,28 @@ PARALLEL_FROM = 5000  # events
 # replay decodes it for itself, forked workers right after the fork: what they decode is then their own memory,
 # not pages shared with the parent that every reference count update would make the kernel copy.
 _SHARED: tuple[list[tuple[int, EventBase]], list[bytes]] = ([], [])
+# What each source decided, as recorded: its decisions' payloads by the sequence of their trigger (made from
+# _SHARED on first use in a process).
+_RECORDED: dict[str, dict[int, list[bytes]]] | None = None
+
+
+def _recorded(source: str) -> dict[int, list[bytes]]:
+    global _RECORDED
+    if _RECORDED is None:
+        entries, raws = _SHARED
+        by_source: dict[str, dict[int, list[bytes]]] = {}
+        for (_, logged), raw in zip(entries, raws, strict=True):
+            by_source.setdefault(logged.source, {}).setdefault(logged.trigger_seq, []).append(raw)
+        _RECORDED = by_source
+    return _RECORDED.get(source, {})
 
 
 def _replay_one(index: int) -> tuple[int, list[Mismatch]]:
     """Run one decider over the whole log; its decisions checked and its mismatches."""
-    entries, raws = _SHARED
+    entries, _ = _SHARED
     decider = DECIDERS[index]()
     accepted = tuple(decider.input_types())
-    # What the decider decided, as recorded: its decisions' payloads by the sequence of their trigger.
-    recorded: dict[int, list[bytes]] = {}
-    for (_, logged), raw in zip(entries, raws, strict=True):
-        if logged.source == decider.name:
-            recorded.setdefault(logged.trigger_seq, []).append(raw)
+    recorded = _recorded(decider.name)
     checked, mismatches = 0, []
     takes: dict[type, bool] = {}  # event type -> is it an input? (isinstance, asked once per type)
     evolve, react = decider.evolve, decider.react
@@ -123,9 +133,9 @@ def _decode_log(log: list[tuple[int, bytes]]) -> tuple[list[tuple[int, EventBase
 
 def _load(log: list[tuple[int, bytes]], freeze: bool) -> tuple[int, int]:
     """Decode the log into _SHARED; (events, undecodable). `freeze`: keep the collector off it from then on."""
-    global _SHARED
+    global _SHARED, _RECORDED
     entries, raws, undecodable = _decode_log(log)
-    _SHARED = (entries, raws)
+    _SHARED, _RECORDED = (entries, raws), None
     if freeze:
         gc.freeze()
     return len(entries), undecodable
@@ -188,7 +198,7 @@ def _replay_parallel(workers: int, log: list[tuple[int, bytes]], report: ReplayR
 def replay(log: Iterable[tuple[int, bytes]], workers: int = 1) -> ReplayReport:
     """`log` is (stream sequence, raw payload) in stream order, as recorded. The deciders are independent
     of each other, so with `workers` > 1 they replay in parallel processes."""
-    global _SHARED
+    global _SHARED, _RECORDED
     started = time.perf_counter()
     report = ReplayReport()
     # What exists already, and the decoded log, live as long as the replay: the collector need not walk
@@ -207,7 +217,7 @@ def replay(log: Iterable[tuple[int, bytes]], workers: int = 1) -> ReplayReport:
             report.events, report.undecodable = _load(logged, freeze)
             results = [_replay_one(i) for i in range(len(DECIDERS))]
     finally:
-        _SHARED = ([], [])
+        _SHARED, _RECORDED = ([], []), None
         if freeze:
             gc.unfreeze()
     for checked, mismatches in results:
