@@ -37,6 +37,11 @@ class ClusterArrays:
         self.rdma: I64 = np.zeros(n, dtype=np.int64)
         self.online = np.zeros(n, dtype=bool)
         self.online_rows: list[bool] = [False] * n  # `online` as a list
+        # The same as lists, for row-by-row questions on small clusters: free memory, CPU, memory, RDMA NICs,
+        # and over usable GPUs (healthy, not MIG): is there any, their free share, how many are idle.
+        self.free_mem_rows: list[list[int]] = [[0] * width for _ in range(n)]
+        self.host_rows: list[tuple[int, int, int]] = [(0, 0, 0)] * n
+        self.usable_rows: list[tuple[bool, int, int]] = [(False, 0, 0)] * n
         # Free share on each node's usable GPUs (idle_share, kept row by row).
         self.idle: I64 = np.zeros(n, dtype=np.int64)
         # model_mask / gpu_mask per allowed-models tuple (they change only with the set of nodes).
@@ -48,6 +53,8 @@ class ClusterArrays:
         # A node's model: the model of its first GPU; -1 without GPUs. Nodes mixing models are rare and
         # handled GPU by GPU (gpu_model) where it matters.
         self.model: I64 = np.array([model_id[x.gpus[0].model] if x.gpus else -1 for x in nodes], dtype=np.int64)
+        self.model_rows: list[int] = self.model.tolist()
+        self._model_mask_rows: dict[tuple[str, ...], list[bool]] = {}
         self.gpu_model: I64 = np.full((n, width), -1, dtype=np.int64)
         for i, x in enumerate(nodes):
             for j, g in enumerate(x.gpus):
@@ -61,16 +68,25 @@ class ClusterArrays:
         node = self.nodes[i]
         free = [UNUSABLE] * self.width
         mem = [0] * self.width
-        idle = 0
+        idle = usable_share = idle_gpus = 0
+        usable = False
         for j, g in enumerate(node.gpus):
             if g.healthy and not g.mig_enabled:
-                free[j] = g.free_milli
+                share = g.free_milli
+                free[j] = share
                 mem[j] = g.free_memory_mib
-                if g.free_milli > 0:
-                    idle += g.free_milli
+                if share > 0:
+                    idle += share
+                if share >= 0:
+                    usable = True
+                    usable_share += share
+                    idle_gpus += share == FULL
         self.free[i] = free
         self.free_mem[i] = mem
         self.free_rows[i] = free
+        self.free_mem_rows[i] = mem
+        self.host_rows[i] = (node.free_cpu_milli, node.free_memory_mib, node.free_rdma_nics)
+        self.usable_rows[i] = (usable, usable_share, idle_gpus)
         self.idle[i] = idle
         self.cpu[i] = node.free_cpu_milli
         self.mem[i] = node.free_memory_mib
@@ -97,6 +113,13 @@ class ClusterArrays:
         if mask is None:
             mask = self._model_masks[models] = self._model_mask(models)
             mask.flags.writeable = False
+        return mask
+
+    def model_mask_rows(self, models: tuple[str, ...]) -> list[bool]:
+        """model_mask as a list."""
+        mask = self._model_mask_rows.get(models)
+        if mask is None:
+            mask = self._model_mask_rows[models] = self.model_mask(models).tolist()
         return mask
 
     def _model_mask(self, models: tuple[str, ...]) -> npt.NDArray[np.bool_]:
@@ -130,6 +153,13 @@ class ClusterArrays:
             if whole:
                 return True, int((self.free[usable] == FULL).sum()) * FULL
             return True, int(self.free[usable].sum())
+        if not models:  # any model: every usable GPU, as counted row by row when filled
+            found, total = False, 0
+            for online, (any_usable, share, idle_gpus) in zip(self.online_rows, self.usable_rows, strict=True):
+                if online and any_usable:
+                    found = True
+                    total += idle_gpus if whole else share
+            return found, total * FULL if whole else total
         masks = self._gpu_mask_rows.get(models)
         if masks is None:
             masks = self._gpu_mask_rows[models] = self.gpu_mask(models).tolist()

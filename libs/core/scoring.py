@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts import JobSpec
-from libs.core.arrays import I64, ClusterArrays
+from libs.core.arrays import FEW_NODES, I64, ClusterArrays
 from libs.core.shapes import TypicalShapes
 
 FULL = 1000
@@ -332,6 +332,8 @@ class FragModel:
 
 
 def feasible_rows(a: ClusterArrays, req: Request, allowed: Mask | None) -> Mask:
+    if not a.mixed and len(a.nodes) <= FEW_NODES:
+        return _feasible_few(a, req, allowed)
     ok = a.online & a.model_mask(req.models) & (a.cpu >= req.cpu) & (a.mem >= req.mem) & (a.rdma >= req.rdma)
     if allowed is not None:
         ok &= allowed
@@ -345,6 +347,28 @@ def feasible_rows(a: ClusterArrays, req: Request, allowed: Mask | None) -> Mask:
     for model in a.model_ids(req.models):
         enough |= (fits_gpu & (a.gpu_model == model)).sum(axis=1) >= req.gpus
     return ok & enough
+
+
+def _feasible_few(a: ClusterArrays, req: Request, allowed: Mask | None) -> Mask:
+    """feasible_rows for a small cluster of one model per node, row by row."""
+    models = a.model_mask_rows(req.models)
+    rows = allowed.tolist() if allowed is not None else None
+    milli, gpu_mem, gpus = req.milli, req.gpu_mem, req.gpus
+    out = []
+    for i, (online, (cpu, mem, rdma)) in enumerate(zip(a.online_rows, a.host_rows, strict=True)):
+        ok = (online and models[i] and cpu >= req.cpu and mem >= req.mem and rdma >= req.rdma
+              and (rows is None or rows[i]))
+        if ok:
+            if gpus == 0:
+                ok = a.model_rows[i] >= 0
+            else:
+                count = 0
+                for free, free_mem in zip(a.free_rows[i], a.free_mem_rows[i], strict=True):
+                    if free >= milli and free_mem >= gpu_mem:
+                        count += 1
+                ok = count >= gpus
+        out.append(ok)
+    return np.array(out, dtype=bool)
 
 
 def _best_fit_scores(a: ClusterArrays, rows: I64, req: Request) -> I64:

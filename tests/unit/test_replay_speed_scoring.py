@@ -22,10 +22,11 @@ MODELS = ("A100", "V100", "T4")
 
 def random_cluster(rng: random.Random) -> Cluster:
     cluster = Cluster()
+    mixing = rng.choice([0.0, 0.1])  # the chance of a GPU of another model than its node's first
     for n in range(rng.randint(1, 12)):
         model = rng.choice(MODELS)
         gpus = tuple(
-            GpuSpec(index=i, model=model if rng.random() < 0.9 else rng.choice(MODELS),
+            GpuSpec(index=i, model=model if rng.random() >= mixing else rng.choice(MODELS),
                     memory_mib=rng.choice([0, 16000, 40000]), healthy=rng.random() < 0.95,
                     mig_enabled=rng.random() < 0.05, nvlink_group=rng.choice([-1, 0, 1]))
             for i in range(rng.choice([1, 2, 4, 8])))
@@ -93,6 +94,18 @@ def test_fragmentation_rows_and_scoring_agree(seed: int, monkeypatch: pytest.Mon
             monkeypatch.setattr(arrays_module, "FEW_NODES", -1)
             assert arrays.usable_free(models, whole) == rowwise
             monkeypatch.setattr(arrays_module, "FEW_NODES", 64)
+
+    # Feasible rows, row by row as over the whole array.
+    for _ in range(20):
+        req = random_request(rng)
+        allowed = None if rng.random() < 0.5 else np.array([rng.random() < 0.6 for _ in range(n)], dtype=bool)
+        feasible = feasible_rows(arrays, req, allowed)
+        monkeypatch.setattr(arrays_module, "FEW_NODES", -1)
+        monkeypatch.setattr(scoring, "FEW_NODES", -1)
+        assert (feasible_rows(arrays, req, allowed) == feasible).all()
+        assert feasible.dtype == np.bool_
+        monkeypatch.setattr(arrays_module, "FEW_NODES", 64)
+        monkeypatch.setattr(scoring, "FEW_NODES", 64)
 
     # Candidates scored in plain integers choose what the vectorised scoring chooses.
     for _ in range(40):
