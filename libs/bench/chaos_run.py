@@ -12,8 +12,6 @@ import contextlib
 import json
 import logging
 import random
-import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -46,11 +44,11 @@ from libs.audit.quota_audit import quota_violations
 from libs.audit.replay import replay
 from libs.bench import chaos_scenario as scenario
 from libs.bench.chaos_scenario import Submission
+from libs.bench.platform import bench_platform
 from libs.bus.jetstream import Bus, BusConfig, Consumer, stream_seq
-from libs.cli.up import start_platform
 from libs.core.decider import derived_id
 from libs.core.ledger import FINAL_STATES, Ledger
-from libs.runtime.embedded import EmbeddedServer, free_port
+from libs.runtime.embedded import EmbeddedServer
 from libs.runtime.settings import SERVICES
 from libs.runtime.supervisor import Supervisor
 
@@ -106,32 +104,17 @@ def run_chaos(opts: ChaosOptions, progress: ProgressFn | None = None) -> dict[st
     started = time.monotonic()
     window = scenario.submission_window(opts.jobs, opts.window_s)
     plan = scenario.plan(opts.jobs, opts.seed, window)
-    data = opts.data or Path(tempfile.mkdtemp(prefix="gpusched-chaos-"))
-    data.mkdir(parents=True, exist_ok=True)
-    (data / "policy.toml").write_text(scenario.POLICY_TOML)
-    (data / "cluster.csv").write_text(scenario.CLUSTER_CSV)
     shown = ChaosProgress(total=len(plan))
     report = progress or (lambda _: None)
-    sup: Supervisor | None = None
-    servers: list[EmbeddedServer] = []
-    try:
-        env_extra = {"GPUSCHED_TICK_SECONDS": "1", "GPUSCHED_TIME_SCALE": f"{opts.time_scale:g}",
-                     "GPUSCHED_STREAM": STREAM, "GPUSCHED_SUBJECT_PREFIX": "gs"}
-        # own_servers: the NATS server is restarted and Redis flushed, so they must be this run's alone.
-        sup, servers, env = start_platform(data, data / "cluster.csv", data / "policy.toml", api_port=free_port(),
-                                           extra_env=env_extra, own_servers=True)
-        nats = next(s for s in servers if s.name == "nats")
-        drive = Drive(sup, nats, env["REDIS_URL"], f"http://127.0.0.1:{sup.ports['admission']}", plan, opts,
-                      window, shown, report)
-        with logged_to(data / "logs" / "chaos.log"):
-            seen = asyncio.run(drive.run(BusConfig(url=env["NATS_URL"], stream=STREAM)))
-    finally:
-        if sup is not None:
-            sup.stop()
-        for s in reversed(servers):
-            s.stop()
-        if opts.data is None:
-            shutil.rmtree(data, ignore_errors=True)
+    env_extra = {"GPUSCHED_TICK_SECONDS": "1", "GPUSCHED_TIME_SCALE": f"{opts.time_scale:g}",
+                 "GPUSCHED_STREAM": STREAM, "GPUSCHED_SUBJECT_PREFIX": "gs"}
+    # Its own servers: the NATS server is restarted and Redis flushed, so they must be this run's alone.
+    with bench_platform(opts.data, "chaos", scenario.POLICY_TOML, scenario.CLUSTER_CSV, env_extra) as run:
+        nats = next(s for s in run.servers if s.name == "nats")
+        drive = Drive(run.sup, nats, run.env["REDIS_URL"], f"http://127.0.0.1:{run.sup.ports['admission']}", plan,
+                      opts, window, shown, report)
+        with logged_to(run.data / "logs" / "chaos.log"):
+            seen = asyncio.run(drive.run(BusConfig(url=run.env["NATS_URL"], stream=STREAM)))
     # Judged once the platform is stopped: the replay gets the CPUs, and forks no process with live threads.
     shown.phase = "checking the log"
     report(shown)

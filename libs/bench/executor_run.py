@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,8 +19,8 @@ from contracts import JobFailed, JobFinished, JobRejected, JobSpec, JobStarted, 
 from contracts.codec import decode
 from libs.audit.log_reader import read_log_timed
 from libs.bench.kueue_run import Counts, cpu_seconds, proc_cpu, watch_progress
+from libs.bench.platform import bench_platform
 from libs.bus.jetstream import Bus, BusConfig
-from libs.cli.up import start_platform
 from libs.core.decider import derived_id
 from libs.runtime.embedded import EmbeddedServer, free_port
 from libs.runtime.supervisor import Supervisor
@@ -46,34 +44,21 @@ class ExecutorBenchOptions:
 def run_executor_bench(opts: ExecutorBenchOptions, progress: ProgressFn | None = None) -> dict[str, Any]:
     if opts.jobs < 1 or opts.gpus < 1 or opts.duration_s < 0:
         raise ValueError("--jobs and --gpus must be at least 1 and --duration not negative")
-    data = opts.data or Path(tempfile.mkdtemp(prefix="gpusched-exec-bench-"))
-    data.mkdir(parents=True, exist_ok=True)
-    (data / "policy.toml").write_text(POLICY)
-    (data / "cluster.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n")
-    sup: Supervisor | None = None
-    servers: list[EmbeddedServer] = []
     agent: subprocess.Popen[bytes] | None = None
-    try:
-        sup, servers, env = start_platform(data, data / "cluster.csv", data / "policy.toml", api_port=free_port(),
-                                           extra_env={"GPUSCHED_NODE_BACKEND": "agents",
-                                                      "GPUSCHED_TICK_SECONDS": "1"}, own_servers=True)
-        with open(data / "agent.log", "wb") as agent_log:
-            agent = subprocess.Popen(
-                [sys.executable, "-m", "services.agent", "--node", NODE, "--backend", "sim", "--gpus", str(opts.gpus),
-                 "--port", str(free_port()), "--workdir", str(data / "agent")],
-                env={**os.environ, **env}, stdout=agent_log, stderr=subprocess.STDOUT)
-        config = BusConfig(url=env["NATS_URL"])
-        result = asyncio.run(_drive(config, sup, servers, agent, opts, progress or (lambda *_: None)))
-    finally:
-        if agent is not None:
-            agent.terminate()
-            agent.wait(timeout=15)
-        if sup is not None:
-            sup.stop()
-        for s in reversed(servers):
-            s.stop()
-        if opts.data is None:
-            shutil.rmtree(data, ignore_errors=True)
+    with bench_platform(opts.data, "exec-bench", POLICY, "sn,cpu_milli,memory_mib,gpu,model\n",
+                        {"GPUSCHED_NODE_BACKEND": "agents", "GPUSCHED_TICK_SECONDS": "1"}) as run:
+        try:
+            with open(run.data / "agent.log", "wb") as agent_log:
+                agent = subprocess.Popen(
+                    [sys.executable, "-m", "services.agent", "--node", NODE, "--backend", "sim", "--gpus",
+                     str(opts.gpus), "--port", str(free_port()), "--workdir", str(run.data / "agent")],
+                    env={**os.environ, **run.env}, stdout=agent_log, stderr=subprocess.STDOUT)
+            result = asyncio.run(_drive(BusConfig(url=run.env["NATS_URL"]), run.sup, run.servers, agent, opts,
+                                        progress or (lambda *_: None)))
+        finally:
+            if agent is not None:
+                agent.terminate()
+                agent.wait(timeout=15)
     return result
 
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,10 +36,10 @@ from libs.bench.kueue_scenario import (
     plan_jobs,
     policy_toml,
 )
+from libs.bench.platform import bench_platform
 from libs.bus.jetstream import Bus, BusConfig
-from libs.cli.up import start_platform
 from libs.core.decider import derived_id
-from libs.runtime.embedded import EmbeddedServer, free_port
+from libs.runtime.embedded import EmbeddedServer
 from libs.runtime.supervisor import Supervisor
 
 SOURCE = "kueue-bench"
@@ -94,26 +92,11 @@ def run_bench(opts: BenchOptions, progress: ProgressFn | None = None) -> dict[st
         raise ValueError("--scale must be > 0 and --gpus-per-node >= 1")
     queues = load_scenario(opts.generator, opts.scale)
     jobs = plan_jobs(queues, opts.gpus_per_node, opts.replica_gpus)
-    data = opts.data or Path(tempfile.mkdtemp(prefix="gpusched-bench-"))
-    data.mkdir(parents=True, exist_ok=True)
-    (data / "policy.toml").write_text(policy_toml(queues))
-    (data / "cluster.csv").write_text(cluster_csv(queues, opts.gpus_per_node))
-    sup: Supervisor | None = None
-    servers: list[EmbeddedServer] = []
-    try:
-        # own_servers: a NATS_URL / REDIS_URL in the environment would mix this run with another's log.
-        sup, servers, env = start_platform(data, data / "cluster.csv", data / "policy.toml", api_port=free_port(),
-                                           extra_env=SERVICE_ENV, own_servers=True)
-        result = asyncio.run(_drive(BusConfig(url=env["NATS_URL"], stream=STREAM), sup, servers, jobs,
+    with bench_platform(opts.data, "bench", policy_toml(queues), cluster_csv(queues, opts.gpus_per_node),
+                        SERVICE_ENV) as run:
+        result = asyncio.run(_drive(BusConfig(url=run.env["NATS_URL"], stream=STREAM), run.sup, run.servers, jobs,
                                     (len(queues), node_count(queues, opts.gpus_per_node)), opts.timeout_s,
                                     progress or (lambda *_: None)))
-    finally:
-        if sup is not None:
-            sup.stop()
-        for s in reversed(servers):
-            s.stop()
-        if opts.data is None:
-            shutil.rmtree(data, ignore_errors=True)
     readme = opts.generator.parent / "README.md"
     result["kueue"] = published_figures(readme.read_text()) if readme.exists() else {}
     result["scale"] = opts.scale

@@ -279,7 +279,10 @@ class Ledger:
                 self._touch_nodes(event.placements)
             case JobStarted():
                 self._set_state(view, "running", seq)
-                view.phase, view.started_at = "running", event.ts
+                # A start that crossed a cancellation (the executor started it before it saw the cancel) still
+                # ends as cancelled, whatever the eviction that follows says.
+                view.phase = "cancelling" if view.phase == "cancelling" else "running"
+                view.started_at = event.ts
                 if view.first_started_at is None:
                     view.first_started_at = event.ts
                     prio = view.spec.priority if view.spec else ""

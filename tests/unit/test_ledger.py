@@ -192,3 +192,16 @@ def test_long_jobs_and_their_interruptions_are_counted() -> None:
     feed.send(JobEvicted, job_id="short", reason="preempted")
     assert ledger(feed).long_started == ["ml-train"]
     assert ledger(feed).long_interrupted == [("ml-train", "preempted")]
+
+
+@pytest.mark.parametrize("reason", ["cancelled", "preempted"])
+def test_a_start_that_crossed_a_cancel_still_ends_cancelled(reason: str) -> None:
+    feed = accounting()
+    feed.at(1000.0).submit("j", job())
+    feed.at(1001.0).send(CancelJob, job_id="j", team="ml")
+    view = ledger(feed).jobs["j"]
+    assert (view.state, view.phase) == ("pending", "cancelling")  # placed: the executor must stop it
+    feed.at(1002.0).send(JobStarted, job_id="j")  # it started before it saw the cancel
+    feed.at(1003.0).send(JobEvicted, job_id="j", reason=reason)
+    assert (view.state, view.phase) == ("cancelled", "cancelled")
+    assert counts(feed) == (0, 0)
