@@ -86,18 +86,23 @@ def _replay_one(index: int) -> tuple[int, list[Mismatch]]:
     decider = DECIDERS[index]()
     accepted = tuple(decider.input_types())
     recorded = _recorded(decider.name)
+    # A decider may say which inputs its react can decide anything about (reacts_to): the others are only
+    # folded.
+    reacting = getattr(decider, "reacts_to", None)
+    reacts_to = tuple(reacting()) if reacting is not None else accepted
     checked, mismatches = 0, []
-    takes: dict[type, bool] = {}  # event type -> is it an input? (isinstance, asked once per type)
+    # event type -> (is it an input?, can it decide anything?), from isinstance, asked once per type
+    takes: dict[type, tuple[bool, bool]] = {}
     evolve, react = decider.evolve, decider.react
     for seq, event in entries:
         take = takes.get(type(event))
         if take is None:
-            take = takes[type(event)] = isinstance(event, accepted)
-        if not take:
+            take = takes[type(event)] = (isinstance(event, accepted), isinstance(event, reacts_to))
+        if not take[0]:
             continue
         try:
             evolve(event)  # run_decider, inline: fold the input, then react to it
-            decided = react(Trigger(event, seq))
+            decided = react(Trigger(event, seq)) if take[1] else []
             got = [encode(d) for d in decided] if decided else []
         except Exception as err:  # an altered log can make a decider fail: that is a finding, not a crash
             got = [f"error: {type(err).__name__}: {err}".encode()]

@@ -372,6 +372,10 @@ class PreemptionDecider:
             if not prios:
                 del self.s.running_priorities[run.queue]
 
+    def reacts_to(self) -> tuple[type[EventBase], ...]:
+        """The inputs `react` may decide something about; to any other it answers [] and changes nothing."""
+        return (QuotaDeferred, PlacementDeferred, ClockTick)
+
     def react(self, trigger: Trigger) -> list[EventBase]:
         event = trigger.event
         if isinstance(event, QuotaDeferred | PlacementDeferred) and event.job_id in self.s.waiting:

@@ -17,7 +17,7 @@ from contracts import (
     SchedulingSettingsChanged,
     SubmitJob,
 )
-from libs.core.decider import run_decider
+from libs.core.decider import Trigger, run_decider
 from libs.core.preemption import PLACEMENT, PreemptionDecider
 from libs.core.quota import BUDGET_WAITS, QuotaDecider
 from libs.nodes.sim import load_cluster_csv
@@ -79,6 +79,26 @@ def check_quota(d: QuotaDecider) -> None:
     for queue, waits in d.by_wait_in.items():
         assert waits == [k for k in d.by_wait if d.jobs[k[2]].queue == queue]
     assert sum(len(w) for w in d.by_wait_in.values()) == len(d.by_wait)
+
+
+def test_preemption_reacts_only_to_what_it_says() -> None:
+    """Replay folds, without reacting, the inputs outside PreemptionDecider.reacts_to: react must answer []
+    to them and change nothing."""
+    decider = PreemptionDecider()
+    accepted, reacts = tuple(decider.input_types()), decider.reacts_to()
+    quiet = 0
+    for seq, event in history(seed=5, jobs=120):
+        if not isinstance(event, accepted):
+            continue
+        decider.evolve(event)
+        if isinstance(event, reacts):
+            decider.react(Trigger(event, seq))
+            continue
+        before = (decider.snapshot(), decider.changed, decider.chain.head)
+        assert decider.react(Trigger(event, seq)) == []
+        assert (decider.snapshot(), decider.changed, decider.chain.head) == before
+        quiet += 1
+    assert quiet > 100
 
 
 def test_indexes_follow_the_state() -> None:
