@@ -165,40 +165,14 @@ class PreemptionDecider:
             self.changed = True
         else:
             self._forget_old_evictions(event.ts)
-        if self.policy.apply(event):
-            if isinstance(event, PriorityClassesChanged):
-                self._rerank()
-            return
         s = self.s
+        # The most frequent events first; policy events (which no case names) last.
         match event:
-            case NodeRegistered():
-                self.cluster.register(event.node)
-            case NodeLost():
-                self.cluster.set_online(event.node, False)
-            case NodeCordoned() | NodeUncordoned():
-                self.cluster.cordon(event.node, isinstance(event, NodeCordoned))
-            case GpuHealthChanged():
-                self.cluster.set_gpu_health(event.node, event.index, event.healthy)
-            case JobSubmitted():
-                if event.job_id in s.waiting:  # its spec changes under the indexes
-                    grace = event.job_id in s.grace_of
-                    self._unindex(event.job_id)
-                    s.specs[event.job_id] = event.spec
-                    self._index(event.job_id, grace)
-                else:
-                    s.specs[event.job_id] = event.spec
             case QuotaReserved():
                 flavor = event.flavor or ANY
                 s.reserved[event.job_id] = (event.queue, flavor, event.gpu_milli, event.over_budget)
                 self.book.add(event.queue, flavor, event.gpu_milli, event.over_budget)
                 self._unwait(event.job_id)
-            case QuotaDeferred():
-                if event.code in WAITING_FOR_QUOTA:
-                    self._wait(event.job_id, event.code, event.ts)
-                else:
-                    self._unwait(event.job_id)
-            case PlacementDeferred():
-                self._wait(event.job_id, PLACEMENT, event.ts)
             case QuotaReleased():
                 held_quota = s.reserved.pop(event.job_id, None)
                 if held_quota is not None:
@@ -229,6 +203,26 @@ class PreemptionDecider:
                 prios = s.running_priorities.setdefault(run.queue, {})
                 prios[run.priority] = prios.get(run.priority, 0) + 1
                 self.cluster.allocate(event.placements)
+            case JobSubmitted():
+                if event.job_id in s.waiting:  # its spec changes under the indexes
+                    grace = event.job_id in s.grace_of
+                    self._unindex(event.job_id)
+                    s.specs[event.job_id] = event.spec
+                    self._index(event.job_id, grace)
+                else:
+                    s.specs[event.job_id] = event.spec
+            case JobFinished() | JobFailed() | JobEvicted():
+                again = isinstance(event, JobEvicted) or (
+                    isinstance(event, JobFailed)
+                    and self.retries.on_failed(event, s.specs.get(event.job_id), self.policy) is not None)
+                self._gone(event.job_id, final=not again or event.job_id in s.cancelled)
+            case PlacementDeferred():
+                self._wait(event.job_id, PLACEMENT, event.ts)
+            case QuotaDeferred():
+                if event.code in WAITING_FOR_QUOTA:
+                    self._wait(event.job_id, event.code, event.ts)
+                else:
+                    self._unwait(event.job_id)
             case JobCheckpointed() if event.job_id in s.running:
                 s.running[event.job_id].last_checkpoint = event.ts
             case PreemptionDecided():
@@ -243,11 +237,17 @@ class PreemptionDecider:
                     s.cancelled[event.job_id] = None  # still holds its GPUs until its executor stops it
                 else:
                     self._gone(event.job_id, final=True)
-            case JobFinished() | JobFailed() | JobEvicted():
-                again = isinstance(event, JobEvicted) or (
-                    isinstance(event, JobFailed)
-                    and self.retries.on_failed(event, s.specs.get(event.job_id), self.policy) is not None)
-                self._gone(event.job_id, final=not again or event.job_id in s.cancelled)
+            case NodeRegistered():
+                self.cluster.register(event.node)
+            case NodeLost():
+                self.cluster.set_online(event.node, False)
+            case NodeCordoned() | NodeUncordoned():
+                self.cluster.cordon(event.node, isinstance(event, NodeCordoned))
+            case GpuHealthChanged():
+                self.cluster.set_gpu_health(event.node, event.index, event.healthy)
+            case _ if self.policy.apply(event):
+                if isinstance(event, PriorityClassesChanged):
+                    self._rerank()
 
     def _wait(self, job_id: str, code: str, now: float) -> None:
         s = self.s
