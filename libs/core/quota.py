@@ -230,12 +230,7 @@ class QuotaDecider:
         if type(event) is QuotaDeferred:  # by far the most frequent: straight to its case below
             self._deferred(event)
             return
-        if self.policy.apply(event):
-            self.policy_version += 1
-            if isinstance(event, PriorityClassesChanged):
-                self._rerank()
-            return
-        match event:
+        match event:  # policy events (which no case names) last
             case JobSubmitted():
                 self._specs[event.job_id] = event
             case JobAdmitted():
@@ -295,6 +290,10 @@ class QuotaDecider:
                     self.retry_in[event.job_id] = delay
             case JobCancelled() | JobFinished() | JobFailed():
                 self._end(event.job_id)
+            case _ if self.policy.apply(event):
+                self.policy_version += 1
+                if isinstance(event, PriorityClassesChanged):
+                    self._rerank()
 
     def _deferred(self, event: QuotaDeferred) -> None:
         self.deferred[event.job_id] = event.code
