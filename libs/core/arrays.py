@@ -42,6 +42,9 @@ class ClusterArrays:
         self.free_mem_rows: list[list[int]] = [[0] * width for _ in range(n)]
         self.host_rows: list[tuple[int, int, int]] = [(0, 0, 0)] * n
         self.usable_rows: list[tuple[bool, int, int]] = [(False, 0, 0)] * n
+        # Per row, the free shares (sorted) of the GPUs with no memory overdrawn: what a request asking for no
+        # GPU memory can count on.
+        self.share_rows: list[list[int]] = [[] for _ in range(n)]
         # Free share on each node's usable GPUs (idle_share, kept row by row).
         self.idle: I64 = np.zeros(n, dtype=np.int64)
         # model_mask / gpu_mask per allowed-models tuple (they change only with the set of nodes).
@@ -85,6 +88,7 @@ class ClusterArrays:
         self.free_mem[i] = mem
         self.free_rows[i] = free
         self.free_mem_rows[i] = mem
+        self.share_rows[i] = sorted(share for share, memory in zip(free, mem, strict=True) if memory >= 0)
         self.host_rows[i] = (node.free_cpu_milli, node.free_memory_mib, node.free_rdma_nics)
         self.usable_rows[i] = (usable, usable_share, idle_gpus)
         self.idle[i] = idle

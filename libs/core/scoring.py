@@ -361,6 +361,9 @@ def _feasible_few(a: ClusterArrays, req: Request, allowed: Mask | None) -> Mask:
         if ok:
             if gpus == 0:
                 ok = a.model_rows[i] >= 0
+            elif gpu_mem == 0:  # GPUs with share enough (and memory not overdrawn), from the sorted shares
+                shares = a.share_rows[i]
+                ok = len(shares) - bisect.bisect_left(shares, milli) >= gpus
             else:
                 count = 0
                 for free, free_mem in zip(a.free_rows[i], a.free_mem_rows[i], strict=True):
