@@ -167,6 +167,7 @@ async def test_plain_subjects_heartbeats_and_log_requests(secured: SecuredNats) 
     agent, telemetry, admission = [await secured.connect(u) for u in (AGENT, "node-telemetry", "admission")]
     try:
         beats = await telemetry.nc.subscribe(f"{secured.prefix}.hb.*")
+        await telemetry.nc.flush()  # the server knows the subscription before the agent beats
 
         async def answer(msg: Msg) -> None:
             await msg.respond(b'{"node": "n1", "bytes": 0, "log": ""}')  # allowed on the reply subject only
@@ -174,8 +175,8 @@ async def test_plain_subjects_heartbeats_and_log_requests(secured: SecuredNats) 
         await agent.nc.subscribe(f"{secured.prefix}.logs", cb=answer)
         await agent.nc.flush()
         await agent.nc.publish(f"{secured.prefix}.hb.{NODE}", b'{"node": "n1"}')
-        assert (await beats.next_msg(timeout=2.0)).subject == f"{secured.prefix}.hb.{NODE}"
-        reply = await admission.nc.request(f"{secured.prefix}.logs", b'{"job_id": "j"}', timeout=2.0)
+        assert (await beats.next_msg(timeout=5.0)).subject == f"{secured.prefix}.hb.{NODE}"
+        reply = await admission.nc.request(f"{secured.prefix}.logs", b'{"job_id": "j"}', timeout=5.0)
         assert b'"node": "n1"' in reply.data
     finally:
         for bus in (agent, telemetry, admission):
