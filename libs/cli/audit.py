@@ -24,7 +24,7 @@ from libs.runtime.settings import nats_auth_from_env
 console = Console(stderr=True)
 
 
-def _bus_config() -> BusConfig:
+def live_bus_config() -> BusConfig:
     """The live log's server, stream and prefix, with NATS credentials when set (an auditor's user, say)."""
     return BusConfig(url=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
                      stream=os.environ.get("GPUSCHED_STREAM", "GPUSCHED"),
@@ -33,7 +33,7 @@ def _bus_config() -> BusConfig:
 
 
 async def _read_live() -> list[tuple[int, bytes]]:
-    bus = await Bus.connect(_bus_config(), name="gpusched-audit")
+    bus = await Bus.connect(live_bus_config(), name="gpusched-audit")
     try:
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("reading the log", total=None)

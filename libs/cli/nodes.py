@@ -8,7 +8,7 @@ import getpass
 import json
 import sys
 
-from libs.cli.audit import _bus_config
+from libs.cli.audit import live_bus_config
 from libs.cli.client import Client
 from libs.jobkit import checkpoint
 
@@ -27,7 +27,7 @@ def cmd_node_action(args: argparse.Namespace) -> None:
 async def _send_fault(node: str, command: dict[str, object]) -> dict[str, object]:
     from libs.bus.jetstream import Bus
 
-    bus = await Bus.connect(_bus_config(), name="gpusched-cli")
+    bus = await Bus.connect(live_bus_config(), name="gpusched-cli")
     try:
         reply = await bus.nc.request(f"{bus.config.subject_prefix}.agent.{node}.fault", json.dumps(command).encode(),
                                      timeout=3.0)

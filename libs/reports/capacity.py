@@ -12,13 +12,24 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from contracts import EventBase, GpuHealthChanged, NodeLost, NodeRegistered
+from contracts import (
+    EventBase,
+    GpuHealthChanged,
+    JobCancelled,
+    JobEvicted,
+    JobFailed,
+    JobFinished,
+    JobRejected,
+    JobStarted,
+    JobSubmitted,
+    NodeLost,
+    NodeRegistered,
+)
 from libs.core.ledger import ALL_MODELS, Ledger
 
 DAY_S = 86400.0
 # Events after which demand cannot have changed: skipping them keeps the sweep fast on long logs.
-_DEMAND_EVENTS = frozenset({"JobSubmitted", "JobRejected", "JobStarted", "JobFinished", "JobFailed",
-                            "JobEvicted", "JobCancelled"})
+_DEMAND_EVENTS = (JobSubmitted, JobRejected, JobStarted, JobFinished, JobFailed, JobEvicted, JobCancelled)
 
 
 @dataclass(slots=True)
@@ -41,7 +52,7 @@ class CapacitySweep:
         self.ledger.apply(event, seq)
         if isinstance(event, NodeRegistered | NodeLost | GpuHealthChanged):
             self._recount(event.node.name if isinstance(event, NodeRegistered) else event.node)
-        elif type(event).__name__ not in _DEMAND_EVENTS:
+        elif not isinstance(event, _DEMAND_EVENTS):
             return
         self._sample(int(event.ts // self.bucket_s))
 
