@@ -19,6 +19,7 @@ from contracts.model import (
     QueueSpec,
     ReplicaPlacement,
     SchedulingSettings,
+    ServiceSpec,
     Victim,
 )
 
@@ -66,6 +67,26 @@ class UncordonNode(EventBase, frozen=True, kw_only=True):
     operator: str = ""
 
 
+class DeployService(EventBase, frozen=True, kw_only=True):
+    """Create an inference service, or change its replica bounds and autoscaling (same name and team)."""
+
+    service: ServiceSpec
+
+
+class DeleteService(EventBase, frozen=True, kw_only=True):
+    name: str
+    team: str = ""
+    reason: str = "user_request"
+
+
+class ReportServiceLoad(EventBase, frozen=True, kw_only=True):
+    """A load signal for a service's autoscaling (from its gateway, load balancer or telemetry)."""
+
+    service: str
+    metric: str
+    value: float
+
+
 # --- admission ----------------------------------------------------------------------------------
 
 
@@ -88,6 +109,32 @@ class JobRejected(EventBase, frozen=True, kw_only=True):
 
 class JobCancelled(EventBase, frozen=True, kw_only=True):
     job_id: str
+    reason: str
+
+
+class ServiceDeployed(EventBase, frozen=True, kw_only=True):
+    service: ServiceSpec
+
+
+class ServiceRejected(EventBase, frozen=True, kw_only=True):
+    name: str
+    code: str
+    message: str
+
+
+class ServiceScaled(EventBase, frozen=True, kw_only=True):
+    """The service's desired replica count changed; `reason` says why (deploy, load, bounds)."""
+
+    service: str
+    from_replicas: int
+    to_replicas: int
+    reason: str
+    metric: str = ""
+    value: float = 0.0
+
+
+class ServiceDeleted(EventBase, frozen=True, kw_only=True):
+    name: str
     reason: str
 
 
@@ -290,10 +337,18 @@ Event = (
     | NodeUncordoned
     | ClockTick
     | AuditCheckpoint
+    | DeployService
+    | DeleteService
+    | ReportServiceLoad
+    | ServiceDeployed
+    | ServiceRejected
+    | ServiceScaled
+    | ServiceDeleted
 )
 
 ALL_EVENT_TYPES: Final[tuple[type[EventBase], ...]] = Event.__args__
-COMMAND_TYPES: Final[frozenset[type[EventBase]]] = frozenset({SubmitJob, CancelJob, CordonNode, UncordonNode})
+COMMAND_TYPES: Final[frozenset[type[EventBase]]] = frozenset({SubmitJob, CancelJob, CordonNode, UncordonNode,
+                                                                   DeployService, DeleteService, ReportServiceLoad})
 
 
 def subject_for_type(event_type: type[EventBase]) -> str:

@@ -51,6 +51,41 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, for
     checkpoint_interval_s: float | None = None
     # Exit codes that mean "try again" besides 128+ (killed by a signal) and infrastructure failures.
     retry_exit_codes: tuple[int, ...] = ()
+    # The inference service this job is a replica of ("" for none). With `spread`, placement keeps a
+    # service's replicas apart: other racks first, then other nodes, as failure domains.
+    service: str = ""
+
+
+class Autoscaling(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """How a service's replica count follows its load, by the rules of the Kubernetes HPA: desired =
+    ceil(load / target per replica), within a tolerance, stabilised over windows, with cooldowns."""
+
+    # "requests_per_s" or "queue_length": the service's total, reported on the bus; "gpu_utilization": the
+    # mean percent over its ready replicas.
+    metric: str = "requests_per_s"
+    target_per_replica: float
+    # No change while load / (replicas x target) is within 1 +- tolerance.
+    tolerance: float = 0.1
+    # A scale-up goes to the lowest, a scale-down to the highest recommendation of its window.
+    scale_up_window_s: float = 0.0
+    scale_down_window_s: float = 300.0
+    # Least time between two scale-ups, and from any scale to a scale-down.
+    scale_up_cooldown_s: float = 0.0
+    scale_down_cooldown_s: float = 0.0
+
+
+class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """A long-running inference service: between min and max replicas of one replica job each (whose spec
+    gives team, queue, priority class, resources and command), scaled by its load."""
+
+    name: str
+    replica: JobSpec
+    min_replicas: int = 1
+    max_replicas: int = 1
+    # None: a fixed count of min_replicas.
+    autoscaling: Autoscaling | None = None
+    # Replicas prefer distinct racks, then distinct nodes (failure domains).
+    spread: bool = True
 
 
 class GpuSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

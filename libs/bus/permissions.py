@@ -28,6 +28,8 @@ from contracts.events import (
     CancelJob,
     ClockTick,
     CordonNode,
+    DeleteService,
+    DeployService,
     EventBase,
     GpuFault,
     GpuHealthChanged,
@@ -52,7 +54,12 @@ from contracts.events import (
     QuotaDeferred,
     QuotaReleased,
     QuotaReserved,
+    ReportServiceLoad,
     SchedulingSettingsChanged,
+    ServiceDeleted,
+    ServiceDeployed,
+    ServiceRejected,
+    ServiceScaled,
     SubmitJob,
     UncordonNode,
     subject_for_type,
@@ -70,8 +77,9 @@ _EXECUTOR_REPORTS: frozenset[type[EventBase]] = frozenset({JobStarted, JobFinish
 # AuditCheckpoints (libs/runtime/reactor.py); accounting and the agents keep no chain.
 PUBLISHES: Final[Mapping[str, frozenset[type[EventBase]]]] = {
     # Its API's commands and queue changes, and its own decisions.
-    "admission": frozenset({SubmitJob, CancelJob, CordonNode, UncordonNode, QueuePolicyChanged,
-                            JobSubmitted, JobAdmitted, JobRejected, JobCancelled, AuditCheckpoint}),
+    "admission": frozenset({SubmitJob, CancelJob, CordonNode, UncordonNode, QueuePolicyChanged, DeployService,
+                            DeleteService, ReportServiceLoad, JobSubmitted, JobAdmitted, JobRejected, JobCancelled,
+                            ServiceDeployed, ServiceRejected, ServiceScaled, ServiceDeleted, AuditCheckpoint}),
     # Its decisions, and the policy file's changes it publishes at start (libs/runtime/policy_file.py).
     "quota": frozenset({QuotaReserved, QuotaReleased, QuotaDeferred, QueuePolicyChanged, PriorityClassesChanged,
                         SchedulingSettingsChanged, AuditCheckpoint}),

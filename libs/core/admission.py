@@ -13,6 +13,8 @@ import msgspec
 
 from contracts import (
     CancelJob,
+    DeleteService,
+    DeployService,
     EventBase,
     JobAdmitted,
     JobCancelled,
@@ -21,15 +23,23 @@ from contracts import (
     JobFinished,
     JobRejected,
     JobSpec,
+    JobStarted,
     JobSubmitted,
     NodeRegistered,
     PriorityClassesChanged,
     QueuePolicyChanged,
+    ReportServiceLoad,
+    ServiceDeleted,
+    ServiceDeployed,
+    ServiceRejected,
+    ServiceScaled,
+    ServiceSpec,
     SubmitJob,
 )
 from libs.core.decider import Chain, Decisions, Trigger, derived_id
 from libs.core.policy import PolicyBook, demand_milli, replica_milli
 from libs.core.retries import RetryBook
+from libs.core.services import ServiceBook, replica_spec, service_problem
 
 SERVICE = "admission"
 
@@ -141,12 +151,16 @@ class AdmissionDecider:
         self.job_team: dict[str, str] = {}
         self.specs: dict[str, JobSpec] = {}  # jobs not yet final
         self.retries = RetryBook()
+        self.services = ServiceBook()
+        # The service whose replica ended for good with the event being folded (react replaces it).
+        self._ended_replica_of: str | None = None
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (SubmitJob, CancelJob, QueuePolicyChanged, PriorityClassesChanged, NodeRegistered,
-                JobFinished, JobFailed, JobEvicted)
+                JobFinished, JobFailed, JobEvicted, JobStarted, DeployService, DeleteService, ReportServiceLoad)
 
     def evolve(self, event: EventBase) -> None:
+        self._ended_replica_of = None
         if self.policy.apply(event):
             return
         match event:
@@ -156,19 +170,36 @@ class AdmissionDecider:
                 self.jobs[event.job_id] = "submitted"
                 self.job_team[event.job_id] = event.spec.team
                 self.specs[event.job_id] = event.spec
+                if event.spec.service:
+                    self.services.replica_submitted(event.job_id, event.spec)
             case JobAdmitted():
                 self.jobs[event.job_id] = "admitted"
             case JobRejected():
                 self.jobs[event.job_id] = "rejected"
             case JobCancelled():
                 self.jobs[event.job_id] = "cancelled"
+                self.services.replica_gone(event.job_id)
+            case JobStarted():
+                self.services.replica_started(event.job_id)
+            case JobEvicted():
+                self.services.replica_started(event.job_id, False)  # requeued: not ready until it runs again
             case JobFinished() if event.job_id in self.jobs:
                 self.jobs[event.job_id] = "succeeded" if event.exit_code == 0 else "failed"
                 self.specs.pop(event.job_id, None)
+                self._ended_replica_of = self.services.replica_gone(event.job_id)
             case JobFailed() if event.job_id in self.jobs:
                 if self.retries.on_failed(event, self.specs.get(event.job_id), self.policy) is None:
                     self.jobs[event.job_id] = "failed"
                     self.specs.pop(event.job_id, None)
+                    self._ended_replica_of = self.services.replica_gone(event.job_id)
+                else:
+                    self.services.replica_started(event.job_id, False)
+            case ServiceDeployed():
+                self.services.deployed(event.service, event.id)
+            case ServiceScaled() if event.service in self.services.services:
+                self.services.scaled(event.service, event.to_replicas, event.ts)
+            case ServiceDeleted():
+                self.services.deleted(event.name)
 
     def react(self, trigger: Trigger) -> list[EventBase]:
         out = Decisions(SERVICE, trigger, self.evolve, self.chain)
@@ -177,7 +208,86 @@ class AdmissionDecider:
             self._submit(event, out)
         elif isinstance(event, CancelJob):
             self._cancel(event, out)
+        elif isinstance(event, ReportServiceLoad):
+            self._autoscale(event, out)
+        elif isinstance(event, DeployService):
+            self._deploy(event, out)
+        elif isinstance(event, DeleteService):
+            self._delete(event, out)
+        elif self._ended_replica_of is not None:  # a replica ended for good: run another in its place
+            self._reconcile(self._ended_replica_of, out)
         return out.out
+
+    # --- inference services ---------------------------------------------------------------------
+
+    def service_refusal(self, spec: ServiceSpec) -> Rejection | None:
+        """Why a deployment is refused (answered by the API at once, and decided the same on the log)."""
+        problem = service_problem(spec)
+        if problem is not None:
+            return Rejection(*problem)
+        rejection = validate(replica_spec(spec, 0), self.policy, self.inventory)
+        if rejection is not None:
+            return rejection
+        existing = self.services.services.get(spec.name)
+        if existing is None:
+            return None
+        if existing.spec.replica.team != spec.replica.team:
+            return Rejection("service_exists", f"service {spec.name!r} belongs to team {existing.spec.replica.team!r}")
+        if existing.spec.replica != spec.replica or existing.spec.spread != spec.spread:
+            return Rejection("replica_spec_changed", f"service {spec.name!r} runs another replica spec; an update "
+                             "may change replica bounds and autoscaling only (delete and deploy it again)")
+        return None
+
+    def _deploy(self, cmd: DeployService, out: Decisions) -> None:
+        spec = cmd.service
+        rejection = self.service_refusal(spec)
+        if rejection is not None:
+            out.emit(ServiceRejected, correlation_id=spec.name, name=spec.name, code=rejection.code,
+                     message=rejection.message)
+            return
+        out.emit(ServiceDeployed, correlation_id=spec.name, service=spec)
+        state = self.services.services[spec.name]
+        target = state.bounded(state.desired)
+        if target != state.desired:
+            reason = "deployed" if state.next_ordinal == 0 else "replica bounds changed"
+            out.emit(ServiceScaled, correlation_id=spec.name, service=spec.name, from_replicas=state.desired,
+                     to_replicas=target, reason=reason)
+        self._reconcile(spec.name, out)
+
+    def _delete(self, cmd: DeleteService, out: Decisions) -> None:
+        state = self.services.services.get(cmd.name)
+        if state is None or (cmd.team and state.spec.replica.team != cmd.team):
+            return
+        for job_id in sorted(state.replicas):
+            out.emit(JobCancelled, correlation_id=job_id, job_id=job_id, reason="service_deleted")
+        out.emit(ServiceDeleted, correlation_id=cmd.name, name=cmd.name, reason=cmd.reason)
+
+    def _autoscale(self, report: ReportServiceLoad, out: Decisions) -> None:
+        state = self.services.services.get(report.service)
+        if state is None or state.spec.autoscaling is None or state.spec.autoscaling.metric != report.metric:
+            return
+        target = state.next_desired(report.ts, report.value)
+        if target != state.desired:
+            scaling = state.spec.autoscaling
+            reason = (f"{report.metric} {report.value:g} at {scaling.target_per_replica:g} per replica: "
+                      f"{state.desired} -> {target} replicas")
+            out.emit(ServiceScaled, correlation_id=report.service, service=report.service,
+                     from_replicas=state.desired, to_replicas=target, reason=reason, metric=report.metric,
+                     value=report.value)
+        self._reconcile(report.service, out)
+
+    def _reconcile(self, name: str, out: Decisions) -> None:
+        """Submit or stop replica jobs until the live ones match the desired count."""
+        state = self.services.services[name]
+        missing = state.desired - len(state.replicas)
+        for _ in range(missing):
+            job_id = state.next_replica_id()
+            spec = replica_spec(state.spec, state.next_ordinal)
+            out.emit(JobSubmitted, correlation_id=job_id, job_id=job_id, spec=spec)
+            out.emit(JobAdmitted, correlation_id=job_id, job_id=job_id, queue=spec.queue)
+        if missing < 0:
+            for job_id in state.to_cancel(-missing):
+                out.emit(JobCancelled, correlation_id=job_id, job_id=job_id, reason="scaled_down")
 
     def _submit(self, cmd: SubmitJob, out: Decisions) -> None:
         if cmd.job_id in self.jobs:
@@ -200,7 +310,10 @@ class AdmissionDecider:
 
     def _cancel(self, cmd: CancelJob, out: Decisions) -> None:
         if self.cancel_refusal(cmd.job_id, cmd.team) is None:
+            service = self.services.replica_of.get(cmd.job_id)
             out.emit(JobCancelled, correlation_id=cmd.job_id, job_id=cmd.job_id, reason=cmd.reason)
+            if service is not None and service in self.services.services:
+                self._reconcile(service, out)  # a service keeps its count: a stopped replica is replaced
 
     def snapshot(self) -> bytes:
         return msgspec.json.encode({"jobs": self.jobs, "teams": self.job_team})

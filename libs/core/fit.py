@@ -7,6 +7,7 @@ preemption simulation and the FGD benchmark all place through it, so they agree 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import msgspec
@@ -194,6 +195,29 @@ class Placer:
                     mask = np.ones(len(self.arrays.nodes), dtype=bool)
                 mask[self.arrays.index[p.node]] = False
         return tuple(placed)
+
+    def place_apart(self, spec: JobSpec, avoid: Iterable[str], policy: str = DEFAULT_POLICY, salt: int = 0
+                    ) -> tuple[ReplicaPlacement, ...] | None:
+        """Place away from the nodes `avoid` (a service's other replicas): first off their racks (where nodes
+        carry rack labels), then off the nodes themselves; None when neither fits (the caller may then place
+        anywhere: spreading is a preference)."""
+        self._refresh_for_sync(policy)
+        nodes = self.arrays.nodes
+        used = {self.arrays.index[n] for n in avoid if n in self.arrays.index}
+        if not used:
+            return None
+        racks = {nodes[i].labels.get("rack", "") for i in used} - {""}
+        off_nodes = np.ones(len(nodes), dtype=bool)
+        off_nodes[sorted(used)] = False
+        masks = [off_nodes]
+        if racks:
+            masks.insert(0, np.array([n.labels.get("rack", "") not in racks for n in nodes], dtype=bool))
+        for mask in masks:
+            if mask.any():
+                placed = self._try_all(spec, policy, salt, mask)
+                if placed is not None:
+                    return placed
+        return None
 
     def _domains(self, spec: JobSpec) -> list[Mask]:
         """Candidate domains for a gang, fullest first (best fit), each as a row mask."""

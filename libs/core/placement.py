@@ -94,6 +94,8 @@ class PlacementDecider:
         # that end by then), set on ticks.
         self.starving: tuple[str, int, float, tuple[str, ...]] | None = None
         self.retries = RetryBook()
+        # Inference services' placed replicas: service -> {job: its nodes}, to keep them apart.
+        self.service_nodes: dict[str, dict[str, tuple[str, ...]]] = {}
         # Bumped by every event that can change where (or whether) a request fits: capacity taken or given
         # back, nodes and GPUs coming or going, policy, the typical shapes that scoring judges against.
         self.generation = 0
@@ -146,11 +148,17 @@ class PlacementDecider:
                 placed_spec = self.specs.get(event.job_id)
                 if placed_spec is not None and placed_spec.duration_s is not None:
                     self.ends[event.job_id] = event.ts + placed_spec.duration_s
+                if placed_spec is not None and placed_spec.service:
+                    self.service_nodes.setdefault(placed_spec.service, {})[event.job_id] = tuple(
+                        p.node for p in event.placements)
                 if self.starving is not None and self.starving[0] == event.job_id:
                     self.starving = None
             case JobFinished() | JobFailed() | JobEvicted():
                 placements = self.placed.pop(event.job_id, None)
                 self.ends.pop(event.job_id, None)
+                gone_spec = self.specs.get(event.job_id)
+                if gone_spec is not None and gone_spec.service in self.service_nodes:
+                    self.service_nodes[gone_spec.service].pop(event.job_id, None)
                 if placements is not None:
                     self.cluster.release(placements)
                     self.generation += 1
@@ -251,7 +259,7 @@ class PlacementDecider:
             result = known[0]
         if result is None:
             pure = self._pure(spec)
-            result = self.placer.place_gang(spec, policy, salt=NODE_ORDER_SALT)
+            result = self._apart(spec, policy) or self.placer.place_gang(spec, policy, salt=NODE_ORDER_SALT)
             if isinstance(result, Shortfall):
                 self.failed[shape] = (result, self._pass, pure)
         if isinstance(result, Shortfall):
@@ -284,6 +292,16 @@ class PlacementDecider:
             out.emit(PlacementDeferred, correlation_id=job_id, job_id=job_id, code=RESERVED_FOR_PREEMPTOR,
                      message=f"capacity is held for job {blocked}, which preempted jobs to run")
         return False
+
+    def _apart(self, spec: JobSpec, policy: str) -> tuple[ReplicaPlacement, ...] | None:
+        """A service replica that spreads: a placement away from its service's other replicas, if one fits."""
+        if not (spec.service and spec.spread):
+            return None
+        others = self.service_nodes.get(spec.service)
+        if not others:
+            return None
+        avoid = sorted({node for nodes in others.values() for node in nodes})
+        return self.placer.place_apart(spec, avoid, policy, salt=NODE_ORDER_SALT)
 
     def _starves_nominee(self, job_id: str, spec: JobSpec) -> str | None:
         """With `job_id` tentatively allocated: the first nominated preemptor of higher priority that would

@@ -43,6 +43,12 @@ def load_cluster_csv(path: str | Path) -> list[NodeSpec]:
         text = path.read_text()
     except FileNotFoundError as err:
         raise ClusterCsvError(f"cluster file {path} not found") from err
+    return parse_cluster_csv(text, str(path))
+
+
+def parse_cluster_csv(text: str, origin: str = "cluster") -> list[NodeSpec]:
+    """The nodes of a cluster CSV's text; `origin` names it in errors."""
+    path = origin
     nodes: list[NodeSpec] = []
     for line_no, row in enumerate(csv.DictReader(text.splitlines()), start=2):
         try:

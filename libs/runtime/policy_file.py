@@ -34,9 +34,17 @@ class PolicyFileError(ValueError):
 
 def load_policy(path: Path) -> PolicyFile:
     try:
-        policy = msgspec.toml.decode(path.read_bytes(), type=PolicyFile)
+        text = path.read_bytes()
     except FileNotFoundError as err:
         raise PolicyFileError(f"policy file {path} not found") from err
+    return parse_policy(text, str(path))
+
+
+def parse_policy(text: str | bytes, origin: str = "policy") -> PolicyFile:
+    """A policy file's text, checked (the queue tree included); `origin` names it in errors."""
+    path = origin
+    try:
+        policy = msgspec.toml.decode(text, type=PolicyFile)
     except (msgspec.ValidationError, msgspec.DecodeError) as err:
         raise PolicyFileError(f"policy file {path}: {err}") from err
     queues: dict[str, QueueSpec] = {}

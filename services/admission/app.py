@@ -16,6 +16,7 @@ from services.admission import auth
 from services.admission.api import JobsApi
 from services.admission.nodes_api import NodesApi
 from services.admission.queues_api import QueuesApi
+from services.admission.services_api import ServicesApi
 
 
 async def serve(settings: Settings) -> None:
@@ -27,6 +28,7 @@ async def serve(settings: Settings) -> None:
         JobsApi(bus, decider, store).routes(app)
         QueuesApi(bus, decider, store).routes(app)
         NodesApi(bus, decider).routes(app)
+        ServicesApi(bus, decider).routes(app)
 
     try:
         await run_service(settings, DeciderHandler(decider), configure_app=configure)
