@@ -116,6 +116,47 @@ def chaos_table(result: dict[str, Any]) -> Table:
     return table
 
 
+def cmd_inference(args: argparse.Namespace) -> None:
+    from libs.bench.inference_run import InferenceBenchOptions, failed, run_inference_bench
+    from libs.bench.inference_virtual import run_day
+
+    if args.virtual:
+        with console.status("a day through the deciders in virtual time"):
+            result = run_day(seed=args.seed)
+        _report(args, result, inference_table, failed=failed(result))
+        return
+    opts = InferenceBenchOptions(time_scale=args.time_scale, report_every_s=args.report_every, seed=args.seed,
+                                 data=Path(args.data) if args.data else None)
+    signal.signal(signal.SIGTERM, _interrupt)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        task = progress.add_task("starting NATS, Redis and the six services", total=24.0, note="")
+
+        def show(hour: float, note: str) -> None:
+            progress.update(task, description=f"day {hour:4.1f} h", completed=hour, note=note)
+
+        result = _interruptible(lambda: run_inference_bench(opts, progress=show))
+    _report(args, result, inference_table, failed=failed(result))
+
+
+def inference_table(result: dict[str, Any]) -> Table:
+    mode = "virtual time, deciders only" if result["mode"] == "virtual" else (
+        f"real services on NATS, a day in {result['wall_s']:g} s")
+    table = Table(title=f"Inference services and training on 64 GPUs over a day ({mode})")
+    for c in ("", "measured", "target"):
+        table.add_column(c)
+    unit = "day-s" if result["mode"] == "virtual" else "s"
+    table.add_row("scale-up p50 / p99 (decision to ready)",
+                  f"{result['scale_up_p50_s']} / {result['scale_up_p99_s']} {unit} ({result['scale_ups']} scale-ups)",
+                  "p99 <= 2 s")
+    table.add_row("service time below desired replicas", f"{result['below_desired_pct']} %", "<= 1 %")
+    table.add_row("cluster GPU allocation", f"{result['gpu_allocation_pct']} %", ">= 90 %")
+    table.add_row("GPU-hours: training (batch) / inference",
+                  f"{result['batch_gpu_hours']} / {result['inference_gpu_hours']}", "")
+    table.add_row("training jobs preempted (valleys taken back)", str(result["preempted_jobs"]), "")
+    return table
+
+
 def _virtual(args: argparse.Namespace) -> None:
     from libs.bench.kueue_metrics import published_figures
     from libs.bench.kueue_virtual import run_virtual_bench
@@ -233,3 +274,13 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", help="keep NATS, Redis and the service logs here (default: a temporary folder)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_chaos)
+    p = bsub.add_parser("inference", help="a day of diurnal load on three autoscaled inference services beside "
+                                          "preemptible training, 64 simulated GPUs")
+    p.add_argument("--time-scale", type=float, default=720.0, help="day seconds per wall second (720: a day in 2 min)")
+    p.add_argument("--report-every", type=float, default=0.25, help="wall seconds between a service's load reports")
+    p.add_argument("--seed", type=int, default=1, help="the training backlog's shapes and lengths")
+    p.add_argument("--virtual", action="store_true",
+                   help="the deciders alone in virtual time (no bus, zero-latency pipeline): what the rules achieve")
+    p.add_argument("--data", help="keep NATS, Redis and the service logs here (default: a temporary folder)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_inference)
