@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import NotFoundError
+from nats.js.errors import NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from contracts.codec import encode
 from contracts.events import SUBJECT_PREFIX, EventBase, subject_for_type
@@ -38,6 +39,16 @@ DEFAULT_STREAM = "GPUSCHED"
 DEAD_LETTER_HEADER_ROOM = 4096
 # Long enough to cover a service restart that re-derives decisions it published before it crashed.
 DUPLICATE_WINDOW_S = 600.0
+# How long a request to JetStream (a publish's acknowledgement included) may take.
+ACK_TIMEOUT_S = 10.0
+# How long a publish or a stream lookup waits for the stream to have a leader again: a NATS cluster elects
+# another within seconds of losing one (docs/scaling.md). Well inside the duplicate window, so a publish
+# sent again is still recognised.
+FAILOVER_WAIT_S = 30.0
+# The first pause before a publish is sent again; it doubles up to 1 s.
+FIRST_RETRY_S = 0.1
+# Each stream lookup's own wait, so that one made while no server leads the stream is asked again soon.
+LOOKUP_TIMEOUT_S = 2.0
 
 
 DEFAULT_INBOX = "_INBOX"
@@ -70,14 +81,43 @@ class NatsAuth:
         return {"user": self.user, "password": self.password, "inbox_prefix": inbox_prefix(self.user)}
 
 
+REPLICAS_ENV = "GPUSCHED_STREAM_REPLICAS"
+# JetStream keeps at most 5 copies of a stream; 3 survive the loss of any one server.
+MAX_REPLICAS = 5
+
+
+def stream_replicas_from_env(env: Mapping[str, str] | None = None) -> int:
+    """How many servers keep a copy of the log's streams: GPUSCHED_STREAM_REPLICAS (1 to 5, default 1).
+    Only a NATS cluster can hold more than one; 3 is the usual choice (docs/scaling.md)."""
+    raw = (os.environ if env is None else env).get(REPLICAS_ENV, "").strip()
+    if not raw:
+        return 1
+    replicas = int(raw)
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise ValueError(f"{REPLICAS_ENV} must be between 1 and {MAX_REPLICAS}, not {replicas}")
+    return replicas
+
+
+def server_urls(url: str) -> list[str]:
+    """A NATS_URL as the client's server list: one URL, or several separated by commas (the servers of a
+    cluster; the client picks one and moves to another when it goes away)."""
+    urls = [u.strip() for u in url.split(",") if u.strip()]
+    if not urls:
+        raise ValueError("NATS_URL names no server")
+    return urls
+
+
 @dataclass(frozen=True, slots=True)
 class BusConfig:
+    # One server, or a cluster's servers separated by commas.
     url: str = "nats://127.0.0.1:4222"
     stream: str = DEFAULT_STREAM
     # Subjects are <prefix>.c.<Command>, <prefix>.e.<Event>, <prefix>.dlq.<service>. A second platform
     # (or a test) on the same server uses another stream and prefix.
     subject_prefix: str = SUBJECT_PREFIX
-    replicas: int = 1
+    # Copies of the streams when they are created. Read from the environment when not given, so every
+    # process that may be the first to connect (a service, `gpusched nats-setup`, an audit) creates them alike.
+    replicas: int = field(default_factory=stream_replicas_from_env)
     # None: connect without credentials (a server without authorization, e.g. `gpusched up`'s own).
     auth: NatsAuth | None = None
 
@@ -85,21 +125,29 @@ class BusConfig:
     def dlq_stream(self) -> str:
         return f"{self.stream}_DLQ"
 
+    @property
+    def servers(self) -> list[str]:
+        return server_urls(self.url)
+
 
 class Bus:
     """A connection plus the stream conventions every service shares."""
 
     def __init__(self, nc: NatsClient, config: BusConfig) -> None:
         self.nc = nc
-        self.js: JetStreamContext = nc.jetstream(timeout=10.0)
+        self.js: JetStreamContext = nc.jetstream(timeout=ACK_TIMEOUT_S)
         self.config = config
 
     @classmethod
     async def connect(cls, config: BusConfig, name: str = "gpusched") -> Bus:
         auth = config.auth.connect_options() if config.auth is not None else {}
+        # Reconnect for ever, to whichever server of the list (and those the cluster announces) answers. Pings
+        # every 5 s find a server that vanished without closing the connection (a host lost) in about 15 s;
+        # one that exits closes it, and the client moves at once.
         nc = await nats.connect(
-            config.url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-            connect_timeout=5, allow_reconnect=True, error_cb=_log_nats_error, **auth,
+            config.servers, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+            connect_timeout=5, allow_reconnect=True, ping_interval=5, max_outstanding_pings=3,
+            error_cb=_log_nats_error, **auth,
         )
         bus = cls(nc, config)
         await bus.ensure_streams()
@@ -125,15 +173,39 @@ class Bus:
             max_age=30 * 86400.0,
         )
         for cfg in (main, dlq):
+            await self._ensure_stream(cfg)
+
+    async def _ensure_stream(self, cfg: StreamConfig) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + FAILOVER_WAIT_S
+        while True:
             try:
-                await self.js.stream_info(cfg.name or "")
-            except NotFoundError:
-                try:
-                    await self.js.add_stream(cfg)
-                except nats.js.errors.BadRequestError as err:
-                    # Another process created it between our check and our add.
-                    if "already in use" not in str(err):
-                        raise
+                await self._create_or_check(cfg)
+                return
+            except (TimeoutError, ServiceUnavailableError) as err:
+                # A cluster electing the stream's (or its own) leader answers nothing for a few seconds.
+                if loop.time() > deadline:
+                    raise
+                log.warning("stream %s not answering (%s); asking again", cfg.name, err)
+                await asyncio.sleep(0.2)
+
+    async def _create_or_check(self, cfg: StreamConfig) -> None:
+        try:
+            info = await asyncio.wait_for(self.js.stream_info(cfg.name or ""), LOOKUP_TIMEOUT_S)
+        except NotFoundError:
+            try:
+                await self.js.add_stream(cfg)
+            except nats.js.errors.BadRequestError as err:
+                # Another process created it between our check and our add.
+                if "already in use" not in str(err):
+                    raise
+            return
+        # Never changed here: a process started without the setting would scale the log down.
+        have = info.config.num_replicas or 1
+        if have < self.config.replicas:
+            log.warning("stream %s keeps %d copies, %s asks for %d; it is left as it is (scale it with "
+                        "`nats stream edit %s --replicas %d`)", cfg.name, have, REPLICAS_ENV,
+                        self.config.replicas, cfg.name, self.config.replicas)
 
     # --- subjects ------------------------------------------------------------------------------------
 
@@ -156,6 +228,27 @@ class Bus:
         """
         if not events:
             return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + FAILOVER_WAIT_S
+        delay = FIRST_RETRY_S
+        while True:
+            try:
+                await self._publish_once(events, headers)
+                return
+            except (NoStreamResponseError, TimeoutError) as err:
+                # No server leads the stream right now (an election after one was lost), or the answer went
+                # with the connection: everything is sent again, in order, and what was stored is dropped as a
+                # duplicate. Past the deadline the error is raised and the crash-only restart takes over.
+                if loop.time() + delay > deadline:
+                    raise
+                log.log(logging.WARNING if delay == FIRST_RETRY_S else logging.DEBUG,
+                        "stream %s not answering (%s); publishing %d again for up to %.0fs", self.config.stream,
+                        err, len(events), FAILOVER_WAIT_S)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def _publish_once(self, events: Sequence[EventBase],
+                            headers: Sequence[Mapping[str, str] | None] | None) -> None:
         if headers is not None:
             await self._publish_with(events, headers)
             return
@@ -167,14 +260,14 @@ class Bus:
             await self.js.publish_async(self.subject_for_type(type(e)), encode(e), headers={"Nats-Msg-Id": e.id})
             for e in events
         ]
-        await asyncio.gather(*futures)
+        await _all_stored(futures)
 
     async def _publish_with(self, events: Sequence[EventBase], headers: Sequence[Mapping[str, str] | None]) -> None:
         futures = [
             await self.js.publish_async(self.subject_for_type(type(e)), encode(e), headers=_with_msg_id(e, extra))
             for e, extra in zip(events, headers, strict=True)
         ]
-        await asyncio.gather(*futures)
+        await _all_stored(futures)
 
     async def publish_until_stored(self, events: Sequence[EventBase],
                                    headers: Sequence[dict[str, str] | None] | None = None) -> None:
@@ -261,6 +354,8 @@ class Consumer:
         self.bus = bus
         self.sub = sub
         self.durable = durable
+        # Since when no server has answered for this consumer (None: the last fetch was answered).
+        self._leaderless_since: float | None = None
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:
         """Up to `batch` messages as soon as there is one: wait (up to `timeout`) for the first, then take
@@ -269,13 +364,32 @@ class Consumer:
         try:
             first = await self.sub.fetch(1, timeout=timeout)
         except (TimeoutError, nats.errors.TimeoutError):
+            self._leaderless_since = None
             return []
+        except ServiceUnavailableError:
+            await self._wait_for_leader(timeout)
+            return []
+        self._leaderless_since = None
         if batch <= 1:
             return first
         try:
             return first + await self.sub.fetch(batch - 1, timeout=REST_WAIT_S)
-        except (TimeoutError, nats.errors.TimeoutError):
+        except (TimeoutError, nats.errors.TimeoutError, ServiceUnavailableError):
             return first
+
+    async def _wait_for_leader(self, timeout: float) -> None:
+        """No server answers for the consumer: on a cluster, the server that led it was lost and the others
+        are electing another (seconds). Nothing was delivered, so the caller may simply fetch again; past
+        FAILOVER_WAIT_S it is not an election (the consumer is gone) and the error is raised."""
+        now = asyncio.get_running_loop().time()
+        if self._leaderless_since is None:
+            self._leaderless_since = now
+            log.warning("consumer %s of %s has no leader; waiting up to %.0fs for one", self.durable or "(reader)",
+                        self.bus.config.stream, FAILOVER_WAIT_S)
+        elif now - self._leaderless_since > FAILOVER_WAIT_S:
+            raise ServiceUnavailableError(description=f"consumer {self.durable} has had no leader for "
+                                                      f"{FAILOVER_WAIT_S:.0f}s")
+        await asyncio.sleep(min(timeout, 0.5))
 
     async def close(self) -> None:
         try:
@@ -291,6 +405,20 @@ async def _log_nats_error(err: Exception) -> None:
         log.error("NATS refused it: %s; not in this user's permissions (infra/nats/README.md)", err)
     else:
         log.error("NATS: %s", err)
+
+
+async def _all_stored(futures: Sequence[asyncio.Future[Any]]) -> None:
+    """Wait for every acknowledgement, up to ACK_TIMEOUT_S, then raise the first error. A pipelined publish has
+    no timeout of its own: one whose server died before it answered would be waited for for ever."""
+    _, late = await asyncio.wait(futures, timeout=ACK_TIMEOUT_S)
+    for future in late:
+        future.cancel()
+    for future in futures:
+        if future.cancelled():
+            raise nats.errors.TimeoutError
+        err = future.exception()
+        if err is not None:
+            raise err
 
 
 def _with_msg_id(event: EventBase, extra: Mapping[str, str] | None) -> dict[str, str]:

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from libs.bus.jetstream import BusConfig, NatsAuth
+from libs.bus.jetstream import BusConfig, NatsAuth, stream_replicas_from_env
 
 # Default HTTP port of each service; admission's is the public API.
 DEFAULT_PORTS = {
@@ -52,10 +52,14 @@ def _env_port(service: str) -> int:
 @dataclass(frozen=True)
 class Settings:
     service: str
+    # One server, or a cluster's servers separated by commas (NATS_URL).
     nats_url: str = "nats://127.0.0.1:4222"
     redis_url: str = "redis://127.0.0.1:6379/0"
     stream: str = "GPUSCHED"
     subject_prefix: str = "gs"
+    # Servers that keep a copy of the streams when they are created (GPUSCHED_STREAM_REPLICAS; 3 on a cluster).
+    # Read from the environment even when the settings are built field by field, like the credentials below.
+    stream_replicas: int = field(default_factory=stream_replicas_from_env)
     http_host: str = "127.0.0.1"
     http_port: int = 8080
     policy_file: Path = DEFAULT_POLICY
@@ -78,7 +82,7 @@ class Settings:
     @property
     def bus(self) -> BusConfig:
         return BusConfig(url=self.nats_url, stream=self.stream, subject_prefix=self.subject_prefix,
-                         auth=self.nats_auth)
+                         replicas=self.stream_replicas, auth=self.nats_auth)
 
     @classmethod
     def from_env(cls, service: str) -> Settings:
@@ -89,6 +93,7 @@ class Settings:
             redis_url=env.get("REDIS_URL", cls.redis_url),
             stream=env.get("GPUSCHED_STREAM", cls.stream),
             subject_prefix=env.get("GPUSCHED_SUBJECT_PREFIX", cls.subject_prefix),
+            stream_replicas=stream_replicas_from_env(env),
             http_host=env.get("GPUSCHED_HTTP_HOST", cls.http_host),
             http_port=_env_port(service),
             policy_file=Path(env.get("GPUSCHED_POLICY", str(DEFAULT_POLICY))),
