@@ -364,10 +364,21 @@ def jobs() -> Json:
          (12, timeseries("Oldest pending job per queue", "Age of the oldest pending job "
                          "(gpusched_queue_oldest_pending_seconds).",
                          [(f"max by (queue) (gpusched_queue_oldest_pending_seconds{{{Q}}})", "{{queue}}")], "s"))],
-        [(24, timeseries("Inference replicas: desired and ready", "Replicas of inference services (jobs whose "
-                         "workload is inference) wanted and running (gpusched_inference_replicas).",
+        [(12, timeseries("Inference replicas: desired and ready", "Replicas of each inference service wanted by "
+                         "its autoscaling and running (gpusched_inference_replicas).",
                          [(f"sum by (service, state) (gpusched_inference_replicas{{{Q}}})",
-                           "{{service}} {{state}}")]))],
+                           "{{service}} {{state}}")])),
+         (12, timeseries("Inference scale-up time p99", "From a scale-up decision to its last new replica ready "
+                         "(gpusched_inference_scale_up_seconds).",
+                         [("histogram_quantile(0.99, sum by (le, service) "
+                           "(gpusched_inference_scale_up_seconds_bucket))", "{{service}}")], "s"))],
+        [(12, timeseries("Inference load per ready replica", "The last reported load over the ready replicas "
+                         "(gpusched_inference_load_per_replica).",
+                         [("gpusched_inference_load_per_replica", "{{service}} {{metric}}")])),
+         (12, timeseries("Inference time below desired replicas", "Share of time each service had fewer ready "
+                         "replicas than desired (gpusched_inference_below_desired_seconds_total).",
+                         [(f"sum by (service) (rate(gpusched_inference_below_desired_seconds_total{RATE}))",
+                           "{{service}}")], "percentunit"))],
     ], [QUEUE], height={0: 5})
 
 

@@ -98,6 +98,21 @@ class Client:
     def usage(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/usage")
 
+    def deploy_service(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/services", spec)
+
+    def services(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/services")
+
+    def service(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/services/{urllib.parse.quote(name)}")
+
+    def delete_service(self, name: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/services/{urllib.parse.quote(name)}")
+
+    def report_load(self, name: str, value: float, metric: str = "requests_per_s") -> dict[str, Any]:
+        return self._call("POST", f"/v1/services/{urllib.parse.quote(name)}/load", {"value": value, "metric": metric})
+
     def node_action(self, name: str, action: str, reason: str = "", operator: str = "") -> dict[str, Any]:
         """`action` is cordon, drain or uncordon."""
         return self._call("POST", f"/v1/nodes/{urllib.parse.quote(name)}/{action}",

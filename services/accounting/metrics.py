@@ -57,6 +57,13 @@ COST = Counter("gpusched_cost_total", "Cost of ended runs in the rates' currency
 ALLOCATED = Gauge("gpusched_allocated_gpus", "GPUs held by running jobs", ["team", "model"])
 DEMAND = Gauge("gpusched_gpu_demand_gpus", "GPUs held by running jobs plus asked for by waiting ones, per model",
                ["model"])
-# Inference services (jobs whose workload is "inference"): replicas wanted and running.
-INFERENCE_REPLICAS = Gauge("gpusched_inference_replicas", "Replicas of inference jobs by state (desired, ready)",
+# Inference services: replicas wanted and running, how fast scale-ups complete, load, time short of replicas.
+SCALE_UP_SECONDS = Histogram("gpusched_inference_scale_up_seconds",
+                             "From a scale-up decision to its last new replica ready", ["service"],
+                             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300))
+LOAD_PER_REPLICA = Gauge("gpusched_inference_load_per_replica", "The service's last reported load over its "
+                         "ready replicas", ["service", "metric"])
+BELOW_DESIRED_SECONDS = Counter("gpusched_inference_below_desired_seconds_total",
+                                "Time the service had fewer ready replicas than desired", ["service"])
+INFERENCE_REPLICAS = Gauge("gpusched_inference_replicas", "Replicas of inference services by state (desired, ready)",
                            ["queue", "service", "state"])

@@ -10,10 +10,20 @@ from typing import Any
 
 import msgspec
 
-from contracts import ALL_EVENT_TYPES, COMMAND_TYPES, EventBase, JobEvicted, PreemptionDecided
-from contracts.views import JobView
+from contracts import (
+    ALL_EVENT_TYPES,
+    COMMAND_TYPES,
+    EventBase,
+    JobEvicted,
+    PreemptionDecided,
+    ReportServiceLoad,
+    ServiceDeleted,
+    ServiceDeployed,
+    ServiceScaled,
+)
 from libs.core.cluster import FULL
 from libs.core.ledger import Ledger
+from libs.reports.inference import ServiceTracker
 from libs.reports.rates import Rates
 from libs.views.store import ViewStore, ViewsVanished
 from services.accounting import metrics
@@ -21,7 +31,17 @@ from services.accounting import metrics
 log = logging.getLogger(__name__)
 
 FINAL = ("succeeded", "failed", "cancelled", "rejected")
-INFERENCE = "inference"  # the workload of online inference services
+
+
+def service_of(event: EventBase, services: ServiceTracker) -> str:
+    """The inference service an event is about ("" for none)."""
+    if isinstance(event, ServiceDeployed):
+        return event.service.name
+    if isinstance(event, ServiceDeleted):
+        return event.name
+    if isinstance(event, ServiceScaled | ReportServiceLoad):
+        return event.service
+    return services.replica_of.get(getattr(event, "job_id", ""), "")
 
 
 class Projector:
@@ -34,9 +54,14 @@ class Projector:
         self.first_seq: dict[str, int] = {}
         self.written_state: dict[str, str] = {}
         self._enc = msgspec.json.Encoder()
+        self.services = ServiceTracker()
+        self._dirty_services: dict[str, None] = {}
+        self._scale_ups: list[tuple[str, float]] = []  # completed since the last flush
+        self._below_reported: dict[str, float] = {}
 
     def input_types(self) -> Iterable[type[EventBase]]:
-        return tuple(t for t in ALL_EVENT_TYPES if t not in COMMAND_TYPES)
+        # Every event, and the services' load reports (commands) for the load per replica.
+        return (*(t for t in ALL_EVENT_TYPES if t not in COMMAND_TYPES), ReportServiceLoad)
 
     def replay(self, seq: int, event: EventBase) -> None:
         self._fold(seq, event)
@@ -47,6 +72,12 @@ class Projector:
         return []
 
     def _fold(self, seq: int, event: EventBase) -> None:
+        self._scale_ups.extend(self.services.apply(event))
+        name = service_of(event, self.services)
+        if name in self.services.services:
+            self._dirty_services[name] = None
+        if isinstance(event, ReportServiceLoad):
+            return
         self.ledger.apply(event, seq)
         job_id = getattr(event, "job_id", None)
         if job_id is not None and job_id in self.ledger.jobs:
@@ -94,8 +125,6 @@ class Projector:
         for job_id in led.dirty_jobs:
             view = led.jobs[job_id]
             ops.append(["SET", store.job_key(job_id), enc.encode(view).decode()])
-            if view.spec is not None and view.spec.workload == INFERENCE:
-                self._replicas(view)
             score = self.first_seq.get(job_id, view.seq)
             old = self.written_state.get(job_id)
             if old is None:
@@ -148,6 +177,7 @@ class Projector:
         for queue, reason in led.long_interrupted:
             metrics.LONG_INTERRUPTED.labels(queue, reason).inc()
         self._usage_metrics()
+        self._service_metrics()
         if led.dirty_nodes:
             self._gpu_gauges()
         led.dirty_jobs.clear()
@@ -164,18 +194,26 @@ class Projector:
         led.start_waits.clear()
         return ops
 
-    @staticmethod
-    def _replicas(view: JobView) -> None:
-        assert view.spec is not None
-        service = view.spec.name or view.id
-        if view.state in FINAL:
-            for state in ("desired", "ready"):
-                with contextlib.suppress(KeyError):
-                    metrics.INFERENCE_REPLICAS.remove(view.queue, service, state)
-            return
-        metrics.INFERENCE_REPLICAS.labels(view.queue, service, "desired").set(view.spec.replicas)
-        ready = len(view.placements) if view.state == "running" else 0
-        metrics.INFERENCE_REPLICAS.labels(view.queue, service, "ready").set(ready)
+    def _service_metrics(self) -> None:
+        """Inference services: desired and ready replicas, scale-up times, load per replica, time below desired."""
+        for name, seconds in self._scale_ups:
+            metrics.SCALE_UP_SECONDS.labels(name).observe(seconds)
+        self._scale_ups.clear()
+        for name in self._dirty_services:
+            t = self.services.services[name]
+            if t.deleted:
+                for state in ("desired", "ready"):
+                    with contextlib.suppress(KeyError):
+                        metrics.INFERENCE_REPLICAS.remove(t.queue, name, state)
+                continue
+            metrics.INFERENCE_REPLICAS.labels(t.queue, name, "desired").set(t.desired)
+            metrics.INFERENCE_REPLICAS.labels(t.queue, name, "ready").set(len(t.ready))
+            if t.metric:
+                metrics.LOAD_PER_REPLICA.labels(name, t.metric).set(t.load_per_replica)
+            below = t.below_s - self._below_reported.get(name, 0.0)
+            metrics.BELOW_DESIRED_SECONDS.labels(name).inc(max(0.0, below))
+            self._below_reported[name] = t.below_s
+        self._dirty_services.clear()
 
     def _usage_metrics(self) -> None:
         """Submissions, start waits, GPU time and cost of the runs that ended, and what is held and wanted."""

@@ -256,9 +256,13 @@ async def test_every_dashboard_query_returns_data_and_alerts_fire(
                          labels={SIM_EXIT_CODES: "1"})
         retried = submit(client, "gamma", gpus=1, gpu_models=["T4"], priority="batch", duration_s=1.0,
                          labels={SIM_EXIT_CODES: "137,0"})
-        # an inference service of two quarter-GPU replicas
-        submit(client, "gamma", workload="inference", name="chat", replicas=2, gpus=1, gpu_milli=250,
-               gpu_models=["T4"], priority="training", duration_s=600.0)
+        # an inference service of two quarter-GPU replicas, and its load
+        client.deploy_service({"name": "chat", "min_replicas": 2, "max_replicas": 3,
+                               "autoscaling": {"target_per_replica": 100.0},
+                               "replica": {"team": "gamma", "queue": "gamma", "gpus": 1, "gpu_milli": 250,
+                                           "gpu_models": ["T4"], "priority": "training"}})
+        wait_for(lambda: client.service("chat")["ready_replicas"] == 2, "the service's replicas never ran", 30)
+        client.report_load("chat", 150.0)
         wait_for(lambda: set(states(client, alpha + long_job).values()) == {"running"},
                  lambda: f"alpha's and gamma's long jobs did not all start: {states(client, alpha + long_job)}", 30)
 

@@ -5,11 +5,23 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY
 
-from contracts import GpuHealthChanged, JobFinished, JobStarted, NodeLost
+from contracts import (
+    DeleteService,
+    DeployService,
+    GpuHealthChanged,
+    JobEvicted,
+    JobFinished,
+    JobSpec,
+    JobStarted,
+    JobSubmitted,
+    NodeLost,
+    ReportServiceLoad,
+    ServiceSpec,
+)
 from libs.reports.rates import Rates
 from libs.views.store import ViewStore
 from services.accounting.projector import Projector
-from tests.unit.builders import EventFeed, job, node, pipeline, queue
+from tests.unit.builders import EventFeed, job, node, of, pipeline, queue
 
 
 def value(name: str, **labels: str) -> float | None:
@@ -32,9 +44,12 @@ def test_a_batch_exports_capacity_cost_demand_and_replicas() -> None:
     feed.nodes(node("m-a", 4, model="M1"), node("m-b", 4, model="M1"))
     feed.at(20.0).submit("train", job("mteam", "mq").gpus(2).models("M1"))
     feed.submit("part", job("mteam", "mq").fraction(500))
-    feed.submit("serve", job("mteam", "mq", workload="inference", name="chat").gpus(1).replicas(2))
-    for j in ("train", "part", "serve"):
+    serve = [s.job_id for s in of(feed.send(DeployService, service=ServiceSpec(
+        name="chat", replica=JobSpec(team="mteam", queue="mq", gpus=1), min_replicas=2, max_replicas=2)),
+        JobSubmitted)]
+    for j in ("train", "part", *serve):
         feed.send(JobStarted, job_id=j)
+    feed.send(ReportServiceLoad, service="chat", metric="requests_per_s", value=50.0)
     feed.at(25.0).submit("waits", job("mteam", "mq").gpus(4).models("M1"))
     seen = project(feed, projector, 0)
 
@@ -45,11 +60,15 @@ def test_a_batch_exports_capacity_cost_demand_and_replicas() -> None:
     assert value("gpusched_allocated_gpus", team="mteam", model="M1") == 4.5
     assert value("gpusched_inference_replicas", queue="mq", service="chat", state="desired") == 2
     assert value("gpusched_inference_replicas", queue="mq", service="chat", state="ready") == 2
+    assert value("gpusched_inference_load_per_replica", service="chat", metric="requests_per_s") == 25.0
+    assert value("gpusched_inference_scale_up_seconds_count", service="chat") == 1  # deployed: 0 -> 2, ready
     assert value("gpusched_queue_oldest_pending_seconds", queue="mq") == 0.0
     assert value("gpusched_nodes", state="online") == 2
 
     feed.at(60.0).send(JobFinished, job_id="train")
-    feed.send(JobFinished, job_id="serve")
+    feed.send(DeleteService, name="chat")
+    for j in serve:
+        feed.send(JobEvicted, job_id=j, reason="cancelled")
     feed.send(GpuHealthChanged, node="m-a", index=3, healthy=False, reason="xid", xid=79)
     feed.send(NodeLost, node="m-b", reason="heartbeat")
     project(feed, projector, seen)
