@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 
 from contracts.events import Event
-from contracts.views import ApiError, JobCreated, JobView, NodeView, QueueView, TeamUsage
+from contracts.views import ApiError, JobCreated, JobView, NodeView, QueueView, ServiceView, TeamUsage
 
 SCHEMA_PATH = Path(__file__).parent / "schema" / "gpusched.schema.json"
 
@@ -22,7 +22,8 @@ def schema_text() -> str:
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "gpusched log and API contracts",
         "event": msgspec.json.schema(Event),
-        "views": msgspec.json.schema_components((JobView, QueueView, NodeView, TeamUsage, ApiError, JobCreated))[1],
+        "views": msgspec.json.schema_components((JobView, QueueView, NodeView, TeamUsage, ApiError, JobCreated,
+                                                   ServiceView))[1],
     }
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 

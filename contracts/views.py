@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from contracts.model import JobSpec, QueueSpec, ReplicaPlacement
+from contracts.model import JobSpec, QueueSpec, ReplicaPlacement, ServiceSpec
 
 JOB_STATES = ("pending", "running", "succeeded", "failed", "cancelled", "rejected")
 
@@ -134,3 +134,34 @@ class JobLogs(msgspec.Struct, kw_only=True):
     node: str
     bytes: int  # the whole log's size; `log` is its last part
     log: str
+
+
+class ServiceView(msgspec.Struct, kw_only=True):
+    """An inference service as the admission core holds it: bounds, desired and ready replicas, last load."""
+
+    name: str
+    team: str
+    queue: str
+    priority: str
+    min_replicas: int
+    max_replicas: int
+    desired_replicas: int
+    ready_replicas: int
+    # Replica jobs not yet ended (ready, or waiting to run).
+    replicas: int
+    load: float = 0.0
+    metric: str = ""
+    spec: ServiceSpec
+
+
+class LoadReport(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A service's load, as its gateway reports it."""
+
+    value: float
+    metric: str = "requests_per_s"
+
+
+class ServiceAccepted(msgspec.Struct, kw_only=True):
+    name: str
+    # deploying, updating or deleting: the command is in the log; the service's view follows.
+    state: str

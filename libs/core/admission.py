@@ -6,6 +6,7 @@ log never disagree about what is acceptable.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -228,6 +229,10 @@ class AdmissionDecider:
         rejection = validate(replica_spec(spec, 0), self.policy, self.inventory)
         if rejection is not None:
             return rejection
+        # Every replica at once must fit the cluster's GPUs of the allowed models, as a gang's would.
+        rejection = validate(replica_spec(spec, 0, replicas=spec.max_replicas), self.policy, self.inventory)
+        if rejection is not None and rejection.code == "exceeds_cluster_capacity":
+            return Rejection(rejection.code, f"max_replicas {spec.max_replicas}: {rejection.message}")
         existing = self.services.services.get(spec.name)
         if existing is None:
             return None
@@ -266,6 +271,8 @@ class AdmissionDecider:
         state = self.services.services.get(report.service)
         if state is None or state.spec.autoscaling is None or state.spec.autoscaling.metric != report.metric:
             return
+        if not (math.isfinite(report.value) and report.value >= 0):
+            return  # not a load: the API refuses it; over the bus it changes nothing
         target = state.next_desired(report.ts, report.value)
         if target != state.desired:
             scaling = state.spec.autoscaling

@@ -23,6 +23,8 @@ TOTAL_METRICS = ("requests_per_s", "queue_length")
 MEAN_METRICS = ("gpu_utilization",)
 METRICS = TOTAL_METRICS + MEAN_METRICS
 INFERENCE = "inference"  # the workload of a service's replicas
+# Most replicas one service may ask for: each is a job in the log.
+MAX_REPLICAS = 1000
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
@@ -32,9 +34,10 @@ def replica_job_id(epoch: str, ordinal: int) -> str:
     return derived_id("replica", epoch, ordinal)
 
 
-def replica_spec(spec: ServiceSpec, ordinal: int) -> JobSpec:
-    """The job one replica runs: the service's template, one replica, marked as the service's."""
-    return msgspec.structs.replace(spec.replica, replicas=1, workload=INFERENCE, service=spec.name,
+def replica_spec(spec: ServiceSpec, ordinal: int, replicas: int = 1) -> JobSpec:
+    """The job one replica runs: the service's template, one replica, marked as the service's. (`replicas`:
+    the same as a gang of that many, to check what all of them together would need.)"""
+    return msgspec.structs.replace(spec.replica, replicas=replicas, workload=INFERENCE, service=spec.name,
                                    spread=spec.spread, name=f"{spec.name}-{ordinal}", idempotency_key="")
 
 
@@ -45,6 +48,8 @@ def service_problem(spec: ServiceSpec) -> tuple[str, str] | None:
                                          "at most 63, starting and ending with a letter or digit")
     if spec.replica.replicas != 1:
         return "invalid_replicas", "a service's replica spec describes one replica: replicas must be 1"
+    if spec.max_replicas > MAX_REPLICAS:
+        return "too_many_replicas", f"max_replicas is at most {MAX_REPLICAS}, got {spec.max_replicas}"
     if spec.min_replicas < 0 or spec.max_replicas < max(1, spec.min_replicas):
         return "invalid_replica_bounds", (f"need 0 <= min_replicas <= max_replicas and max_replicas >= 1, got "
                                           f"{spec.min_replicas}..{spec.max_replicas}")
@@ -55,12 +60,12 @@ def service_problem(spec: ServiceSpec) -> tuple[str, str] | None:
         return None
     if scaling.metric not in METRICS:
         return "unknown_metric", f"metric {scaling.metric!r} unknown ({', '.join(METRICS)})"
-    if not scaling.target_per_replica > 0:
+    if not (math.isfinite(scaling.target_per_replica) and scaling.target_per_replica > 0):
         return "invalid_target", f"target_per_replica must be > 0, got {scaling.target_per_replica}"
-    if not 0 <= scaling.tolerance < 1:
+    if not (math.isfinite(scaling.tolerance) and 0 <= scaling.tolerance < 1):
         return "invalid_tolerance", f"tolerance must be in [0, 1), got {scaling.tolerance}"
     for name in ("scale_up_window_s", "scale_down_window_s", "scale_up_cooldown_s", "scale_down_cooldown_s"):
-        if getattr(scaling, name) < 0:
+        if not (math.isfinite(getattr(scaling, name)) and getattr(scaling, name) >= 0):
             return "invalid_window", f"{name} must be >= 0, got {getattr(scaling, name)}"
     return None
 

@@ -6,21 +6,24 @@ from typing import Any
 
 import msgspec
 
-from contracts import JobSpec, QueueSpec
+from contracts import JobSpec, QueueSpec, ServiceSpec
 from contracts.views import (
     ApiError,
     Explanation,
     JobCreated,
     JobLogs,
     JobView,
+    LoadReport,
     NodeAction,
     NodeView,
     QueueView,
+    ServiceAccepted,
+    ServiceView,
     TeamUsage,
 )
 
 _MODELS = (JobSpec, QueueSpec, JobView, QueueView, NodeView, TeamUsage, ApiError, JobCreated, Explanation, NodeAction,
-           JobLogs)
+           JobLogs, ServiceSpec, ServiceView, ServiceAccepted, LoadReport)
 
 
 def _ref(name: str) -> dict[str, Any]:
@@ -130,6 +133,29 @@ def openapi_document() -> dict[str, Any]:
                         "parameters": [job_id, {"name": "tail", "in": "query", "required": False,
                                                 "schema": {"type": "integer", "minimum": 0, "maximum": 16 << 20}}],
                         "responses": {"200": _json(_ref("JobLogs"), "the log's tail"), **_errors(400, 404)}},
+            },
+            "/v1/services": {
+                "post": {"summary": "Deploy an inference service, or change its bounds and autoscaling",
+                         "requestBody": {"required": True,
+                                         "content": {"application/json": {"schema": _ref("ServiceSpec")}}},
+                         "responses": {"201": _json(_ref("ServiceAccepted"), "deploying"),
+                                       "200": _json(_ref("ServiceAccepted"), "updating"),
+                                       **_errors(400, 409, 413, 422)}},
+                "get": {"summary": "Inference services: replicas desired and ready, load",
+                        "responses": {"200": _json({"type": "array", "items": _ref("ServiceView")}, "")}},
+            },
+            "/v1/services/{name}": {
+                "get": {"summary": "One inference service", "parameters": [queue_name],
+                        "responses": {"200": _json(_ref("ServiceView"), "the service"), **_errors(404)}},
+                "delete": {"summary": "Stop every replica and forget the service", "parameters": [queue_name],
+                           "responses": {"202": _json(_ref("ServiceAccepted"), "deleting"), **_errors(404)}},
+            },
+            "/v1/services/{name}/load": {
+                "post": {"summary": "Report a service's load for its autoscaling", "parameters": [queue_name],
+                         "requestBody": {"required": True,
+                                         "content": {"application/json": {"schema": _ref("LoadReport")}}},
+                         "responses": {"202": _json(_ref("LoadReport"), "the report is in the log"),
+                                       **_errors(400, 404, 413, 422)}},
             },
             "/v1/usage": {"get": {"summary": "GPU-seconds per team",
                                   "responses": {"200": _json({"type": "array", "items": _ref("TeamUsage")}, "")}}},

@@ -8,14 +8,15 @@ admission core's own fold: it is the one that decides the services' replicas.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
-from typing import Any
 
 import msgspec
 from aiohttp import web
 
 from contracts import DeleteService, DeployService, ReportServiceLoad, ServiceSpec
+from contracts.views import LoadReport, ServiceAccepted, ServiceView
 from libs.bus.jetstream import Bus
 from libs.core.admission import AdmissionDecider
 from libs.core.services import METRICS, ServiceState
@@ -25,20 +26,12 @@ from services.admission.auth import JOB_READERS, JOB_WRITERS, require, require_t
 API = "api"
 
 
-class LoadReport(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    value: float
-    metric: str = "requests_per_s"
-
-
-def service_view(state: ServiceState) -> dict[str, Any]:
+def service_view(state: ServiceState) -> ServiceView:
     spec = state.spec
-    return {
-        "name": spec.name, "team": spec.replica.team, "queue": spec.replica.queue,
-        "priority": spec.replica.priority, "min_replicas": spec.min_replicas, "max_replicas": spec.max_replicas,
-        "desired_replicas": state.desired, "ready_replicas": state.ready, "replicas": len(state.replicas),
-        "load": state.load, "metric": spec.autoscaling.metric if spec.autoscaling else "",
-        "spec": msgspec.to_builtins(spec),
-    }
+    return ServiceView(name=spec.name, team=spec.replica.team, queue=spec.replica.queue,
+                       priority=spec.replica.priority, min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
+                       desired_replicas=state.desired, ready_replicas=state.ready, replicas=len(state.replicas),
+                       load=state.load, metric=spec.autoscaling.metric if spec.autoscaling else "", spec=spec)
 
 
 class ServicesApi:
@@ -76,7 +69,7 @@ class ServicesApi:
         command = DeployService(id=derived_command_id(), ts=time.time(), source=API, correlation_id=spec.name,
                                 service=spec)
         await self.bus.publish([command])
-        return json_response({"name": spec.name, "state": "updating" if existed else "deploying"},
+        return json_response(ServiceAccepted(name=spec.name, state="updating" if existed else "deploying"),
                              status=200 if existed else 201, headers={"Location": f"/v1/services/{spec.name}"})
 
     async def list_services(self, request: web.Request) -> web.Response:
@@ -99,7 +92,7 @@ class ServicesApi:
         command = DeleteService(id=derived_command_id(), ts=time.time(), source=API, correlation_id=state.spec.name,
                                 name=state.spec.name, team=state.spec.replica.team)
         await self.bus.publish([command])
-        return json_response({"name": state.spec.name, "state": "deleting"}, status=202)
+        return json_response(ServiceAccepted(name=state.spec.name, state="deleting"), status=202)
 
     async def load(self, request: web.Request) -> web.Response:
         who = require(request, JOB_WRITERS, "reporting a service's load")
@@ -113,14 +106,13 @@ class ServicesApi:
             return error_response(400, "malformed_json", str(err))
         if report.metric not in METRICS:
             return error_response(422, "unknown_metric", f"metric {report.metric!r} unknown ({', '.join(METRICS)})")
-        if not report.value >= 0:
+        if not (math.isfinite(report.value) and report.value >= 0):
             return error_response(422, "invalid_load", f"load must be a number >= 0, got {report.value}")
         command = ReportServiceLoad(id=derived_command_id(), ts=time.time(), source=API,
                                     correlation_id=state.spec.name, service=state.spec.name, metric=report.metric,
                                     value=report.value)
         await self.bus.publish([command])
-        return json_response({"name": state.spec.name, "metric": report.metric, "value": report.value},
-                             status=202)
+        return json_response(report, status=202)
 
 
 def derived_command_id() -> str:
