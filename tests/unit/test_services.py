@@ -9,8 +9,8 @@ import pytest
 from contracts import (
     Autoscaling,
     DeleteService,
-    EventBase,
     DeployService,
+    EventBase,
     JobCancelled,
     JobFailed,
     JobPlaced,
@@ -129,7 +129,8 @@ def test_deploy_runs_min_replicas_and_load_scales_them() -> None:
 
 
 def test_scale_down_stops_replicas_not_yet_running_first_then_the_newest() -> None:
-    feed = world(nodes=1)  # 4 GPUs: of 6 replicas, 2 wait
+    feed = world(nodes=2)  # 8 GPUs, 4 of them held by a job no one preempts: of 6 replicas, 2 wait
+    feed.submit("held", job(queue="training", priority="production-inference").gpus(4))
     first = of(feed.send(DeployService, service=service(
         lo=1, scaling=msgspec.structs.replace(SCALING, scale_down_window_s=0))), JobPlaced)[0].job_id
     feed.send(JobStarted, job_id=first)
@@ -218,3 +219,17 @@ def test_a_day_of_diurnal_load_keeps_services_served_and_the_cluster_busy() -> N
     assert result["preempted_jobs"] > 0  # valleys lent to training were taken back
     # Deterministic: the same inputs give the same figures.
     assert run_day(seed=1) == result
+
+
+def test_a_service_that_could_never_fit_at_its_maximum_is_refused() -> None:
+    feed = world()  # 16 GPUs
+    out = feed.send(DeployService, service=service(lo=1, hi=17))
+    rejected = of(out, ServiceRejected)
+    assert [r.code for r in rejected] == ["exceeds_cluster_capacity"] and "max_replicas 17" in rejected[0].message
+    assert service_problem(service(hi=5000)) == ("too_many_replicas", "max_replicas is at most 1000, got 5000")
+
+
+def test_a_load_that_is_not_a_number_changes_nothing() -> None:
+    feed = world()
+    feed.send(DeployService, service=service(lo=2))
+    assert load(feed, float("nan")) == [] and load(feed, -5.0) == []
