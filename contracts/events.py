@@ -217,6 +217,12 @@ class JobStarted(EventBase, frozen=True, kw_only=True):
     executor: str = "sim"
 
 
+class JobReady(EventBase, frozen=True, kw_only=True):
+    """A running service replica serves: at once when started, or when its process says so (`ready_signal`)."""
+
+    job_id: str
+
+
 class JobFinished(EventBase, frozen=True, kw_only=True):
     job_id: str
     exit_code: int = 0
@@ -323,6 +329,7 @@ Event = (
     | PlacementDeferred
     | PreemptionDecided
     | JobStarted
+    | JobReady
     | JobFinished
     | JobFailed
     | JobEvicted

@@ -54,6 +54,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, for
     # The inference service this job is a replica of ("" for none). With `spread`, placement keeps a
     # service's replicas apart: other racks first, then other nodes, as failure domains.
     service: str = ""
+    # A service replica that tells its executor when it serves (`libs.jobkit.ready()`, e.g. once its model is
+    # loaded); without it, a replica is ready as soon as it runs.
+    ready_signal: bool = False
 
 
 class Autoscaling(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):

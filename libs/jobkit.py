@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 
 CHECKPOINT_FILE = "GPUSCHED_CHECKPOINT_FILE"
+# Set for an inference service replica that signals its readiness (`ready_signal`): `ready()` creates it.
+READY_FILE = "GPUSCHED_READY_FILE"
 RESUME_PROGRESS = "GPUSCHED_RESUME_PROGRESS_S"
 RESUME_CHECKPOINT = "GPUSCHED_RESUME_CHECKPOINT"
 
@@ -28,6 +30,15 @@ def checkpoint(progress_s: float, ref: str = "") -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"progress_s": progress_s, "checkpoint": ref}))
     tmp.replace(path)
+
+
+def ready() -> None:
+    """Say that this service replica serves (e.g. its model is loaded): its executor reports it ready, and
+    the service counts it from then on."""
+    target = os.environ.get(READY_FILE)
+    if not target:
+        raise RuntimeError(f"{READY_FILE} is not set: not a service replica with ready_signal under a node agent")
+    Path(target).touch()
 
 
 def resume_progress() -> float:

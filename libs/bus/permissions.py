@@ -40,6 +40,7 @@ from contracts.events import (
     JobFailed,
     JobFinished,
     JobPlaced,
+    JobReady,
     JobRejected,
     JobStarted,
     JobSubmitted,
@@ -70,7 +71,7 @@ OPERATOR: Final = "operator"  # sets the server up (creates the streams); may do
 AUDITOR: Final = "auditor"  # reads the log and the dead letters; publishes nothing
 AGENT: Final = "agent"  # the node agents' shared user (or one user per node: `agent_nodes`)
 
-_EXECUTOR_REPORTS: frozenset[type[EventBase]] = frozenset({JobStarted, JobFinished, JobFailed, JobEvicted,
+_EXECUTOR_REPORTS: frozenset[type[EventBase]] = frozenset({JobStarted, JobReady, JobFinished, JobFailed, JobEvicted,
                                                            JobCheckpointed})
 
 # What each service writes to the log. A service whose decisions form a hash chain also writes its signed

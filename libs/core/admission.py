@@ -22,9 +22,9 @@ from contracts import (
     JobEvicted,
     JobFailed,
     JobFinished,
+    JobReady,
     JobRejected,
     JobSpec,
-    JobStarted,
     JobSubmitted,
     NodeRegistered,
     PriorityClassesChanged,
@@ -158,7 +158,7 @@ class AdmissionDecider:
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (SubmitJob, CancelJob, QueuePolicyChanged, PriorityClassesChanged, NodeRegistered,
-                JobFinished, JobFailed, JobEvicted, JobStarted, DeployService, DeleteService, ReportServiceLoad)
+                JobFinished, JobFailed, JobEvicted, JobReady, DeployService, DeleteService, ReportServiceLoad)
 
     def evolve(self, event: EventBase) -> None:
         self._ended_replica_of = None
@@ -180,10 +180,10 @@ class AdmissionDecider:
             case JobCancelled():
                 self.jobs[event.job_id] = "cancelled"
                 self.services.replica_gone(event.job_id)
-            case JobStarted():
-                self.services.replica_started(event.job_id)
+            case JobReady():
+                self.services.replica_ready(event.job_id)
             case JobEvicted():
-                self.services.replica_started(event.job_id, False)  # requeued: not ready until it runs again
+                self.services.replica_ready(event.job_id, False)  # requeued: not ready until it runs again
             case JobFinished() if event.job_id in self.jobs:
                 self.jobs[event.job_id] = "succeeded" if event.exit_code == 0 else "failed"
                 self.specs.pop(event.job_id, None)
@@ -194,7 +194,7 @@ class AdmissionDecider:
                     self.specs.pop(event.job_id, None)
                     self._ended_replica_of = self.services.replica_gone(event.job_id)
                 else:
-                    self.services.replica_started(event.job_id, False)
+                    self.services.replica_ready(event.job_id, False)
             case ServiceDeployed():
                 self.services.deployed(event.service, event.id)
             case ServiceScaled() if event.service in self.services.services:

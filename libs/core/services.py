@@ -93,7 +93,7 @@ class ServiceState:
     spec: ServiceSpec
     epoch: str
     desired: int = 0
-    # Live replica jobs (not yet final): job id -> (ordinal, started?).
+    # Live replica jobs (not yet final): job id -> (ordinal, ready?).
     replicas: dict[str, tuple[int, bool]] = field(default_factory=dict)
     next_ordinal: int = 0
     # (report time, recommendation), oldest first, within the longest stabilisation window.
@@ -104,7 +104,7 @@ class ServiceState:
 
     @property
     def ready(self) -> int:
-        return sum(1 for _, started in self.replicas.values() if started)
+        return sum(1 for _, ready in self.replicas.values() if ready)
 
     def bounded(self, n: int) -> int:
         low = self.spec.min_replicas if self.spec.autoscaling is not None else max(1, self.spec.min_replicas)
@@ -134,7 +134,7 @@ class ServiceState:
         return replica_job_id(self.epoch, self.next_ordinal)
 
     def to_cancel(self, n: int) -> list[str]:
-        """Which `n` replicas a scale-down stops: those not started yet first, then the newest."""
+        """Which `n` replicas a scale-down stops: those not ready yet first, then the newest."""
         order = sorted(self.replicas, key=lambda j: (self.replicas[j][1], -self.replicas[j][0]))
         return order[:n]
 
@@ -172,11 +172,11 @@ class ServiceBook:
         state.replicas[job_id] = (ordinal, False)
         self.replica_of[job_id] = spec.service
 
-    def replica_started(self, job_id: str, started: bool = True) -> None:
+    def replica_ready(self, job_id: str, ready: bool = True) -> None:
         name = self.replica_of.get(job_id)
         state = self.services.get(name) if name is not None else None
         if state is not None and job_id in state.replicas:
-            state.replicas[job_id] = (state.replicas[job_id][0], started)
+            state.replicas[job_id] = (state.replicas[job_id][0], ready)
 
     def replica_gone(self, job_id: str) -> str | None:
         """A replica ended for good; the service it belonged to (None when it was none's or is deleted)."""

@@ -14,7 +14,7 @@ from contracts import (
     JobEvicted,
     JobFailed,
     JobFinished,
-    JobStarted,
+    JobReady,
     JobSubmitted,
     ReportServiceLoad,
     ServiceDeleted,
@@ -86,7 +86,7 @@ class ServiceTracker:
                 self.services[event.service].metric = event.metric
             case JobSubmitted() if event.spec.service:
                 self.replica_of[event.job_id] = event.spec.service
-            case JobStarted() if event.job_id in self.replica_of:
+            case JobReady() if event.job_id in self.replica_of:
                 name = self.replica_of[event.job_id]
                 timeline = self.services.get(name)
                 if timeline is not None:

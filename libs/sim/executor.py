@@ -19,6 +19,7 @@ from contracts import (
     JobFailed,
     JobFinished,
     JobPlaced,
+    JobReady,
     JobStarted,
     JobSubmitted,
     NodeCordoned,
@@ -35,7 +36,7 @@ SOURCE = "sim-executor"
 SIM_EXIT_CODES = "sim/exit-codes"
 # A job label: how long (seconds) the simulated job takes to write its checkpoint once told to stop.
 SIM_CHECKPOINT_S = "sim/checkpoint-s"
-REPORTS = (JobStarted, JobFinished, JobFailed, JobEvicted, JobCheckpointed)
+REPORTS = (JobStarted, JobReady, JobFinished, JobFailed, JobEvicted, JobCheckpointed)
 
 
 @dataclass(slots=True)
@@ -79,6 +80,7 @@ class ExecutorBook:
         # Stops that complete later (a checkpoint being written): (when, run) for the driver to schedule.
         self.later: list[tuple[float, Run]] = []
         self.ended_runs: dict[str, int] = {}  # job -> runs that finished or failed
+        self.replicas: dict[str, None] = {}  # inference service replicas: ready as soon as they run
 
     def report(self, kind: Any, run: Run, what: str, ts: float, **fields: Any) -> EventBase:
         """One executor report (`kind` is JobStarted, JobFinished, JobFailed or JobEvicted)."""
@@ -96,6 +98,8 @@ class ExecutorBook:
                 self.write_s[event.job_id] = float(write) if write.replace(".", "", 1).isdigit() else 0.0
                 plan = event.spec.labels.get(SIM_EXIT_CODES, "")
                 self.exit_plan[event.job_id] = [int(c) for c in plan.split(",") if c.strip().lstrip("-").isdigit()]
+                if event.spec.service:
+                    self.replicas[event.job_id] = None
             case JobPlaced():
                 self.runs[event.job_id] = Run(event.job_id, event.id, self.durations.get(event.job_id),
                                               done_before=self.saved.get(event.job_id, 0.0),
@@ -134,6 +138,7 @@ class ExecutorBook:
                     self.checkpoint_every.pop(event.job_id, None)
                     self.saved.pop(event.job_id, None)
                     self.cancelled.pop(event.job_id, None)
+                    self.replicas.pop(event.job_id, None)
 
     def react(self, event: EventBase, now: float) -> list[EventBase]:
         """Fold an event and report what the executor does about it at `now`."""
@@ -145,7 +150,7 @@ class ExecutorBook:
                 if event.job_id in self.cancelled:
                     out += self.stop(run, "cancelled", now)
                 else:
-                    out.append(self.start(run, now))
+                    out += self.start(run, now)
             case PreemptionDecided():
                 for v in event.victims:
                     victim = self.runs.get(v.job_id)
@@ -170,9 +175,13 @@ class ExecutorBook:
                     out += self.stop(run, "drained", now)
         return out
 
-    def start(self, run: Run, now: float) -> EventBase:
+    def start(self, run: Run, now: float) -> list[EventBase]:
+        """The run's start; a service replica is ready with it (the simulated model loads at once)."""
         run.started_at = now
-        return self.report(JobStarted, run, "started", now, executor=SOURCE)
+        started = [self.report(JobStarted, run, "started", now, executor=SOURCE)]
+        if run.job_id in self.replicas:
+            started.append(self.report(JobReady, run, "ready", now))
+        return started
 
     def stop(self, run: Run, reason: str, now: float, at: float | None = None) -> list[EventBase]:
         """Stop a run. Told to stop (preempted, drained), a job that checkpoints saves its state first; its next run

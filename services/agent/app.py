@@ -151,7 +151,7 @@ class Agent:
             reports = self.executor.checkpoints()
             if reports:
                 await bus.publish(reports)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(0.25)  # a replica's readiness is a scale-up's last step: look often
 
     async def sample(self, bus: Bus, reactor: Reactor) -> None:
         try:

@@ -34,6 +34,7 @@ from contracts import (
     JobFailed,
     JobFinished,
     JobPlaced,
+    JobReady,
     JobSpec,
     JobStarted,
     JobSubmitted,
@@ -46,7 +47,7 @@ from contracts import (
 )
 from libs.bus.jetstream import Bus
 from libs.core.policy import DEFAULT_PRIORITY_CLASSES
-from libs.jobkit import CHECKPOINT_FILE, RESUME_CHECKPOINT, RESUME_PROGRESS, read_checkpoint
+from libs.jobkit import CHECKPOINT_FILE, READY_FILE, RESUME_CHECKPOINT, RESUME_PROGRESS, read_checkpoint
 from libs.nodes.reports import report_id
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,8 @@ class LocalRun:
     stop_reason: str = ""
     checkpoint_mtime: float = 0.0
     reported_progress: float = -1.0
+    ready_file: Path | None = None  # a replica that signals its readiness: the file it creates
+    ready_reported: bool = False
     kill_timer: asyncio.TimerHandle | None = None
 
     def alive(self) -> list[Replica]:
@@ -254,9 +257,16 @@ class ProcessExecutor:
         ckpt = self.workdir / "checkpoints" / f"{run.job_id}.json"
         with contextlib.suppress(FileNotFoundError):
             ckpt.unlink()  # a new run reports its own checkpoints
+        if spec.service and spec.ready_signal:
+            run.ready_file = self.workdir / "ready" / run.job_id
+            run.ready_file.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                run.ready_file.unlink()  # and signals its own readiness
         try:
             for rep in run.replicas:
                 env = job_environment(spec, rep, self.spec, ckpt, resume, run.job_id)
+                if run.ready_file is not None:
+                    env[READY_FILE] = str(run.ready_file)
                 with open(self.log_path(run.job_id), "ab") as out:
                     out.write(f"== run {run.run_id} replica {rep.index} on {self.node} GPUs "
                               f"{env['CUDA_VISIBLE_DEVICES']} ==\n".encode())
@@ -274,8 +284,13 @@ class ProcessExecutor:
                                            reason=f"spawn_failed: {err.strerror or err}")])
             return
         if run.leader:
-            await self._publish([JobStarted(id=report_id(run.run_id, "started"), ts=time.time(), source=self.source,
-                                            correlation_id=run.job_id, job_id=run.job_id, executor=self.source)])
+            started: list[EventBase] = [JobStarted(id=report_id(run.run_id, "started"), ts=time.time(),
+                                                   source=self.source, correlation_id=run.job_id, job_id=run.job_id,
+                                                   executor=self.source)]
+            if spec.service and run.ready_file is None:  # a replica without a readiness signal serves once it runs
+                run.ready_reported = True
+                started.append(self._ready(run))
+            await self._publish(started)
         if run.stop_reason:  # told to stop while it was starting
             self._signal(run, self.grace_of(run), run.stop_reason)
         for rep in run.replicas:
@@ -358,12 +373,20 @@ class ProcessExecutor:
 
     # --- checkpoints the jobs write ------------------------------------------------------------------
 
+    def _ready(self, run: LocalRun) -> EventBase:
+        return JobReady(id=report_id(run.run_id, "ready"), ts=time.time(), source=self.source,
+                        correlation_id=run.job_id, job_id=run.job_id)
+
     def checkpoints(self) -> list[EventBase]:
-        """Checkpoints running jobs wrote since the last look (the agent polls this)."""
+        """Checkpoints running jobs wrote, and readiness service replicas signalled, since the last look (the
+        agent polls this)."""
         out: list[EventBase] = []
         for run in self.placed.values():
             if not run.spawned or run.stop_reason:
                 continue
+            if run.ready_file is not None and not run.ready_reported and run.leader and run.ready_file.exists():
+                run.ready_reported = True
+                out.append(self._ready(run))
             path = self.workdir / "checkpoints" / f"{run.job_id}.json"
             try:
                 mtime = path.stat().st_mtime

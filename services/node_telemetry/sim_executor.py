@@ -122,7 +122,7 @@ class SimExecutor:
             if run.job_id in self.book.cancelled:
                 pending += self.book.stop(run, "cancelled", now)
             elif run.started_at is None:
-                pending.append(self.book.start(run, now))  # timed when it comes back through the log
+                pending += self.book.start(run, now)  # timed when it comes back through the log
             else:
                 self._arm(run)
                 self.book.arm_stop(run)  # told to stop before the restart: its stop comes due still

@@ -133,6 +133,27 @@ def test_commands_run_on_their_gpus_and_finish_or_fail_with_their_logs(platform:
     assert "share 0.250" in platform.api.logs(share)["log"]
 
 
+# A service replica that loads its "model" for a second before it serves.
+LOADING = ("import time\n"
+           "from libs.jobkit import ready\n"
+           "print('loading', flush=True); time.sleep(1.5); ready(); print('serving', flush=True)\n"
+           "time.sleep(120)\n")
+
+
+def test_a_service_replica_counts_as_ready_when_its_process_says_so(platform: Platform) -> None:
+    platform.api.deploy_service({"name": "loader", "min_replicas": 1, "max_replicas": 1, "replica": {
+        "team": "t", "queue": "q", "gpus": 1, "priority": "urgent", "ready_signal": True,
+        "command": [sys.executable, "-c", LOADING]}})
+    replica = wait_for(lambda: next((j for j in platform.api.jobs(state="running")
+                                     if j["spec"].get("service") == "loader"), None), "the replica never ran")
+    platform.wait_log(replica["id"], "loading")
+    assert platform.api.service("loader")["ready_replicas"] == 0  # running, not yet serving
+    wait_for(lambda: platform.api.service("loader")["ready_replicas"] == 1, "the replica never became ready", 10)
+    assert "serving" in platform.api.logs(replica["id"])["log"]
+    platform.api.delete_service("loader")
+    assert platform.wait_state(replica["id"], *FINAL)["state"] == "cancelled"
+
+
 def test_preemption_sends_sigterm_and_the_job_resumes_from_its_checkpoint(platform: Platform) -> None:
     victim = platform.submit(CHECKPOINTING, gpus=2, checkpoint_interval_s=60.0)
     platform.wait_log(victim, "resumed from 0.0")

@@ -11,6 +11,7 @@ from contracts import (
     GpuHealthChanged,
     JobEvicted,
     JobFinished,
+    JobReady,
     JobSpec,
     JobStarted,
     JobSubmitted,
@@ -49,6 +50,8 @@ def test_a_batch_exports_capacity_cost_demand_and_replicas() -> None:
         JobSubmitted)]
     for j in ("train", "part", *serve):
         feed.send(JobStarted, job_id=j)
+    for j in serve:
+        feed.send(JobReady, job_id=j)
     feed.send(ReportServiceLoad, service="chat", metric="requests_per_s", value=50.0)
     feed.at(25.0).submit("waits", job("mteam", "mq").gpus(4).models("M1"))
     seen = project(feed, projector, 0)

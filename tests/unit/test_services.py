@@ -14,6 +14,7 @@ from contracts import (
     JobCancelled,
     JobFailed,
     JobPlaced,
+    JobReady,
     JobSpec,
     JobStarted,
     JobSubmitted,
@@ -133,14 +134,14 @@ def test_scale_down_stops_replicas_not_yet_running_first_then_the_newest() -> No
     feed.submit("held", job(queue="training", priority="production-inference").gpus(4))
     first = of(feed.send(DeployService, service=service(
         lo=1, scaling=msgspec.structs.replace(SCALING, scale_down_window_s=0))), JobPlaced)[0].job_id
-    feed.send(JobStarted, job_id=first)
+    feed.send(JobReady, job_id=first)
     out = load(feed, 600)
     submitted = [s.job_id for s in of(out, JobSubmitted)]
     placed = {p.job_id for p in of(out, JobPlaced)}
     waiting = [j for j in submitted if j not in placed]
     assert len(waiting) == 2
     for p in placed:
-        feed.send(JobStarted, job_id=p)
+        feed.send(JobReady, job_id=p)
     feed.at(1_010.0)
     out = load(feed, 300)
     cancelled = [c.job_id for c in of(out, JobCancelled)]
@@ -155,7 +156,7 @@ def test_a_replica_that_fails_for_good_is_replaced() -> None:
     feed = world()
     out = feed.send(DeployService, service=service(lo=2, scaling=None))
     first = of(out, JobSubmitted)[0].job_id
-    feed.send(JobStarted, job_id=first)
+    feed.send(JobReady, job_id=first)
     out = feed.send(JobFailed, job_id=first, exit_code=1, reason="error")
     replacement = of(out, JobSubmitted)
     assert len(replacement) == 1 and replacement[0].job_id != first
