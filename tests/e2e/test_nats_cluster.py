@@ -10,7 +10,7 @@ import asyncio
 import json
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -62,7 +62,6 @@ class Outage:
     restarted_at: float = 0.0
     healthy_at: float = 0.0
     client_retries: int = 0  # stream-info requests the observer made while no server led the stream
-    notes: list[str] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
