@@ -234,3 +234,17 @@ def test_a_load_that_is_not_a_number_changes_nothing() -> None:
     feed = world()
     feed.send(DeployService, service=service(lo=2))
     assert load(feed, float("nan")) == [] and load(feed, -5.0) == []
+
+
+def test_a_service_allowed_to_scale_to_zero_does_and_comes_back_on_the_first_request() -> None:
+    feed = world()
+    feed.send(DeployService, service=service(lo=0, scaling=msgspec.structs.replace(SCALING, scale_down_window_s=0)))
+    assert live_replicas(feed) == 0  # nothing asked yet
+    feed.at(1_001.0)
+    out = load(feed, 30)
+    assert [(s.from_replicas, s.to_replicas) for s in of(out, ServiceScaled)] == [(0, 1)]
+    assert len(of(out, JobPlaced)) == 1
+    feed.at(1_002.0)
+    out = load(feed, 0)
+    assert [(s.from_replicas, s.to_replicas) for s in of(out, ServiceScaled)] == [(1, 0)]
+    assert len(of(out, JobCancelled)) == 1 and live_replicas(feed) == 0
