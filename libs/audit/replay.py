@@ -22,6 +22,7 @@ from libs.core.quota import QuotaDecider
 
 DECIDERS: tuple[Callable[[], Decider], ...] = (AdmissionDecider, QuotaDecider, PlacementDecider, PreemptionDecider,
                                                NodeDecider)
+DECIDER_NAMES = tuple(decider().name for decider in DECIDERS)
 # The deciders that usually take longest over a log, longest first: in parallel they start first, and the
 # quick ones fill in after them.
 LONGEST_FIRST: tuple[Callable[[], Decider], ...] = (PlacementDecider, QuotaDecider, PreemptionDecider)
@@ -60,32 +61,68 @@ class ReplayReport:
 
 PARALLEL_FROM = 5000  # events
 
-# The decoded log: stream sequence and event, with the raw payload beside each. Each process of a parallel
-# replay decodes it for itself, forked workers right after the fork: what they decode is then their own memory,
-# not pages shared with the parent that every reference count update would make the kernel copy.
-_SHARED: tuple[list[tuple[int, EventBase]], list[bytes]] = ([], [])
-# What each source decided, as recorded: its decisions' payloads by the sequence of their trigger (made from
-# _SHARED on first use in a process).
-_RECORDED: dict[str, dict[int, list[bytes]]] | None = None
+@dataclass(slots=True)
+class _Log:
+    """The decodable entries of a log, side by side: stream sequences and events; and what each decider
+    decided, as recorded: its decisions' payloads by the sequence of their trigger."""
+
+    seqs: list[int] = field(default_factory=list)
+    events: list[EventBase] = field(default_factory=list)
+    recorded: dict[str, dict[int, list[bytes]]] = field(default_factory=dict)
 
 
-def _recorded(source: str) -> dict[int, list[bytes]]:
-    global _RECORDED
-    if _RECORDED is None:
-        entries, raws = _SHARED
-        by_source: dict[str, dict[int, list[bytes]]] = {}
-        for (_, logged), raw in zip(entries, raws, strict=True):
-            by_source.setdefault(logged.source, {}).setdefault(logged.trigger_seq, []).append(raw)
-        _RECORDED = by_source
-    return _RECORDED.get(source, {})
+# The decoded log. Each process of a parallel replay decodes it for itself, forked workers right after the
+# fork: what they decode is then their own memory, not pages shared with the parent that every reference
+# count update would make the kernel copy.
+_SHARED = _Log()
+
+
+def _decode_log(log: list[tuple[int, bytes]]) -> _Log:
+    """The decodable entries (a payload that does not decode was dead-lettered when it was live: it decided
+    nothing)."""
+    # Decoding makes only new objects without cycles: nothing for the collector to find, and much for it to
+    # walk over and over while the log's objects pile up.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        seqs = [seq for seq, _ in log]
+        raws = [raw for _, raw in log]
+        try:
+            events: list[EventBase] = list(map(decode, raws))
+        except Exception:  # some entry does not decode: go one by one
+            kept: list[tuple[int, EventBase, bytes]] = []
+            for seq, raw in log:
+                try:
+                    kept.append((seq, decode(raw), raw))
+                except Exception:
+                    continue
+            seqs, events, raws = [k[0] for k in kept], [k[1] for k in kept], [k[2] for k in kept]
+        return _Log(seqs, events, _by_trigger(events, raws))
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _by_trigger(events: list[EventBase], raws: list[bytes]) -> dict[str, dict[int, list[bytes]]]:
+    """The deciders' recorded decisions: source -> trigger sequence -> payloads, in log order."""
+    recorded: dict[str, dict[int, list[bytes]]] = {name: {} for name in DECIDER_NAMES}
+    for event, raw in zip(events, raws, strict=True):
+        by_trigger = recorded.get(event.source)
+        if by_trigger is None:  # an input, not a decision
+            continue
+        payloads = by_trigger.get(event.trigger_seq)
+        if payloads is None:
+            by_trigger[event.trigger_seq] = [raw]
+        else:
+            payloads.append(raw)
+    return recorded
 
 
 def _replay_one(index: int) -> tuple[int, list[Mismatch]]:
     """Run one decider over the whole log; its decisions checked and its mismatches."""
-    entries, _ = _SHARED
     decider = DECIDERS[index]()
     accepted = tuple(decider.input_types())
-    recorded = _recorded(decider.name)
+    recorded = _SHARED.recorded.get(decider.name, {})
     # A decider may say which inputs its react can decide anything about (reacts_to): the others are only
     # folded.
     reacting = getattr(decider, "reacts_to", None)
@@ -93,8 +130,8 @@ def _replay_one(index: int) -> tuple[int, list[Mismatch]]:
     checked, mismatches = 0, []
     # event type -> (is it an input?, can it decide anything?), from isinstance, asked once per type
     takes: dict[type, tuple[bool, bool]] = {}
-    evolve, react = decider.evolve, decider.react
-    for seq, event in entries:
+    evolve, react, expected_for = decider.evolve, decider.react, recorded.get
+    for seq, event in zip(_SHARED.seqs, _SHARED.events, strict=True):
         take = takes.get(type(event))
         if take is None:
             take = takes[type(event)] = (isinstance(event, accepted), isinstance(event, reacts_to))
@@ -102,11 +139,10 @@ def _replay_one(index: int) -> tuple[int, list[Mismatch]]:
             continue
         try:
             evolve(event)  # run_decider, inline: fold the input, then react to it
-            decided = react(Trigger(event, seq)) if take[1] else []
-            got = [encode(d) for d in decided] if decided else []
+            got = [encode(d) for d in react(Trigger(event, seq))] if take[1] else []
         except Exception as err:  # an altered log can make a decider fail: that is a finding, not a crash
             got = [f"error: {type(err).__name__}: {err}".encode()]
-        expected = recorded.get(seq)
+        expected = expected_for(seq)
         if expected is None:
             if got:
                 mismatches.append(Mismatch(decider.name, seq, [], [g.decode() for g in got]))
@@ -117,33 +153,14 @@ def _replay_one(index: int) -> tuple[int, list[Mismatch]]:
     return checked, mismatches
 
 
-def _decode_log(log: list[tuple[int, bytes]]) -> tuple[list[tuple[int, EventBase]], list[bytes], int]:
-    """The decodable entries, their payloads, and how many did not decode."""
-    raws = [raw for _, raw in log]
-    try:
-        events = [decode(raw) for raw in raws]
-    except Exception:  # some entry does not decode: go one by one
-        entries: list[tuple[int, EventBase]] = []
-        kept: list[bytes] = []
-        for seq, raw in log:
-            try:
-                event = decode(raw)
-            except Exception:  # dead-lettered when it was live: it decided nothing
-                continue
-            entries.append((seq, event))
-            kept.append(raw)
-        return entries, kept, len(log) - len(entries)
-    return [(seq, event) for (seq, _), event in zip(log, events, strict=True)], raws, 0
-
-
 def _load(log: list[tuple[int, bytes]], freeze: bool) -> tuple[int, int]:
     """Decode the log into _SHARED; (events, undecodable). `freeze`: keep the collector off it from then on."""
-    global _SHARED, _RECORDED
-    entries, raws, undecodable = _decode_log(log)
-    _SHARED, _RECORDED = (entries, raws), None
+    global _SHARED
+    _SHARED = _decode_log(log)
     if freeze:
         gc.freeze()
-    return len(entries), undecodable
+    events = len(_SHARED.events)
+    return events, len(log) - events
 
 
 Done = dict[int, tuple[int, list[Mismatch]]]
@@ -203,7 +220,7 @@ def _replay_parallel(workers: int, log: list[tuple[int, bytes]], report: ReplayR
 def replay(log: Iterable[tuple[int, bytes]], workers: int = 1) -> ReplayReport:
     """`log` is (stream sequence, raw payload) in stream order, as recorded. The deciders are independent
     of each other, so with `workers` > 1 they replay in parallel processes."""
-    global _SHARED, _RECORDED
+    global _SHARED
     started = time.perf_counter()
     report = ReplayReport()
     # What exists already, and the decoded log, live as long as the replay: the collector need not walk
@@ -222,7 +239,7 @@ def replay(log: Iterable[tuple[int, bytes]], workers: int = 1) -> ReplayReport:
             report.events, report.undecodable = _load(logged, freeze)
             results = [_replay_one(i) for i in range(len(DECIDERS))]
     finally:
-        _SHARED, _RECORDED = ([], []), None
+        _SHARED = _Log()
         if freeze:
             gc.unfreeze()
     for checked, mismatches in results:

@@ -45,8 +45,9 @@ class ClusterArrays:
         # Per row, the free shares (sorted) of the GPUs with no memory overdrawn: what a request asking for no
         # GPU memory can count on.
         self.share_rows: list[list[int]] = [[] for _ in range(n)]
-        # Free share on each node's usable GPUs (idle_share, kept row by row).
+        # Free share on each node's usable GPUs (idle_share, kept row by row), and as a list.
         self.idle: I64 = np.zeros(n, dtype=np.int64)
+        self.idle_rows: list[int] = [0] * n
         # model_mask / gpu_mask per allowed-models tuple (they change only with the set of nodes).
         self._model_masks: dict[tuple[str, ...], npt.NDArray[np.bool_]] = {}
         self._gpu_masks: dict[tuple[str, ...], npt.NDArray[np.bool_]] = {}
@@ -69,34 +70,52 @@ class ClusterArrays:
 
     def _fill(self, i: int) -> None:
         node = self.nodes[i]
-        free = [UNUSABLE] * self.width
-        mem = [0] * self.width
+        width = self.width
+        free = [UNUSABLE] * width
+        mem = [0] * width
+        shares: list[int] = []  # free shares of the usable GPUs whose memory is not overdrawn
+        overdrawn = 0
         idle = usable_share = idle_gpus = 0
         usable = False
         for j, g in enumerate(node.gpus):
             if g.healthy and not g.mig_enabled:
                 share = g.free_milli
+                memory = g.free_memory_mib
                 free[j] = share
-                mem[j] = g.free_memory_mib
+                mem[j] = memory
+                if memory >= 0:
+                    shares.append(share)
+                else:
+                    overdrawn += 1
                 if share > 0:
                     idle += share
                 if share >= 0:
                     usable = True
                     usable_share += share
                     idle_gpus += share == FULL
-        self.free[i] = free
-        self.free_mem[i] = mem
+        # Padding and unusable GPUs (UNUSABLE, no memory) count among the shares too.
+        shares += [UNUSABLE] * (width - len(shares) - overdrawn)
+        shares.sort()
+        # The arrays are written only where the row changed: at this size numpy's cost per call dominates.
+        if free != self.free_rows[i]:
+            self.free[i] = free
+        if mem != self.free_mem_rows[i]:
+            self.free_mem[i] = mem
         self.free_rows[i] = free
         self.free_mem_rows[i] = mem
-        self.share_rows[i] = sorted(share for share, memory in zip(free, mem, strict=True) if memory >= 0)
-        self.host_rows[i] = (node.free_cpu_milli, node.free_memory_mib, node.free_rdma_nics)
+        self.share_rows[i] = shares
+        host = (node.free_cpu_milli, node.free_memory_mib, node.free_rdma_nics)
+        if host != self.host_rows[i]:
+            self.host_rows[i] = host
+            self.cpu[i], self.mem[i], self.rdma[i] = host
         self.usable_rows[i] = (usable, usable_share, idle_gpus)
-        self.idle[i] = idle
-        self.cpu[i] = node.free_cpu_milli
-        self.mem[i] = node.free_memory_mib
-        self.rdma[i] = node.free_rdma_nics
-        self.online[i] = node.online
-        self.online_rows[i] = bool(node.online)
+        if idle != self.idle_rows[i]:
+            self.idle_rows[i] = idle
+            self.idle[i] = idle
+        online = bool(node.online)
+        if online != self.online_rows[i]:
+            self.online_rows[i] = online
+            self.online[i] = online
 
     def refresh(self) -> list[int]:
         """Bring the arrays up to date; returns the rows that changed."""

@@ -17,21 +17,25 @@ import msgspec
 from contracts.events import EventBase
 
 _ENCODE = msgspec.json.Encoder().encode
+_REPLACE = msgspec.structs.replace
 # A fixed namespace: decision ids are uuid5(namespace, "service/trigger-id/index").
 DECISION_NAMESPACE = uuid.UUID("6f1d3a44-1c0e-5b7a-9a53-2f6c0c7e5a10")
 
 
-_NAMESPACE_BYTES = DECISION_NAMESPACE.bytes
-_SHA1 = hashlib.sha1
 _SHA256 = hashlib.sha256
+# sha1 over the namespace, ready to be copied and continued with a name.
+_NAMESPACE_SHA1 = hashlib.sha1(DECISION_NAMESPACE.bytes)
+# uuid5's variant bits (10xx) on the digest's ninth byte, as its first hex digit: 0-f -> 8, 9, a or b.
+_VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
 
 
 def _uuid5(name: str) -> str:
-    digest = bytearray(_SHA1(_NAMESPACE_BYTES + name.encode()).digest())
-    digest[6] = (digest[6] & 0x0F) | 0x50
-    digest[8] = (digest[8] & 0x3F) | 0x80
-    h = digest.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+    """str(uuid.uuid5(DECISION_NAMESPACE, name)): the version digit (5) and the variant digit set on the
+    sha1 digest's hex form directly."""
+    sha1 = _NAMESPACE_SHA1.copy()
+    sha1.update(name.encode())
+    h = sha1.hexdigest()
+    return f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
 
 
 def derived_id(*parts: object) -> str:
@@ -79,22 +83,23 @@ class Decisions:
     out: list[EventBase] = field(default_factory=list)
 
     def emit(self, event_type: type[EventBase], correlation_id: str = "", **fields: Any) -> EventBase:
-        trig = self.trigger.event
+        trig, seq = self.trigger
+        out = self.out
         event = event_type(
-            id=_uuid5(f"{self.service}/{trig.id}/{len(self.out)}"),  # derived_id(service, trigger id, index)
+            id=_uuid5(f"{self.service}/{trig.id}/{len(out)}"),  # derived_id(service, trigger id, index)
             ts=trig.ts,
             source=self.service,
-            trigger_seq=self.trigger.seq,
+            trigger_seq=seq,
             causation_id=trig.id,
             correlation_id=correlation_id or trig.correlation_id,
             **fields,
         )
         chain = self.chain
         link = _SHA256(chain.head.encode() + b"\n" + _ENCODE(event)).hexdigest()[:32]  # chain_hash
-        event = msgspec.structs.replace(event, chain=link)
+        event = _REPLACE(event, chain=link)
         chain.head, chain.length = link, chain.length + 1
         self.apply(event)
-        self.out.append(event)
+        out.append(event)
         return event
 
 

@@ -57,6 +57,7 @@ from libs.core.quotas import ANY, QuotaBook
 from libs.core.retries import RetryBook
 
 SERVICE = "preemption"
+_DEFERRALS = (QuotaDeferred, PlacementDeferred)
 WITHIN_QUEUE_PRIORITY = "within_queue_priority"
 RECLAIM = "reclaim"
 PLACEMENT = "placement"
@@ -161,10 +162,10 @@ class PreemptionDecider:
             else:
                 self._unwait(event.job_id)
             return
-        if not isinstance(event, ClockTick):
-            self.changed = True
-        else:
+        if isinstance(event, ClockTick):  # no case below names it, and it is no policy event
             self._forget_old_evictions(event.ts)
+            return
+        self.changed = True
         s = self.s
         # The most frequent events first; policy events (which no case names) last.
         match event:
@@ -251,24 +252,26 @@ class PreemptionDecider:
 
     def _wait(self, job_id: str, code: str, now: float) -> None:
         s = self.s
-        if job_id not in s.specs:
+        spec = s.specs.get(job_id)
+        if spec is None:
             return  # a deferral logged after the job ended (decisions are published after later inputs)
         held = s.waiting.get(job_id)
-        self._unwait(job_id)
-        spec = s.specs.get(job_id)
-        w = Waiting(code, held.since if held is not None else now, queue=spec.queue if spec else "",
-                    priority=self.policy.priority_of(spec) if spec else 0)
+        if held is not None:
+            self._unwait(job_id)
+        priority = self.policy.priority_of(spec)
+        w = Waiting(code, held.since if held is not None else now, queue=spec.queue, priority=priority)
         s.waiting[job_id] = w
-        self._index(job_id, grace=code != PLACEMENT)
+        self._index(job_id, grace=code != PLACEMENT, priority=priority)
         if code != PLACEMENT:
             prios = s.waiting_priorities.setdefault(w.queue, {})
-            prios[w.priority] = prios.get(w.priority, 0) + 1
+            prios[priority] = prios.get(priority, 0) + 1
 
-    def _index(self, job_id: str, grace: bool) -> None:
-        """Enter a waiting job into the indexes (`grace`: among those whose reclaim grace is unchecked)."""
+    def _index(self, job_id: str, grace: bool, priority: int | None = None) -> None:
+        """Enter a waiting job into the indexes (`grace`: among those whose reclaim grace is unchecked).
+        `priority`: its spec's, when the caller has it."""
         s = self.s
         spec = s.specs[job_id]
-        head = (spec.queue, (-self.policy.priority_of(spec), job_id))
+        head = (spec.queue, (-(self.policy.priority_of(spec) if priority is None else priority), job_id))
         s.head_of[job_id] = head
         bisect.insort(s.heads.setdefault(head[0], []), head[1])
         if grace:
@@ -378,7 +381,7 @@ class PreemptionDecider:
 
     def react(self, trigger: Trigger) -> list[EventBase]:
         event = trigger.event
-        if isinstance(event, QuotaDeferred | PlacementDeferred) and event.job_id in self.s.waiting:
+        if isinstance(event, _DEFERRALS) and event.job_id in self.s.waiting:
             out = Decisions(SERVICE, trigger, self.evolve, self.chain)
             self._consider(event.job_id, event.ts, out)
         elif isinstance(event, ClockTick):
@@ -437,7 +440,10 @@ class PreemptionDecider:
         for queue in list(self.s.evicted):
             spec = self.policy.queues.get(queue)
             window = spec.eviction_window_s if spec is not None else 0.0
-            kept = [(t, m) for t, m in self.s.evicted[queue] if now - t < window]
+            entries = self.s.evicted[queue]
+            if entries and now - min(entries)[0] < window:
+                continue  # not even the oldest has aged out
+            kept = [(t, m) for t, m in entries if now - t < window]
             if kept:
                 self.s.evicted[queue] = kept
             else:
@@ -478,14 +484,14 @@ class PreemptionDecider:
         waiting = s.waiting.get(job_id)
         if spec is None or waiting is None or job_id in s.in_flight or job_id in s.running:
             return
-        demand = demand_milli(spec)
         # Without candidates there is nobody to evict (Simulation.choose would answer []): no simulation then,
         # and the simulation is only set up once some candidate needs it. No job of the queue running at a
         # lower priority: no candidate within the queue; no cohort either: no borrower to reclaim from.
-        prio = self.policy.priority_of(spec)
-        lower = any(p < prio for p in s.running_priorities.get(spec.queue, ()))
+        running, prio = s.running_priorities.get(spec.queue), self.policy.priority_of(spec)
+        lower = running is not None and min(running, default=prio) < prio
         if not lower and (waiting.code == PLACEMENT or not self.book.cohort.get(spec.queue, "")):
             return
+        demand = demand_milli(spec)
         if waiting.code == PLACEMENT:
             held = s.reserved.get(job_id)
             flavor = held[1] if held is not None else ANY

@@ -99,6 +99,7 @@ class Pass:
     no_borrowing: set[str] = field(default_factory=set)
     starving: QuotaJob | None = None
     shadow: float = 0.0
+    held_message: str = ""  # what a job held for the starving job is told (made once per pass)
     # Cached between reservations (a reservation changes usage, so it clears them).
     keys: dict[str, tuple[object, ...]] = field(default_factory=dict)  # job id -> its order key
     within: dict[tuple[str, int, tuple[str, ...]], bool] = field(default_factory=dict)
@@ -110,6 +111,8 @@ class Pass:
     smallest: dict[tuple[str, int], int] = field(default_factory=dict)
     # Flavors -> do they share a model with the starving job's? (Usage does not change that.)
     shares: dict[tuple[str, ...], bool] = field(default_factory=dict)
+    # (queue, flavor) -> what is left of its nominal quota, and its room (see QuotaBook)
+    quota: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
 
     def reserved(self) -> None:
         self.keys.clear()
@@ -118,6 +121,7 @@ class Pass:
         self.fair.clear()
         self.reasons.clear()
         self.smallest.clear()
+        self.quota.clear()
 
 
 class QuotaDecider:
@@ -153,10 +157,20 @@ class QuotaDecider:
         # preemptor -> when its victims were chosen: quota they free goes to it first (until it lapses)
         self.nominated: dict[str, float] = {}
         self._left_waiting: str | None = None
+        # (queue, demand, flavors) -> could the queue ever hold that much (_could_ever_fit), at policy version
+        self._ever_fits: dict[tuple[str, int, tuple[str, ...]], bool] = {}
+        self._ever_fits_version = -1
+        self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (QueuePolicyChanged, PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, JobAdmitted,
                 JobCancelled, JobFinished, JobFailed, JobEvicted, PreemptionDecided, ClockTick)
+
+    def reacts_to(self) -> tuple[type[EventBase], ...]:
+        """The inputs `react` may decide something about; to any other (a submission, a preemption) it answers
+        [] and changes nothing."""
+        return (JobAdmitted, JobFinished, JobFailed, JobCancelled, JobEvicted, QueuePolicyChanged,
+                PriorityClassesChanged, SchedulingSettingsChanged, ClockTick)
 
     @property
     def book(self) -> QuotaBook:
@@ -428,7 +442,7 @@ class QuotaDecider:
         orders = {q: self._ordered(q) for q in group if self.pending.get(q)}
         if len(orders) == 1:  # one queue waits: its own order is the pass's
             ((queue, order),) = orders.items()
-            while (head := self._next_head(queue, order, p, out)) is not None:
+            while (head := self._next_head(queue, order, p, out, skip_held=True)) is not None:
                 if self._try_reserve(head, p, out):
                     p.reserved()
             return
@@ -479,21 +493,40 @@ class QuotaDecider:
         """Flavors in which a queue's smallest waiting job would fit the queue's own nominal quota but not
         the room its cohort left it: that quota is lent out, so no borrower of the flavor grows this pass,
         whichever of the queue's jobs comes first in its own order."""
+        book = self.book
         for q in group:
-            smallest = min((min(self.demands[(q, prio)]) for prio in self.pending.get(q, {})), default=None)
-            if smallest is None or not self.book.governed(q) or self._over_budget(q, p):
+            levels = self.pending.get(q)
+            if not levels or not book.governed(q) or self._over_budget(q, p):
                 continue
-            for f in self.book.limits[q]:
-                if self.book.nominal_left(q, f) >= smallest > self.book.room(q, f):
+            lent = [(f, left) for f in book.limits[q] if (left := book.nominal_left(q, f)) > book.room(q, f)]
+            if not lent:
+                continue
+            smallest = min(min(self.demands[(q, prio)]) for prio in levels)
+            for f, left in lent:
+                if left >= smallest > book.room(q, f):
                     p.no_borrowing.add(f)
 
-    def _next_head(self, queue: str, order: Order, p: Pass, out: Decisions) -> QuotaJob | None:
-        """The next job of the queue worth trying; jobs that cannot fit are told why (once) on the way."""
+    def _next_head(self, queue: str, order: Order, p: Pass, out: Decisions, skip_held: bool = False
+                   ) -> QuotaJob | None:
+        """The next job of the queue worth trying; jobs that cannot fit are told why (once) on the way.
+        `skip_held`: the head is tried at once (so nothing changes in between); a job then also passes over
+        the jobs whose try would change nothing: held for the starving job, and told so."""
         backing_off = self.backing_off
-        # Neither changes while the queue's next head is looked for (only trying a head does).
+        # None of these changes while the queue's next head is looked for (only trying a head does).
         held = p.held_below.get(queue)
         failures = p.failed
-        for job in order:
+        deferred = self.deferred
+        version = self.policy_version
+        # Trying a job held for the starving job that was told so changes nothing, unless a user limit or a
+        # spent budget answers first (see _try_reserve).
+        skip_told_held = skip_held and p.starving is not None and self._only_starving_holds(queue, p)
+        waiting_for_quota = WAITING_FOR_QUOTA
+        # The last flavors (interned: see _flavors) and level seen, with what the pass knows of them.
+        seen_flavors: tuple[str, ...] | None = None
+        seen_failed: int | None = None
+        seen_level = -1
+        level_skips = False
+        for job in order.walk:
             if backing_off:
                 not_before = backing_off.get(job.job_id)
                 if not_before is not None:
@@ -504,33 +537,48 @@ class QuotaDecider:
                         continue
                     del backing_off[job.job_id]
             if held is not None and job.priority < held:
-                if self.deferred.get(job.job_id) in WAITING_FOR_QUOTA:
+                if deferred.get(job.job_id) in WAITING_FOR_QUOTA:
                     return None  # everything after it is of lower priority still, and was told it waits
                 if self._tells(job, BEHIND_HIGHER_PRIORITY):
                     self._defer(job, BEHIND_HIGHER_PRIORITY,
                                 f"a job of higher priority waits for queue {queue}'s quota first", 0, out)
                 continue
-            if not failures:
-                return job
-            flavors = job.flavors if job.flavors_version == self.policy_version else self._flavors(job)
-            failed = failures.get((queue, flavors))
-            if failed is not None and job.demand >= failed:
-                if self.deferred.get(job.job_id) in WAITING_FOR_QUOTA:
-                    level = (queue, job.priority)
-                    smallest = p.smallest.get(level)
-                    if smallest is None:
-                        smallest = p.smallest[level] = min(self.demands[level])
-                    if failed <= smallest and len(self.models[level]) == 1:
-                        order.skip_level()  # nothing of this level is smaller or asks for other models
+            if failures:
+                flavors = job.flavors if job.flavors_version == version else self._flavors(job)
+                if flavors is not seen_flavors:
+                    seen_flavors, seen_failed, seen_level = flavors, failures.get((queue, flavors)), -1
+                failed = seen_failed
+                if failed is not None and job.demand >= failed:
+                    if deferred.get(job.job_id) in waiting_for_quota:
+                        if job.priority != seen_level:
+                            seen_level = job.priority
+                            level = (queue, seen_level)
+                            smallest = p.smallest.get(level)
+                            if smallest is None:
+                                smallest = p.smallest[level] = min(self.demands[level])
+                            # Nothing of this level is smaller or asks for other models: skip the level.
+                            level_skips = failed <= smallest and len(self.models[level]) == 1
+                        if level_skips:
+                            order.skip_level()
+                        continue
+                    self._defer(job, *self._quota_reason(job, p), out)
                     continue
-                self._defer(job, *self._quota_reason(job, p), out)
+            if skip_told_held and deferred.get(job.job_id) == HELD_FOR_STARVING_JOB and self._held_for_starving(job, p):
                 continue
             return job
         return None
 
+    def _only_starving_holds(self, queue: str, p: Pass) -> bool:
+        """Neither a per-user limit nor a spent budget that makes jobs wait applies to the queue's jobs."""
+        spec = self.policy.queues.get(queue)
+        if spec is None:
+            return True
+        return spec.user_max_gpus is None and not (spec.over_budget == "wait" and self._over_budget(queue, p))
+
     def _flavors(self, job: QuotaJob) -> tuple[str, ...]:
         if job.flavors_version != self.policy_version:
-            job.flavors = tuple(self.book.flavors_for(job.queue, job.spec))
+            flavors = tuple(self.book.flavors_for(job.queue, job.spec))
+            job.flavors = self._interned.setdefault(flavors, flavors)  # one object per value: compared by identity
             job.flavors_version = self.policy_version
         return job.flavors
 
@@ -546,7 +594,7 @@ class QuotaDecider:
             within = False
             if not self._over_budget(job.queue, p):
                 for f in flavors:
-                    if self.book.nominal_left(job.queue, f) >= job.demand:
+                    if self._quota_left(job.queue, f, p)[0] >= job.demand:
                         within = True
                         break
             p.within[key] = within
@@ -573,22 +621,24 @@ class QuotaDecider:
         starving = p.starving
         if starving is not None and self._held_for_starving(job, p):
             if self.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB:
-                self._defer(job, HELD_FOR_STARVING_JOB, f"quota is held for job {starving.job_id}, waiting since "
-                            f"{starving.since:.0f}; only jobs ending before it can start may go first", 0, out)
+                if not p.held_message:
+                    p.held_message = (f"quota is held for job {starving.job_id}, waiting since {starving.since:.0f}; "
+                                      "only jobs ending before it can start may go first")
+                self._defer(job, HELD_FOR_STARVING_JOB, p.held_message, 0, out)
             return False
-        entitled = self._entitled(job, p)
         for flavor in self._flavors(job) if self.book.governed(job.queue) else (ANY,):
-            nominal_left = self.book.nominal_left(job.queue, flavor)
+            nominal_left, room = self._quota_left(job.queue, flavor, p)
             if flavor in p.no_borrowing and (over_budget or job.demand > nominal_left):
                 continue  # a queue under nominal waits for lent quota: no borrower grows meanwhile
-            # Over budget: only what peers lend, never its own nominal.
-            room = self.book.borrow_only_room(job.queue, flavor) if over_budget else self.book.room(job.queue, flavor)
+            if over_budget:  # only what peers lend, never its own nominal
+                room = self.book.borrow_only_room(job.queue, flavor)
             if job.demand <= room:
                 borrowed = job.demand if over_budget else max(0, job.demand - nominal_left)
                 out.emit(QuotaReserved, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue,
                          gpu_milli=job.demand, flavor=flavor_name(flavor), borrowed_milli=borrowed,
                          over_budget=over_budget)
                 return True
+        entitled = self._entitled(job, p)
         key = (job.queue, self._flavors(job))
         p.failed[key] = min(p.failed.get(key, UNLIMITED), job.demand)
         p.held_below[job.queue] = max(p.held_below.get(job.queue, job.priority), job.priority)
@@ -607,10 +657,18 @@ class QuotaDecider:
                            "meanwhile")
         if entitled:
             # It fits its own nominal, yet no room: that quota is lent out. No borrower of it grows now.
-            p.no_borrowing.update(f for f in self._flavors(job) if self.book.nominal_left(job.queue, f) >= job.demand)
+            p.no_borrowing.update(f for f in self._flavors(job) if self._quota_left(job.queue, f, p)[0] >= job.demand)
         if tell:
             self._defer(job, code, message, shortfall, out)
         return False
+
+    def _quota_left(self, queue: str, flavor: str, p: Pass) -> tuple[int, int]:
+        """What is left of the queue's nominal quota of the flavor, and its room; kept until the pass reserves."""
+        key = (queue, flavor)
+        left = p.quota.get(key)
+        if left is None:
+            left = p.quota[key] = (self.book.nominal_left(queue, flavor), self.book.room(queue, flavor))
+        return left
 
     def _over_budget(self, queue: str, p: Pass) -> bool:
         if queue not in p.over_budget:
@@ -630,8 +688,7 @@ class QuotaDecider:
         return reason
 
     def _reason(self, job: QuotaJob) -> tuple[str, str, int]:
-        flavors = self.book.flavors_for(job.queue, job.spec) or [ANY]
-        flavor = flavors[0]
+        flavor = (self._flavors(job) or (ANY,))[0]
         lim = self.book.limits.get(job.queue, {}).get(flavor)
         nominal = lim.nominal if lim is not None else 0
         used = self.book.usage(job.queue, flavor)
@@ -649,8 +706,8 @@ class QuotaDecider:
                 "no idle quota to lend", shortfall)
 
     def _tell_new(self, job: QuotaJob, now: float, out: Decisions) -> None:
-        levels = self.pending.get(job.queue, {})
-        if any(prio > job.priority for prio in levels):
+        levels = self.pending.get(job.queue)
+        if levels and max(levels) > job.priority:
             self._defer(job, BEHIND_HIGHER_PRIORITY,
                         f"a job of higher priority waits for queue {job.queue}'s quota first", 0, out)
         else:
@@ -713,7 +770,15 @@ class QuotaDecider:
     def _could_ever_fit(self, job: QuotaJob) -> bool:
         if not self.book.governed(job.queue):
             return True
-        return any(self.book.ceiling(job.queue, f) >= job.demand for f in self._flavors(job))
+        # Ceilings change with policy alone: the answers are kept per policy version.
+        if self._ever_fits_version != self.policy_version:
+            self._ever_fits.clear()
+            self._ever_fits_version = self.policy_version
+        key = (job.queue, job.demand, self._flavors(job))
+        fits = self._ever_fits.get(key)
+        if fits is None:
+            fits = self._ever_fits[key] = any(self.book.ceiling(job.queue, f) >= job.demand for f in key[2])
+        return fits
 
     def _held_for_starving(self, job: QuotaJob, p: Pass) -> bool:
         """Must `job` wait for the starving job? Not if it outranks it, draws on other flavors, or ends
@@ -750,10 +815,10 @@ class Order:
         self.queue = queue
         self.levels = sorted(decider.pending.get(queue, {}), reverse=True)
         self._skip = False
-        self._walk = self._jobs()
+        self.walk = self._jobs()  # the one walk over the queue, resumed by each call for the next head
 
     def __iter__(self) -> Iterator[QuotaJob]:
-        return self._walk
+        return self.walk
 
     def skip_level(self) -> None:
         self._skip = True

@@ -101,6 +101,25 @@ def test_preemption_reacts_only_to_what_it_says() -> None:
     assert quiet > 100
 
 
+def test_quota_reacts_only_to_what_it_says() -> None:
+    """The same for QuotaDecider.reacts_to: react answers [] to the other inputs and changes nothing."""
+    decider = QuotaDecider()
+    accepted, reacts = tuple(decider.input_types()), decider.reacts_to()
+    quiet = 0
+    for seq, event in history(seed=5, jobs=120):
+        if not isinstance(event, accepted):
+            continue
+        decider.evolve(event)
+        if isinstance(event, reacts):
+            decider.react(Trigger(event, seq))
+            continue
+        before = (decider.snapshot(), sorted(decider.deferred.items()), decider.chain.head)
+        assert decider.react(Trigger(event, seq)) == []
+        assert (decider.snapshot(), sorted(decider.deferred.items()), decider.chain.head) == before
+        quiet += 1
+    assert quiet > 100
+
+
 def test_indexes_follow_the_state() -> None:
     log = history()
     assert any(type(e).__name__ == "PreemptionDecided" for _, e in log)
