@@ -60,6 +60,7 @@ class ReplayReport:
 
 
 PARALLEL_FROM = 5000  # events
+_SKIP, _FOLD, _REACT = 0, 1, 2  # what a decider does with an event: not its input, folds it, or may decide
 
 @dataclass(slots=True)
 class _Log:
@@ -128,18 +129,20 @@ def _replay_one(index: int) -> tuple[int, list[Mismatch]]:
     reacting = getattr(decider, "reacts_to", None)
     reacts_to = tuple(reacting()) if reacting is not None else accepted
     checked, mismatches = 0, []
-    # event type -> (is it an input?, can it decide anything?), from isinstance, asked once per type
-    takes: dict[type, tuple[bool, bool]] = {}
+    # event type -> what the decider does with it (_SKIP, _FOLD or _REACT), from isinstance, asked once per type
+    takes: dict[type, int] = {}
     evolve, react, expected_for = decider.evolve, decider.react, recorded.get
+    nothing: list[bytes] = []  # what a folded input decides (only ever read)
     for seq, event in zip(_SHARED.seqs, _SHARED.events, strict=True):
         take = takes.get(type(event))
         if take is None:
-            take = takes[type(event)] = (isinstance(event, accepted), isinstance(event, reacts_to))
-        if not take[0]:
+            take = takes[type(event)] = (_SKIP if not isinstance(event, accepted) else
+                                         _REACT if isinstance(event, reacts_to) else _FOLD)
+        if take == _SKIP:
             continue
         try:
             evolve(event)  # run_decider, inline: fold the input, then react to it
-            got = [encode(d) for d in react(Trigger(event, seq))] if take[1] else []
+            got = [encode(d) for d in react(Trigger(event, seq))] if take == _REACT else nothing
         except Exception as err:  # an altered log can make a decider fail: that is a finding, not a crash
             got = [f"error: {type(err).__name__}: {err}".encode()]
         expected = expected_for(seq)

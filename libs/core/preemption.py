@@ -258,20 +258,25 @@ class PreemptionDecider:
         held = s.waiting.get(job_id)
         if held is not None:
             self._unwait(job_id)
-        priority = self.policy.priority_of(spec)
-        w = Waiting(code, held.since if held is not None else now, queue=spec.queue, priority=priority)
-        s.waiting[job_id] = w
-        self._index(job_id, grace=code != PLACEMENT, priority=priority)
+        since = held.since if held is not None else now
+        queue, priority = spec.queue, self.policy.priority_of(spec)
+        s.waiting[job_id] = Waiting(code, since, False, queue, priority)
+        # _index, inline: the head and (for quota) grace indexes, then the waiting priorities.
+        head = (-priority, job_id)
+        s.head_of[job_id] = (queue, head)
+        bisect.insort(s.heads.setdefault(queue, []), head)
         if code != PLACEMENT:
-            prios = s.waiting_priorities.setdefault(w.queue, {})
+            entry = (since, job_id)
+            s.grace_of[job_id] = (queue, entry)
+            bisect.insort(s.grace.setdefault(queue, []), entry)
+            prios = s.waiting_priorities.setdefault(queue, {})
             prios[priority] = prios.get(priority, 0) + 1
 
-    def _index(self, job_id: str, grace: bool, priority: int | None = None) -> None:
-        """Enter a waiting job into the indexes (`grace`: among those whose reclaim grace is unchecked).
-        `priority`: its spec's, when the caller has it."""
+    def _index(self, job_id: str, grace: bool) -> None:
+        """Enter a waiting job into the indexes (`grace`: among those whose reclaim grace is unchecked)."""
         s = self.s
         spec = s.specs[job_id]
-        head = (spec.queue, (-(self.policy.priority_of(spec) if priority is None else priority), job_id))
+        head = (spec.queue, (-self.policy.priority_of(spec), job_id))
         s.head_of[job_id] = head
         bisect.insort(s.heads.setdefault(head[0], []), head[1])
         if grace:
@@ -328,9 +333,10 @@ class PreemptionDecider:
     def _unwait(self, job_id: str) -> None:
         s = self.s
         held = s.waiting.pop(job_id, None)
-        if held is not None:
-            self._unindex(job_id)
-        if held is not None and held.code != PLACEMENT:
+        if held is None:
+            return
+        self._unindex(job_id)
+        if held.code != PLACEMENT:
             prios = s.waiting_priorities[held.queue]
             prios[held.priority] -= 1
             if not prios[held.priority]:
@@ -381,7 +387,9 @@ class PreemptionDecider:
 
     def react(self, trigger: Trigger) -> list[EventBase]:
         event = trigger.event
-        if isinstance(event, _DEFERRALS) and event.job_id in self.s.waiting:
+        if isinstance(event, _DEFERRALS):
+            if not self._may_evict_for(event.job_id):
+                return []  # the common answer: no decision (and no need to prepare any)
             out = Decisions(SERVICE, trigger, self.evolve, self.chain)
             self._consider(event.job_id, event.ts, out)
         elif isinstance(event, ClockTick):
@@ -478,19 +486,27 @@ class PreemptionDecider:
         cands.sort(key=lambda r: r.victim_key(now))
         return cands
 
-    def _consider(self, job_id: str, now: float, out: Decisions) -> None:
+    def _may_evict_for(self, job_id: str) -> bool:
+        """Could an eviction serve the job now? Only a waiting job, not already waiting for its victims to
+        leave, nor running; and only with candidates: without any there is nobody to evict (Simulation.choose
+        would answer []), so no simulation is set up. No job of the queue running at a lower priority: no
+        candidate within the queue; no cohort either (or waiting for placement): no borrower to reclaim from."""
         s = self.s
         spec = s.specs.get(job_id)
         waiting = s.waiting.get(job_id)
         if spec is None or waiting is None or job_id in s.in_flight or job_id in s.running:
-            return
-        # Without candidates there is nobody to evict (Simulation.choose would answer []): no simulation then,
-        # and the simulation is only set up once some candidate needs it. No job of the queue running at a
-        # lower priority: no candidate within the queue; no cohort either: no borrower to reclaim from.
+            return False
         running, prio = s.running_priorities.get(spec.queue), self.policy.priority_of(spec)
-        lower = running is not None and min(running, default=prio) < prio
-        if not lower and (waiting.code == PLACEMENT or not self.book.cohort.get(spec.queue, "")):
+        if running is not None and min(running, default=prio) < prio:
+            return True
+        return waiting.code != PLACEMENT and bool(self.book.cohort.get(spec.queue, ""))
+
+    def _consider(self, job_id: str, now: float, out: Decisions) -> None:
+        if not self._may_evict_for(job_id):
             return
+        s = self.s
+        spec, waiting = s.specs[job_id], s.waiting[job_id]
+        # The simulation is only set up once some candidate needs it.
         demand = demand_milli(spec)
         if waiting.code == PLACEMENT:
             held = s.reserved.get(job_id)

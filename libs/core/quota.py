@@ -357,8 +357,10 @@ class QuotaDecider:
     # --- decisions -------------------------------------------------------------------------------
 
     def react(self, trigger: Trigger) -> list[EventBase]:
-        out = Decisions(SERVICE, trigger, self.evolve, self.chain)
         event = trigger.event
+        if isinstance(event, ClockTick) and not self.budget_deferred and not self.backing_off:
+            return []  # no job waits for time to pass (see the case below)
+        out = Decisions(SERVICE, trigger, self.evolve, self.chain)
         now = event.ts
         left_waiting = self._left_waiting  # read first: folding our own decisions resets it
         match event:
