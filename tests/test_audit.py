@@ -193,6 +193,23 @@ def test_a_parallel_replay_finds_the_same_decisions_and_mismatches(recorded) -> 
     assert serial.mismatches
 
 
+def test_the_deciders_of_a_worker_that_dies_are_replayed_by_the_parent(recorded, monkeypatch) -> None:
+    import os
+
+    import libs.audit.replay as replay_module
+
+    def dies(*_: object) -> None:
+        os._exit(1)  # as if it had taken every decider, and died before answering
+
+    serial = replay(recorded, workers=1)
+    monkeypatch.setattr(replay_module, "PARALLEL_FROM", 0)
+    monkeypatch.setattr(replay_module, "_worker", dies)
+    monkeypatch.setattr(replay_module, "_take", lambda order, taken: iter(()))  # the parent takes none
+    parallel = replay(recorded, workers=2)
+    assert (parallel.events, parallel.decisions_checked, parallel.mismatches) == (
+        serial.events, serial.decisions_checked, serial.mismatches)
+
+
 def test_a_synthetic_history_made_in_virtual_time_replays_cleanly() -> None:
     from contracts.codec import encode
     from libs.runtime.settings import DEFAULT_CLUSTER

@@ -166,6 +166,11 @@ def _load(log: list[tuple[int, bytes]], freeze: bool) -> tuple[int, int]:
     return events, len(log) - events
 
 
+def _release() -> None:
+    global _SHARED
+    _SHARED = _Log()
+
+
 Done = dict[int, tuple[int, list[Mismatch]]]
 
 
@@ -205,6 +210,8 @@ def _replay_parallel(workers: int, log: list[tuple[int, bytes]], report: ReplayR
         children.append((child, receive))
     report.events, report.undecodable = _load(log, freeze)
     done: Done = dict(_take(order, taken))
+    # This process is done with the decoded log: let it go while the workers finish, rather than after.
+    _release()
     for child, receive in children:
         try:
             while True:
@@ -214,8 +221,10 @@ def _replay_parallel(workers: int, log: list[tuple[int, bytes]], report: ReplayR
             pass
         receive.close()
         child.join()
-    for index in order:  # taken by a worker that died before answering: replay it here
-        if index not in done:
+    missing = [index for index in order if index not in done]
+    if missing:  # taken by a worker that died before answering: replay it here
+        _load(log, freeze)
+        for index in missing:
             done[index] = _replay_one(index)
     return done
 
@@ -223,7 +232,6 @@ def _replay_parallel(workers: int, log: list[tuple[int, bytes]], report: ReplayR
 def replay(log: Iterable[tuple[int, bytes]], workers: int = 1) -> ReplayReport:
     """`log` is (stream sequence, raw payload) in stream order, as recorded. The deciders are independent
     of each other, so with `workers` > 1 they replay in parallel processes."""
-    global _SHARED
     started = time.perf_counter()
     report = ReplayReport()
     # What exists already, and the decoded log, live as long as the replay: the collector need not walk
@@ -242,7 +250,7 @@ def replay(log: Iterable[tuple[int, bytes]], workers: int = 1) -> ReplayReport:
             report.events, report.undecodable = _load(logged, freeze)
             results = [_replay_one(i) for i in range(len(DECIDERS))]
     finally:
-        _SHARED = _Log()
+        _release()
         if freeze:
             gc.unfreeze()
     for checked, mismatches in results:
