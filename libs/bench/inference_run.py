@@ -20,6 +20,7 @@ import msgspec
 from contracts import DeployService, EventBase, NodeRegistered, ReportServiceLoad, SubmitJob
 from contracts.codec import decode
 from libs.audit.log_reader import read_log_timed
+from libs.audit.replay import replay
 from libs.bench import inference_scenario as scenario
 from libs.bench.inference_metrics import compute_metrics
 from libs.bench.kueue_run import cpu_seconds
@@ -94,6 +95,9 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
     log: list[EventBase] = [msgspec.structs.replace(e, ts=stored) for _, stored, data in raw
                             for e in [decode(data)]]
     figures = compute_metrics(log, start, end, scenario.TOTAL_GPUS, opts.time_scale, scenario.TRAINING)
+    # Every decision of the day, scale decisions included, derived again from the log: the audit's check.
+    audit = replay([(seq, data) for seq, _, data in raw])
+    figures.update(decisions_checked=audit.decisions_checked, replay_mismatches=len(audit.mismatches))
     figures.update(mode="real", time_scale=opts.time_scale, seed=opts.seed, wall_s=round(end - start, 1),
                    training_jobs=len(backlog), load_reports=reports * len(plans), events=len(raw),
                    cpu_s={k: round(cpu_after.get(k, 0.0) - v, 1) for k, v in sorted(cpu_before.items())})
@@ -112,6 +116,7 @@ async def _wait_for_nodes(bus: Bus, count: int, timeout_s: float = 60.0) -> None
 
 
 def failed(result: dict[str, Any]) -> bool:
-    """The run's own targets: p99 scale-up <= 2 s, below desired <= 1 %, allocation >= 90 %."""
+    """The run's own targets: p99 scale-up <= 2 s, below desired <= 1 %, allocation >= 90 %; and a replay of
+    its log re-derives every decision."""
     return (result["scale_up_p99_s"] > 2.0 or result["below_desired_pct"] > 1.0
-            or result["gpu_allocation_pct"] < 90.0)
+            or result["gpu_allocation_pct"] < 90.0 or bool(result.get("replay_mismatches")))

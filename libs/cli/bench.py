@@ -154,6 +154,9 @@ def inference_table(result: dict[str, Any]) -> Table:
     table.add_row("GPU-hours: training (batch) / inference",
                   f"{result['batch_gpu_hours']} / {result['inference_gpu_hours']}", "")
     table.add_row("training jobs preempted (valleys taken back)", str(result["preempted_jobs"]), "")
+    if "replay_mismatches" in result:
+        table.add_row("decisions replayed from the log / mismatches",
+                      f"{result['decisions_checked']:,} / {result['replay_mismatches']}", "0 mismatches")
     return table
 
 

@@ -70,3 +70,4 @@ def test_a_compressed_day_scales_services_beside_training() -> None:
     assert result["preempted_jobs"] > 0  # the valleys lent to training were taken back at the peaks
     assert result["batch_gpu_hours"] > 200 and result["inference_gpu_hours"] > 200
     assert result["gpu_allocation_pct"] > 70
+    assert result["decisions_checked"] > 1000 and result["replay_mismatches"] == 0
