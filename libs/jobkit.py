@@ -2,7 +2,8 @@
 
 The agent gives each run a checkpoint file (`GPUSCHED_CHECKPOINT_FILE`) and, after an eviction, the
 progress it resumes from (`GPUSCHED_RESUME_PROGRESS_S`, `GPUSCHED_RESUME_CHECKPOINT`). A job that calls
-`checkpoint()` after saving its state loses only the work since then when it is preempted.
+`checkpoint()` after saving its state loses only the work since then when it is preempted. An inference
+service replica with `ready_signal` calls `ready()` once it serves.
 """
 
 from __future__ import annotations
