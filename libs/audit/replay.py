@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.sharedctypes import Synchronized
@@ -23,6 +23,8 @@ from libs.core.quota import QuotaDecider
 DECIDERS: tuple[Callable[[], Decider], ...] = (AdmissionDecider, QuotaDecider, PlacementDecider, PreemptionDecider,
                                                NodeDecider)
 DECIDER_NAMES = tuple(decider().name for decider in DECIDERS)
+# The durable consumer of the service each decider runs in (node health is decided by node-telemetry).
+DURABLE_OF = {name: ("node-telemetry" if name == "node-health" else name) for name in DECIDER_NAMES}
 # The deciders that usually take longest over a log, longest first: in parallel they start first, and the
 # quick ones fill in after them.
 LONGEST_FIRST: tuple[Callable[[], Decider], ...] = (PlacementDecider, QuotaDecider, PreemptionDecider)
@@ -76,6 +78,9 @@ class _Log:
 # fork: what they decode is then their own memory, not pages shared with the parent that every reference
 # count update would make the kernel copy.
 _SHARED = _Log()
+# Per decider, the last trigger sequence its service had handled when the log was read (a running platform's
+# services trail the log's end: what they have not handled yet, they have not decided yet). Empty: all.
+_HANDLED: dict[str, int] = {}
 
 
 def _decode_log(log: list[tuple[int, bytes]]) -> _Log:
@@ -133,7 +138,10 @@ def _replay_one(index: int) -> tuple[int, list[Mismatch]]:
     takes: dict[type, int] = {}
     evolve, react, expected_for = decider.evolve, decider.react, recorded.get
     nothing: list[bytes] = []  # what a folded input decides (only ever read)
+    handled = _HANDLED.get(decider.name)
     for seq, event in zip(_SHARED.seqs, _SHARED.events, strict=True):
+        if handled is not None and seq > handled:
+            break
         take = takes.get(type(event))
         if take is None:
             take = takes[type(event)] = (_SKIP if not isinstance(event, accepted) else
@@ -229,11 +237,16 @@ def _replay_parallel(workers: int, log: list[tuple[int, bytes]], report: ReplayR
     return done
 
 
-def replay(log: Iterable[tuple[int, bytes]], workers: int = 1) -> ReplayReport:
+def replay(log: Iterable[tuple[int, bytes]], workers: int = 1, handled: Mapping[str, int] | None = None
+           ) -> ReplayReport:
     """`log` is (stream sequence, raw payload) in stream order, as recorded. The deciders are independent
-    of each other, so with `workers` > 1 they replay in parallel processes."""
+    of each other, so with `workers` > 1 they replay in parallel processes. `handled`: per decider, the last
+    stream sequence its service had handled (a live log read while the services run): later triggers are not
+    replayed, since their decisions may not be in the log yet."""
+    global _HANDLED
     started = time.perf_counter()
     report = ReplayReport()
+    _HANDLED = dict(handled or {})
     # What exists already, and the decoded log, live as long as the replay: the collector need not walk
     # them over and over (nor, in forked workers, copy every page it would touch). Unless the process keeps
     # objects frozen itself: then it is left as it is.
@@ -251,6 +264,7 @@ def replay(log: Iterable[tuple[int, bytes]], workers: int = 1) -> ReplayReport:
             results = [_replay_one(i) for i in range(len(DECIDERS))]
     finally:
         _release()
+        _HANDLED = {}
         if freeze:
             gc.unfreeze()
     for checked, mismatches in results:

@@ -20,7 +20,7 @@ import msgspec
 from contracts import DeployService, EventBase, NodeRegistered, ReportServiceLoad, SubmitJob
 from contracts.codec import decode
 from libs.audit.log_reader import read_log_timed
-from libs.audit.replay import replay
+from libs.audit.replay import DURABLE_OF, replay
 from libs.bench import inference_scenario as scenario
 from libs.bench.inference_metrics import compute_metrics
 from libs.bench.kueue_run import cpu_seconds
@@ -88,6 +88,8 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
         end = time.time()
         cpu_after = cpu_seconds(sup, servers)
         progress(24.0, "reading the log")
+        # What each service had handled before the log is read: the replay checks its decisions up to there.
+        handled = {name: await bus.ack_floor(durable) for name, durable in DURABLE_OF.items()}
         raw = await read_log_timed(bus)
     finally:
         await bus.close()
@@ -96,7 +98,7 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
                             for e in [decode(data)]]
     figures = compute_metrics(log, start, end, scenario.TOTAL_GPUS, opts.time_scale, scenario.TRAINING)
     # Every decision of the day, scale decisions included, derived again from the log: the audit's check.
-    audit = replay([(seq, data) for seq, _, data in raw])
+    audit = replay([(seq, data) for seq, _, data in raw], handled=handled)
     figures.update(decisions_checked=audit.decisions_checked, replay_mismatches=len(audit.mismatches))
     figures.update(mode="real", time_scale=opts.time_scale, seed=opts.seed, wall_s=round(end - start, 1),
                    training_jobs=len(backlog), load_reports=reports * len(plans), events=len(raw),
