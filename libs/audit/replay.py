@@ -3,6 +3,7 @@ decides with what was recorded for the same trigger."""
 
 from __future__ import annotations
 
+import bisect
 import gc
 import multiprocessing
 import time
@@ -138,10 +139,12 @@ def _replay_one(index: int) -> tuple[int, list[Mismatch]]:
     takes: dict[type, int] = {}
     evolve, react, expected_for = decider.evolve, decider.react, recorded.get
     nothing: list[bytes] = []  # what a folded input decides (only ever read)
+    seqs, events = _SHARED.seqs, _SHARED.events
     handled = _HANDLED.get(decider.name)
-    for seq, event in zip(_SHARED.seqs, _SHARED.events, strict=True):
-        if handled is not None and seq > handled:
-            break
+    if handled is not None:  # only what its service had handled
+        end = bisect.bisect_right(seqs, handled)
+        seqs, events = seqs[:end], events[:end]
+    for seq, event in zip(seqs, events, strict=True):
         take = takes.get(type(event))
         if take is None:
             take = takes[type(event)] = (_SKIP if not isinstance(event, accepted) else
