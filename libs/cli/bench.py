@@ -160,6 +160,59 @@ def inference_table(result: dict[str, Any]) -> Table:
     return table
 
 
+def cmd_throughput(args: argparse.Namespace) -> None:
+    from libs.bench.throughput_run import DEFAULT_CLUSTER, StepProgress, ThroughputOptions, run_throughput
+
+    opts = ThroughputOptions(cluster=Path(args.cluster) if args.cluster else DEFAULT_CLUSTER, rate=args.rate,
+                             duration_s=args.duration, search=args.search,
+                             search_step_s=args.step_duration, search_max=args.search_max,
+                             p99_bound_ms=args.p99_bound_ms, http_share=args.http_share,
+                             off_path_nice=args.nice_off_path,
+                             profile_dir=Path(args.profile) if args.profile else None,
+                             data=Path(args.data) if args.data else None)
+    signal.signal(signal.SIGTERM, _interrupt)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=console, transient=True) as progress:
+        task = progress.add_task("starting NATS, Redis and the six services", total=None, note="")
+
+        def show(p: StepProgress) -> None:
+            progress.update(task, description=p.phase, completed=p.submitted, total=p.total or None,
+                            note=f"placed {p.placed:,}")
+            if p.result is not None:
+                r = p.result
+                verdict = "sustained" if r["sustained"] else "not sustained"
+                progress.console.print(f"{r['rate']:>7g} jobs/s offered: {_fmt(r['placed_per_s'])} placed/s, "
+                                       f"p50 {_fmt(r['p50_ms'])} ms, p99 {_fmt(r['p99_ms'])} ms, backlog at end "
+                                       f"{r['backlog_at_end']:,}, all services caught up after "
+                                       f"{_fmt(r['caught_up_s'])} s: {verdict}")
+
+        result = _interruptible(lambda: run_throughput(opts, progress=show))
+    _report(args, result, throughput_table, failed=result["placed"] < result["jobs"])
+
+
+def throughput_table(result: dict[str, Any]) -> Table:
+    table = Table(title=f"Throughput: {result['rate']:g} jobs/s for {result['duration_s']:g} s on {result['nodes']:,} "
+                        f"nodes, {result['gpus']:,} GPUs, six services on NATS")
+    for c in ("", "measured", "target"):
+        table.add_column(c)
+    table.add_row("placed / submitted", f"{result['placed']:,} / {result['submitted']:,}", "")
+    table.add_row("placed per second (steady window)", _fmt(result["placed_per_s"]), f">= {result['rate']:g}")
+    table.add_row("submit-to-placed p50 / p99 / max",
+                  f"{_fmt(result['p50_ms'])} / {_fmt(result['p99_ms'])} / {_fmt(result['max_ms'])} ms",
+                  "p99 <= 250 ms at 500 jobs/s")
+    table.add_row("p99 per hop: admission / quota / placement",
+                  " / ".join(f"{_fmt(result['stages_ms'][h]['p99_ms'])}" for h in ("admission", "quota", "placement"))
+                  + " ms", "")
+    table.add_row("backlog when the arrivals stopped", f"{result['backlog_at_end']:,} jobs, drained in "
+                                                       f"{_fmt(result['drain_s'])} s", "")
+    table.add_row("every service caught up", f"{_fmt(result['caught_up_s'])} s after the arrivals stopped", "")
+    table.add_row("events in the log per job", f"{result['events_per_job']:.2f}", "")
+    table.add_row("CPU ms per job", ", ".join(f"{k} {v:g}" for k, v in result["cpu_ms_per_job"].items()), "")
+    table.add_row("highest sustained rate", _fmt(result["max_sustained_jobs_per_s"], " jobs/s")
+                  if result["search"] else "(--search)", ">= 1,000 jobs/s")
+    return table
+
+
 def _virtual(args: argparse.Namespace) -> None:
     from libs.bench.kueue_metrics import published_figures
     from libs.bench.kueue_virtual import run_virtual_bench
@@ -287,3 +340,22 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", help="keep NATS, Redis and the service logs here (default: a temporary folder)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_inference)
+    p = bsub.add_parser("throughput", help="short jobs at a steady rate on the openb cluster (1,213 nodes): placed "
+                                           "jobs per second, submit-to-placed latency; --search for the highest rate")
+    p.add_argument("--cluster", help="node list CSV, openb format (default: "
+                                     "../shared/data/openb/openb_node_list_gpu_node.csv, read in place)")
+    p.add_argument("--rate", type=float, default=500.0, help="jobs per second offered")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals")
+    p.add_argument("--search", action="store_true",
+                   help="then find the highest rate sustained (p99 under --p99-bound-ms, >= 95 %% of it placed)")
+    p.add_argument("--step-duration", type=float, default=5.0, help="seconds of arrivals per search step")
+    p.add_argument("--search-max", type=float, default=4000.0, help="the highest rate the search tries")
+    p.add_argument("--p99-bound-ms", type=float, default=1000.0, help="p99 submit-to-placed of a sustained rate")
+    p.add_argument("--http-share", type=float, default=0.0, help="share of jobs submitted through POST /v1/jobs")
+    p.add_argument("--nice-off-path", type=int, default=0, metavar="N",
+                   help="run accounting, preemption and node-telemetry at nice N: on a machine with fewer cores "
+                        "than busy processes, the path to a placement gets the CPU first")
+    p.add_argument("--profile", help="py-spy every service during the main step; collapsed stacks go here")
+    p.add_argument("--data", help="keep NATS, Redis and the service logs here (default: a temporary folder)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_throughput)
