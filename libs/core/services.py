@@ -70,6 +70,11 @@ def service_problem(spec: ServiceSpec) -> tuple[str, str] | None:
     return None
 
 
+def _replicas_for(needed: float) -> int:
+    """ceil(needed), kept within MAX_REPLICAS (a huge load over a tiny target must not overflow)."""
+    return math.ceil(needed - 1e-9) if needed < MAX_REPLICAS else MAX_REPLICAS
+
+
 def recommend(scaling: Autoscaling, current: int, ready: int, value: float) -> int:
     """The replica count the load asks for, before bounds and stabilisation (HPA's formula)."""
     if scaling.metric in TOTAL_METRICS:
@@ -78,14 +83,14 @@ def recommend(scaling: Autoscaling, current: int, ready: int, value: float) -> i
         ratio = value / (scaling.target_per_replica * current) if current else math.inf
         if current and abs(ratio - 1) <= scaling.tolerance:
             return current
-        return math.ceil(value / scaling.target_per_replica - 1e-9)
+        return _replicas_for(value / scaling.target_per_replica)
     # A mean over the ready replicas: their total load spread over the count that meets the target.
     if ready == 0:
         return current
     ratio = value / scaling.target_per_replica
     if abs(ratio - 1) <= scaling.tolerance:
         return current
-    return math.ceil(ready * ratio - 1e-9)
+    return _replicas_for(ready * ratio)
 
 
 @dataclass(slots=True)

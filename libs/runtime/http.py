@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -36,6 +36,20 @@ class HttpError(Exception):
 
     def response(self) -> web.Response:
         return error_response(self.status, self.code, self.message, self.headers)
+
+
+T = TypeVar("T")
+
+
+def decode_body(body: bytes, decoder: msgspec.json.Decoder[T]) -> T:
+    """A request's JSON body as `decoder`'s type: 400 `malformed_json` (not JSON) or `invalid_request` (not
+    the type), with msgspec's message naming the field."""
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as err:
+        raise HttpError(400, "invalid_request", str(err)) from None
+    except msgspec.DecodeError as err:
+        raise HttpError(400, "malformed_json", str(err)) from None
 
 
 def check_query(request: web.Request, allowed: frozenset[str]) -> None:

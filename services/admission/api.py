@@ -19,7 +19,7 @@ from contracts.views import JOB_STATES, JobCreated, JobView
 from libs.bus.jetstream import Bus
 from libs.core.admission import AdmissionDecider, job_id_for_key, validate
 from libs.core.decider import derived_id
-from libs.runtime.http import HttpError, check_query, error_response, json_response
+from libs.runtime.http import HttpError, check_query, decode_body, error_response, json_response
 from libs.telemetry.tracing import ServiceTracing, current_tracing
 from libs.views.explain import explain
 from libs.views.store import ViewStore
@@ -66,12 +66,7 @@ class JobsApi:
 
     async def submit(self, request: web.Request) -> web.Response:
         who = require(request, JOB_WRITERS, "submitting a job")
-        try:
-            spec = _spec_decoder.decode(await request.read())
-        except msgspec.ValidationError as err:
-            return error_response(400, "invalid_request", str(err))
-        except msgspec.DecodeError as err:
-            return error_response(400, "malformed_json", str(err))
+        spec = decode_body(await request.read(), _spec_decoder)
         require_team(who, spec.team, "submit jobs")
         if spec.idempotency_key:
             job_id = job_id_for_key(spec.team, spec.idempotency_key)

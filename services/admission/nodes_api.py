@@ -19,10 +19,11 @@ from contracts.views import NodeAction
 from libs.bus.jetstream import Bus
 from libs.core.admission import AdmissionDecider
 from libs.core.decider import derived_id
-from libs.runtime.http import check_query, error_response, json_response
+from libs.runtime.http import check_query, decode_body, error_response, json_response
 from services.admission.auth import JOB_READERS, OPERATOR_ONLY, principal, require
 
 OPERATOR = "operator"
+_action_decoder = msgspec.json.Decoder(NodeAction)
 
 
 class NodesApi:
@@ -42,12 +43,7 @@ class NodesApi:
         if name not in self.decider.inventory.nodes:
             return error_response(404, "unknown_node", f"node {name!r} is not registered")
         body = await request.read()
-        try:
-            action = msgspec.json.decode(body, type=NodeAction) if body.strip() else NodeAction()
-        except msgspec.ValidationError as err:
-            return error_response(400, "invalid_request", str(err))
-        except msgspec.DecodeError as err:
-            return error_response(400, "malformed_json", str(err))
+        action = decode_body(body, _action_decoder) if body.strip() else NodeAction()
         who = principal(request)
         if who.authenticated:  # the log records who did it as authenticated, not as the body claims
             action = msgspec.structs.replace(action, operator=who.name)

@@ -14,7 +14,7 @@ from libs.bus.jetstream import Bus
 from libs.core.admission import AdmissionDecider
 from libs.core.decider import derived_id
 from libs.core.quotas import check_tree
-from libs.runtime.http import error_response, json_response
+from libs.runtime.http import decode_body, error_response, json_response
 from libs.views.store import ViewStore
 from services.admission.auth import CLUSTER_READERS, OPERATOR_ONLY, require
 
@@ -58,12 +58,7 @@ class QueuesApi:
         break; the change reaches every service through the log."""
         require(request, OPERATOR_ONLY, "changing a queue")
         name = request.match_info["name"]
-        try:
-            spec = _queue_decoder.decode(await request.read())
-        except msgspec.ValidationError as err:
-            return error_response(400, "invalid_request", str(err))
-        except msgspec.DecodeError as err:
-            return error_response(400, "malformed_json", str(err))
+        spec = decode_body(await request.read(), _queue_decoder)
         if spec.name != name:
             return error_response(422, "name_mismatch", f"the body names queue {spec.name!r}, the path {name!r}")
         queues = self.decider.policy.queues

@@ -20,10 +20,12 @@ from contracts.views import LoadReport, ServiceAccepted, ServiceView
 from libs.bus.jetstream import Bus
 from libs.core.admission import AdmissionDecider
 from libs.core.services import METRICS, ServiceState
-from libs.runtime.http import HttpError, error_response, json_response
+from libs.runtime.http import HttpError, decode_body, error_response, json_response
 from services.admission.auth import JOB_READERS, JOB_WRITERS, require, require_team
 
 API = "api"
+_service_decoder = msgspec.json.Decoder(ServiceSpec)
+_load_decoder = msgspec.json.Decoder(LoadReport)
 
 
 def service_view(state: ServiceState) -> ServiceView:
@@ -54,12 +56,7 @@ class ServicesApi:
 
     async def deploy(self, request: web.Request) -> web.Response:
         who = require(request, JOB_WRITERS, "deploying a service")
-        try:
-            spec = msgspec.json.decode(await request.read(), type=ServiceSpec)
-        except msgspec.ValidationError as err:
-            return error_response(400, "invalid_request", str(err))
-        except msgspec.DecodeError as err:
-            return error_response(400, "malformed_json", str(err))
+        spec = decode_body(await request.read(), _service_decoder)
         require_team(who, spec.replica.team, "deploy services")
         refusal = self.decider.service_refusal(spec)
         if refusal is not None:
@@ -98,12 +95,7 @@ class ServicesApi:
         who = require(request, JOB_WRITERS, "reporting a service's load")
         state = self._state(request.match_info["name"])
         require_team(who, state.spec.replica.team, "report load")
-        try:
-            report = msgspec.json.decode(await request.read(), type=LoadReport)
-        except msgspec.ValidationError as err:
-            return error_response(400, "invalid_request", str(err))
-        except msgspec.DecodeError as err:
-            return error_response(400, "malformed_json", str(err))
+        report = decode_body(await request.read(), _load_decoder)
         if report.metric not in METRICS:
             return error_response(422, "unknown_metric", f"metric {report.metric!r} unknown ({', '.join(METRICS)})")
         if not (math.isfinite(report.value) and report.value >= 0):

@@ -248,3 +248,8 @@ def test_a_service_allowed_to_scale_to_zero_does_and_comes_back_on_the_first_req
     out = load(feed, 0)
     assert [(s.from_replicas, s.to_replicas) for s in of(out, ServiceScaled)] == [(1, 0)]
     assert len(of(out, JobCancelled)) == 1 and live_replicas(feed) == 0
+
+
+def test_a_huge_load_over_a_tiny_target_asks_for_the_most_replicas_without_overflowing() -> None:
+    tiny = Autoscaling(target_per_replica=1e-300)
+    assert recommend(tiny, current=1, ready=1, value=1e300) == 1000
