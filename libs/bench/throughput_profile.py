@@ -47,7 +47,7 @@ def py_spy() -> str:
     candidate = Path(sys.executable).parent / "py-spy"
     found = str(candidate) if candidate.exists() else shutil.which("py-spy")
     if found is None:
-        raise FileNotFoundError("py-spy not found: .venv/bin/pip install py-spy")
+        raise FileNotFoundError("py-spy not found: .venv/bin/pip install -e \".[profile]\"")
     return found
 
 
