@@ -17,13 +17,13 @@ from typing import Any
 
 import msgspec
 
-from contracts import DeployService, EventBase, NodeRegistered, ReportServiceLoad, SubmitJob
+from contracts import DeployService, EventBase, ReportServiceLoad, SubmitJob
 from contracts.codec import decode
 from libs.audit.log_reader import read_log_timed
 from libs.audit.replay import DURABLE_OF, replay
 from libs.bench import inference_scenario as scenario
 from libs.bench.inference_metrics import compute_metrics
-from libs.bench.kueue_run import cpu_seconds
+from libs.bench.kueue_run import cpu_seconds, wait_for_policy_and_nodes
 from libs.bench.platform import bench_platform
 from libs.bus.jetstream import Bus, BusConfig
 from libs.core.admission import job_id_for_key
@@ -33,6 +33,7 @@ from libs.runtime.supervisor import Supervisor
 
 SOURCE = "inference-bench"
 ProgressFn = Callable[[float, str], None]  # (hour of the day, what is happening)
+QUEUES = 3  # the cohort, serving and training
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,7 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
     bus = await Bus.connect(config, name="gpusched-bench")
     try:
         progress(0.0, "waiting for the cluster")
-        await _wait_for_nodes(bus, scenario.NODES)
+        await wait_for_policy_and_nodes(bus, QUEUES, scenario.NODES)
         cpu_before = cpu_seconds(sup, servers)
         backlog = scenario.training_backlog(opts.seed)
         now = time.time()
@@ -104,17 +105,6 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
                    training_jobs=len(backlog), load_reports=reports * len(plans), events=len(raw),
                    cpu_s={k: round(cpu_after.get(k, 0.0) - v, 1) for k, v in sorted(cpu_before.items())})
     return figures
-
-
-async def _wait_for_nodes(bus: Bus, count: int, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        registered = {e.node.name for _, _, d in await read_log_timed(bus)
-                      for e in [decode(d)] if isinstance(e, NodeRegistered)}
-        if len(registered) >= count:
-            return
-        await asyncio.sleep(0.2)
-    raise TimeoutError(f"the simulated cluster never registered its {count} nodes")
 
 
 def failed(result: dict[str, Any]) -> bool:

@@ -109,7 +109,7 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
                  queues_and_nodes: tuple[int, int], timeout_s: float, progress: ProgressFn) -> dict[str, Any]:
     bus = await Bus.connect(config, name="gpusched-bench")
     try:
-        await _wait_for_policy_and_nodes(bus, *queues_and_nodes)
+        await wait_for_policy_and_nodes(bus, *queues_and_nodes)
         counts, backlog, stats = Counts(), Backlog(), SubmitStats()
         watcher = asyncio.create_task(watch_progress(bus, counts))
         sampler = asyncio.create_task(_sample_backlog(bus, backlog))
@@ -141,7 +141,7 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
             "service_restarts": restarts}
 
 
-async def _wait_for_policy_and_nodes(bus: Bus, n_queues: int, n_nodes: int, timeout_s: float = 60.0) -> None:
+async def wait_for_policy_and_nodes(bus: Bus, n_queues: int, n_nodes: int, timeout_s: float = 60.0) -> None:
     """Until the queues, the priority classes and every node are in the log: submissions published after
     them are decided against the scenario's policy, in log order, by every service."""
     deadline = time.monotonic() + timeout_s

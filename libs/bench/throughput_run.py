@@ -25,7 +25,7 @@ import msgspec
 
 from contracts import JobFailed, JobFinished, JobPlaced, JobRejected, JobSpec, SubmitJob
 from contracts.codec import decode
-from libs.bench.kueue_run import Backlog, _wait_for_policy_and_nodes, cpu_seconds
+from libs.bench.kueue_run import Backlog, cpu_seconds, wait_for_policy_and_nodes
 from libs.bench.platform import bench_platform
 from libs.bench.throughput_metrics import step_figures, sustained
 from libs.bench.throughput_profile import Profiler
@@ -150,7 +150,7 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
     bus = await Bus.connect(config, name="gpusched-bench")
     try:
         progress(StepProgress("waiting for the cluster to register"))
-        await _wait_for_policy_and_nodes(bus, len(TEAMS) + 1, nodes, timeout_s=120.0)
+        await wait_for_policy_and_nodes(bus, len(TEAMS) + 1, nodes, timeout_s=120.0)
         _nice(sup, opts.off_path_nice)
         progress(StepProgress("measuring the idle platform's CPU"))
         idle = await _idle_cpu(sup, servers)
