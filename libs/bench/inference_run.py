@@ -61,7 +61,7 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
     bus = await Bus.connect(config, name="gpusched-bench")
     try:
         progress(0.0, "waiting for the cluster")
-        await wait_for_policy_and_nodes(bus, QUEUES, scenario.NODES)
+        await wait_for_policy_and_nodes(bus, QUEUES, scenario.NODES, classes=False)
         cpu_before = cpu_seconds(sup, servers)
         backlog = scenario.training_backlog(opts.seed)
         now = time.time()

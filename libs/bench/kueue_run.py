@@ -141,16 +141,18 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
             "service_restarts": restarts}
 
 
-async def wait_for_policy_and_nodes(bus: Bus, n_queues: int, n_nodes: int, timeout_s: float = 60.0) -> None:
-    """Until the queues, the priority classes and every node are in the log: submissions published after
-    them are decided against the scenario's policy, in log order, by every service."""
+async def wait_for_policy_and_nodes(bus: Bus, n_queues: int, n_nodes: int, timeout_s: float = 60.0,
+                                    classes: bool = True) -> None:
+    """Until the queues, the priority classes (`classes`: a policy that keeps the default ones publishes
+    none) and every node are in the log: submissions published after them are decided against the
+    scenario's policy, in log order, by every service."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         events: list[EventBase] = [decode(data) for _, _, data in await read_log_timed(bus)]
         queues = {e.queue.name for e in events if isinstance(e, QueuePolicyChanged)}
         nodes = {e.node.name for e in events if isinstance(e, NodeRegistered)}
         if (len(queues) >= n_queues and len(nodes) >= n_nodes
-                and any(isinstance(e, PriorityClassesChanged) for e in events)):
+                and (not classes or any(isinstance(e, PriorityClassesChanged) for e in events))):
             return
         await asyncio.sleep(0.2)
     raise TimeoutError(f"the policy ({n_queues} queues) or the cluster ({n_nodes} nodes) never reached the log")
