@@ -65,7 +65,10 @@ from contracts.events import (
     UncordonNode,
     subject_for_type,
 )
+from libs.bus.fencing import fence_subject
 from libs.bus.jetstream import DEFAULT_STREAM, inbox_prefix
+from libs.bus.lease import lease_bucket_name
+from libs.bus.snapshot_store import snapshot_stream_name, snapshot_subjects
 
 OPERATOR: Final = "operator"  # sets the server up (creates the streams); may do anything
 AUDITOR: Final = "auditor"  # reads the log and the dead letters; publishes nothing
@@ -142,6 +145,17 @@ def _reader_rights(stream: str) -> list[str]:
     return [_consumer_api(stream, "CREATE", "*"), _consumer_api(stream, "MSG.NEXT", "*")]
 
 
+def _replica_rights(prefix: str, stream: str, service: str) -> list[str]:
+    """Its snapshots (libs/bus/snapshot_store.py: write its own, read any), its lease (libs/bus/lease.py) and its
+    epoch marker (libs/bus/fencing.py). The snapshot stream, the lease bucket and the epoch subjects are made by
+    `gpusched nats-setup`, so the services only look them up."""
+    snaps, leases = snapshot_stream_name(stream), lease_bucket_name(stream)
+    return [*snapshot_subjects(prefix, service), f"$JS.API.STREAM.INFO.{snaps}", f"$JS.API.DIRECT.GET.{snaps}",
+            f"$JS.API.DIRECT.GET.{snaps}.{prefix}.snap.{service}.manifest", fence_subject(prefix, service),
+            f"$JS.API.STREAM.MSG.GET.{stream}", f"$KV.{leases}.{service}", f"$JS.API.STREAM.INFO.KV_{leases}",
+            f"$JS.API.DIRECT.GET.KV_{leases}.$KV.{leases}.{service}"]
+
+
 def _consumer_rights(stream: str, durable: str) -> list[str]:
     """Look the log up, run its durable consumer (look up, re-create, pull, acknowledge) and readers. The
     reactor names a service's durable after the service, and a node agent's `agent-<node>`, like its user."""
@@ -165,7 +179,8 @@ def _others_denied(stream: str, durables: Iterable[str], actions: Sequence[str])
 
 def _service_user(service: str, prefix: str, stream: str, durables: frozenset[str]) -> User:
     publish = sorted(log_subject(prefix, t) for t in PUBLISHES[service])
-    publish += [f"{prefix}.dlq.{service}", *_consumer_rights(stream, service)]
+    publish += [f"{prefix}.dlq.{service}", *_consumer_rights(stream, service),
+                *_replica_rights(prefix, stream, service)]
     subscribe = [f"{inbox_prefix(service)}.>"]
     if service == "admission":
         publish.append(f"{prefix}.logs")  # asks the agents for a job's log (plain NATS request)

@@ -13,9 +13,13 @@ import sys
 from pathlib import Path
 
 from contracts.events import SUBJECT_PREFIX
+from libs.bus.fencing import ensure_fence_subjects
 from libs.bus.jetstream import DEFAULT_STREAM, Bus, BusConfig
+from libs.bus.lease import lease_store
 from libs.bus.permissions import password_env, render_config, users
+from libs.bus.snapshot_store import ensure_snapshot_stream
 from libs.runtime.settings import nats_auth_from_env
+from libs.runtime.standby import ReplicaSettings
 
 SERVER_ENV = "nats-server.env"
 # nats-server parses a variable's value as config, so a password must read as a plain string: one starting
@@ -71,7 +75,14 @@ def cmd_nats_config(args: argparse.Namespace) -> None:
 
 async def _create_streams(config: BusConfig) -> None:
     bus = await Bus.connect(config, name="gpusched-setup")  # connecting creates what is missing
-    await bus.close()
+    try:
+        # What the services may only look up: the snapshot stream, the replicas' lease bucket (its entries
+        # expire after GPUSCHED_LEASE_TTL_S) and their epoch subjects (docs/reliability.md).
+        await ensure_snapshot_stream(bus)
+        await lease_store(bus, ReplicaSettings.from_env().lease_ttl_s)
+        await ensure_fence_subjects(bus)
+    finally:
+        await bus.close()
 
 
 def cmd_nats_setup(args: argparse.Namespace) -> None:
@@ -80,7 +91,8 @@ def cmd_nats_setup(args: argparse.Namespace) -> None:
                        subject_prefix=env.get("GPUSCHED_SUBJECT_PREFIX", SUBJECT_PREFIX),
                        auth=nats_auth_from_env(env))
     asyncio.run(_create_streams(config))
-    print(f"streams {config.stream} and {config.dlq_stream} are ready on {config.url}", file=sys.stderr)
+    print(f"streams {config.stream}, {config.dlq_stream}, {config.stream}_SNAPSHOTS and the lease bucket "
+          f"{config.stream}_LEASES are ready on {config.url}", file=sys.stderr)
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:

@@ -1,5 +1,6 @@
 """What the reactor shell drives: a Handler turns events into decisions (and, for shells with effects,
-does its I/O after each batch). `DeciderHandler` adapts any pure core to it."""
+does its I/O after each batch). `DeciderHandler` adapts any pure core to it. A handler that names the objects
+holding its state (`snapshot_roots`, libs/runtime/snapshots.py) gets snapshots."""
 
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ class DeciderHandler:
     @property
     def chain(self) -> Chain:
         return self.decider.chain
+
+    def snapshot_roots(self) -> dict[str, object]:
+        """The state a snapshot holds (libs/runtime/snapshots.py): the decider's, all of it."""
+        return {"decider": self.decider}
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return self.decider.input_types()

@@ -4,7 +4,9 @@ decisions -> acknowledge.
 - Batches: one fetch of up to `batch_size` events, all decisions published pipelined, one AckAll.
 - Idempotence: the shell remembers the last stream sequence it handled and skips redeliveries; decisions
   re-derived after a crash carry the same ids, which the server de-duplicates.
-- Restart: replay the log up to the durable consumer's ack floor (no publishing), then go live.
+- Restart: restore the latest usable snapshot (libs/runtime/snapshots.py), replay the log from there up to
+  the durable consumer's ack floor (no publishing), then go live. Every so many events, a snapshot of the
+  state is taken after a batch is acknowledged.
 - Poison: a message that does not decode, or whose type does not match its subject, or that makes the
   handler raise, goes to the dead-letter stream with its reason; the consumer keeps going.
 - Traces (when a tracing is given): each event about a job is handled under a span that continues the
@@ -21,6 +23,7 @@ import logging
 import time
 
 import msgspec
+import nats.errors
 from nats.aio.msg import Msg
 from nats.errors import MsgAlreadyAckdError
 
@@ -30,6 +33,7 @@ from libs.audit.verify import make_checkpoint
 from libs.bus.jetstream import Bus, Consumer, stream_seq
 from libs.core.decider import Chain, derived_id
 from libs.runtime.handler import Handler
+from libs.runtime.snapshots import Snapshotter
 from libs.telemetry import metrics
 from libs.telemetry.tracing import Headers, ServiceTracing
 
@@ -41,8 +45,11 @@ FLUSH_EVERY_S = 0.01
 class Reactor:
     def __init__(self, bus: Bus, handler: Handler, durable: str | None = None, batch_size: int = 500,
                  fetch_timeout: float = 0.5, audit_key: bytes | None = None, audit_every: int = 500,
-                 tracing: ServiceTracing | None = None) -> None:
+                 tracing: ServiceTracing | None = None, snapshots: Snapshotter | None = None) -> None:
         self.bus = bus
+        # None: no snapshots; a restart replays the whole log.
+        self.snapshots = snapshots
+        self._restored = False
         self.handler = handler
         # None: tracing is off, and handling costs one None check per event.
         self.tracing = tracing
@@ -64,7 +71,8 @@ class Reactor:
         """Catch up with what was handled before a restart, then consume in order from there."""
         floor = await self.bus.ack_floor(self.durable)
         started = time.perf_counter()
-        if floor > 0:
+        await self.restore(floor)
+        if floor > self.last_seq:
             await self._catch_up(floor)
         await self._bind()
         metrics.CATCH_UP_SECONDS.labels(self.handler.name).set(time.perf_counter() - started)
@@ -76,29 +84,45 @@ class Reactor:
         log.info("%s ready at sequence %d (replayed in %.2fs)", self.handler.name, self.last_seq,
                  time.perf_counter() - started)
 
+    async def restore(self, floor: int) -> None:
+        """Before anything was handled: start from the latest usable snapshot at or below `floor`, if any (once:
+        a standby restores before it follows the log, and its takeover starts from where it got to)."""
+        if self.snapshots is not None and not self._restored and self.last_seq == 0 and floor > 0:
+            self._restored = True
+            self.last_seq = await self.snapshots.load(floor)
+
     async def _catch_up(self, floor: int) -> None:
-        reader = await self.bus.reader(self.subject_types)
+        reader = await self.bus.reader(self.subject_types, start_seq=self.last_seq + 1)
         try:
             while self.last_seq < floor:
                 msgs = await reader.fetch(1000, timeout=2.0)
-                if not msgs:
+                # Past the floor, or nothing more for this service (the events up to the floor are in the log
+                # already, so none can come after the last one): done, without waiting for a fetch to expire.
+                if not msgs or self.replay(msgs, floor) or not msgs[-1].metadata.num_pending:
                     break
-                for msg in msgs:
-                    seq = stream_seq(msg)
-                    if seq > floor:
-                        return
-                    event = self._decode(msg)
-                    if event is not None:
-                        try:
-                            self.handler.replay(seq, event)
-                        except Exception:  # it was dead-lettered the first time round too
-                            log.exception("replay of %d failed", seq)
-                        if self.tracing is not None:
-                            self.tracing.recall(msg.headers, event)
-                    self.last_seq = seq
         finally:
             self.last_seq = max(self.last_seq, floor)
             await reader.close()
+
+    def replay(self, msgs: list[Msg], upto: int) -> list[Msg]:
+        """Fold events decided before (by this process before a restart, or by the leader this replica
+        stands by for) up to sequence `upto`, publishing nothing; returns the messages beyond `upto`."""
+        for i, msg in enumerate(msgs):
+            seq = stream_seq(msg)
+            if seq > upto:
+                return msgs[i:]
+            if seq <= self.last_seq:
+                continue
+            event = self._decode(msg)
+            if event is not None:
+                try:
+                    self.handler.replay(seq, event)
+                except Exception:  # it was dead-lettered the first time round too
+                    log.exception("replay of %d failed", seq)
+                if self.tracing is not None:
+                    self.tracing.recall(msg.headers, event)
+            self.last_seq = seq
+        return []
 
     async def _bind(self) -> None:
         if self._consumer is not None:
@@ -175,13 +199,28 @@ class Reactor:
         self._count(decisions)
         await self._attest()
         await self.handler.after_batch()
+        snapshot = self.snapshots is not None and self.snapshots.due(self.last_seq, len(msgs))
         with contextlib.suppress(MsgAlreadyAckdError):
-            await msgs[-1].ack()  # AckAll: acknowledges the whole batch
+            if snapshot:
+                # A snapshot may reflect only what the server knows acknowledged: wait for this ack.
+                snapshot = await self._ack_sync(msgs[-1])
+            else:
+                await msgs[-1].ack()  # AckAll: acknowledges the whole batch
+        if snapshot and self.snapshots is not None:
+            self.snapshots.take(self.last_seq)
         metrics.LAST_SEQ.labels(name).set(self.last_seq)
         # What the server still holds for this consumer after the batch: the service's lag behind the log.
         metrics.LAG.labels(name).set(getattr(msgs[-1].metadata, "num_pending", 0) or 0)
         metrics.BATCH_SIZE.labels(name).observe(handled)
         metrics.BATCH_SECONDS.labels(name).observe(time.perf_counter() - started)
+
+    async def _ack_sync(self, msg: Msg) -> bool:
+        try:
+            await msg.ack_sync(timeout=5.0)
+        except (TimeoutError, nats.errors.Error) as err:  # handled all the same; only the snapshot waits
+            log.warning("%s: acknowledgement not confirmed (%s); no snapshot this time", self.handler.name, err)
+            return False
+        return True
 
     def _traced(self, msg: Msg, seq: int, event: EventBase) -> tuple[list[EventBase], list[Headers | None]]:
         """The handler's decisions on `event` under its trace span, with each decision's trace headers."""

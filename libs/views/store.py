@@ -79,9 +79,15 @@ class ViewStore:
         return bool(done)
 
     async def clear(self) -> None:
-        """Drop every view (before a rebuild from the log)."""
+        """Drop every view (before a rebuild from the log), a thousand keys per call."""
+        keys: list[bytes] = []
         async for key in self.r.scan_iter(match=f"{self.p}:*", count=1000):
-            await self.r.delete(key)
+            keys.append(key)
+            if len(keys) >= 1000:
+                await self.r.delete(*keys)
+                keys.clear()
+        if keys:
+            await self.r.delete(*keys)
 
     # --- reading -----------------------------------------------------------------------------------
 

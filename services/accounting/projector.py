@@ -59,6 +59,11 @@ class Projector:
         self._scale_ups: list[tuple[str, float]] = []  # completed since the last flush
         self._below_reported: dict[str, float] = {}
 
+    def snapshot_roots(self) -> dict[str, object]:
+        """The state a snapshot holds (libs/runtime/snapshots.py): the ledger, each job's first sequence and the
+        inference services; the views are written again from them after catch-up, as after a replay."""
+        return {"ledger": self.ledger, "first_seq": self.first_seq, "services": self.services}
+
     def input_types(self) -> Iterable[type[EventBase]]:
         # Every event, and the services' load reports (commands) for the load per replica.
         return (*(t for t in ALL_EVENT_TYPES if t not in COMMAND_TYPES), ReportServiceLoad)

@@ -29,6 +29,19 @@ class NodeTelemetry:
     def chain(self) -> Chain:
         return self.decider.chain
 
+    def snapshot_roots(self) -> dict[str, object]:
+        """The state a snapshot holds: the node decisions' and what the executor and the heartbeat watch fold
+        from the log (the executor's timers are not state: they are armed again after catch-up)."""
+        roots: dict[str, object] = {"decider": self.decider}
+        if self.executor is not None:
+            roots["inventory"], roots["runs"] = self.executor.inventory, self.executor.book
+        if self.watch is not None:
+            # What the watch folds from the log; when each agent was last heard is the wall clock's, not state.
+            watch = self.watch
+            roots.update(agent_specs=watch.specs, agent_versions=watch.versions, agent_online=watch.online,
+                         agent_runs=watch.runs)
+        return roots
+
     def input_types(self) -> Iterable[type[EventBase]]:
         return sorted(self._decider_types | self._executor_types | self._watch_types, key=lambda t: t.__name__)
 
