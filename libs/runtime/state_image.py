@@ -26,6 +26,7 @@ manifest the service itself wrote (libs/runtime/snapshots.py), from a store only
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 import io
 import pickle
@@ -49,22 +50,59 @@ def _live_root(name: str) -> object:
     return _LIVE.get()[name]
 
 
-def _struct(cls: type[msgspec.Struct], fields: dict[str, Any]) -> msgspec.Struct:
+def _struct(cls: type[msgspec.Struct], values: tuple[object, ...], defaulted: tuple[int, ...]) -> msgspec.Struct:
+    """The Struct with these field values, the `defaulted` ones left to the constructor's default object."""
+    names = _struct_fields(cls)[0]
+    fields = dict(zip(names, values, strict=True))
+    for i in defaulted:
+        del fields[names[i]]
     return cls(**fields)
 
 
+def _one_of_a_kind(value: object) -> bool:
+    """Is there only ever one such object (so that pickle gives back the very same)?"""
+    if value is None or value is _NO_DEFAULT or isinstance(value, bool):
+        return True
+    if type(value) is int:
+        return -5 <= value <= 256  # CPython's small ints
+    return type(value) in (str, tuple) and not value  # the empty string and the empty tuple
+
+
 @functools.cache
-def _struct_fields(cls: type[msgspec.Struct]) -> tuple[tuple[str, ...], tuple[object, ...]]:
-    """A Struct type's field names, and each one's default object (_NO_DEFAULT for none or a factory's)."""
+def _struct_fields(cls: type[msgspec.Struct]) -> tuple[tuple[str, ...], tuple[object, ...], tuple[int, ...]]:
+    """A Struct type's field names, each one's default object (_NO_DEFAULT for none or a factory's), and the
+    fields whose default object pickle would not give back as itself."""
     fields = msgspec.structs.fields(cls)
     defaults = tuple(_NO_DEFAULT if f.default is msgspec.NODEFAULT else f.default for f in fields)
-    return tuple(f.name for f in fields), defaults
+    return tuple(f.name for f in fields), defaults, tuple(i for i, d in enumerate(defaults) if not _one_of_a_kind(d))
 
 
-def _struct_reduction(obj: msgspec.Struct) -> tuple[Any, ...]:
-    names, defaults = _struct_fields(type(obj))
+def _struct_reduction(obj: msgspec.Struct) -> Any:
+    _, defaults, unique = _struct_fields(type(obj))
+    if not unique:
+        return NotImplemented
     values = msgspec.structs.astuple(obj)
-    return _struct, (type(obj), {n: v for n, v, d in zip(names, values, defaults, strict=True) if v is not d})
+    defaulted = tuple(i for i in unique if values[i] is defaults[i])
+    if not defaulted:
+        return NotImplemented  # msgspec's own reduction gives the same (none holds its default object)
+    return _struct, (type(obj), tuple(values), defaulted)
+
+
+def _slotted(cls: type, values: tuple[object, ...]) -> object:
+    obj: object = object.__new__(cls)
+    for name, value in zip(_dataclass_fields(cls), values, strict=True):
+        object.__setattr__(obj, name, value)
+    return obj
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _dataclass_fields(cls: type) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 class _Pickler(pickle.Pickler):
@@ -79,12 +117,30 @@ class _Pickler(pickle.Pickler):
         name = self.root_names.get(id(obj))
         if name is not None:
             return _live_root, (name,)
-        self.seen[id(obj)] = obj
-        if isinstance(obj, msgspec.Struct):
+        if isinstance(obj, msgspec.Struct):  # a value: never a key of an identity-keyed registry
             return _struct_reduction(obj)
+        self.seen[id(obj)] = obj
         if type(obj) in IDENTITY_KEYED:
             self.registries.append(obj)
+        elif _slotted_dataclass(type(obj)):
+            # What the dataclass's own __getstate__ does, without looking its fields up for every object.
+            cls = type(obj)
+            return _slotted, (cls, tuple(getattr(obj, name) for name in _dataclass_fields(cls)))
         return NotImplemented
+
+
+_SLOTTED: dict[type, bool] = {}
+
+
+def _slotted_dataclass(cls: type) -> bool:
+    """Is it a dataclass with slots only, pickled through the __getstate__ dataclasses generate (which looks the
+    fields up again for every object: most of the time a large state takes to encode)?"""
+    known = _SLOTTED.get(cls)
+    if known is None:
+        getstate = getattr(getattr(cls, "__getstate__", None), "__name__", "")
+        known = _SLOTTED[cls] = (dataclasses.is_dataclass(cls) and getstate == "_dataclass_getstate"
+                                 and all("__dict__" not in vars(c) for c in cls.__mro__[:-1]))
+    return known
 
 
 def _state_of(obj: object) -> object:

@@ -35,7 +35,7 @@ def test_roots_are_restored_in_place_and_references_to_them_stay_live() -> None:
     book.owner = book
     image = state_image.capture({"book": book, "slotted": slotted, "plain": plain})
 
-    other, other_slotted, other_plain = Book(), Slotted(), {}
+    other, other_slotted, other_plain = Book(), Slotted(), dict[str, int]()
     held = other  # e.g. an HTTP API holding the service's decider
     state_image.restore({"book": other, "slotted": other_slotted, "plain": other_plain}, image)
     assert held is other and other.entries == {"x": 1} and other.owner is other
@@ -82,3 +82,20 @@ def test_a_loaded_struct_encodes_as_the_original_did() -> None:
     state_image.restore({"state": loaded}, state_image.capture({"state": state}))
     assert [msgspec.json.encode(v) for v in loaded.values()] == before
     assert loaded["equal"] is loaded["same"]  # shared, as it was
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    job: str
+    gpus: float = 1.0
+
+
+def test_slotted_and_frozen_dataclasses_come_back_whole_and_shared() -> None:
+    run = Run("j1", 0.5)
+    state = {"runs": [run, run, Slotted([3])]}
+    loaded: dict[str, list[object]] = {}
+    state_image.restore({"state": loaded}, state_image.capture({"state": state}))
+    first, second, slotted = loaded["runs"]
+    assert first == run and first is second and slotted == Slotted([3])
+    with pytest.raises(AttributeError):
+        first.job = "j2"  # type: ignore[misc]
