@@ -1,7 +1,8 @@
 """Snapshots: a service's state with the log sequence it reflects, so a restart replays only the tail.
 
 Taking one: every `every_events` handled events (or `every_s` seconds with anything new), once a batch's
-acknowledgement is confirmed, the reactor calls `take`. Encoding the state (libs/runtime/state_image.py) must see
+acknowledgement is confirmed, the reactor calls `take`; under heavy traffic no sooner than keeps snapshots
+within `MAX_SHARE` of the service's time. Encoding the state (libs/runtime/state_image.py) must see
 one consistent state, so it runs there and then, between two batches; hashing and storing (chunked, in the
 `<STREAM>_SNAPSHOTS` stream, libs/bus/snapshot_store.py) run in the background while the service goes on.
 One write at a time: a snapshot due while the previous is still being stored waits for the next batch.
@@ -48,6 +49,10 @@ FORMAT = 1
 # A snapshot after this many handled events, or this many seconds with anything handled, whichever comes first.
 EVERY_EVENTS = 10_000
 EVERY_S = 60.0
+# At most this share of a service's time goes to snapshots: after one that took 50 ms to encode and store,
+# the next comes 2.5 s later at the earliest, however many events come meanwhile (the tail to replay after a
+# restart is then at most what the service handled in those seconds).
+MAX_SHARE = 0.02
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Sources every service's state depends on, on top of the modules of its handler and state roots.
 SHARED_SOURCES = ("contracts", "libs/core", "libs/runtime/state_image.py")
@@ -131,6 +136,7 @@ class Snapshotter:
         self._taken_at = time.monotonic()
         self._since = 0  # events handled since
         self._writing: asyncio.Task[None] | None = None
+        self._cost_s = 0.0  # what the last snapshot took: encoding it, hashing and storing it
         # What the last `load` restored: the sequence (0: nothing) and how long loading took.
         self.restored_seq = 0
         self.load_s = 0.0
@@ -212,20 +218,26 @@ class Snapshotter:
         self._since += handled
         if last_seq <= self._taken_seq or (self._writing is not None and not self._writing.done()):
             return False
-        return self._since >= self.policy.every_events or time.monotonic() - self._taken_at >= self.policy.every_s
+        waited = time.monotonic() - self._taken_at
+        if waited >= self.policy.every_s:
+            return True
+        # Under heavy traffic the events come fast: a snapshot no sooner than its cost allows.
+        return self._since >= self.policy.every_events and waited * MAX_SHARE >= self._cost_s
 
     def take(self, last_seq: int) -> None:
         """Encode the state now (it reflects `last_seq`); store it in the background."""
         started = time.perf_counter()
         image = state_image.capture(self.handler.snapshot_roots())
         chain = _chain(self.handler)
-        metrics.SNAPSHOT_SECONDS.labels(self.handler.name).set(time.perf_counter() - started)
+        self._cost_s = time.perf_counter() - started
+        metrics.SNAPSHOT_SECONDS.labels(self.handler.name).set(self._cost_s)
         self._taken_seq, self._taken_at, self._since = last_seq, time.monotonic(), 0
         head, length = (chain.head, chain.length) if chain is not None else ("", 0)
         self._writing = asyncio.create_task(self._store(last_seq, head, length, image), name="snapshot")
 
     async def _store(self, seq: int, head: str, length: int, image: bytes) -> None:
         name = self.handler.name
+        started = time.perf_counter()
         try:
             await self._prepare()
             digest = await asyncio.to_thread(sha256_hex, image)  # hashlib lets go of the GIL on large inputs
@@ -237,6 +249,7 @@ class Snapshotter:
             metrics.SNAPSHOTS_FAILED.labels(name).inc()
             log.warning("%s: could not store the snapshot at sequence %d: %s", name, seq, err)
             return
+        self._cost_s += time.perf_counter() - started
         metrics.SNAPSHOTS_TAKEN.labels(name).inc()
         metrics.SNAPSHOT_SEQ.labels(name).set(seq)
         metrics.SNAPSHOT_BYTES.labels(name).set(len(image))
