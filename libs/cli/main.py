@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-from libs.cli import audit, bench, jobs, nats_config, nodes, queues, report, services, sim, tokens, up
+from libs.cli import audit, bench, jobs, nats_config, nodes, queues, report, services, sim, snapshots, tokens, up
 from libs.cli.client import ApiError
 from libs.runtime.settings import SERVICES
 from libs.runtime.supervisor import MODULES
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     services.add_commands(sub)
     sim.add_command(sub)
     bench.add_command(sub)
+    snapshots.add_command(sub)
     nats_config.add_command(sub)
     tokens.add_command(sub)
     for action in sub.choices.values():
