@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -21,7 +22,7 @@ from contracts import (
     ServiceDeployed,
     ServiceScaled,
 )
-from libs.core.cluster import FULL
+from libs.core.cluster import FULL, Node
 from libs.core.ledger import Ledger
 from libs.reports.inference import ServiceTracker
 from libs.reports.rates import Rates
@@ -44,6 +45,42 @@ def service_of(event: EventBase, services: ServiceTracker) -> str:
     return services.replica_of.get(getattr(event, "job_id", ""), "")
 
 
+@dataclass(slots=True)
+class NodeFigures:
+    """One node's (or, summed, the cluster's) GPU figures: per model [GPUs, healthy, allocated milli]; free
+    milli on healthy GPUs, idle GPUs, free milli stranded on partly allocated GPUs, online nodes."""
+
+    by_model: dict[str, list[int]] = field(default_factory=dict)
+    free: int = 0
+    idle: int = 0
+    stranded: int = 0
+    online: int = 0
+
+    @classmethod
+    def of(cls, node: Node) -> NodeFigures:
+        figures = cls(online=int(node.online))
+        for g in node.gpus:
+            counts = figures.by_model.setdefault(g.model, [0, 0, 0])
+            counts[0] += 1
+            if g.healthy and node.online:
+                counts[1] += 1
+                counts[2] += FULL - g.free_milli
+                figures.free += g.free_milli
+                figures.idle += g.free_milli == FULL
+                figures.stranded += g.free_milli if 0 < g.free_milli < FULL else 0
+        return figures
+
+    def add(self, other: NodeFigures, sign: int) -> None:
+        for model, counts in other.by_model.items():
+            mine = self.by_model.setdefault(model, [0, 0, 0])
+            for i in range(3):
+                mine[i] += sign * counts[i]
+        self.free += sign * other.free
+        self.idle += sign * other.idle
+        self.stranded += sign * other.stranded
+        self.online += sign * other.online
+
+
 class Projector:
     name = "accounting"
 
@@ -58,6 +95,10 @@ class Projector:
         self._dirty_services: dict[str, None] = {}
         self._scale_ups: list[tuple[str, float]] = []  # completed since the last flush
         self._below_reported: dict[str, float] = {}
+        # The cluster's GPU figures, kept per node and summed (all in thousandths of a GPU, so exact): a batch
+        # recounts only the nodes it changed, not every GPU of the cluster.
+        self._node_figures: dict[str, NodeFigures] = {}
+        self._totals = NodeFigures()
 
     def snapshot_roots(self) -> dict[str, object]:
         """The state a snapshot holds (libs/runtime/snapshots.py): the ledger, each job's first sequence and the
@@ -184,7 +225,7 @@ class Projector:
         self._usage_metrics()
         self._service_metrics()
         if led.dirty_nodes:
-            self._gpu_gauges()
+            self._gpu_gauges(led.dirty_nodes)
         led.dirty_jobs.clear()
         led.dirty_queues.clear()
         led.dirty_nodes.clear()
@@ -238,27 +279,25 @@ class Projector:
         for name in led.queues:
             metrics.OLDEST_PENDING.labels(name).set(led.oldest_pending_s(name))
 
-    def _gpu_gauges(self) -> None:
-        """Cluster-wide capacity figures; recomputed only after a batch that changed some node."""
-        by_model: dict[str, list[float]] = {}  # model -> [total, healthy, allocated]
-        stranded = free = 0  # free milli on partly allocated GPUs / on all healthy GPUs
-        idle = online = 0
-        for node in self.ledger.cluster.sorted_nodes():
-            online += node.online
-            for g in node.gpus:
-                counts = by_model.setdefault(g.model, [0, 0, 0.0])
-                counts[0] += 1
-                if g.healthy and node.online:
-                    counts[1] += 1
-                    counts[2] += (FULL - g.free_milli) / FULL
-                    free += g.free_milli
-                    idle += g.free_milli == FULL
-                    stranded += g.free_milli if 0 < g.free_milli < FULL else 0
-        total, healthy, allocated = (sum(c[i] for c in by_model.values()) for i in range(3))
+    def _gpu_gauges(self, changed: Iterable[str]) -> None:
+        """Cluster-wide capacity figures after a batch that changed some nodes: theirs recounted, then summed."""
+        totals, nodes = self._totals, self.ledger.cluster.nodes
+        for name in changed:
+            old = self._node_figures.pop(name, None)
+            if old is not None:
+                totals.add(old, -1)
+            node = nodes.get(name)
+            if node is not None:
+                new = self._node_figures[name] = NodeFigures.of(node)
+                totals.add(new, +1)
+        by_model = totals.by_model
+        total, healthy = (sum(c[i] for c in by_model.values()) for i in range(2))
+        allocated = sum(c[2] for c in by_model.values()) / FULL
+        free, idle, stranded, online = totals.free, totals.idle, totals.stranded, totals.online
         for model, (m_total, m_healthy, m_allocated) in by_model.items():
             metrics.MODEL_GPUS.labels(model, "total").set(m_total)
             metrics.MODEL_GPUS.labels(model, "healthy").set(m_healthy)
-            metrics.MODEL_GPUS.labels(model, "allocated").set(m_allocated)
+            metrics.MODEL_GPUS.labels(model, "allocated").set(m_allocated / FULL)
         metrics.GPUS.labels("total").set(total)
         metrics.GPUS.labels("healthy").set(healthy)
         metrics.GPUS.labels("allocated").set(allocated)
