@@ -4,6 +4,10 @@ event of a varied history (cohorts, reclaim grace, budgets, user limits, a chang
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
 
 from contracts import (
     EventBase,
@@ -81,10 +85,19 @@ def check_quota(d: QuotaDecider) -> None:
     assert sum(len(w) for w in d.by_wait_in.values()) == len(d.by_wait)
 
 
-def test_preemption_reacts_only_to_what_it_says() -> None:
-    """Replay folds, without reacting, the inputs outside PreemptionDecider.reacts_to: react must answer []
-    to them and change nothing."""
-    decider = PreemptionDecider()
+def _preemption_state(d: PreemptionDecider) -> object:
+    return d.snapshot(), d.changed, d.chain.head
+
+
+def _quota_state(d: QuotaDecider) -> object:
+    return d.snapshot(), sorted(d.deferred.items()), d.chain.head
+
+
+@pytest.mark.parametrize(("make", "state"), [(PreemptionDecider, _preemption_state), (QuotaDecider, _quota_state)])
+def test_a_decider_reacts_only_to_what_it_says(make: Callable[[], Any], state: Callable[[Any], object]) -> None:
+    """Replay folds, without reacting, the inputs outside a decider's reacts_to: react must answer [] to them
+    and change nothing."""
+    decider = make()
     accepted, reacts = tuple(decider.input_types()), decider.reacts_to()
     quiet = 0
     for seq, event in history(seed=5, jobs=120):
@@ -94,28 +107,9 @@ def test_preemption_reacts_only_to_what_it_says() -> None:
         if isinstance(event, reacts):
             decider.react(Trigger(event, seq))
             continue
-        before = (decider.snapshot(), decider.changed, decider.chain.head)
+        before = state(decider)
         assert decider.react(Trigger(event, seq)) == []
-        assert (decider.snapshot(), decider.changed, decider.chain.head) == before
-        quiet += 1
-    assert quiet > 100
-
-
-def test_quota_reacts_only_to_what_it_says() -> None:
-    """The same for QuotaDecider.reacts_to: react answers [] to the other inputs and changes nothing."""
-    decider = QuotaDecider()
-    accepted, reacts = tuple(decider.input_types()), decider.reacts_to()
-    quiet = 0
-    for seq, event in history(seed=5, jobs=120):
-        if not isinstance(event, accepted):
-            continue
-        decider.evolve(event)
-        if isinstance(event, reacts):
-            decider.react(Trigger(event, seq))
-            continue
-        before = (decider.snapshot(), sorted(decider.deferred.items()), decider.chain.head)
-        assert decider.react(Trigger(event, seq)) == []
-        assert (decider.snapshot(), sorted(decider.deferred.items()), decider.chain.head) == before
+        assert state(decider) == before
         quiet += 1
     assert quiet > 100
 
