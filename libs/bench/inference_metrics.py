@@ -7,16 +7,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from contracts import EventBase, PreemptionDecided
+from libs.bench.stats import percentile
 from libs.core.usage import GpuRun, UsageBook
 from libs.reports.inference import ServiceTracker
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[k]
 
 
 def compute_metrics(log: Iterable[EventBase], start: float, end: float, total_gpus: int, time_scale: float,
@@ -42,12 +35,12 @@ def compute_metrics(log: Iterable[EventBase], start: float, end: float, total_gp
     ups = tracker.scale_up_times()
     per_service = {
         name: {"below_desired_pct": round(100 * t.below_s / t.service_s, 3) if t.service_s else 0.0,
-               "scale_ups": len(t.scale_up_s), "scale_up_p99_s": round(_percentile(t.scale_up_s, 99), 3)}
+               "scale_ups": len(t.scale_up_s), "scale_up_p99_s": round(percentile(t.scale_up_s, 0.99) or 0.0, 3)}
         for name, t in sorted(tracker.services.items())}
     return {
         "scale_ups": len(ups),
-        "scale_up_p50_s": round(_percentile(ups, 50), 3),
-        "scale_up_p99_s": round(_percentile(ups, 99), 3),
+        "scale_up_p50_s": round(percentile(ups, 0.5) or 0.0, 3),
+        "scale_up_p99_s": round(percentile(ups, 0.99) or 0.0, 3),
         "scale_up_max_s": round(max(ups, default=0.0), 3),
         "below_desired_pct": round(tracker.below_desired_pct(), 3),
         "gpu_allocation_pct": round(100 * seconds["all"] / (total_gpus * window), 2),

@@ -4,7 +4,6 @@ quota violations). Times are the stream's storage times, since an event's own `t
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -22,15 +21,10 @@ from contracts import (
 )
 from libs.audit.quota_audit import quota_violations
 from libs.bench.kueue_scenario import CLASS_LABEL
+from libs.bench.stats import percentile
 from libs.core.quotas import flavor_quotas
 
 TimedLog = Sequence[tuple[int, float, EventBase]]  # (stream seq, stored at, event)
-
-
-def _percentile(values: list[float], q: float) -> float:
-    """Nearest rank on the sorted values (no interpolation: every figure is one job's)."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def _rounded(values: dict[str, float]) -> dict[str, float]:
@@ -94,8 +88,8 @@ def compute_metrics(log: TimedLog) -> dict[str, Any]:
         "jobs_rejected": len({e.job_id for _, _, e in log if isinstance(e, JobRejected)}),
         "wall_time_s": round(end - start, 3) if submits and finishes else None,
         "time_to_admission_s": _rounded({c: sum(w) / len(w) for c, w in waits.items()}),
-        "time_to_admission_p50_s": _rounded({c: _percentile(w, 0.5) for c, w in waits.items()}),
-        "time_to_admission_p90_s": _rounded({c: _percentile(w, 0.9) for c, w in waits.items()}),
+        "time_to_admission_p50_s": _rounded({c: percentile(w, 0.5) or 0.0 for c, w in waits.items()}),
+        "time_to_admission_p90_s": _rounded({c: percentile(w, 0.9) or 0.0 for c, w in waits.items()}),
         "min_queue_usage_pct": round(min(usage.values()), 2) if usage else None,
         "mean_queue_usage_pct": round(sum(usage.values()) / len(usage), 2) if usage else None,
         "evictions": sum(isinstance(e, JobEvicted) for _, _, e in log),

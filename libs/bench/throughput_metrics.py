@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from contracts import EventBase, JobAdmitted, JobPlaced, JobRejected, QuotaReserved, SubmitJob
+from libs.bench.stats import percentile
 
 TimedLog = Sequence[tuple[int, float, EventBase]]  # (stream seq, stored at, event)
 # The hops of a job on its way to a GPU, each ending at the first event of its kind for the job.
@@ -18,14 +19,6 @@ HOPS = (("admission", JobAdmitted), ("quota", QuotaReserved), ("placement", JobP
 # The first part of the arrivals is left out of the rates: the pipeline is still filling.
 WARMUP_SHARE = 0.2
 WARMUP_MAX_S = 1.0
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest rank on the sorted values (no interpolation: every figure is one job's); None for none."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -63,7 +63,7 @@ class ServicesApi:
             status = 409 if refusal.code in ("service_exists", "replica_spec_changed") else 422
             return error_response(status, refusal.code, refusal.message)
         existed = spec.name in self.decider.services.services
-        command = DeployService(id=derived_command_id(), ts=time.time(), source=API, correlation_id=spec.name,
+        command = DeployService(id=new_command_id(), ts=time.time(), source=API, correlation_id=spec.name,
                                 service=spec)
         await self.bus.publish([command])
         return json_response(ServiceAccepted(name=spec.name, state="updating" if existed else "deploying"),
@@ -86,7 +86,7 @@ class ServicesApi:
         who = require(request, JOB_WRITERS, "deleting a service")
         state = self._state(request.match_info["name"])
         require_team(who, state.spec.replica.team, "delete services")
-        command = DeleteService(id=derived_command_id(), ts=time.time(), source=API, correlation_id=state.spec.name,
+        command = DeleteService(id=new_command_id(), ts=time.time(), source=API, correlation_id=state.spec.name,
                                 name=state.spec.name, team=state.spec.replica.team)
         await self.bus.publish([command])
         return json_response(ServiceAccepted(name=state.spec.name, state="deleting"), status=202)
@@ -100,13 +100,13 @@ class ServicesApi:
             return error_response(422, "unknown_metric", f"metric {report.metric!r} unknown ({', '.join(METRICS)})")
         if not (math.isfinite(report.value) and report.value >= 0):
             return error_response(422, "invalid_load", f"load must be a number >= 0, got {report.value}")
-        command = ReportServiceLoad(id=derived_command_id(), ts=time.time(), source=API,
+        command = ReportServiceLoad(id=new_command_id(), ts=time.time(), source=API,
                                     correlation_id=state.spec.name, service=state.spec.name, metric=report.metric,
                                     value=report.value)
         await self.bus.publish([command])
         return json_response(report, status=202)
 
 
-def derived_command_id() -> str:
+def new_command_id() -> str:
     """A fresh id per request: each is a distinct command (a retried HTTP call is a new report)."""
     return str(uuid.uuid4())

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from contracts import EventBase, JobAdmitted, JobPlaced, JobSpec, QuotaReserved, ReplicaPlacement, SubmitJob
-from libs.bench.throughput_metrics import percentile, step_figures, sustained
+from libs.bench.stats import percentile
+from libs.bench.throughput_metrics import step_figures, sustained
 from libs.bench.throughput_profile import summarise
 from libs.bench.throughput_run import ThroughputOptions, plan_step
 
