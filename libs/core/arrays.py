@@ -13,12 +13,30 @@ I64 = npt.NDArray[np.int64]
 UNUSABLE = -1  # padding, unhealthy and MIG-enabled GPUs: never a candidate, never idle share
 # Up to this many nodes, row-by-row questions are answered in plain Python (numpy's cost per call dominates).
 FEW_NODES = 64
+# Change logs (rows in the order they changed, for caches that catch up from them) are cleared past this
+# length; the epoch tells a cache that read an older log to start afresh.
+LOG_LIMIT = 1 << 16
+
+
+class ChangeLog:
+    """The rows a table changed, in order; readers remember (epoch, position) and read on from there."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.epoch = 0
+
+    def add(self, rows: list[int]) -> None:
+        if len(self.rows) > LOG_LIMIT:
+            self.rows = []
+            self.epoch += 1
+        self.rows.extend(rows)
 
 
 class ClusterArrays:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.version = -1
+        self.changes = ChangeLog()
         self._rebuild()
 
     def _rebuild(self) -> None:
@@ -125,6 +143,8 @@ class ClusterArrays:
         rows = [self.index[name] for name in self.cluster.changed_since(self)]
         for i in rows:
             self._fill(i)
+        if rows:
+            self.changes.add(rows)
         return rows
 
     def model_ids(self, models: tuple[str, ...]) -> list[int]:

@@ -17,6 +17,7 @@ from contracts import JobSpec, ReplicaPlacement
 from libs.core.arrays import ClusterArrays
 from libs.core.cluster import FULL, MIG_SLICES, Cluster, Node, mig_slices
 from libs.core.policy import demand_milli, replica_milli
+from libs.core.score_cache import ScoreCache
 from libs.core.scoring import DEFAULT_POLICY, POLICIES, Choice, FragModel, Mask, Request, choose, feasible_rows
 from libs.core.shapes import TypicalShapes
 
@@ -38,8 +39,10 @@ class Shortfall:
 
 
 class Placer:
-    def __init__(self, cluster: Cluster, typical: TypicalShapes | None = None) -> None:
+    def __init__(self, cluster: Cluster, typical: TypicalShapes | None = None, score_cache: bool = True) -> None:
         self.cluster = cluster
+        # FGD and packing scores per request shape, re-scored only where nodes changed (None: score afresh).
+        self.scores = ScoreCache() if score_cache else None
         self.arrays = ClusterArrays(cluster)
         self.typical = typical
         # The fragmentation model (made on first use; with the multi-copy measure once packing asks for it).
@@ -111,6 +114,12 @@ class Placer:
         policy = policy if policy in POLICIES else DEFAULT_POLICY
         self._refresh_for_sync(policy)
         req = Request.of(spec)
+        if self.scores is not None and allowed is None and self._wants_frag(policy):
+            self._flush()
+            kept = None if self.frag is None else self.scores.scores(self.arrays, self.frag, req, policy, salt)
+            if kept is not None:
+                choice = kept.pick()
+                return None if choice is None else self._allocate(spec, replica, choice, req)
         ok = feasible_rows(self.arrays, req, allowed)
         if not ok.any():
             return None  # fits nowhere: no need to score, nor to bring the fragmentation model up to date
@@ -119,6 +128,9 @@ class Placer:
         choice = choose(self.arrays, frag, req, policy, salt, allowed, ok)
         if choice is None:
             return None
+        return self._allocate(spec, replica, choice, req)
+
+    def _allocate(self, spec: JobSpec, replica: int, choice: Choice, req: Request) -> ReplicaPlacement:
         placement = self._placement(spec, replica, choice, req)
         self.cluster.allocate((placement,))
         return placement

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts import JobSpec
-from libs.core.arrays import FEW_NODES, I64, ClusterArrays
+from libs.core.arrays import FEW_NODES, I64, ChangeLog, ClusterArrays
 from libs.core.shapes import TypicalShapes
 
 FULL = 1000
@@ -92,11 +92,11 @@ def _salted_list(n: int, salt: int) -> list[int]:
     if keys is None:
         if len(_SALTED_LISTS) > 64:
             _SALTED_LISTS.clear()
-        keys = _SALTED_LISTS[(n, salt)] = _salted_rows(n, salt).tolist()
+        keys = _SALTED_LISTS[(n, salt)] = salted_rows(n, salt).tolist()
     return keys
 
 
-def _salted_rows(n: int, salt: int) -> I64:
+def salted_rows(n: int, salt: int) -> I64:
     """salted_order of every row 0..n-1 (each row's key depends on the row and the salt alone)."""
     keys = _SALTED.get((n, salt))
     if keys is None:
@@ -131,6 +131,7 @@ class FragModel:
         self._shapes = list(zip(self.milli.tolist(), self.num.tolist(), self.cpu.tolist(), self.w.tolist(),
                                 self._cpu_at_least_1.tolist(), strict=True))
         self._share_cache: dict[tuple[bytes, int, int], tuple[npt.NDArray[np.int32], ...]] = {}
+        self.changes = ChangeLog()
         self.rebuild()
 
     def rebuild(self) -> None:
@@ -157,7 +158,9 @@ class FragModel:
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size == 0:
             return
-        for r in rows.tolist():
+        changed = rows.tolist()
+        self.changes.add(changed)
+        for r in changed:
             self._rows.pop(r, None)
         if rows.size <= FEW_ROWS:
             self._update_few(rows)
@@ -411,7 +414,7 @@ def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, 
     k, m = req.gpus, req.milli
     idle_after = a.idle[rows] - k * m
     gpu_left = v - m
-    salt_key = _salted_rows(len(a.nodes), salt)[rows]
+    salt_key = salted_rows(len(a.nodes), salt)[rows]
     uniform = not req.shared  # whole GPUs (or none): every candidate's share is the same
     # Sort keys, least significant first (np.lexsort): the last key decides, ties fall to the previous.
     keys: tuple[npt.NDArray[np.int64], ...]
@@ -442,7 +445,7 @@ def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, 
         return Choice(row, (int(cols[best]),))
     if req.gpus == 0:
         return Choice(row, ())
-    return Choice(row, _whole_gpus(a, row, req))
+    return Choice(row, whole_gpus(a, row, req))
 
 
 def _choose_scored(a: ClusterArrays, frag: FragModel, req: Request, policy: str, salt: int, rows: list[int]
@@ -488,10 +491,10 @@ def _choose_scored(a: ClusterArrays, frag: FragModel, req: Request, policy: str,
         return Choice(row, (col,))
     if req.gpus == 0:
         return Choice(row, ())
-    return Choice(row, _whole_gpus(a, row, req))
+    return Choice(row, whole_gpus(a, row, req))
 
 
-def _whole_gpus(a: ClusterArrays, row: int, req: Request) -> tuple[int, ...]:
+def whole_gpus(a: ClusterArrays, row: int, req: Request) -> tuple[int, ...]:
     """Idle GPUs of the chosen node: all from one NVLink domain when one has enough (the smallest such
     domain, so big domains stay whole), else the lowest-index idle GPUs."""
     node = a.nodes[row]
