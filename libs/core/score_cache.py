@@ -27,7 +27,7 @@ PLAIN_WORK = 48
 # A shape gets scores kept once it is asked for again within this many asks.
 HOT_WITHIN = 256
 # Shapes remembered (least recently used dropped first): enough for a workload's common shapes.
-SHAPES_KEPT = 48
+SHAPES_KEPT = 256
 NONE = -1  # the score of a node where the request does not fit
 
 
@@ -39,6 +39,7 @@ class ShapeScores:
         n = len(a.nodes)
         self.score = np.full(n, NONE, dtype=np.int64)
         self.tie = np.zeros(n, dtype=np.int64)
+        self.tie_known = np.zeros(n, dtype=bool)
         self.left = np.zeros(n, dtype=np.int64)
         self.col = np.zeros(n, dtype=np.int64)
         self.salted = salted_rows(n, salt)
@@ -66,6 +67,9 @@ class ShapeScores:
         elif not self.multi:
             row = int(tied[np.argmin(self.salted[tied])])
         else:
+            unknown = tied[~self.tie_known[tied]]
+            if unknown.size:
+                self._ties(unknown)
             row = int(tied[np.lexsort((self.salted[tied], self.left[tied], -self.tie[tied]))[0]])
         req = self.req
         if req.shared:
@@ -122,6 +126,9 @@ class ShapeScores:
             fit = (a.free >= req.milli) & (a.free_mem >= req.gpu_mem) & ok[:, None] & self._gpu_models
             rows, cols = np.nonzero(fit)
             v = a.free[rows, cols]
+            # GPUs of a node with the same free share are interchangeable: the lowest index of each stands.
+            _, first = np.unique(rows * (FULL + 1) + v, return_index=True)
+            rows, cols, v = rows[first], cols[first], v[first]
         else:
             rows = np.flatnonzero(ok).astype(np.int64)
             cols = np.zeros_like(rows)
@@ -144,27 +151,46 @@ class ShapeScores:
         return [(j, v) for v, j in firsts.items()]
 
     def _score(self, rows: I64, cols: I64, v: I64) -> None:
-        """Score candidates (vectorised, as `choose`) and keep each node's best: under packing the key is
-        (-score, -tie, share left, column), under fgd (-score, column)."""
+        """Score candidates (vectorised, as `choose`) and keep each node's best: under fgd by (-score, column);
+        under packing by (-score, -tie, share left, column), where the tie-break score (as costly as the score
+        itself) is computed now only for nodes with several candidates at their best score, and for the others
+        when their score ties for the top at a pick (`choose` too scores ties only)."""
         frag, req = self.frag, self.req
         k, m, c = req.gpus, req.milli, req.cpu
         uniform = not req.shared
         score = frag.sigmoid_score(frag.frag[rows] - frag.after(rows, v, k, m, c, uniform=uniform))
         left = v - m
-        if self.multi:
-            tie = frag.sigmoid_score(frag.frag_multi[rows] - frag.after(rows, v, k, m, c, multi=True,
-                                                                        uniform=uniform))
-            order = np.lexsort((cols, left, -tie, -score, rows))
-        else:
-            tie = np.zeros_like(score)
-            order = np.lexsort((cols, -score, rows))
+        tie = np.zeros_like(score)
+        known = np.zeros(len(rows), dtype=bool)
+        if self.multi and req.shared:  # several candidates per node only when GPUs are shared
+            order = np.lexsort((-score, rows))
+            ordered = rows[order]
+            group = np.cumsum(np.r_[True, ordered[1:] != ordered[:-1]]) - 1
+            sorted_score = score[order]
+            at_max = sorted_score == sorted_score[np.r_[0, np.flatnonzero(np.diff(group)) + 1]][group]
+            several = at_max & (np.bincount(group[at_max], minlength=group[-1] + 1)[group] > 1)
+            need = order[several]
+            if need.size:
+                tie[need] = frag.sigmoid_score(frag.frag_multi[rows[need]] - frag.after(
+                    rows[need], v[need], k, m, c, multi=True))
+                known[need] = True
+        order = np.lexsort((cols, left, -tie, -score, rows) if self.multi else (cols, -score, rows))
         ordered = rows[order]
         first = order[np.r_[True, ordered[1:] != ordered[:-1]]]
         best = rows[first]
         self.score[best] = score[first]
         self.tie[best] = tie[first]
+        self.tie_known[best] = known[first]
         self.left[best] = left[first]
         self.col[best] = cols[first]
+
+    def _ties(self, rows: I64) -> None:
+        """The tie-break score of these nodes' best candidates (left unknown by `_score`)."""
+        frag, req = self.frag, self.req
+        k, m, c = req.gpus, req.milli, req.cpu
+        self.tie[rows] = frag.sigmoid_score(frag.frag_multi[rows] - frag.after(
+            rows, self.left[rows] + m, k, m, c, multi=True, uniform=not req.shared))
+        self.tie_known[rows] = True
 
     def _score_plain(self, r: int, j: int, v: int) -> None:
         """`_score` for one candidate, in plain integers, kept if it beats the node's best so far."""
@@ -179,6 +205,7 @@ class ShapeScores:
             if key >= ((-held[0], -held[1], held[2], held[3]) if self.multi else (-held[0], 0, 0, held[3])):
                 return
         self.score[r], self.tie[r], self.left[r], self.col[r] = s, t, v - m, j
+        self.tie_known[r] = True
 
     def _fits(self, r: int) -> bool:
         """feasible_rows for one node (no allowed mask)."""
