@@ -13,10 +13,9 @@ py-spy during the main step (libs/bench/throughput_profile.py)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from libs.bus.jetstream import Bus, BusConfig
 from libs.core.admission import job_id_for_key
 from libs.core.decider import derived_id
 from libs.runtime.embedded import EmbeddedServer
-from libs.runtime.settings import REPO_ROOT
+from libs.runtime.settings import OFF_PATH_NICE_ENV, REPO_ROOT, off_path_nice
 from libs.runtime.supervisor import Supervisor
 
 SOURCE = "throughput-bench"
@@ -52,9 +51,6 @@ FINAL = (JobFinished, JobFailed, JobRejected)
 # After a step's jobs are final: for their last reactions (quota released, views) to reach the log.
 SETTLE_S = 1.0
 IDLE_S = 3.0
-# The services no placement waits for: accounting (ledger, views, metrics), preemption (nothing to preempt
-# while the cluster has room) and node-telemetry (it starts and finishes jobs once they are placed).
-OFF_PATH = ("accounting", "preemption", "node-telemetry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +69,10 @@ class ThroughputOptions:
     job_s: tuple[float, float] = (1.0, 2.0)  # declared durations, spread evenly over this range
     drain_timeout_s: float = 60.0  # for a step's jobs to be placed and finished after its arrivals
     profile_dir: Path | None = None  # py-spy profiles of every service during the main step's arrivals
-    # > 0: the services off the path to a placement run at this nice level, so that on a machine with fewer
-    # cores than busy processes the path to a placement gets the CPU first and the others catch up later.
-    off_path_nice: int = 0
+    # The services off the path to a placement run this much lower in CPU priority, so that on a machine with
+    # fewer cores than busy processes the path to a placement gets the CPU first and the others catch up
+    # later. 0: all at one priority; None: the platform's setting (GPUSCHED_OFF_PATH_NICE, default 10).
+    off_path_nice: int | None = None
     data: Path | None = None
 
 
@@ -131,7 +128,10 @@ def run_throughput(opts: ThroughputOptions, progress: ProgressFn | None = None) 
         raise FileNotFoundError(f"cluster {opts.cluster} not found (--cluster CSV)")
     csv = opts.cluster.read_text()
     nodes = len({line.split(",", 1)[0] for line in csv.splitlines()[1:] if line.strip()})
-    with bench_platform(opts.data, "throughput", POLICY, csv, SERVICE_ENV) as run:
+    nice = off_path_nice() if opts.off_path_nice is None else opts.off_path_nice
+    opts = replace(opts, off_path_nice=nice)
+    service_env = {**SERVICE_ENV, OFF_PATH_NICE_ENV: str(nice)}
+    with bench_platform(opts.data, "throughput", POLICY, csv, service_env) as run:
         api = f"http://127.0.0.1:{run.sup.ports['admission']}"
         result = asyncio.run(_drive(BusConfig(url=run.env["NATS_URL"]), run.sup, run.servers, api, nodes, opts,
                                     progress or (lambda _: None)))
@@ -151,7 +151,6 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
     try:
         progress(StepProgress("waiting for the cluster to register"))
         await wait_for_policy_and_nodes(bus, len(TEAMS) + 1, nodes, timeout_s=120.0)
-        _nice(sup, opts.off_path_nice)
         progress(StepProgress("measuring the idle platform's CPU"))
         idle = await _idle_cpu(sup, servers)
         async with aiohttp.ClientSession() as http:
@@ -165,15 +164,6 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
             "idle_cpu_pct": idle, "off_path_nice": opts.off_path_nice, "p99_bound_ms": opts.p99_bound_ms,
             "min_placed_share": opts.min_share,
             "service_restarts": stepper.restarts}
-
-
-def _nice(sup: Supervisor, level: int, names: tuple[str, ...] = OFF_PATH) -> None:
-    if level <= 0:
-        return
-    for name in names:
-        child = sup.children.get(name)
-        if child is not None and child.proc is not None and child.proc.poll() is None:
-            os.setpriority(os.PRIO_PROCESS, child.proc.pid, level)
 
 
 async def _idle_cpu(sup: Supervisor, servers: list[EmbeddedServer], seconds: float = IDLE_S) -> dict[str, float]:
@@ -319,10 +309,7 @@ class Stepper:
 
     def _restart_dead(self) -> None:
         """Crash-only services resume from the log; the run goes on (and says so)."""
-        restarted = self.sup.restart_dead()
-        if restarted:
-            self.restarts += restarted
-            _nice(self.sup, self.opts.off_path_nice, tuple(n for n in restarted if n in OFF_PATH))
+        self.restarts += self.sup.restart_dead()  # at their CPU priority again (the supervisor sets it)
 
     async def _post(self, p: Planned, gate: asyncio.Semaphore) -> None:
         """POST /v1/jobs until the API takes it (it answers 503 while catching up); same key, same job."""

@@ -314,8 +314,9 @@ class Bus:
         return int(info.ack_floor.stream_seq) if info.ack_floor else 0
 
     async def durable(self, durable: str, subjects: Iterable[str], start_seq: int = 1,
-                      max_ack_pending: int = 20_000) -> Consumer:
-        """(Re)create the durable consumer so that it delivers from `start_seq`, in order.
+                      max_ack_pending: int = 20_000, rest_wait_s: float | None = None) -> Consumer:
+        """(Re)create the durable consumer so that it delivers from `start_seq`, in order. `rest_wait_s`: how
+        long each fetch waits for more once it has a first message (default REST_WAIT_S).
 
         Re-creating (rather than resuming) matters: messages delivered to a crashed process would
         otherwise come back only after the ack wait, behind newer ones, and AckAll would cover them.
@@ -328,7 +329,7 @@ class Bus:
         with contextlib.suppress(NotFoundError):
             await self.js.delete_consumer(self.config.stream, durable)
         sub = await self.js.pull_subscribe(subject="", durable=durable, stream=self.config.stream, config=cfg)
-        return Consumer(self, sub, durable)
+        return Consumer(self, sub, durable, REST_WAIT_S if rest_wait_s is None else rest_wait_s)
 
     async def reader(self, subjects: Iterable[str], start_seq: int = 1) -> Consumer:
         """An ephemeral in-order reader of the log (replay, catch-up, audit); nothing is acknowledged."""
@@ -345,22 +346,28 @@ class Bus:
         return int(info.state.last_seq)
 
 
-# How long a fetch waits for more once it has a first message: the only latency batching may add.
+# How long a fetch waits for more once it has a first message, unless its consumer is given another wait:
+# the only latency batching may add. Services off the path to a placement wait longer (libs/runtime/settings.py).
 REST_WAIT_S = 0.005
 
 
 class Consumer:
-    def __init__(self, bus: Bus, sub: JetStreamContext.PullSubscription, durable: str | None) -> None:
+    def __init__(self, bus: Bus, sub: JetStreamContext.PullSubscription, durable: str | None,
+                 rest_wait_s: float = REST_WAIT_S) -> None:
+        if rest_wait_s <= 0:
+            raise ValueError(f"a fetch's rest wait must be above 0, not {rest_wait_s}")
         self.bus = bus
         self.sub = sub
         self.durable = durable
+        self.rest_wait_s = rest_wait_s
         # Since when no server has answered for this consumer (None: the last fetch was answered).
         self._leaderless_since: float | None = None
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:
         """Up to `batch` messages as soon as there is one: wait (up to `timeout`) for the first, then take
-        whatever else is already there. A single pull of `batch` would hold the first message until the
-        batch fills or the pull expires, adding up to `timeout` of latency to every hop when traffic is light."""
+        whatever else is already there or, when nothing is, whatever comes within the consumer's rest wait. A
+        single pull of `batch` would hold the first message until the batch fills or the pull expires, adding
+        up to `timeout` of latency to every hop when traffic is light."""
         try:
             first = await self.sub.fetch(1, timeout=timeout)
         except (TimeoutError, nats.errors.TimeoutError):
@@ -373,7 +380,7 @@ class Consumer:
         if batch <= 1:
             return first
         try:
-            return first + await self.sub.fetch(batch - 1, timeout=REST_WAIT_S)
+            return first + await self.sub.fetch(batch - 1, timeout=self.rest_wait_s)
         except (TimeoutError, nats.errors.TimeoutError, ServiceUnavailableError):
             return first
 

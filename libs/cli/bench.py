@@ -352,9 +352,10 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--search-max", type=float, default=4000.0, help="the highest rate the search tries")
     p.add_argument("--p99-bound-ms", type=float, default=1000.0, help="p99 submit-to-placed of a sustained rate")
     p.add_argument("--http-share", type=float, default=0.0, help="share of jobs submitted through POST /v1/jobs")
-    p.add_argument("--nice-off-path", type=int, default=0, metavar="N",
+    p.add_argument("--nice-off-path", type=int, default=None, metavar="N",
                    help="run accounting, preemption and node-telemetry at nice N: on a machine with fewer cores "
-                        "than busy processes, the path to a placement gets the CPU first")
+                        "than busy processes, the path to a placement gets the CPU first (default: the platform's "
+                        "GPUSCHED_OFF_PATH_NICE, 10; 0: all services at one priority)")
     p.add_argument("--profile", help="py-spy every service during the main step; collapsed stacks go here")
     p.add_argument("--data", help="keep NATS, Redis and the service logs here (default: a temporary folder)")
     p.add_argument("--json", action="store_true")

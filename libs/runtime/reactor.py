@@ -30,7 +30,7 @@ from nats.errors import MsgAlreadyAckdError
 from contracts.codec import decode
 from contracts.events import EventBase
 from libs.audit.verify import make_checkpoint
-from libs.bus.jetstream import Bus, Consumer, stream_seq
+from libs.bus.jetstream import REST_WAIT_S, Bus, Consumer, stream_seq
 from libs.core.decider import Chain, derived_id
 from libs.runtime.handler import Handler
 from libs.runtime.snapshots import Snapshotter
@@ -45,7 +45,8 @@ FLUSH_EVERY_S = 0.01
 class Reactor:
     def __init__(self, bus: Bus, handler: Handler, durable: str | None = None, batch_size: int = 500,
                  fetch_timeout: float = 0.5, audit_key: bytes | None = None, audit_every: int = 500,
-                 tracing: ServiceTracing | None = None, snapshots: Snapshotter | None = None) -> None:
+                 tracing: ServiceTracing | None = None, snapshots: Snapshotter | None = None,
+                 batch_wait_s: float = REST_WAIT_S) -> None:
         self.bus = bus
         # None: no snapshots; a restart replays the whole log.
         self.snapshots = snapshots
@@ -56,6 +57,8 @@ class Reactor:
         self.durable = durable or handler.name
         self.batch_size = batch_size
         self.fetch_timeout = fetch_timeout
+        # Once a fetch has a first message, how long it waits for more when nothing else is there yet.
+        self.batch_wait_s = batch_wait_s
         self.subject_types = {bus.subject_for_type(t): t for t in handler.input_types()}
         self.last_seq = 0
         self.ready = asyncio.Event()
@@ -127,7 +130,8 @@ class Reactor:
     async def _bind(self) -> None:
         if self._consumer is not None:
             await self._consumer.close()
-        self._consumer = await self.bus.durable(self.durable, self.subject_types, start_seq=self.last_seq + 1)
+        self._consumer = await self.bus.durable(self.durable, self.subject_types, start_seq=self.last_seq + 1,
+                                                rest_wait_s=self.batch_wait_s)
         self._delivered = 0
 
     def _decode(self, msg: Msg) -> EventBase | None:
@@ -148,14 +152,17 @@ class Reactor:
         msgs = await self._consumer.fetch(self.batch_size, timeout=self.fetch_timeout)
         if not msgs:
             return 0
-        if int(msgs[0].metadata.sequence.consumer) != self._delivered + 1:
+        first, last = int(msgs[0].metadata.sequence.consumer), int(msgs[-1].metadata.sequence.consumer)
+        # Deliveries are numbered one by one: a batch starts right after the last one seen and has no hole (a
+        # batch is two pulls, the first message and the rest, so it is checked whole, not only at its start).
+        if first != self._delivered + 1 or last - first != len(msgs) - 1:
             # A delivery was lost (e.g. to a fetch that timed out): never skip ahead of it, because
             # AckAll would acknowledge it unseen. Start again right after the last handled event.
             log.warning("%s: delivery gap after %d; re-reading from %d", self.handler.name, self._delivered,
                         self.last_seq + 1)
             await self._bind()
             return 0
-        self._delivered = int(msgs[-1].metadata.sequence.consumer)
+        self._delivered = last
         await self.process(msgs)
         return len(msgs)
 

@@ -43,8 +43,9 @@ async def run_service(
     writer = replica.writer if replica is not None else bus
     policy = SnapshotPolicy.from_env()
     snapshots = Snapshotter(bus, handler, policy) if policy.enabled and isinstance(handler, Snapshottable) else None
-    reactor = Reactor(writer, handler, batch_size=settings.batch_size, audit_key=settings.audit_key,
-                      audit_every=settings.audit_every, tracing=tracing, snapshots=snapshots)
+    reactor = Reactor(writer, handler, batch_size=settings.batch_size, batch_wait_s=settings.batch_wait_s,
+                      audit_key=settings.audit_key, audit_every=settings.audit_every, tracing=tracing,
+                      snapshots=snapshots)
     app = base_app(settings.service, reactor.ready.is_set)
     if configure_app is not None:
         configure_app(app, bus, reactor)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from libs.bus.jetstream import BusConfig, NatsAuth, stream_replicas_from_env
+from libs.bus.jetstream import REST_WAIT_S, BusConfig, NatsAuth, stream_replicas_from_env
 
 # Default HTTP port of each service; admission's is the public API.
 DEFAULT_PORTS = {
@@ -19,6 +20,26 @@ DEFAULT_PORTS = {
 }
 
 SERVICES = tuple(DEFAULT_PORTS)
+# The services no placement waits for: accounting (ledger, views, metrics), preemption (nothing to preempt
+# while the cluster has room) and node-telemetry (it starts and finishes jobs once they are placed). The
+# others, admission -> quota -> placement, are the path to a placement.
+OFF_PATH = ("accounting", "preemption", "node-telemetry")
+
+# How much lower the supervisor runs the services off the path (nice levels added to its own, 0 to 19; 0:
+# all at one priority), so that on a machine with fewer cores than busy processes the path gets the CPU
+# first and the others catch up after a burst (docs/scaling.md).
+OFF_PATH_NICE_ENV = "GPUSCHED_OFF_PATH_NICE"
+OFF_PATH_NICE = 10
+MAX_NICE = 19
+
+# How long a service's fetch waits for more once it has a first message, in milliseconds: the latency its
+# batching may add to each event. The path to a placement waits 5 ms; the services off it need not react
+# within milliseconds and take bigger batches, which cost less per event to fetch and acknowledge.
+BATCH_WAIT_ENV = "GPUSCHED_BATCH_WAIT_MS"
+PATH_BATCH_WAIT_MS = REST_WAIT_S * 1000
+OFF_PATH_BATCH_WAIT_MS = 50.0
+MAX_BATCH_WAIT_MS = 1000.0
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_POLICY = REPO_ROOT / "infra" / "config" / "demo.toml"
 DEFAULT_CLUSTER = REPO_ROOT / "infra" / "config" / "demo-cluster.csv"
@@ -44,9 +65,41 @@ def nats_auth_from_env(env: os._Environ[str] | dict[str, str]) -> NatsAuth | Non
     return NatsAuth(user=user, password=password.decode() if password is not None else "", creds_file=creds)
 
 
+def _service_key(service: str, setting: str) -> str:
+    """A setting for one service only: GPUSCHED_<SERVICE>_<SETTING> (node-telemetry: NODE_TELEMETRY)."""
+    return f"GPUSCHED_{service.upper().replace('-', '_')}_{setting}"
+
+
 def _env_port(service: str) -> int:
-    key = f"GPUSCHED_{service.upper().replace('-', '_')}_PORT"
+    key = _service_key(service, "PORT")
     return int(os.environ.get(key, os.environ.get("GPUSCHED_HTTP_PORT", DEFAULT_PORTS[service])))
+
+
+def service_nice(service: str, env: Mapping[str, str] | None = None) -> int:
+    """How much lower than the supervisor's own the CPU priority of `service` is: GPUSCHED_OFF_PATH_NICE
+    (0 to 19, default 10) for a service off the path to a placement, 0 for the others."""
+    return off_path_nice(env) if service in OFF_PATH else 0
+
+
+def off_path_nice(env: Mapping[str, str] | None = None) -> int:
+    """GPUSCHED_OFF_PATH_NICE: 0 to 19, default 10."""
+    raw = (os.environ if env is None else env).get(OFF_PATH_NICE_ENV, "").strip()
+    nice = int(raw) if raw else OFF_PATH_NICE
+    if not 0 <= nice <= MAX_NICE:
+        raise ValueError(f"{OFF_PATH_NICE_ENV} must be between 0 and {MAX_NICE}, not {nice}")
+    return nice
+
+
+def batch_wait_s(service: str, env: Mapping[str, str] | None = None) -> float:
+    """How long `service`'s fetch waits for more once it has a first message, in seconds:
+    GPUSCHED_<SERVICE>_BATCH_WAIT_MS, else GPUSCHED_BATCH_WAIT_MS, else 50 ms off the path to a placement
+    and 5 ms on it. Above 0 (a fetch needs a wait) and at most 1,000 ms."""
+    env = os.environ if env is None else env
+    key = next((k for k in (_service_key(service, "BATCH_WAIT_MS"), BATCH_WAIT_ENV) if env.get(k, "").strip()), "")
+    ms = float(env[key]) if key else OFF_PATH_BATCH_WAIT_MS if service in OFF_PATH else PATH_BATCH_WAIT_MS
+    if not 0 < ms <= MAX_BATCH_WAIT_MS:
+        raise ValueError(f"{key} must be above 0 and at most {MAX_BATCH_WAIT_MS:g} ms, not {ms:g}")
+    return ms / 1000
 
 
 @dataclass(frozen=True)
@@ -69,6 +122,8 @@ class Settings:
     # Simulated executor: declared durations are divided by this (benchmarks compress time).
     time_scale: float = 1.0
     batch_size: int = 500
+    # How long a fetch waits for more once it has a first message (GPUSCHED_BATCH_WAIT_MS; per service).
+    batch_wait_s: float = REST_WAIT_S
     # The key that signs the decision chains' checkpoints (never logged); None: no checkpoints.
     audit_key: bytes | None = field(default=None, repr=False)
     audit_every: int = 500
@@ -102,6 +157,7 @@ class Settings:
             tick_seconds=float(env.get("GPUSCHED_TICK_SECONDS", cls.tick_seconds)),
             time_scale=float(env.get("GPUSCHED_TIME_SCALE", cls.time_scale)),
             batch_size=int(env.get("GPUSCHED_BATCH_SIZE", cls.batch_size)),
+            batch_wait_s=batch_wait_s(service, env),
             audit_key=_secret(env, "GPUSCHED_AUDIT_KEY"),
             audit_every=int(env.get("GPUSCHED_AUDIT_EVERY", cls.audit_every)),
             trace_exporter=(env.get("GPUSCHED_TRACE_EXPORTER") or cls.trace_exporter).strip().lower(),

@@ -1,7 +1,9 @@
-"""Runs the six services as child processes, restarts one that dies, stops them all cleanly."""
+"""Runs the six services as child processes, restarts one that dies, stops them all cleanly. The services off
+the path to a placement run at a lower CPU priority (GPUSCHED_OFF_PATH_NICE, libs/runtime/settings.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -11,7 +13,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from libs.runtime.settings import SERVICES
+from libs.runtime.settings import MAX_NICE, SERVICES, service_nice
 
 MODULES = {name: f"services.{name.replace('-', '_')}" for name in SERVICES}
 
@@ -24,11 +26,15 @@ class Child:
     env: dict[str, str]
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
+    # How much lower than the supervisor's the child's CPU priority is (a nice increment; 0: the same).
+    nice: int = 0
 
     def start(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
         self.proc = subprocess.Popen([sys.executable, "-m", MODULES[self.name]], env=self.env, stdout=log,
                                      stderr=subprocess.STDOUT)
+        if self.nice:
+            lower_priority(self.proc.pid, self.nice)
 
     def ready(self) -> bool:
         """Ready, and really this child answering (not another platform's process on the same port)."""
@@ -38,6 +44,15 @@ class Child:
                 return bool(r.status == 200 and self.proc is not None and body.get("pid") == self.proc.pid)
         except (OSError, ValueError):
             return False
+
+
+def lower_priority(pid: int, increment: int) -> None:
+    """Run process `pid` at this process's nice level plus `increment` (at most 19), as `nice -n` would. Set
+    right after the spawn, while the child's interpreter starts, and again at every restart (a new process).
+    A child gone already is no error: the supervisor sees it dead and starts it again."""
+    level = min(os.getpriority(os.PRIO_PROCESS, 0) + increment, MAX_NICE)
+    with contextlib.suppress(ProcessLookupError):
+        os.setpriority(os.PRIO_PROCESS, pid, level)
 
 
 @dataclass
@@ -51,12 +66,15 @@ class Supervisor:
 
     def start(self, services: tuple[str, ...] = SERVICES) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        for name in services:
+        children = []
+        for name in services:  # every child's settings read (a wrong one raises) before any starts
             env = {**os.environ, **self.env, **self.service_env.get(name, {}),
                    f"GPUSCHED_{name.upper().replace('-', '_')}_PORT": str(self.ports[name])}
-            child = Child(name, self.ports[name], self.log_dir / f"{name}.log", env)
+            children.append(Child(name, self.ports[name], self.log_dir / f"{name}.log", env,
+                                  nice=service_nice(name, env)))
+        for child in children:
             child.start()
-            self.children[name] = child
+            self.children[child.name] = child
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

@@ -4,6 +4,7 @@ simulated cluster, with preemption, cancellations, duplicates, bad input and two
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 import urllib.error
@@ -34,6 +35,7 @@ from libs.cli.up import start_platform
 from libs.reports.rates import Rates
 from libs.reports.usage import UsageHistory, usage_rows
 from libs.runtime.embedded import EmbeddedServer, free_port
+from libs.runtime.settings import OFF_PATH, SERVICES
 from tests.usage_oracle import gpu_seconds_by_team
 
 pytestmark = pytest.mark.e2e
@@ -164,12 +166,18 @@ async def test_two_hundred_jobs_from_three_teams_all_reach_a_final_state(
     (tmp_path / "policy.toml").write_text(POLICY)
     monkeypatch.setenv("NATS_URL", nats_server.url)
     monkeypatch.setenv("REDIS_URL", redis_server.url)
+    monkeypatch.delenv("GPUSCHED_OFF_PATH_NICE", raising=False)
     env = {"GPUSCHED_STREAM": stream_name, "GPUSCHED_SUBJECT_PREFIX": stream_name.lower(),
            "GPUSCHED_TICK_SECONDS": "1"}
     sup, servers, _ = start_platform(tmp_path, tmp_path / "cluster.csv", tmp_path / "policy.toml",
                                      api_port=free_port(), extra_env=env)
     assert servers == []  # the session's NATS and Redis were used
     try:
+        # The path to a placement gets the CPU first: the services off it run 10 nice levels lower.
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        assert {name: os.getpriority(os.PRIO_PROCESS, child.proc.pid) for name, child in sup.children.items()
+                if child.proc is not None} == {name: min(own + 10, 19) if name in OFF_PATH else own
+                                               for name in SERVICES}
         client = Client(f"http://127.0.0.1:{sup.ports['admission']}")
         deadline = time.monotonic() + 30
         while not (len(client.nodes()) == 10 and len(client.queues()) == 4):

@@ -25,6 +25,7 @@ def test_a_small_run_places_every_job_and_reports_its_figures(
     # A platform named in the environment must not be used: the bench needs an empty log of its own.
     monkeypatch.setenv("NATS_URL", "nats://127.0.0.1:1")
     monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.delenv("GPUSCHED_OFF_PATH_NICE", raising=False)
     main(["bench", "throughput", "--cluster", str(tmp_path / "cluster.csv"), "--rate", "100", "--duration", "3",
           "--http-share", "0.1", "--search", "--step-duration", "1", "--search-max", "150", "--data",
           str(tmp_path / "data"), "--json"])
@@ -33,6 +34,7 @@ def test_a_small_run_places_every_job_and_reports_its_figures(
     assert (result["nodes"], result["gpus"]) == (30, 240)
     assert (result["jobs"], result["submitted"], result["placed"], result["rejected"]) == (300, 300, 300, 0)
     assert result["drained"] and result["service_restarts"] == []
+    assert result["off_path_nice"] == 10  # the platform's own default
     for key in ("p50_ms", "p99_ms", "max_ms", "placed_per_s", "submitted_per_s"):
         assert result[key] > 0, key
     assert result["p50_ms"] <= result["p99_ms"] <= result["max_ms"]

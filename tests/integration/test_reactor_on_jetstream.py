@@ -11,7 +11,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from contracts import GpuSpec, JobSpec, NodeRegistered, NodeSpec, QueuePolicyChanged, QueueSpec, SubmitJob
 from contracts.codec import decode, encode
 from libs.audit.log_reader import read_log
-from libs.bus.jetstream import Bus
+from libs.bus.jetstream import REST_WAIT_S, Bus
 from libs.core.admission import AdmissionDecider
 from libs.runtime.handler import DeciderHandler
 from libs.runtime.reactor import Reactor
@@ -152,5 +152,52 @@ async def test_events_delivered_to_a_crashed_process_are_handled_first_and_in_or
     restarted = Reactor(bus, DeciderHandler(decider))
     await restarted.start()
     await drain(restarted)
+    admitted = [e.job_id for _, e in await log_of(bus) if type(e).__name__ == "JobAdmitted"]
+    assert admitted == ["job-1", "job-2"]
+
+
+async def test_a_longer_rest_wait_gathers_what_comes_within_it_into_one_batch(bus: Bus) -> None:
+    subjects = [bus.subject_for_type(SubmitJob)]
+
+    async def batches(durable: str, wait: float | None, first: SubmitJob, second: SubmitJob) -> list[list[str]]:
+        consumer = await bus.durable(durable, subjects, start_seq=await bus.last_seq() + 1, rest_wait_s=wait)
+        assert consumer.rest_wait_s == (REST_WAIT_S if wait is None else wait)
+        await bus.publish([first])
+
+        async def later() -> None:
+            await asyncio.sleep(0.3)
+            await bus.publish([second])
+
+        task = asyncio.create_task(later())
+        out: list[list[str]] = []
+        for _ in range(5):
+            out += [[decode(m.data).id for m in await consumer.fetch(10, timeout=2.0)]]
+            if sum(map(len, out)) == 2:
+                break
+        await task
+        await consumer.close()
+        return out
+
+    # 5 ms: the second comes too late for the first's batch; 1 s: within the wait, in the same batch.
+    assert await batches("short", None, submit(1), submit(2)) == [["s1"], ["s2"]]
+    assert await batches("long", 1.0, submit(3), submit(4)) == [["s3", "s4"]]
+
+
+async def test_a_hole_inside_a_batch_is_never_acknowledged_unseen(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    await bus.publish([*setup_events(), submit(1), submit(2)])
+    reactor = Reactor(bus, DeciderHandler(AdmissionDecider()), batch_wait_s=0.02)
+    await reactor.start()
+    consumer = reactor._consumer
+    assert consumer is not None and consumer.rest_wait_s == 0.02
+    fetch = consumer.fetch
+
+    async def losing_one(batch: int, timeout: float) -> list:
+        msgs = await fetch(batch, timeout)
+        return [m for m in msgs if decode(m.data).id != "s1"]  # delivered, lost before the reactor saw it
+
+    monkeypatch.setattr(consumer, "fetch", losing_one)
+    assert await reactor.step() == 0  # the batch starts where it should, but has a hole: read again
+    assert reactor._consumer is not consumer and reactor._consumer.rest_wait_s == 0.02
+    await drain(reactor)
     admitted = [e.job_id for _, e in await log_of(bus) if type(e).__name__ == "JobAdmitted"]
     assert admitted == ["job-1", "job-2"]
