@@ -31,6 +31,7 @@ from nats.js.errors import NoStreamResponseError, NotFoundError, ServiceUnavaila
 
 from contracts.codec import encode
 from contracts.events import SUBJECT_PREFIX, EventBase, subject_for_type
+from libs.bus.failover import FailoverWait
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +330,9 @@ class Bus:
         with contextlib.suppress(NotFoundError):
             await self.js.delete_consumer(self.config.stream, durable)
         sub = await self.js.pull_subscribe(subject="", durable=durable, stream=self.config.stream, config=cfg)
-        return Consumer(self, sub, durable, REST_WAIT_S if rest_wait_s is None else rest_wait_s)
+        from libs.bus.streaming import StreamingConsumer  # it builds on Consumer, defined below
+
+        return StreamingConsumer(self, sub, durable, REST_WAIT_S if rest_wait_s is None else rest_wait_s)
 
     async def reader(self, subjects: Iterable[str], start_seq: int = 1) -> Consumer:
         """An ephemeral in-order reader of the log (replay, catch-up, audit); nothing is acknowledged."""
@@ -354,14 +357,13 @@ REST_WAIT_S = 0.005
 class Consumer:
     def __init__(self, bus: Bus, sub: JetStreamContext.PullSubscription, durable: str | None,
                  rest_wait_s: float = REST_WAIT_S) -> None:
-        if rest_wait_s <= 0:
-            raise ValueError(f"a fetch's rest wait must be above 0, not {rest_wait_s}")
+        if rest_wait_s < 0:
+            raise ValueError(f"a fetch's rest wait must be 0 or more, not {rest_wait_s}")
         self.bus = bus
         self.sub = sub
         self.durable = durable
         self.rest_wait_s = rest_wait_s
-        # Since when no server has answered for this consumer (None: the last fetch was answered).
-        self._leaderless_since: float | None = None
+        self._failover = FailoverWait(FAILOVER_WAIT_S)
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:
         """Up to `batch` messages as soon as there is one: wait (up to `timeout`) for the first, then take
@@ -371,32 +373,18 @@ class Consumer:
         try:
             first = await self.sub.fetch(1, timeout=timeout)
         except (TimeoutError, nats.errors.TimeoutError):
-            self._leaderless_since = None
+            self._failover.answered()
             return []
         except ServiceUnavailableError:
-            await self._wait_for_leader(timeout)
+            await self._failover.wait(self.durable, self.bus.config.stream, timeout)
             return []
-        self._leaderless_since = None
-        if batch <= 1:
+        self._failover.answered()
+        if batch <= 1 or self.rest_wait_s == 0:
             return first
         try:
             return first + await self.sub.fetch(batch - 1, timeout=self.rest_wait_s)
         except (TimeoutError, nats.errors.TimeoutError, ServiceUnavailableError):
             return first
-
-    async def _wait_for_leader(self, timeout: float) -> None:
-        """No server answers for the consumer: on a cluster, the server that led it was lost and the others
-        are electing another (seconds). Nothing was delivered, so the caller may simply fetch again; past
-        FAILOVER_WAIT_S it is not an election (the consumer is gone) and the error is raised."""
-        now = asyncio.get_running_loop().time()
-        if self._leaderless_since is None:
-            self._leaderless_since = now
-            log.warning("consumer %s of %s has no leader; waiting up to %.0fs for one", self.durable or "(reader)",
-                        self.bus.config.stream, FAILOVER_WAIT_S)
-        elif now - self._leaderless_since > FAILOVER_WAIT_S:
-            raise ServiceUnavailableError(description=f"consumer {self.durable} has had no leader for "
-                                                      f"{FAILOVER_WAIT_S:.0f}s")
-        await asyncio.sleep(min(timeout, 0.5))
 
     async def close(self) -> None:
         try:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from libs.bus.jetstream import REST_WAIT_S, BusConfig, NatsAuth, stream_replicas_from_env
+from libs.bus.jetstream import BusConfig, NatsAuth, stream_replicas_from_env
 
 # Default HTTP port of each service; admission's is the public API.
 DEFAULT_PORTS = {
@@ -32,11 +32,12 @@ OFF_PATH_NICE_ENV = "GPUSCHED_OFF_PATH_NICE"
 OFF_PATH_NICE = 10
 MAX_NICE = 19
 
-# How long a service's fetch waits for more once it has a first message, in milliseconds: the latency its
-# batching may add to each event. The path to a placement waits 5 ms; the services off it need not react
-# within milliseconds and take bigger batches, which cost less per event to fetch and acknowledge.
+# How long a service's batch waits for more once it has a first message, in milliseconds: the latency its
+# batching may add to each event. The path to a placement takes what has arrived and goes on (under load
+# that is a large batch anyway); the services off it need not react within milliseconds and take bigger
+# batches, which cost less per event to fetch and acknowledge.
 BATCH_WAIT_ENV = "GPUSCHED_BATCH_WAIT_MS"
-PATH_BATCH_WAIT_MS = REST_WAIT_S * 1000
+PATH_BATCH_WAIT_MS = 0.0
 OFF_PATH_BATCH_WAIT_MS = 50.0
 MAX_BATCH_WAIT_MS = 1000.0
 
@@ -91,14 +92,14 @@ def off_path_nice(env: Mapping[str, str] | None = None) -> int:
 
 
 def batch_wait_s(service: str, env: Mapping[str, str] | None = None) -> float:
-    """How long `service`'s fetch waits for more once it has a first message, in seconds:
+    """How long `service`'s batch waits for more once it has a first message, in seconds:
     GPUSCHED_<SERVICE>_BATCH_WAIT_MS, else GPUSCHED_BATCH_WAIT_MS, else 50 ms off the path to a placement
-    and 5 ms on it. Above 0 (a fetch needs a wait) and at most 1,000 ms."""
+    and 0 on it (what has arrived). From 0 to 1,000 ms."""
     env = os.environ if env is None else env
     key = next((k for k in (_service_key(service, "BATCH_WAIT_MS"), BATCH_WAIT_ENV) if env.get(k, "").strip()), "")
     ms = float(env[key]) if key else OFF_PATH_BATCH_WAIT_MS if service in OFF_PATH else PATH_BATCH_WAIT_MS
-    if not 0 < ms <= MAX_BATCH_WAIT_MS:
-        raise ValueError(f"{key} must be above 0 and at most {MAX_BATCH_WAIT_MS:g} ms, not {ms:g}")
+    if not 0 <= ms <= MAX_BATCH_WAIT_MS:
+        raise ValueError(f"{key} must be from 0 to {MAX_BATCH_WAIT_MS:g} ms, not {ms:g}")
     return ms / 1000
 
 
@@ -123,7 +124,7 @@ class Settings:
     time_scale: float = 1.0
     batch_size: int = 500
     # How long a fetch waits for more once it has a first message (GPUSCHED_BATCH_WAIT_MS; per service).
-    batch_wait_s: float = REST_WAIT_S
+    batch_wait_s: float = PATH_BATCH_WAIT_MS / 1000
     # The key that signs the decision chains' checkpoints (never logged); None: no checkpoints.
     audit_key: bytes | None = field(default=None, repr=False)
     audit_every: int = 500
