@@ -136,7 +136,9 @@ def test_a_submitter_sees_and_touches_its_own_teams_jobs_only(platform: Platform
     status, body, _ = platform.http("dana", "POST", "/v1/jobs", job("research"))
     assert (status, body["code"]) == (403, "forbidden") and "only for team 'demo'" in body["message"]
 
-    wait_for(lambda: dana.job(mine)["team"] == "demo" and rick.job(theirs)["team"] == "research", "never projected")
+    wait_for(lambda: dana.job(mine)["team"] == "demo" and rick.job(theirs)["team"] == "research", "never decided")
+    # Explaining needs the projected view (accounting's, which may trail admission's answer by a batch wait).
+    wait_for(lambda: platform.http("dana", "GET", f"/v1/jobs/{mine}/explain")[0] == 200, "never projected")
     for path in (f"/v1/jobs/{theirs}", f"/v1/jobs/{theirs}/explain", f"/v1/jobs/{theirs}/logs"):
         status, body, _ = platform.http("dana", "GET", path)
         assert (status, body["code"]) == (404, "unknown_job"), path

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,11 @@ def test_a_service_is_deployed_scaled_by_load_spread_and_deleted() -> None:
         client.report_load("chat", 430.0)  # 4.3 x the target per replica: 5 replicas
         wait_for(lambda: client.service("chat")["ready_replicas"] == 5,
                  lambda: f"the service did not scale to 5: {client.service('chat')}", 20)
-        replicas = [j for j in client.jobs(limit=100) if j["spec"].get("service") == "chat" and j["state"] == "running"]
+
+        def running() -> list[dict[str, Any]]:  # as projected (accounting may trail the service's own count)
+            return [j for j in client.jobs(limit=100) if j["spec"].get("service") == "chat" and j["state"] == "running"]
+
+        replicas = wait_for(lambda: len(r := running()) == 5 and r, "the five replicas were never projected", 20)
         nodes = {p["node"] for j in replicas for p in j["placements"]}
         assert len(nodes) == 5  # spread: one per node while nodes are free
 

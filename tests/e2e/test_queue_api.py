@@ -159,7 +159,9 @@ def test_a_new_queue_under_acme_admits_jobs_and_the_parent_takes_none(platform: 
             "flavors": [{"model": "A100", "nominal_gpus": 4, "borrowing_limit_gpus": 0}]}
     status, written = put_queue(platform, "vision", spec)
     assert (status, written) == (201, spec)
-    view = wait_for(lambda: platform.client.queue("vision"), "the new queue was never projected")
+    # Until accounting has projected it, the API answers with what it knows of the queue (no cohort yet).
+    view = wait_for(lambda: (q := platform.client.queue("vision")) and q["cohort"] and q,
+                    "the new queue was never projected")
     assert (view["cohort"], view["nominal_gpus"], view["spec"]) == ("acme", 4, spec)
     assert [(f["flavor"], f["nominal_gpus"], f["borrowing_limit_gpus"]) for f in view["flavors"]] == [
         ("A100", 4.0, 0.0)]
