@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 CREDITS = 1000  # messages one pull request asks for
 EXPIRES_S = 30.0  # how long a pull request stays open at the server
 HEARTBEAT_S = 2.0  # the server's heartbeat while a request waits; silence for two of them: requests lost
+# A request the server keeps ending at once (a limit of its own) is asked again after a growing wait.
+REFUSED_BACKOFF_S = 0.05
+MAX_BACKOFF_S = 2.0
 STATUS = "Status"
 PENDING = "Nats-Pending-Messages"
 
@@ -54,6 +57,7 @@ class StreamingConsumer(Consumer):
         self._reply: str = sub._deliver
         self.credits = 0  # messages the open requests may still deliver
         self._heard = time.monotonic()  # when the server last said anything on the inbox
+        self._refusals = 0  # requests the server ended since the last message
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:
         """Up to `batch` messages as soon as there is one (waiting up to `timeout` for it), plus whatever else
@@ -100,26 +104,34 @@ class StreamingConsumer(Consumer):
             self.credits -= 1
             msgs.append(msg)
             self._failover.answered()
-            return False
-        if status == "100":  # heartbeat (or flow control): an open request is still there
-            return False
-        if status == "408":  # a request expired: what it still owed will not come
-            owed = msg.headers.get(PENDING) if msg.headers else None
-            self.credits -= int(owed) if owed and owed.isdigit() else self.credits
-            self.credits = max(self.credits, 0)
+            self._refusals = 0
             return False
         if status == "503":  # nobody leads the consumer (an election): wait, then ask again
             self.credits = 0
             await self._failover.wait(self.durable, self.bus.config.stream, 0.5)
             return True
-        # 409 and anything else: the server dropped the requests (consumer deleted, leader changed, ...).
-        log.info("%s: pull request ended by the server (%s %s); asking again", self.durable, status,
-                 msg.headers.get("Description", "") if msg.headers else "")
+        self._failover.answered()  # any other word comes from a server that leads the consumer
+        if status == "100":  # heartbeat: an open request is still there
+            return False
+        if status == "408":  # a request expired: what it still owed will not come; ask again at once if low
+            owed = msg.headers.get(PENDING) if msg.headers else None
+            self.credits = max(self.credits - (int(owed) if owed and owed.isdigit() else self.credits), 0)
+            await self._top_up()
+            return False
+        # 409 and anything else: the server dropped the requests (consumer deleted, leader changed, a limit of
+        # the server's exceeded, ...). Ask again, waiting longer each time it keeps refusing without a message.
+        description = msg.headers.get("Description", "") if msg.headers else ""
+        log.log(logging.WARNING if self._refusals else logging.INFO,
+                "%s: pull request ended by the server (%s %s); asking again", self.durable, status, description)
         self.credits = 0
+        if self._refusals:
+            await asyncio.sleep(min(REFUSED_BACKOFF_S * 2 ** (self._refusals - 1), MAX_BACKOFF_S))
+        self._refusals += 1
         return True
 
     async def _top_up(self) -> None:
-        if self.credits > 0 and time.monotonic() - self._heard > 2 * HEARTBEAT_S + 1:
+        # Silence with nothing queued (what a long batch left unread does not count): the requests are lost.
+        if self.credits > 0 and self._queue.empty() and time.monotonic() - self._heard > 2 * HEARTBEAT_S + 1:
             log.info("%s: no word from the server for %.0fs; asking again", self.durable, 2 * HEARTBEAT_S + 1)
             self.credits = 0
         if self.credits >= CREDITS // 2:

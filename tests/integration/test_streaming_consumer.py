@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import pytest
+from nats.aio.msg import Msg
 
 from contracts import ClockTick
 from libs.bus import streaming
@@ -84,4 +86,39 @@ async def test_the_consumer_deleted_under_it_is_noticed(bus: Bus, caplog: pytest
         assert await c.fetch(10, timeout=1.0) == []
     assert "409" in caplog.text
     assert c.credits == 0
+    await c.close()
+
+
+def status(code: str, **headers: str) -> Msg:
+    return Msg(_client=None, subject="inbox", headers={"Status": code, **headers})  # type: ignore[arg-type]
+
+
+async def test_each_word_from_a_leader_ends_a_wait_for_one(bus: Bus) -> None:
+    """An election (503), then quiet heartbeats for longer than the failover limit, then another election:
+    the second is a new wait, not the first one gone on too long."""
+    c = await consumer(bus)
+    c._failover.limit_s = 0.05
+    assert await c._take(status("503"), [])  # waits (briefly) for a leader
+    await asyncio.sleep(0.1)
+    assert not await c._take(status("100"), [])  # a heartbeat: someone leads the consumer again
+    assert await c._take(status("503"), [])  # a new election; would raise if the first wait had gone on
+    await c.close()
+
+
+async def test_an_expired_request_is_renewed_at_once_when_credits_run_low(bus: Bus) -> None:
+    c = await consumer(bus)
+    await c._top_up()
+    c.credits = streaming.CREDITS  # one request open
+    assert not await c._take(status("408", **{"Nats-Pending-Messages": str(streaming.CREDITS - 10)}), [])
+    assert c.credits == 10 + streaming.CREDITS  # what it still owed written off, a new request out
+    await c.close()
+
+
+async def test_a_server_that_keeps_ending_requests_is_asked_ever_more_slowly(bus: Bus) -> None:
+    c = await consumer(bus)
+    started = time.monotonic()
+    for _ in range(4):
+        assert await c._take(status("409", Description="Exceeded MaxRequestBatch of 10"), [])
+    # 0, then 50, 100 and 200 ms
+    assert time.monotonic() - started >= 0.3
     await c.close()
