@@ -173,6 +173,7 @@ class Reactor:
         # Parallel to `decisions` when tracing: each one's trace headers.
         headers: list[Headers | None] | None = None if self.tracing is None else []
         handled = 0
+        kinds: dict[type[EventBase], int] = {}  # events handled per type, counted once per batch
         flushed = started
         for msg in msgs:
             if decisions and time.perf_counter() - flushed > FLUSH_EVERY_S:
@@ -196,7 +197,8 @@ class Reactor:
                         made, made_headers = self._traced(msg, seq, event)
                         decisions.extend(made)
                         headers.extend(made_headers)
-                    metrics.EVENTS.labels(name, type(event).__name__).inc()
+                    kind = type(event)
+                    kinds[kind] = kinds.get(kind, 0) + 1
                     handled += 1
                 except Exception as err:
                     log.exception("%s failed on %s at %d", name, type(event).__name__, seq)
@@ -204,6 +206,8 @@ class Reactor:
             self.last_seq = seq
         await self.bus.publish(decisions, headers)
         self._count(decisions)
+        for kind, n in kinds.items():
+            metrics.EVENTS.labels(name, kind.__name__).inc(n)
         await self._attest()
         await self.handler.after_batch()
         snapshot = self.snapshots is not None and self.snapshots.due(self.last_seq, len(msgs))
@@ -247,8 +251,12 @@ class Reactor:
         self._attested = chain.length
 
     def _count(self, decisions: list[EventBase]) -> None:
+        kinds: dict[type[EventBase], int] = {}
         for d in decisions:
-            metrics.DECISIONS.labels(self.handler.name, type(d).__name__).inc()
+            kind = type(d)
+            kinds[kind] = kinds.get(kind, 0) + 1
+        for kind, n in kinds.items():
+            metrics.DECISIONS.labels(self.handler.name, kind.__name__).inc(n)
 
     def _decode_or_reason(self, msg: Msg) -> tuple[EventBase | None, str]:
         try:
