@@ -63,12 +63,17 @@ def random_request(rng: random.Random) -> Request:
     return Request.of(spec)
 
 
+def random_model(rng: random.Random) -> tuple[Cluster, ClusterArrays, FragModel]:
+    """A random loaded cluster, its arrays and a fragmentation model against random typical shapes."""
+    cluster = random_cluster(rng)
+    arrays = ClusterArrays(cluster)
+    return cluster, arrays, FragModel(arrays, random_typical(rng), multi_copy=rng.random() < 0.7)
+
+
 @pytest.mark.parametrize("seed", range(150))
 def test_fragmentation_rows_and_scoring_agree(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(seed)
-    cluster = random_cluster(rng)
-    arrays = ClusterArrays(cluster)
-    frag = FragModel(arrays, random_typical(rng), multi_copy=rng.random() < 0.7)
+    cluster, arrays, frag = random_model(rng)
     n = len(arrays.nodes)
 
     # A few rows in plain integers, as numpy would (after the load changed under them).

@@ -13,7 +13,7 @@ from libs.core.arrays import ClusterArrays
 from libs.core.fit import Placer
 from libs.core.score_cache import ScoreCache, ShapeScores
 from libs.core.scoring import FragModel, Request, choose
-from tests.unit.test_replay_speed_scoring import random_cluster, random_request, random_typical
+from tests.unit.test_replay_speed_scoring import random_cluster, random_model, random_request, random_typical
 
 
 def spec_of(req: Request, replicas: int = 1) -> JobSpec:
@@ -24,9 +24,7 @@ def spec_of(req: Request, replicas: int = 1) -> JobSpec:
 @pytest.mark.parametrize("seed", range(60))
 def test_kept_scores_pick_what_choose_picks(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(seed)
-    cluster = random_cluster(rng)
-    arrays = ClusterArrays(cluster)
-    frag = FragModel(arrays, random_typical(rng), multi_copy=rng.random() < 0.7)
+    cluster, arrays, frag = random_model(rng)
     # Small clusters: exercise both ways of catching up (plain and vectorised) and full rebuilds.
     monkeypatch.setattr(score_cache, "PLAIN_WORK", rng.choice([0, 48, 10_000]))
     monkeypatch.setattr(score_cache, "REBUILD_SHARE", rng.choice([0.0, 0.25, 1.0]))
