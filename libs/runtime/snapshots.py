@@ -218,6 +218,11 @@ class Snapshotter:
         self._since += handled
         if last_seq <= self._taken_seq or (self._writing is not None and not self._writing.done()):
             return False
+        # A handler whose state runs ahead of the log (reports it made but has not stored yet) says so: a
+        # snapshot then would hold what a crash could keep from ever reaching the log.
+        settled = getattr(self.handler, "snapshot_settled", None)
+        if settled is not None and not settled():
+            return False
         waited = time.monotonic() - self._taken_at
         if waited >= self.policy.every_s:
             return True

@@ -42,6 +42,11 @@ class NodeTelemetry:
                          agent_runs=watch.runs)
         return roots
 
+    def snapshot_settled(self) -> bool:
+        """Is every report the executor made stored? (Its timers' reports are published in the background,
+        after the run they end is already gone from its book.)"""
+        return self.executor is None or self.executor.settled()
+
     def input_types(self) -> Iterable[type[EventBase]]:
         return sorted(self._decider_types | self._executor_types | self._watch_types, key=lambda t: t.__name__)
 

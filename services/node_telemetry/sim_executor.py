@@ -106,6 +106,10 @@ class SimExecutor:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    def settled(self) -> bool:
+        """No report of a timer's (a finish, a stop come due) is still on its way to the log."""
+        return not self._tasks
+
     async def _publish(self, events: list[EventBase]) -> None:
         assert self.bus is not None
         tracing = self.tracing or current_tracing()

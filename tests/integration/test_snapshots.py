@@ -211,3 +211,15 @@ async def test_a_new_snapshot_keeps_the_previous_one_whole_until_its_manifest_is
         found = await store.get()
         assert found is not None and found[1] == payload and found[0] == stored
     assert slots == ["a", "b", "a"]
+
+
+async def test_no_snapshot_while_the_handler_has_reports_on_their_way_to_the_log(bus: Bus) -> None:
+    """An executor's timers publish in the background after changing its state: a snapshot then could hold a
+    finish that a crash keeps from ever reaching the log."""
+    handler = Observed(QuotaDecider())
+    shots = snapshotter(bus, handler, every=1)
+    settled = False
+    handler.snapshot_settled = lambda: settled  # type: ignore[attr-defined]
+    assert not shots.due(10, 5)
+    settled = True
+    assert shots.due(10, 5)
