@@ -6,7 +6,8 @@ A `ShapeScores` keeps, per node, whether a request of one shape fits there and t
 the nodes whose array rows or fragmentation rows changed since (both keep a log of the rows they changed),
 or all of them, vectorised, when many did. The pick follows `choose`'s keys exactly, reduced per node
 first: a node's own best candidate is the only one of its candidates `choose` could ever take, because the
-node's place in the salted order is the same for all of them. Tests hold it to `choose` decision by decision.
+node's contention and place in the salted order are the same for all of them. Tests hold it to `choose`
+decision by decision.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ NONE = -1  # the score of a node where the request does not fit
 class ShapeScores:
     def __init__(self, a: ClusterArrays, frag: FragModel, req: Request, policy: str, salt: int) -> None:
         self.a, self.frag, self.req, self.salt = a, frag, req, salt
-        # packing breaks FGD's ties with its multi-copy score, then the share left; fgd by the salted order.
+        # packing breaks FGD's ties by contention (requests of GPUs), its multi-copy score, then the share
+        # left; fgd by the salted order.
         self.multi = policy == "packing" and frag.multi_copy
         n = len(a.nodes)
         self.score = np.full(n, NONE, dtype=np.int64)
@@ -67,6 +69,9 @@ class ShapeScores:
         elif not self.multi:
             row = int(tied[np.argmin(self.salted[tied])])
         else:
+            if self.req.gpus:  # the least contended nodes (a node's contention is fixed with the model)
+                contention = self.frag.contention[tied]
+                tied = tied[contention == contention.min()]
             unknown = tied[~self.tie_known[tied]]
             if unknown.size:
                 self._ties(unknown)

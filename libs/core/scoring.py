@@ -6,7 +6,10 @@ Policies (lower-level names are what queues and priority classes select):
 - fgd: fragmentation gradient descent (ATC'23): the node (and GPU) where the cluster's fragmentation,
   measured against the typical request shapes, grows least; the paper's integer sigmoid score.
 - spread: the emptiest node (inference replicas, failure domains).
-- packing: gpusched's default: FGD's score decides, and its frequent ties go to the node whose
+- packing: gpusched's default: FGD's score decides, and its frequent ties go, for a request of GPUs, to the
+  node whose GPU model is least contended (over the typical shapes limited to some models: the share of
+  the GPUs they may use that they ask for, summed over the shapes that may use the node), so that work
+  free to go anywhere leaves the scarce models to the requests that need them; then to the node whose
   fragmentation grows least under a multi-copy measure (GPUs that fit a typical shape but that the node's
   CPU cannot serve, because it can host fewer copies of the shape than it has GPUs for, count as fragment
   too, in proportion), then to the GPU left fullest. Results per pod list in docs/benchmarks.md.
@@ -38,6 +41,8 @@ _LOGIT = np.array([math.log(s / (100 - s)) for s in range(1, 100)])
 FEW_ROWS = 4
 # Up to this many candidate nodes, FGD and packing score in plain Python, for the same reason.
 FEW_CANDIDATES = 16
+# Contention is kept in integers: parts per CONTENTION_SCALE of a model's GPUs asked for.
+CONTENTION_SCALE = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +115,9 @@ def salted_rows(n: int, salt: int) -> I64:
 class FragModel:
     """Per-node fragmentation against the typical shapes, cached row by row (integer weights), under FGD's
     measure (`frag`) and, when `multi_copy` is set, also the multi-copy one (`frag_multi`: GPUs a node cannot
-    use for lack of CPU count as fragment too). Both share the per-node, per-shape counts."""
+    use for lack of CPU count as fragment too). Both share the per-node, per-shape counts. `contention`: per
+    node, how much of the GPUs they may use the typical shapes limited to some GPU models ask for (fixed
+    for a set of nodes and typical shapes)."""
 
     def __init__(self, arrays: ClusterArrays, typical: TypicalShapes, multi_copy: bool = False) -> None:
         self.multi_copy = multi_copy
@@ -141,6 +148,16 @@ class FragModel:
         for j, models in enumerate(self.models):
             if models:
                 self.acc[:, j] = a.model_mask(models)
+        # Contention: per shape limited to some models, its demand (count x GPUs x share) over the GPUs of the
+        # nodes it may use; per node, the sum over such shapes that may use it. Shapes free to use any model
+        # would add the same to every node, and are left out.
+        gpus = np.array([len(x.gpus) for x in a.nodes], dtype=np.int64)
+        supply = (self.acc * gpus[:, None]).sum(axis=0)
+        limited = np.array([bool(models) for models in self.models], dtype=bool)
+        per_shape = np.where(limited & (supply > 0),
+                             self.w * self.num * self.milli * CONTENTION_SCALE // np.maximum(supply, 1), 0)
+        self.contention: I64 = self.acc.astype(np.int64) @ per_shape.astype(np.int64)
+        self.contention_rows: list[int] = self.contention.tolist()
         # Per node and typical shape (int32: small values, half the memory traffic of int64):
         self.spare = np.zeros((n, t), dtype=np.int32)  # GPUs that could host the shape, minus how many it needs
         self.fragp = np.zeros((n, t), dtype=np.int32)  # share on GPUs too small for the shape
@@ -423,9 +440,13 @@ def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, 
         if policy == "fgd" or not frag.multi_copy:
             keys = (cols, salt_key, -score)
         else:
-            # FGD's score decides; among its (frequent, integer) ties the multi-copy score, then the GPU
-            # left fullest. Only the tied candidates are scored a second time.
+            # FGD's score decides; among its (frequent, integer) ties, for a request of GPUs the least
+            # contended node, then the multi-copy score, then the GPU left fullest. Only the tied candidates
+            # are scored a second time.
             top = np.nonzero(score == score.max())[0]
+            if req.gpus and len(top) > 1:
+                contention = frag.contention[rows[top]]
+                top = top[contention == contention.min()]
             rows, cols, v, gpu_left, salt_key = rows[top], cols[top], v[top], gpu_left[top], salt_key[top]
             if len(top) == 1:  # no tie to break
                 keys = (cols,)
@@ -479,6 +500,10 @@ def _choose_scored(a: ClusterArrays, frag: FragModel, req: Request, policy: str,
     else:
         top = max(c[0] for c in scored)
         tied = [c for c in scored if c[0] == top]
+        if req.gpus and len(tied) > 1:  # the least contended nodes
+            contention = frag.contention_rows
+            least = min(contention[c[1]] for c in tied)
+            tied = [c for c in tied if contention[c[1]] == least]
         if len(tied) == 1:
             best = tied[0]
         else:
