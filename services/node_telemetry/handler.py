@@ -35,6 +35,7 @@ class NodeTelemetry:
         roots: dict[str, object] = {"decider": self.decider}
         if self.executor is not None:
             roots["inventory"], roots["runs"] = self.executor.inventory, self.executor.book
+            roots["reports_made"] = self.executor.made  # applied to the book, not yet back through the log
         if self.watch is not None:
             # What the watch folds from the log; when each agent was last heard is the wall clock's, not state.
             watch = self.watch

@@ -15,6 +15,8 @@ from contracts import (
     GpuHealthChanged,
     JobCancelled,
     JobEvicted,
+    JobFailed,
+    JobFinished,
     JobPlaced,
     JobStarted,
     JobSubmitted,
@@ -31,6 +33,7 @@ from libs.sim.executor import REPORTS, SOURCE, ExecutorBook, Run
 from libs.telemetry.tracing import ServiceTracing, current_tracing
 
 log = logging.getLogger(__name__)
+ENDS = (JobFinished, JobFailed, JobEvicted)  # reports that end a run
 
 
 class SimExecutor:
@@ -44,6 +47,10 @@ class SimExecutor:
         self.inventory = InventoryBook()
         self.book = ExecutorBook(time_scale)
         self.timers: dict[str, asyncio.TimerHandle] = {}  # job id -> the finish of its current run
+        # Ids of the reports this process made and applied to its book, until they come back through the log.
+        # A report of ours that is not among them was made by the process this one replaced (killed after
+        # storing it, before handling it): the book has not seen it and must fold it like any other event.
+        self.made: dict[str, None] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         # None: the process's tracing, which its reactor also uses (one memory of the jobs' contexts).
         self.tracing: ServiceTracing | None = None
@@ -58,20 +65,32 @@ class SimExecutor:
 
     def on_event(self, seq: int, event: EventBase) -> list[EventBase]:
         if isinstance(event, REPORTS) and event.source == SOURCE:
-            # Our own report coming back, already applied. A run's finish is timed from here, once its start
-            # is stored: a finish timed from the decision could reach the log before a start lost to a
-            # reconnecting server, and the log would read "finished, then started".
+            if event.id in self.made:
+                del self.made[event.id]
+            else:  # the replaced process's report, stored but never handled: what the log says happened
+                self.book.fold(event)
+                if isinstance(event, ENDS) and event.job_id in self.timers:
+                    self.timers.pop(event.job_id).cancel()  # that run ended: its finish is not due
+            # A run's finish is timed from here, once its start is stored: a finish timed from the decision
+            # could reach the log before a start lost to a reconnecting server, and the log would read
+            # "finished, then started".
             if isinstance(event, JobStarted):
                 run = self.book.runs.get(event.job_id)
                 if run is not None and event.id == derived_id(SOURCE, run.run_id, "started"):
                     self._arm(run)
             return []
         self.inventory.evolve(event)
-        reports = self.book.react(event, time.time())
+        reports = self._made(self.book.react(event, time.time()))
         for report in reports:
             if isinstance(report, JobEvicted) and report.job_id in self.timers:
                 self.timers.pop(report.job_id).cancel()
         self._arm_stops()
+        return reports
+
+    def _made(self, reports: list[EventBase]) -> list[EventBase]:
+        """Reports about to be published: remembered until they come back through the log."""
+        for report in reports:
+            self.made[report.id] = None
         return reports
 
     def _arm_stops(self) -> None:
@@ -82,7 +101,7 @@ class SimExecutor:
         self.book.later.clear()
 
     def _expire(self, run: Run) -> None:
-        reports = self.book.expire(run, time.time())
+        reports = self._made(self.book.expire(run, time.time()))
         if reports:
             timer = self.timers.pop(run.job_id, None)
             if timer is not None:
@@ -102,6 +121,7 @@ class SimExecutor:
         self.timers.pop(run.job_id, None)
         report = self.book.finish(run, time.time())
         if report is not None:
+            self._made([report])
             task = asyncio.get_running_loop().create_task(self._publish([report]))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -132,4 +152,4 @@ class SimExecutor:
                 self.book.arm_stop(run)  # told to stop before the restart: its stop comes due still
         self._arm_stops()
         if pending and self.bus is not None:
-            await self._publish(pending)
+            await self._publish(self._made(pending))

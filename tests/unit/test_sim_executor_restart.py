@@ -1,0 +1,55 @@
+"""The simulated executor after a restart: a report the replaced process stored but never handled is what
+the log says happened; the new process must apply it, not take it for one of its own already applied."""
+
+from __future__ import annotations
+
+import asyncio
+
+from contracts import JobEvicted, JobFinished, JobPlaced, JobSpec, JobStarted, JobSubmitted, ReplicaPlacement
+from libs.core.decider import derived_id
+from libs.sim.executor import SOURCE
+from services.node_telemetry.sim_executor import SimExecutor
+
+JOB = "job-1"
+SPEC = JobSpec(team="t", queue="q", gpus=1, duration_s=0.2)
+
+
+def placed(run: str, ts: float) -> JobPlaced:
+    return JobPlaced(id=run, ts=ts, source="placement", job_id=JOB,
+                     placements=(ReplicaPlacement(replica=0, node="n1", gpu_indices=(0,), gpu_milli=1000),))
+
+
+def report(kind: type, run: str, what: str, ts: float, **fields: object) -> object:
+    return kind(id=derived_id(SOURCE, run, what), ts=ts, source=SOURCE, correlation_id=JOB, job_id=JOB, **fields)
+
+
+async def test_an_eviction_stored_by_the_replaced_process_ends_the_run_it_was_timing() -> None:
+    executor = SimExecutor(bus=None)
+    # What the log held up to the restart: the job placed (run r1) and started.
+    for seq, event in enumerate([JobSubmitted(id="s", ts=0.0, source="admission", job_id=JOB, spec=SPEC),
+                                 placed("r1", 0.0), report(JobStarted, "r1", "started", 0.0)], start=1):
+        executor.replay(seq, event)
+    await executor.after_catch_up()  # r1 was running: its finish is timed again
+    assert JOB in executor.timers
+    # Live: the replaced process had evicted r1 (stored, never handled by it), then the job is placed again.
+    assert executor.on_event(4, report(JobEvicted, "r1", "evicted", 0.1, reason="preempted")) == []
+    assert JOB not in executor.book.runs and JOB not in executor.timers
+    out = executor.on_event(5, placed("r2", 0.1))
+    assert [type(e) for e in out] == [JobStarted]
+    assert out[0].id in executor.made  # ours now: applied, waiting to come back through the log
+    await asyncio.sleep(0.3)  # r1's time would be up: no finish for a run that ended
+    assert executor.book.runs[JOB].run_id == "r2"
+    assert not executor._tasks
+
+
+async def test_our_own_report_coming_back_is_not_applied_twice() -> None:
+    executor = SimExecutor(bus=None)
+    executor.replay(1, JobSubmitted(id="s", ts=0.0, source="admission", job_id=JOB, spec=SPEC))
+    started = executor.on_event(2, placed("r1", 0.0))
+    assert executor.on_event(3, started[0]) == []  # the start comes back: the finish is timed from here
+    assert not executor.made and JOB in executor.timers
+    finished = report(JobFinished, "r1", "finished", 0.2)
+    executor.book.finish(executor.book.runs[JOB], 0.2)  # what the timer does, as this process
+    executor.made[finished.id] = None
+    executor.on_event(4, finished)
+    assert executor.book.ended_runs[JOB] == 1  # counted once, when it was made
