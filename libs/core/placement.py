@@ -169,6 +169,11 @@ class PlacementDecider:
                     self.specs.pop(event.job_id, None)
                     self.cancelled.pop(event.job_id, None)
                     self.nominated.pop(event.job_id, None)
+                    # Over for good, even if a report came while its quota was reserved again (an executor's
+                    # late word on an earlier run): nothing of it waits any more.
+                    self.waiting.pop(event.job_id, None)
+                    self.waiting_since.pop(event.job_id, None)
+                    self.deferred.pop(event.job_id, None)
             case ClockTick():
                 lapsed = [j for j, n in self.nominated.items() if event.ts - n[2] > NOMINATION_TTL_S]
                 for job_id in lapsed:

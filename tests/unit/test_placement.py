@@ -274,6 +274,20 @@ def test_a_cancelled_waiting_job_is_never_placed() -> None:
     assert feed.send(QuotaReserved, job_id="y", queue="ml-train", gpu_milli=2000) == []
 
 
+def test_a_late_end_report_for_a_job_waiting_again_ends_its_wait_and_breaks_nothing() -> None:
+    """An executor's late word on an earlier run (finished) while the job waits with quota reserved again: the job
+    is over, and the jobs behind it are placed as before."""
+    feed = placement(node("a", 4))
+    feed.reserve("x", job().gpus(4))
+    feed.reserve("y", job().gpus(2))  # waits behind x
+    assert brief(feed.send(JobEvicted, job_id="x", reason="preempted")) == [("JobPlaced", "y")]
+    assert kinds(feed.send(QuotaReserved, job_id="x", queue="ml-train", gpu_milli=4000)) == ["PlacementDeferred"]
+    assert feed.send(JobFinished, job_id="x") == []  # about the evicted run, late
+    assert brief(feed.send(JobFinished, job_id="y")) == []  # x no longer waits: nothing to place, no error
+    feed.reserve("z", job().gpus(4))
+    assert [type(e).__name__ for e in feed.log[-2:]] == ["QuotaReserved", "JobPlaced"]
+
+
 def test_an_evicted_job_gives_its_gpus_back_and_is_placed_again_when_its_quota_is_reserved_again() -> None:
     feed = placement(node("a", 4))
     feed.reserve("x", job().gpus(4))
