@@ -6,9 +6,12 @@ Reports made by its timers carry their job's trace context, as the reactor's dec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
+
+from nats.js.errors import NotFoundError
 
 from contracts import (
     EventBase,
@@ -51,6 +54,10 @@ class SimExecutor:
         # A report of ours that is not among them was made by the process this one replaced (killed after
         # storing it, before handling it): the book has not seen it and must fold it like any other event.
         self.made: dict[str, None] = {}
+        # The last log sequence handled, and after a restart the sequence to read up to before resuming the
+        # runs (-1: resumed, or nothing to resume).
+        self._seen = 0
+        self._resume_at = -1
         self._tasks: set[asyncio.Task[None]] = set()
         # None: the process's tracing, which its reactor also uses (one memory of the jobs' contexts).
         self.tracing: ServiceTracing | None = None
@@ -60,10 +67,18 @@ class SimExecutor:
                 JobCancelled, PriorityClassesChanged, *REPORTS)
 
     def replay(self, seq: int, event: EventBase) -> None:
+        self._seen = seq
         self.inventory.evolve(event)
         self.book.fold(event)
 
     def on_event(self, seq: int, event: EventBase) -> list[EventBase]:
+        self._seen = seq
+        out = self._handle(event)
+        if 0 <= self._resume_at <= seq:  # every report of the replaced process's read: resume now
+            out += self._resume()
+        return out
+
+    def _handle(self, event: EventBase) -> list[EventBase]:
         if isinstance(event, REPORTS) and event.source == SOURCE:
             if event.id in self.made:
                 del self.made[event.id]
@@ -139,7 +154,30 @@ class SimExecutor:
         return None
 
     async def after_catch_up(self) -> None:
-        """Resume what was running before a restart: start placed jobs, re-arm the finish timers."""
+        """Resume what was running before a restart (start placed jobs, time the runs' finishes again), once
+        this process has read every report the process it replaced stored: those beyond the point it caught up
+        to (its acknowledged floor) may already have ended a run, and a finish timed from an older view would
+        end it a second time."""
+        if self.bus is not None:
+            self._resume_at = await self._last_report_seq()
+            # Everything up to the floor is folded in (replayed, or restored from a snapshot).
+            self._seen = max(self._seen, await self.bus.ack_floor(self.name))
+        if self._resume_at <= self._seen:
+            await self._publish_resumed(self._resume())
+
+    async def _last_report_seq(self) -> int:
+        """Where in the log the latest executor report is (0: none)."""
+        assert self.bus is not None
+        last = 0
+        for kind in REPORTS:
+            with contextlib.suppress(NotFoundError):
+                msg = await self.bus.js.get_last_msg(self.bus.config.stream, self.bus.subject_for_type(kind))
+                last = max(last, int(msg.seq or 0))
+        return last
+
+    def _resume(self) -> list[EventBase]:
+        """The resumption itself: reports to publish; timers armed."""
+        self._resume_at = -1
         now = time.time()
         pending: list[EventBase] = []
         for run in list(self.book.runs.values()):
@@ -151,5 +189,8 @@ class SimExecutor:
                 self._arm(run)
                 self.book.arm_stop(run)  # told to stop before the restart: its stop comes due still
         self._arm_stops()
+        return self._made(pending)
+
+    async def _publish_resumed(self, pending: list[EventBase]) -> None:
         if pending and self.bus is not None:
-            await self._publish(self._made(pending))
+            await self._publish(pending)

@@ -53,3 +53,44 @@ async def test_our_own_report_coming_back_is_not_applied_twice() -> None:
     executor.made[finished.id] = None
     executor.on_event(4, finished)
     assert executor.book.ended_runs[JOB] == 1  # counted once, when it was made
+
+
+class TailBus:
+    """What the executor asks the bus at a restart: where its durable consumer stands, where the last report is."""
+
+    def __init__(self, floor: int, last_report: int) -> None:
+        self.floor, self.last_report = floor, last_report
+        self.config = type("Config", (), {"stream": "S"})()
+        self.js = self
+
+    async def ack_floor(self, durable: str) -> int:
+        return self.floor
+
+    async def get_last_msg(self, stream: str, subject: str) -> object:
+        return type("Raw", (), {"seq": self.last_report})()
+
+    def subject_for_type(self, kind: type) -> str:
+        return kind.__name__
+
+
+async def test_runs_resume_only_once_the_replaced_processs_reports_are_read() -> None:
+    """The replaced process evicted r1 and stored it just past the floor; r1's time is long up. Timing its
+    finish again at once would finish an evicted run: the executor waits until it has read that eviction."""
+    executor = SimExecutor(bus=TailBus(floor=3, last_report=4))  # type: ignore[arg-type]
+    for seq, event in enumerate([JobSubmitted(id="s", ts=0.0, source="admission", job_id=JOB, spec=SPEC),
+                                 placed("r1", 0.0), report(JobStarted, "r1", "started", 0.0)], start=1):
+        executor.replay(seq, event)
+    await executor.after_catch_up()
+    assert not executor.timers  # not yet: a report of the replaced process's is still ahead
+    assert executor.on_event(4, report(JobEvicted, "r1", "evicted", 0.1, reason="preempted")) == []
+    await asyncio.sleep(0.05)
+    assert JOB not in executor.book.runs and not executor.timers and not executor._tasks
+
+
+async def test_with_nothing_ahead_runs_resume_at_once() -> None:
+    executor = SimExecutor(bus=TailBus(floor=3, last_report=3))  # type: ignore[arg-type]
+    for seq, event in enumerate([JobSubmitted(id="s", ts=0.0, source="admission", job_id=JOB, spec=SPEC),
+                                 placed("r1", 0.0), report(JobStarted, "r1", "started", 0.0)], start=1):
+        executor.replay(seq, event)
+    await executor.after_catch_up()
+    assert JOB in executor.timers
