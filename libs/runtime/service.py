@@ -32,6 +32,7 @@ async def run_service(
     configure_app: Callable[[web.Application, Bus, Reactor], None] | None = None,
     background: tuple[Task, ...] = (),
     on_ready: Callable[[Bus, Reactor], Awaitable[None]] | None = None,
+    on_start: Callable[[Bus], None] | None = None,
 ) -> None:
     """Run the service until SIGTERM/SIGINT. With GPUSCHED_STANDBY=1 it is one replica of several: it stands by
     until it leads (libs/runtime/standby.py), and writes to the log only through its epoch's fence; its HTTP API
@@ -72,6 +73,8 @@ async def run_service(
             tasks[0].result()  # raises what made it fail
             # Renewed from now on: the catch-up below may take longer than the lease lives.
             tasks = [asyncio.create_task(replica.keep(writer, reactor), name="lease")]
+        if on_start is not None:  # the handler may need the writer while it catches up (after_catch_up)
+            on_start(writer)
         await reactor.start()
         if on_ready is not None:
             await on_ready(writer, reactor)

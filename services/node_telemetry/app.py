@@ -51,8 +51,10 @@ async def serve(settings: Settings) -> None:
     backend = make_backend(settings.node_backend, str(settings.cluster_csv))
     executor = SimExecutor(bus=None, time_scale=settings.time_scale)
 
+    def use_bus(bus: Bus) -> None:
+        executor.bus = bus  # before the catch-up: resuming the runs reads the log's latest reports
+
     async def announce_inventory(bus: Bus, reactor: Reactor) -> None:
-        executor.bus = bus
         changes = executor.inventory.changes(backend.discover(), now=time.time())
         await bus.publish(changes)
         log.info("%s backend: %d node(s) announced", backend.name, len(changes))
@@ -62,7 +64,8 @@ async def serve(settings: Settings) -> None:
                              min(period, 5.0))
 
     background: tuple[Task, ...] = (tick, sample)
-    await run_service(settings, NodeTelemetry(executor=executor), on_ready=announce_inventory, background=background)
+    await run_service(settings, NodeTelemetry(executor=executor), on_ready=announce_inventory, background=background,
+                      on_start=use_bus)
 
 
 def main() -> None:
