@@ -330,9 +330,14 @@ class Bus:
         with contextlib.suppress(NotFoundError):
             await self.js.delete_consumer(self.config.stream, durable)
         sub = await self.js.pull_subscribe(subject="", durable=durable, stream=self.config.stream, config=cfg)
-        from libs.bus.streaming import StreamingConsumer  # it builds on Consumer, defined below
+        from libs.bus.streaming import StreamingConsumer, streams  # it builds on Consumer, defined below
 
-        return StreamingConsumer(self, sub, durable, REST_WAIT_S if rest_wait_s is None else rest_wait_s)
+        wait = REST_WAIT_S if rest_wait_s is None else rest_wait_s
+        if streams(sub):
+            return StreamingConsumer(self, sub, durable, wait)
+        log.warning("this nats-py's pull subscription is not the one the streaming consumer knows: %s fetches "
+                    "batch by batch", durable)
+        return Consumer(self, sub, durable, wait)
 
     async def reader(self, subjects: Iterable[str], start_seq: int = 1) -> Consumer:
         """An ephemeral in-order reader of the log (replay, catch-up, audit); nothing is acknowledged."""

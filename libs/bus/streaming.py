@@ -46,6 +46,13 @@ STATUS = "Status"
 PENDING = "Nats-Pending-Messages"
 
 
+def streams(sub: JetStreamContext.PullSubscription) -> bool:
+    """Does this nats-py keep the pull subscription's internals this consumer builds on (2.9-2.16 do)?"""
+    inbox = getattr(sub, "_sub", None)
+    return (all(hasattr(sub, name) for name in ("_nms", "_deliver")) and inbox is not None
+            and all(hasattr(inbox, name) for name in ("_pending_queue", "_pending_size", "next_msg")))
+
+
 class StreamingConsumer(Consumer):
     def __init__(self, bus: Bus, sub: JetStreamContext.PullSubscription, durable: str, rest_wait_s: float) -> None:
         super().__init__(bus, sub, durable, rest_wait_s)

@@ -12,7 +12,7 @@ from nats.aio.msg import Msg
 
 from contracts import ClockTick
 from libs.bus import streaming
-from libs.bus.jetstream import Bus, stream_seq
+from libs.bus.jetstream import Bus, Consumer, stream_seq
 from libs.bus.streaming import StreamingConsumer
 
 SUBJECTS = ("ClockTick",)
@@ -121,4 +121,21 @@ async def test_a_server_that_keeps_ending_requests_is_asked_ever_more_slowly(bus
         assert await c._take(status("409", Description="Exceeded MaxRequestBatch of 10"), [])
     # 0, then 50, 100 and 200 ms
     assert time.monotonic() - started >= 0.3
+    await c.close()
+
+
+async def test_a_nats_py_without_the_known_internals_fetches_batch_by_batch(bus: Bus,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(streaming, "streams", lambda sub: False)
+    c = await bus.durable("streaming-test", [bus.subject_for_type(ClockTick)], rest_wait_s=0.0)
+    assert type(c) is Consumer
+    await bus.publish(ticks(0, 3))
+    msgs = await c.fetch(10, timeout=1.0)
+    assert [stream_seq(m) for m in msgs][:1] == [1]
+    await c.close()
+
+
+async def test_this_nats_py_streams(bus: Bus) -> None:
+    c = await consumer(bus)
+    assert streaming.streams(c.sub)
     await c.close()
