@@ -57,7 +57,7 @@ class Reactor:
         self.durable = durable or handler.name
         self.batch_size = batch_size
         self.fetch_timeout = fetch_timeout
-        # Once a fetch has a first message, how long it waits for more when nothing else is there yet.
+        # Once a batch has a first message, how long it waits for more (until it is full); 0: what has arrived.
         self.batch_wait_s = batch_wait_s
         self.subject_types = {bus.subject_for_type(t): t for t in handler.input_types()}
         self.last_seq = 0
@@ -154,7 +154,7 @@ class Reactor:
             return 0
         first, last = int(msgs[0].metadata.sequence.consumer), int(msgs[-1].metadata.sequence.consumer)
         # Deliveries are numbered one by one: a batch starts right after the last one seen and has no hole (a
-        # batch is two pulls, the first message and the rest, so it is checked whole, not only at its start).
+        # batch may hold what more than one pull request delivered, so it is checked whole, not only at its start).
         if first != self._delivered + 1 or last - first != len(msgs) - 1:
             # A delivery was lost (e.g. to a fetch that timed out): never skip ahead of it, because
             # AckAll would acknowledge it unseen. Start again right after the last handled event.
