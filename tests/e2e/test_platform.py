@@ -36,6 +36,7 @@ from libs.reports.rates import Rates
 from libs.reports.usage import UsageHistory, usage_rows
 from libs.runtime.embedded import EmbeddedServer, free_port
 from libs.runtime.settings import OFF_PATH, SERVICES
+from libs.runtime.supervisor import Supervisor
 from tests.usage_oracle import gpu_seconds_by_team
 
 pytestmark = pytest.mark.e2e
@@ -158,19 +159,27 @@ def derive_final_states(events: list[tuple[int, EventBase]]) -> dict[str, str]:
     return final
 
 
-async def test_two_hundred_jobs_from_three_teams_all_reach_a_final_state(
-    tmp_path: Path, nats_server: EmbeddedServer, redis_server: EmbeddedServer, stream_name: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def start_on_session_servers(tmp_path: Path, nats_server: EmbeddedServer, redis_server: EmbeddedServer,
+                             stream_name: str, monkeypatch: pytest.MonkeyPatch, **env: str
+                             ) -> tuple[Supervisor, list[EmbeddedServer], dict[str, str]]:
+    """The platform (`gpusched up`) on the demo cluster and policy, on the session's NATS and Redis with a
+    stream of its own, clock ticks every second; `env`: more settings for every service."""
     (tmp_path / "cluster.csv").write_text(CLUSTER)
     (tmp_path / "policy.toml").write_text(POLICY)
     monkeypatch.setenv("NATS_URL", nats_server.url)
     monkeypatch.setenv("REDIS_URL", redis_server.url)
+    settings = {"GPUSCHED_STREAM": stream_name, "GPUSCHED_SUBJECT_PREFIX": stream_name.lower(),
+                "GPUSCHED_TICK_SECONDS": "1", **env}
+    return start_platform(tmp_path, tmp_path / "cluster.csv", tmp_path / "policy.toml", api_port=free_port(),
+                          extra_env=settings)
+
+
+async def test_two_hundred_jobs_from_three_teams_all_reach_a_final_state(
+    tmp_path: Path, nats_server: EmbeddedServer, redis_server: EmbeddedServer, stream_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv("GPUSCHED_OFF_PATH_NICE", raising=False)
-    env = {"GPUSCHED_STREAM": stream_name, "GPUSCHED_SUBJECT_PREFIX": stream_name.lower(),
-           "GPUSCHED_TICK_SECONDS": "1"}
-    sup, servers, _ = start_platform(tmp_path, tmp_path / "cluster.csv", tmp_path / "policy.toml",
-                                     api_port=free_port(), extra_env=env)
+    sup, servers, _ = start_on_session_servers(tmp_path, nats_server, redis_server, stream_name, monkeypatch)
     assert servers == []  # the session's NATS and Redis were used
     try:
         # The path to a placement gets the CPU first: the services off it run 10 nice levels lower.

@@ -21,10 +21,9 @@ from libs.audit.log_reader import read_log
 from libs.audit.replay import replay
 from libs.bus.jetstream import Bus, BusConfig
 from libs.cli.client import Client
-from libs.cli.up import start_platform
 from libs.runtime.embedded import EmbeddedServer, free_port
 from libs.runtime.supervisor import Child
-from tests.e2e.test_platform import CLUSTER, FINAL, POLICY
+from tests.e2e.test_platform import FINAL, start_on_session_servers
 
 pytestmark = pytest.mark.e2e
 
@@ -53,15 +52,9 @@ async def test_a_standby_replaces_a_frozen_leader_and_the_old_leader_cannot_writ
     tmp_path: Path, nats_server: EmbeddedServer, redis_server: EmbeddedServer, stream_name: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    (tmp_path / "cluster.csv").write_text(CLUSTER)
-    (tmp_path / "policy.toml").write_text(POLICY)
-    monkeypatch.setenv("NATS_URL", nats_server.url)
-    monkeypatch.setenv("REDIS_URL", redis_server.url)
-    env = {"GPUSCHED_STREAM": stream_name, "GPUSCHED_SUBJECT_PREFIX": stream_name.lower(),
-           "GPUSCHED_TICK_SECONDS": "1", "GPUSCHED_STANDBY": "1", "GPUSCHED_LEASE_TTL_S": str(LEASE_TTL_S),
-           "GPUSCHED_SNAPSHOT_EVERY_EVENTS": "100"}
-    sup, _, platform_env = start_platform(tmp_path, tmp_path / "cluster.csv", tmp_path / "policy.toml",
-                                          api_port=free_port(), extra_env=env)
+    sup, _, platform_env = start_on_session_servers(
+        tmp_path, nats_server, redis_server, stream_name, monkeypatch, GPUSCHED_STANDBY="1",
+        GPUSCHED_LEASE_TTL_S=str(LEASE_TTL_S), GPUSCHED_SNAPSHOT_EVERY_EVENTS="100")
     port = free_port()
     standby = Child("placement", port, tmp_path / "logs" / "placement-standby.log",
                     {**os.environ, **platform_env, "GPUSCHED_PLACEMENT_PORT": str(port),
