@@ -1,7 +1,7 @@
 """Where a job's replicas fit: one replica at a time through the scoring policies, a gang all or nothing,
 with topology (one node, rack or block), spread across nodes, and MIG instances.
 
-`Placer` keeps the array view and the fragmentation model of one Cluster; the placement service, the
+`Placer` keeps the array view and the fragmentation models of one Cluster; the placement service, the
 preemption simulation and the FGD benchmark all place through it, so they agree by construction.
 """
 
@@ -18,7 +18,17 @@ from libs.core.arrays import ClusterArrays
 from libs.core.cluster import FULL, MIG_SLICES, Cluster, Node, mig_slices
 from libs.core.policy import demand_milli, replica_milli
 from libs.core.score_cache import ScoreCache
-from libs.core.scoring import DEFAULT_POLICY, POLICIES, Choice, FragModel, Mask, Request, choose, feasible_rows
+from libs.core.scoring import (
+    DEFAULT_POLICY,
+    POLICIES,
+    Choice,
+    FragModel,
+    Mask,
+    Request,
+    choose,
+    feasible_rows,
+    packing_shapes,
+)
 from libs.core.shapes import TypicalShapes
 
 # Reason codes of a placement that failed; also PlacementDeferred.code.
@@ -45,64 +55,73 @@ class Placer:
         self.scores = ScoreCache() if score_cache else None
         self.arrays = ClusterArrays(cluster)
         self.typical = typical
-        # The fragmentation model (made on first use; with the multi-copy measure once packing asks for it).
-        self.frag: FragModel | None = None
-        # Bringing the model up to date is deferred until a replica is actually scored (most failed attempts
-        # never need it): the rows refreshed since, and whether a scoring policy that uses it (with the
-        # multi-copy measure) asked meanwhile. Folding them in later gives the same model, because the array
-        # rows do not change between refreshes.
+        # The fragmentation models, one per scoring policy that asked for one: FGD's (its typical shapes) and
+        # packing's (with the scarce rare shapes and the multi-copy measure). Made on first use.
+        self.frags: dict[str, FragModel] = {}
+        # Bringing the models up to date is deferred until a replica is actually scored (most failed attempts
+        # never need it): the rows refreshed since, and the policies that asked for their model meanwhile.
+        # Folding them in later gives the same models, because the array rows do not change between refreshes.
         self._pending_rows: set[int] = set()
-        self._pending_want = False
-        self._pending_multi = False
-        # Rows refreshed outside a sync (gang domains, explanations): the model keeps their older values
-        # until they change again or it is rebuilt, so until then it depends on more than the cluster now.
-        self.stale: set[int] = set()
+        self._pending_want: set[str] = set()
+        # Rows refreshed outside a sync (gang domains, explanations): the models keep their older values
+        # until they change again or are rebuilt, so until then they depend on more than the cluster now.
+        self.stale: dict[str, set[int]] = {}
 
     def set_typical(self, typical: TypicalShapes | None) -> None:
         self.typical = typical
-        self.frag = None
+        self.frags.clear()
         self._pending_rows.clear()
-        self._pending_want = self._pending_multi = False
+        self._pending_want.clear()
         self.stale.clear()
 
     def consistent(self) -> bool:
-        """Is the fragmentation model (once synced) a function of the cluster's current state alone?"""
-        return not self.stale
+        """Are the fragmentation models (once synced) a function of the cluster's current state alone?"""
+        return not any(self.stale.values())
 
     def _wants_frag(self, policy: str) -> bool:
         return self.typical is not None and bool(self.typical.shapes) and policy in ("fgd", "packing")
 
     def _refresh_for_sync(self, policy: str) -> None:
-        """The arrays part of a sync, now; the model's part is pending until `_flush`."""
+        """The arrays part of a sync, now; the models' part is pending until `_flush`."""
         rows = self.arrays.refresh()
         if rows:
             self._pending_rows.update(rows)
         if self._wants_frag(policy):
-            self._pending_want = True
-            self._pending_multi = self._pending_multi or policy == "packing"
+            self._pending_want.add(policy)
 
     def _flush(self) -> None:
-        """Fold the pending syncs into the fragmentation model: as if each had updated it right away."""
-        rows, want, multi = self._pending_rows, self._pending_want, self._pending_multi
+        """Fold the pending syncs into the fragmentation models: as if each had updated them right away."""
+        rows, want = self._pending_rows, self._pending_want
         if not rows and not want:
             return
-        self._pending_rows = set()
-        self._pending_want = self._pending_multi = False
-        frag = self.frag
-        if want and (frag is None or frag.version != self.arrays.version or (multi and not frag.multi_copy)):
+        self._pending_rows, self._pending_want = set(), set()
+        version = self.arrays.version
+        for policy, frag in list(self.frags.items()):
+            if frag.version != version:
+                del self.frags[policy]
+            elif rows:
+                frag.update(sorted(rows))
+                self.stale.get(policy, set()).difference_update(rows)
+        for policy in sorted(want - self.frags.keys()):
             assert self.typical is not None
-            self.frag = FragModel(self.arrays, self.typical, multi_copy=multi or bool(frag and frag.multi_copy))
-            self.stale.clear()
-        elif frag is not None and frag.version == self.arrays.version and rows:
-            frag.update(sorted(rows))
-            self.stale.difference_update(rows)
+            if policy == "packing":
+                model = FragModel(self.arrays, packing_shapes(self.typical, self.arrays), multi_copy=True)
+            else:
+                model = FragModel(self.arrays, self.typical)
+            self.frags[policy] = model
+            self.stale[policy] = set()
+
+    def _frag(self, policy: str) -> FragModel | None:
+        return self.frags.get(policy) if self._wants_frag(policy) else None
 
     def refresh_outside_sync(self) -> None:
-        """Refresh the arrays without updating the fragmentation model for the rows that changed."""
+        """Refresh the arrays without updating the fragmentation models for the rows that changed."""
         self._flush()
         rows = self.arrays.refresh()
-        if rows and self.frag is not None and self.frag.version == self.arrays.version:
-            self.stale.update(rows)
+        if rows:
+            for policy, frag in self.frags.items():
+                if frag.version == self.arrays.version:
+                    self.stale.setdefault(policy, set()).update(rows)
 
     # --- one replica -------------------------------------------------------------------------------
 
@@ -116,7 +135,8 @@ class Placer:
         req = Request.of(spec)
         if self.scores is not None and allowed is None and self._wants_frag(policy):
             self._flush()
-            kept = None if self.frag is None else self.scores.scores(self.arrays, self.frag, req, policy, salt)
+            frag = self._frag(policy)
+            kept = None if frag is None else self.scores.scores(self.arrays, frag, req, policy, salt)
             if kept is not None:
                 choice = kept.pick()
                 return None if choice is None else self._allocate(spec, replica, choice, req)
@@ -124,8 +144,7 @@ class Placer:
         if not ok.any():
             return None  # fits nowhere: no need to score, nor to bring the fragmentation model up to date
         self._flush()
-        frag = self.frag if self._wants_frag(policy) else None
-        choice = choose(self.arrays, frag, req, policy, salt, allowed, ok)
+        choice = choose(self.arrays, self._frag(policy), req, policy, salt, allowed, ok)
         if choice is None:
             return None
         return self._allocate(spec, replica, choice, req)

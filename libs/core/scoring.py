@@ -6,7 +6,9 @@ Policies (lower-level names are what queues and priority classes select):
 - fgd: fragmentation gradient descent (ATC'23): the node (and GPU) where the cluster's fragmentation,
   measured against the typical request shapes, grows least; the paper's integer sigmoid score.
 - spread: the emptiest node (inference replicas, failure domains).
-- packing: gpusched's default: FGD's score decides, and its frequent ties go, for a request of GPUs, to the
+- packing: gpusched's default: FGD's score decides (measured against the typical shapes and also the rare
+  ones that less than half of the cluster's GPUs could host, see `packing_shapes`), and its frequent ties
+  go, for a request of GPUs, to the
   node whose GPU model is least contended (over the typical shapes limited to some models: the share of
   the GPUs they may use that they ask for, summed over the shapes that may use the node), so that work
   free to go anywhere leaves the scarce models to the requests that need them; then to the node whose
@@ -28,7 +30,7 @@ import numpy.typing as npt
 
 from contracts import JobSpec
 from libs.core.arrays import FEW_NODES, I64, ChangeLog, ClusterArrays
-from libs.core.shapes import TypicalShapes
+from libs.core.shapes import Shape, TypicalShapes
 
 FULL = 1000
 POLICIES = ("packing", "fgd", "best-fit", "spread")
@@ -43,6 +45,8 @@ FEW_ROWS = 4
 FEW_CANDIDATES = 16
 # Contention is kept in integers: parts per CONTENTION_SCALE of a model's GPUs asked for.
 CONTENTION_SCALE = 1_000_000
+# A rare shape is scarce when the nodes that could host it (empty) hold less than 1/SCARCE_PART of the GPUs.
+SCARCE_PART = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +114,33 @@ def salted_rows(n: int, salt: int) -> I64:
         keys = _SALTED[(n, salt)] = salted_order(np.arange(n, dtype=np.int64), salt)
         keys.flags.writeable = False
     return keys
+
+
+def packing_shapes(typical: TypicalShapes, arrays: ClusterArrays) -> TypicalShapes:
+    """The shapes packing measures fragmentation against: the typical ones and the rare GPU shapes that only
+    a small part of the cluster could host (GPU models, a node's whole CPU or GPU count). A rare shape that
+    fits most nodes changes little when left out, but one that only a few nodes can take is invisible to
+    the typical set: those nodes are then spent on work that could have gone anywhere, and the rare request
+    (a 120-core 8-GPU job, a job limited to a scarce model) finds no room when it comes."""
+    if not typical.rare:
+        return typical
+    gpus = np.array([len(x.gpus) for x in arrays.nodes], dtype=np.int64)
+    cpu = np.array([x.cpu_milli for x in arrays.nodes], dtype=np.int64)
+    total = int(gpus.sum())
+    shapes, counts = list(typical.shapes), list(typical.counts)
+    for shape, count in zip(typical.rare, typical.rare_counts, strict=True):
+        if _supply(arrays, gpus, cpu, shape) * SCARCE_PART < total:
+            shapes.append(shape)
+            counts.append(count)
+    return TypicalShapes(tuple(shapes), tuple(counts))
+
+
+def _supply(arrays: ClusterArrays, gpus: I64, cpu: I64, shape: Shape) -> int:
+    """GPUs on the nodes that could host `shape` when empty."""
+    able = (cpu >= shape.cpu_milli) & (gpus >= shape.gpus)
+    if shape.models:
+        able &= arrays.model_mask(shape.models)
+    return int(gpus[able].sum())
 
 
 class FragModel:

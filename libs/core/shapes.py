@@ -1,6 +1,7 @@
 """Request shapes and the "typical" ones: the most frequent shapes covering 95 % of a workload, each with
 its count. Fragmentation is measured against them (FGD, ATC'23): idle GPU share that the typical requests
-cannot use is wasted."""
+cannot use is wasted. The rarer GPU shapes are kept apart (`rare`): the default policy also measures
+against those of them that only a small part of the cluster can host (libs.core.scoring.packing_shapes)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ class Shape:
 class TypicalShapes:
     shapes: tuple[Shape, ...]
     counts: tuple[int, ...]
+    # GPU shapes beyond the coverage, most frequent first, with their counts.
+    rare: tuple[Shape, ...] = ()
+    rare_counts: tuple[int, ...] = ()
 
     @property
     def total(self) -> int:
@@ -64,7 +68,8 @@ def typical_from_counts(counts: dict[Shape, int], coverage: float = 0.95) -> Typ
         shapes.append(shape)
         taken.append(count)
         covered += count
-    return TypicalShapes(tuple(shapes), tuple(taken))
+    rare = [(shape, count) for shape, count in ranked[len(shapes):] if count > 0 and shape.gpus > 0]
+    return TypicalShapes(tuple(shapes), tuple(taken), tuple(s for s, _ in rare), tuple(c for _, c in rare))
 
 
 class ShapeWindow:
