@@ -57,6 +57,8 @@ STREAM = "GPUSCHED"
 # The figures that must be zero for the run to pass.
 FAIL_KEYS = ("lost", "duplicated", "overallocations", "quota_violations", "replay_mismatches",
              "read_model_mismatches", "stuck")
+log = logging.getLogger(__name__)
+
 # A job may rightly wait for ever only when its queue's budget is spent (the scenario sets no budget).
 RIGHTLY_PENDING = frozenset({"budget_spent", "over_budget_waits_for_idle_quota"})
 RETRY_S = 0.25
@@ -66,6 +68,7 @@ MAX_REFUSALS = 40
 MAX_UNKNOWN_CANCELS = 200  # a cancel may precede admission's decision on the job: asked again until known
 HTTP_CONCURRENCY = 32
 SETTLE_S = 90.0  # after the faults stop: for every service to be ready and the views to catch up
+STOP_WAIT_S = 5.0  # for the log follower to end when asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +159,14 @@ class LogFollower:
         self._reader: Consumer | None = None
         self._delivered = 0
         self._quiet = 0
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run())
 
     async def run(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await self._step()
             except asyncio.CancelledError:
@@ -167,7 +175,19 @@ class LogFollower:
                 await self._reopen()
                 await asyncio.sleep(0.5)
 
-    async def close(self) -> None:
+    async def stop(self) -> None:
+        """End the follower and close its reader. A fetch caught inside the NATS client while the server
+        went away has been seen to outlive its task's cancellation (its wait never returned, and the run
+        with it): the wait is bounded, and then the connection is closed, which ends every fetch in flight."""
+        self._stopping = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            _, pending = await asyncio.wait({task}, timeout=STOP_WAIT_S)
+            if pending:
+                log.warning("the log follower did not stop within %.0fs; closing its connection", STOP_WAIT_S)
+                await self.bus.close()
+                await asyncio.wait(pending, timeout=STOP_WAIT_S)
         await self._reopen()
 
     async def _reopen(self) -> None:
@@ -422,7 +442,7 @@ class Drive:
     async def run(self, config: BusConfig) -> Seen:
         bus = await Bus.connect(config, name="gpusched-chaos")
         follower = LogFollower(bus)
-        following = asyncio.create_task(follower.run())
+        follower.start()
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as session:
                 await wait_for_platform(bus)
@@ -432,9 +452,7 @@ class Drive:
                 await self._all_ready()
                 return await self._settle(bus, session, producer.out)
         finally:
-            following.cancel()
-            await asyncio.gather(following, return_exceptions=True)
-            await follower.close()
+            await follower.stop()
             await bus.close()
 
     def figures(self) -> dict[str, Any]:

@@ -115,7 +115,7 @@ async def drive(cluster: NatsCluster, sup: Supervisor, stream: str, prefix: str,
     bus = await Bus.connect(BusConfig(url=cluster.url, stream=stream, subject_prefix=prefix, replicas=3),
                             name="cluster-test")
     follower = LogFollower(bus)
-    following = asyncio.create_task(follower.run())
+    follower.start()
     crashed: Counter[str] = Counter()
     try:
         replicas = {s: (await bus.js.stream_info(s)).config.num_replicas or 1 for s in (stream, f"{stream}_DLQ")}
@@ -149,9 +149,7 @@ async def drive(cluster: NatsCluster, sup: Supervisor, stream: str, prefix: str,
         current = [(str(r.name), bool(r.current)) for r in (info.cluster.replicas or [])] if info.cluster else []
         return Run(seen, stored_at, outage, crashed, replicas, current, run_s)
     finally:
-        following.cancel()
-        await asyncio.gather(following, return_exceptions=True)
-        await follower.close()
+        await follower.stop()
         await bus.close()
 
 
