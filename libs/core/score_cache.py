@@ -177,7 +177,7 @@ class ShapeScores:
             need = order[several]
             if need.size:
                 tie[need] = frag.sigmoid_score(frag.frag_multi[rows[need]] - frag.after(
-                    rows[need], v[need], k, m, c, multi=True))
+                    rows[need], v[need], k, m, c, multi=True, mem=self.req.mem))
                 known[need] = True
         order = np.lexsort((cols, left, -tie, -score, rows) if self.multi else (cols, -score, rows))
         ordered = rows[order]
@@ -194,7 +194,7 @@ class ShapeScores:
         frag, req = self.frag, self.req
         k, m, c = req.gpus, req.milli, req.cpu
         self.tie[rows] = frag.sigmoid_score(frag.frag_multi[rows] - frag.after(
-            rows, self.left[rows] + m, k, m, c, multi=True, uniform=not req.shared))
+            rows, self.left[rows] + m, k, m, c, multi=True, uniform=not req.shared, mem=req.mem))
         self.tie_known[rows] = True
 
     def _score_plain(self, r: int, j: int, v: int) -> None:
@@ -203,7 +203,7 @@ class ShapeScores:
         k, m, c = req.gpus, req.milli, req.cpu
         row = frag.row(r)
         s = frag.sigmoid_one(row[6] - frag.after_one(r, v, k, m, c))
-        t = frag.sigmoid_one(row[7] - frag.after_one(r, v, k, m, c, multi=True)) if self.multi else 0
+        t = frag.sigmoid_one(row[7] - frag.after_one(r, v, k, m, c, multi=True, mem=req.mem)) if self.multi else 0
         if self.score[r] != NONE:
             key = (-s, -t, v - m, j) if self.multi else (-s, 0, 0, j)
             held = int(self.score[r]), int(self.tie[r]), int(self.left[r]), int(self.col[r])

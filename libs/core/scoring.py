@@ -127,12 +127,14 @@ def packing_shapes(typical: TypicalShapes, arrays: ClusterArrays) -> TypicalShap
     gpus = np.array([len(x.gpus) for x in arrays.nodes], dtype=np.int64)
     cpu = np.array([x.cpu_milli for x in arrays.nodes], dtype=np.int64)
     total = int(gpus.sum())
-    shapes, counts = list(typical.shapes), list(typical.counts)
-    for shape, count in zip(typical.rare, typical.rare_counts, strict=True):
+    shapes, counts, memory = list(typical.shapes), list(typical.counts), list(typical.memory)
+    rare_memory = typical.rare_memory or (0,) * len(typical.rare)
+    for shape, count, mib in zip(typical.rare, typical.rare_counts, rare_memory, strict=True):
         if _supply(arrays, gpus, cpu, shape) * SCARCE_PART < total:
             shapes.append(shape)
             counts.append(count)
-    return TypicalShapes(tuple(shapes), tuple(counts))
+            memory.append(mib)
+    return TypicalShapes(tuple(shapes), tuple(counts), memory=tuple(memory) if typical.memory else ())
 
 
 def _supply(arrays: ClusterArrays, gpus: I64, cpu: I64, shape: Shape) -> int:
@@ -146,19 +148,22 @@ def _supply(arrays: ClusterArrays, gpus: I64, cpu: I64, shape: Shape) -> int:
 class FragModel:
     """Per-node fragmentation against the typical shapes, cached row by row (integer weights), under FGD's
     measure (`frag`) and, when `multi_copy` is set, also the multi-copy one (`frag_multi`: GPUs a node cannot
-    use for lack of CPU count as fragment too). Both share the per-node, per-shape counts. `contention`: per
-    node, how much of the GPUs they may use the typical shapes limited to some GPU models ask for (fixed
-    for a set of nodes and typical shapes)."""
+    use for lack of CPU, or of memory where the shapes' memory is known, count as fragment too). Both share
+    the per-node, per-shape counts. `contention`: per node, how much of the GPUs they may use the typical
+    shapes limited to some GPU models ask for (fixed for a set of nodes and typical shapes)."""
 
     def __init__(self, arrays: ClusterArrays, typical: TypicalShapes, multi_copy: bool = False) -> None:
         self.multi_copy = multi_copy
         gpu_shapes = [(s, c) for s, c in zip(typical.shapes, typical.counts, strict=True) if s.gpu_milli > 0]
+        memory = dict(zip(typical.shapes, typical.memory, strict=True)) if typical.memory else {}
         self.w_cpu = sum(c for s, c in zip(typical.shapes, typical.counts, strict=True) if s.gpu_milli == 0)
         self.w_total = max(typical.total, 1)
         self.milli = np.array([s.gpu_milli for s, _ in gpu_shapes], dtype=np.int64)
         self.num = np.array([s.gpus for s, _ in gpu_shapes], dtype=np.int64)
         self.cpu = np.array([s.cpu_milli for s, _ in gpu_shapes], dtype=np.int64)
         self.w = np.array([c for _, c in gpu_shapes], dtype=np.int64)
+        # A shape's mean memory request (MiB); 0 where unknown: its copies are then not limited by memory.
+        self.mem = np.array([memory.get(s, 0) for s, _ in gpu_shapes], dtype=np.int64)
         self.models = [s.models for s, _ in gpu_shapes]
         self.arrays = arrays
         self.thresholds = _LOGIT * 1000.0 * self.w_total
@@ -166,8 +171,9 @@ class FragModel:
         # Constants of `update`, shaped once (and as Python lists, for updating a few rows).
         self._milli3 = self.milli[None, None, :]
         self._cpu_at_least_1 = np.maximum(self.cpu, 1)
+        self._mem_at_least_1 = np.maximum(self.mem, 1)
         self._shapes = list(zip(self.milli.tolist(), self.num.tolist(), self.cpu.tolist(), self.w.tolist(),
-                                self._cpu_at_least_1.tolist(), strict=True))
+                                self._cpu_at_least_1.tolist(), self.mem.tolist(), strict=True))
         self._share_cache: dict[tuple[bytes, int, int], tuple[npt.NDArray[np.int32], ...]] = {}
         self.changes = ChangeLog()
         self.rebuild()
@@ -234,7 +240,7 @@ class FragModel:
         q3 = acc & (spare >= 0) & (cpu[:, None] >= self.cpu)
         self.frag[rows] = self.w_cpu * idle + np.where(q3, fragp, idle[:, None]) @ self.w
         if self.multi_copy:
-            copies = np.minimum(count // self.num, cpu[:, None] // self._cpu_at_least_1)
+            copies = self._copies(count, cpu, a.mem[rows])
             copies = np.where(acc, np.maximum(copies, 0), 0)
             used = np.minimum(copies * self.num, count)
             spill = np.where(count > 0, fits * (count - used) // np.maximum(count, 1), 0)
@@ -246,7 +252,7 @@ class FragModel:
         w_cpu, multi = self.w_cpu, self.multi_copy
         for r in rows.tolist():
             free = a.free_rows[r]
-            cpu = int(a.cpu[r])
+            cpu, mem = int(a.cpu[r]), int(a.mem[r])
             acc = self.acc[r].tolist()
             idle = 0
             for x in free:
@@ -254,7 +260,7 @@ class FragModel:
                     idle += x
             spare, fragp, fits = [], [], []
             g = g_multi = 0
-            for j, (milli, num, shape_cpu, w, cpu_at_least_1) in enumerate(self._shapes):
+            for j, (milli, num, shape_cpu, w, cpu_at_least_1, shape_mem) in enumerate(self._shapes):
                 count = small = big = 0
                 for x in free:
                     if x >= milli:
@@ -267,7 +273,10 @@ class FragModel:
                 fits.append(big)
                 g += (small if acc[j] and count >= num and cpu >= shape_cpu else idle) * w
                 if multi:
-                    copies = max(min(count // num, cpu // cpu_at_least_1), 0) if acc[j] else 0
+                    copies = min(count // num, cpu // cpu_at_least_1)
+                    if shape_mem:
+                        copies = min(copies, mem // shape_mem)
+                    copies = max(copies, 0) if acc[j] else 0
                     used = min(copies * num, count)
                     spill = big * (count - used) // max(count, 1) if count > 0 else 0
                     g_multi += (small + spill) * w
@@ -281,18 +290,25 @@ class FragModel:
         self.cpu_slack[rows] = a.cpu[rows][:, None] - self.cpu
 
     def _unusable(self, rows: I64, fragp: npt.NDArray[np.int32], fits: npt.NDArray[np.int32],
-                  spare: npt.NDArray[np.int32], cpu: I64, idle: I64, multi: bool) -> I64:
+                  spare: npt.NDArray[np.int32], cpu: I64, idle: I64, multi: bool, mem: I64) -> I64:
         """Per node and shape, the free share that shape could not use (what fragmentation sums)."""
         acc = self.acc[rows]
         if not multi:
             q3 = acc & (spare >= 0) & (cpu[:, None] >= self.cpu)
             return np.where(q3, fragp, idle[:, None]).astype(np.int64)
         cnt = (spare + self.num).astype(np.int64)
-        copies = np.minimum(cnt // self.num, cpu[:, None] // np.maximum(self.cpu, 1))
+        copies = self._copies(cnt, cpu, mem)
         copies = np.where(acc, np.maximum(copies, 0), 0)
         used = np.minimum(copies * self.num, cnt)
         spill = np.where(cnt > 0, fits.astype(np.int64) * (cnt - used) // np.maximum(cnt, 1), 0)
         return fragp.astype(np.int64) + spill
+
+    def _copies(self, count: npt.NDArray[np.int64] | npt.NDArray[np.int32], cpu: I64, mem: I64) -> I64:
+        """Per node and shape, how many copies of the shape the node could host: GPUs, CPU and memory."""
+        copies = np.minimum(count // self.num, cpu[:, None] // self._cpu_at_least_1)
+        if self.mem.any():
+            copies = np.where(self.mem > 0, np.minimum(copies, mem[:, None] // self._mem_at_least_1), copies)
+        return copies.astype(np.int64)
 
     def _per_candidate(self, v: I64, k: int, m: int, uniform: bool = False
                        ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
@@ -326,10 +342,11 @@ class FragModel:
         return ((k * (after_c - before_c)).astype(np.int32), (k * dfits).astype(np.int32),
                 (k * lost).astype(np.int32))
 
-    def after(self, rows: I64, v: I64, k: int, m: int, c: int, multi: bool = False, uniform: bool = False) -> I64:
+    def after(self, rows: I64, v: I64, k: int, m: int, c: int, multi: bool = False, uniform: bool = False,
+              mem: int = 0) -> I64:
         """Scaled fragmentation of each candidate node after taking `k` GPUs of free share `v` by `m`
-        each (and `c` CPU), under FGD's measure or (`multi`) the multi-copy one. Integer arithmetic.
-        `uniform`: every candidate's share is the same."""
+        each (and `c` CPU, `mem` memory), under FGD's measure or (`multi`) the multi-copy one. Integer
+        arithmetic. `uniform`: every candidate's share is the same."""
         dfrag, dfits, lost = self._per_candidate(v, k, m, uniform)
         idle = self.idle[rows] - k * m
         if not multi:  # the paper's measure, on the cheapest path
@@ -337,7 +354,7 @@ class FragModel:
             g = np.where(q3, self.fragp[rows] + dfrag, idle[:, None].astype(np.int32))
             return self.w_cpu * idle + (g.astype(np.int64) @ self.w)
         g64 = self._unusable(rows, self.fragp[rows] + dfrag, self.fits[rows] + dfits, self.spare[rows] - lost,
-                             self.arrays.cpu[rows] - c, idle, True)
+                             self.arrays.cpu[rows] - c, idle, True, self.arrays.mem[rows] - mem)
         return self.w_cpu * idle + g64 @ self.w
 
     def row(self, r: int) -> tuple[list[bool], list[int], list[int], list[int], list[int], int, int, int]:
@@ -349,15 +366,16 @@ class FragModel:
                                    int(self.frag[r]), int(self.frag_multi[r]))
         return row
 
-    def after_one(self, row: int, v: int, k: int, m: int, c: int, multi: bool = False) -> int:
+    def after_one(self, row: int, v: int, k: int, m: int, c: int, multi: bool = False, mem: int = 0) -> int:
         """`after` for one candidate (node `row`, free share `v`), in plain integers."""
         acc, spare, fragp, fits, slack, idle, _, _ = self.row(row)
         idle -= k * m
         if multi:
             cpu = int(self.arrays.cpu[row]) - c
+            mem_left = int(self.arrays.mem[row]) - mem
         g = 0
         left = v - m
-        for j, (milli, num, _, w, cpu_at_least_1) in enumerate(self._shapes):
+        for j, (milli, num, _, w, cpu_at_least_1, shape_mem) in enumerate(self._shapes):
             # _per_share: the change of the too-small share, of the big-enough share, GPUs that stop fitting
             dfrag = k * ((left if 0 < left < milli else 0) - (v if 0 < v < milli else 0))
             lost = k if v >= milli > left else 0
@@ -367,7 +385,10 @@ class FragModel:
                 continue
             big = fits[j] + k * ((left if left >= milli else 0) - (v if v >= milli else 0))
             count = spare[j] - lost + num
-            copies = max(min(count // num, cpu // cpu_at_least_1), 0) if acc[j] else 0
+            copies = min(count // num, cpu // cpu_at_least_1)
+            if shape_mem:
+                copies = min(copies, mem_left // shape_mem)
+            copies = max(copies, 0) if acc[j] else 0
             used = min(copies * num, count)
             spill = big * (count - used) // max(count, 1) if count > 0 else 0
             g += (small + spill) * w
@@ -483,7 +504,7 @@ def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, 
                 keys = (cols,)
             else:
                 tie = frag.sigmoid_score(frag.frag_multi[rows] - frag.after(rows, v, k, m, req.cpu, multi=True,
-                                                                            uniform=uniform))
+                                                                            uniform=uniform, mem=req.mem))
                 keys = (cols, salt_key, gpu_left, -tie)
     elif policy == "spread":
         keys = (cols, salt_key, -gpu_left, -(a.cpu[rows] - req.cpu), -idle_after)
@@ -540,7 +561,8 @@ def _choose_scored(a: ClusterArrays, frag: FragModel, req: Request, policy: str,
         else:
             # keys (cols, salt, gpu left, -multi-copy score)
             best = min(tied, key=lambda c: (
-                -frag.sigmoid_one(frag.row(c[1])[7] - frag.after_one(c[1], c[3], k, m, req.cpu, multi=True)),
+                -frag.sigmoid_one(frag.row(c[1])[7]
+                                  - frag.after_one(c[1], c[3], k, m, req.cpu, multi=True, mem=req.mem)),
                 c[3] - m, salted[c[1]], c[2]))
     row, col = best[1], best[2]
     if req.shared:

@@ -38,6 +38,9 @@ class TypicalShapes:
     # GPU shapes beyond the coverage, most frequent first, with their counts.
     rare: tuple[Shape, ...] = ()
     rare_counts: tuple[int, ...] = ()
+    # The mean memory (MiB) of the requests of each shape, and of each rare one; empty when not known.
+    memory: tuple[int, ...] = ()
+    rare_memory: tuple[int, ...] = ()
 
     @property
     def total(self) -> int:
@@ -48,13 +51,17 @@ def typical_shapes(specs: Iterable[JobSpec], coverage: float = 0.95) -> TypicalS
     """Shapes by count, most frequent first (ties: the larger shape first), taken until they cover
     `coverage` of all requests. Counts are kept as integers so that scores stay exact."""
     counts: dict[Shape, int] = {}
+    memory: dict[Shape, int] = {}
     for spec in specs:
         s = Shape.of(spec)
         counts[s] = counts.get(s, 0) + 1
-    return typical_from_counts(counts, coverage)
+        memory[s] = memory.get(s, 0) + spec.memory_mib
+    return typical_from_counts(counts, coverage, memory)
 
 
-def typical_from_counts(counts: dict[Shape, int], coverage: float = 0.95) -> TypicalShapes:
+def typical_from_counts(counts: dict[Shape, int], coverage: float = 0.95,
+                        memory: dict[Shape, int] | None = None) -> TypicalShapes:
+    """`memory`: the summed memory of the requests of each shape, when known."""
     n = sum(counts.values())
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], _desc(kv[0])))
     shapes: list[Shape] = []
@@ -69,7 +76,13 @@ def typical_from_counts(counts: dict[Shape, int], coverage: float = 0.95) -> Typ
         taken.append(count)
         covered += count
     rare = [(shape, count) for shape, count in ranked[len(shapes):] if count > 0 and shape.gpus > 0]
-    return TypicalShapes(tuple(shapes), tuple(taken), tuple(s for s, _ in rare), tuple(c for _, c in rare))
+    mean: tuple[int, ...] = ()
+    rare_mean: tuple[int, ...] = ()
+    if memory is not None:
+        mean = tuple(memory.get(s, 0) // c for s, c in zip(shapes, taken, strict=True))
+        rare_mean = tuple(memory.get(s, 0) // c for s, c in rare)
+    return TypicalShapes(tuple(shapes), tuple(taken), tuple(s for s, _ in rare), tuple(c for _, c in rare),
+                         mean, rare_mean)
 
 
 class ShapeWindow:
@@ -78,22 +91,25 @@ class ShapeWindow:
 
     def __init__(self, size: int = 5000, every: int = 250) -> None:
         self.size, self.every = size, every
-        self.recent: deque[Shape] = deque()
+        self.recent: deque[tuple[Shape, int]] = deque()  # shape and memory of each submission
         self.counts: dict[Shape, int] = {}
+        self.memory: dict[Shape, int] = {}
         self.since = 0
         self.typical: TypicalShapes | None = None
 
     def add(self, spec: JobSpec) -> bool:
         """Count a submission; True when the typical set was recomputed."""
         shape = Shape.of(spec)
-        self.recent.append(shape)
+        self.recent.append((shape, spec.memory_mib))
         self.counts[shape] = self.counts.get(shape, 0) + 1
+        self.memory[shape] = self.memory.get(shape, 0) + spec.memory_mib
         if len(self.recent) > self.size:
-            old = self.recent.popleft()
+            old, mib = self.recent.popleft()
             self.counts[old] -= 1
+            self.memory[old] -= mib
         self.since += 1
         if self.typical is None or self.since >= self.every:
-            self.typical = typical_from_counts(self.counts)
+            self.typical = typical_from_counts(self.counts, memory=self.memory)
             self.since = 0
             return True
         return False
