@@ -97,11 +97,12 @@ class Placer:
         self._pending_rows, self._pending_want = set(), set()
         version = self.arrays.version
         for policy, frag in list(self.frags.items()):
-            if frag.version != version:
+            if frag.version != version:  # the nodes changed: made again when next asked for
                 del self.frags[policy]
+                self.stale.pop(policy, None)
             elif rows:
                 frag.update(sorted(rows))
-                self.stale.get(policy, set()).difference_update(rows)
+                self.stale[policy].difference_update(rows)
         for policy in sorted(want - self.frags.keys()):
             assert self.typical is not None
             if policy == "packing":

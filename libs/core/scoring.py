@@ -8,13 +8,13 @@ Policies (lower-level names are what queues and priority classes select):
 - spread: the emptiest node (inference replicas, failure domains).
 - packing: gpusched's default: FGD's score decides (measured against the typical shapes and also the rare
   ones that less than half of the cluster's GPUs could host, see `packing_shapes`), and its frequent ties
-  go, for a request of GPUs, to the
-  node whose GPU model is least contended (over the typical shapes limited to some models: the share of
-  the GPUs they may use that they ask for, summed over the shapes that may use the node), so that work
-  free to go anywhere leaves the scarce models to the requests that need them; then to the node whose
-  fragmentation grows least under a multi-copy measure (GPUs that fit a typical shape but that the node's
-  CPU cannot serve, because it can host fewer copies of the shape than it has GPUs for, count as fragment
-  too, in proportion), then to the GPU left fullest. Results per pod list in docs/benchmarks.md.
+  go, for a request of GPUs, to the node whose GPU model is least contended (over the shapes limited to
+  some models: the share of the GPUs they may use that they ask for, summed over the shapes that may use
+  the node), so that work free to go anywhere leaves the scarce models to the requests that need them;
+  then to the node whose fragmentation grows least under a multi-copy measure (GPUs that fit a shape but
+  that the node's free CPU or memory cannot serve, because it can host fewer copies of the shape than it
+  has GPUs for, count as fragment too, in proportion), then to the GPU left fullest. Results per pod list
+  in docs/benchmarks.md.
 Remaining ties go to the first node in a pseudo-random node order given by a salt (a hash of the row and
 the salt): deterministic. A constant salt keeps one order for every request, which consolidates load.
 """
