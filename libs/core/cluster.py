@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -123,9 +124,18 @@ class Cluster:
                     if g.mig_enabled and prev.mig_enabled:
                         g.free_slices -= MIG_SLICES - prev.free_slices
         self.nodes[spec.name] = node
-        self._order = [self.nodes[k] for k in sorted(self.nodes)]
+        # Kept in name order and summed by difference: a full sort and recount on each registration made
+        # registering N nodes quadratic. A new list, so that a caller holding the old one sees no change.
+        order = self._order.copy()
+        at = bisect.bisect_left(order, spec.name, key=_name)
+        if old is not None:
+            order[at] = node
+            self.free_total -= sum(g.free_milli for g in old.gpus)
+        else:
+            order.insert(at, node)
+        self._order = order
+        self.free_total += sum(g.free_milli for g in node.gpus)
         self.version += 1
-        self.free_total = sum(g.free_milli for n in self._order for g in n.gpus)
         self._sick = {(n, i) for n, i in self._sick if n != spec.name}
         self._sick.update((spec.name, g.index) for g in node.gpus if not g.healthy)
         self._lost.discard(spec.name)  # a (re)registered node is back, unless an operator cordoned it
@@ -195,3 +205,7 @@ class Cluster:
 
     def sorted_nodes(self) -> list[Node]:
         return self._order
+
+
+def _name(node: Node) -> str:
+    return node.name
