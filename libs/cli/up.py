@@ -157,7 +157,11 @@ def cmd_up(args: argparse.Namespace) -> None:
     table.add_row("cluster", f"{n_nodes} nodes {where}; {n_queues} queues from {args.policy}")
     console.print(table)
     console.print("Ctrl-C stops everything.")
-    (data / "endpoints.json").write_text(json.dumps({"api": api, **env, "ports": sup.ports}, indent=2))
+    # Written whole and then renamed into place: whoever waits for the file never reads it half written.
+    endpoints = data / "endpoints.json"
+    partial = endpoints.with_suffix(".json.partial")
+    partial.write_text(json.dumps({"api": api, **env, "ports": sup.ports}, indent=2))
+    os.replace(partial, endpoints)
 
     stopping = False
 
