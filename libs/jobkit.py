@@ -12,6 +12,8 @@ import json
 import os
 from pathlib import Path
 
+from libs.files import write_whole
+
 CHECKPOINT_FILE = "GPUSCHED_CHECKPOINT_FILE"
 # Set for an inference service replica that signals its readiness (`ready_signal`): `ready()` creates it.
 READY_FILE = "GPUSCHED_READY_FILE"
@@ -27,10 +29,7 @@ def checkpoint(progress_s: float, ref: str = "") -> None:
         raise RuntimeError(f"{CHECKPOINT_FILE} is not set: not running under a gpusched node agent")
     if progress_s < 0:
         raise ValueError("progress_s must not be negative")
-    path = Path(target)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"progress_s": progress_s, "checkpoint": ref}))
-    tmp.replace(path)
+    write_whole(Path(target), json.dumps({"progress_s": progress_s, "checkpoint": ref}))
 
 
 def ready() -> None:

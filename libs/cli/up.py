@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from libs.cli.client import ApiError, Client
+from libs.files import write_whole
 from libs.runtime.embedded import EmbeddedServer, free_port, port_open, start_nats, start_redis
 from libs.runtime.settings import DEFAULT_CLUSTER, DEFAULT_POLICY, DEFAULT_PORTS, SERVICES
 from libs.runtime.supervisor import Supervisor
@@ -157,11 +158,8 @@ def cmd_up(args: argparse.Namespace) -> None:
     table.add_row("cluster", f"{n_nodes} nodes {where}; {n_queues} queues from {args.policy}")
     console.print(table)
     console.print("Ctrl-C stops everything.")
-    # Written whole and then renamed into place: whoever waits for the file never reads it half written.
-    endpoints = data / "endpoints.json"
-    partial = endpoints.with_suffix(".json.partial")
-    partial.write_text(json.dumps({"api": api, **env, "ports": sup.ports}, indent=2))
-    os.replace(partial, endpoints)
+    # Whoever waits for the file (scripts, tests) must never read it half written.
+    write_whole(data / "endpoints.json", json.dumps({"api": api, **env, "ports": sup.ports}, indent=2))
 
     stopping = False
 

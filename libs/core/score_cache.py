@@ -177,7 +177,7 @@ class ShapeScores:
             need = order[several]
             if need.size:
                 tie[need] = frag.sigmoid_score(frag.frag_multi[rows[need]] - frag.after(
-                    rows[need], v[need], k, m, c, multi=True, mem=self.req.mem))
+                    rows[need], v[need], k, m, c, multi=True, mem=req.mem))
                 known[need] = True
         order = np.lexsort((cols, left, -tie, -score, rows) if self.multi else (cols, -score, rows))
         ordered = rows[order]

@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import secrets
-import tempfile
 import time
 import tomllib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -35,6 +34,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from libs.files import write_whole
 from libs.runtime.http import HttpError
 
 log = logging.getLogger(__name__)
@@ -191,15 +191,7 @@ def write_tokens(path: Path, entries: Sequence[TokenEntry]) -> None:
         text = _toml(entries)
     else:
         text = json.dumps({"tokens": [e.as_dict() for e in entries]}, indent=2) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mkstemp creates it 0600
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_whole(path, text, private=True)
 
 
 class TokenStore:
