@@ -29,7 +29,7 @@ from libs.core.scoring import (
     feasible_rows,
     packing_shapes,
 )
-from libs.core.shapes import TypicalShapes
+from libs.core.shapes import TypicalShapes, shared_pairing
 
 # Reason codes of a placement that failed; also PlacementDeferred.code.
 NO_MODEL_MATCH = "no_model_match"
@@ -106,7 +106,8 @@ class Placer:
         for policy in sorted(want - self.frags.keys()):
             assert self.typical is not None
             if policy == "packing":
-                model = FragModel(self.arrays, packing_shapes(self.typical, self.arrays), multi_copy=True)
+                model = FragModel(self.arrays, packing_shapes(self.typical, self.arrays), multi_copy=True,
+                                  pairing=shared_pairing(self.typical))
             else:
                 model = FragModel(self.arrays, self.typical)
             self.frags[policy] = model

@@ -29,7 +29,7 @@ PLAIN_WORK = 48
 HOT_WITHIN = 256
 # Shapes remembered (least recently used dropped first): enough for a workload's common shapes.
 SHAPES_KEPT = 256
-NONE = -1  # the score of a node where the request does not fit
+NONE = -(1 << 62)  # the score of a node where the request does not fit (ranks can be negative)
 
 
 class ShapeScores:
@@ -164,6 +164,8 @@ class ShapeScores:
         k, m, c = req.gpus, req.milli, req.cpu
         uniform = not req.shared
         score = frag.sigmoid_score(frag.frag[rows] - frag.after(rows, v, k, m, c, uniform=uniform))
+        if req.shared:
+            score = frag.rank_shared(score, v, m)
         left = v - m
         tie = np.zeros_like(score)
         known = np.zeros(len(rows), dtype=bool)
@@ -203,6 +205,8 @@ class ShapeScores:
         k, m, c = req.gpus, req.milli, req.cpu
         row = frag.row(r)
         s = frag.sigmoid_one(row[6] - frag.after_one(r, v, k, m, c))
+        if req.shared:
+            s = frag.rank_shared_one(s, v, m)
         t = frag.sigmoid_one(row[7] - frag.after_one(r, v, k, m, c, multi=True, mem=req.mem)) if self.multi else 0
         if self.score[r] != NONE:
             key = (-s, -t, v - m, j) if self.multi else (-s, 0, 0, j)

@@ -30,6 +30,7 @@ import numpy.typing as npt
 
 from contracts import JobSpec
 from libs.core.arrays import FEW_NODES, I64, ChangeLog, ClusterArrays
+from libs.core.pairing import PairingPrices
 from libs.core.shapes import Shape, TypicalShapes
 
 FULL = 1000
@@ -47,6 +48,9 @@ FEW_CANDIDATES = 16
 CONTENTION_SCALE = 1_000_000
 # A rare shape is scarce when the nodes that could host it (empty) hold less than 1/SCARCE_PART of the GPUs.
 SCARCE_PART = 2
+# packing ranks a GPU fraction's candidates by score - LOSS_STEP x pairing loss: any loss outweighs any
+# difference of FGD's score (0..99), which decides among equal losses.
+LOSS_STEP = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,10 +154,13 @@ class FragModel:
     measure (`frag`) and, when `multi_copy` is set, also the multi-copy one (`frag_multi`: GPUs a node cannot
     use for lack of CPU, or of memory where the shapes' memory is known, count as fragment too). Both share
     the per-node, per-shape counts. `contention`: per node, how much of the GPUs they may use the typical
-    shapes limited to some GPU models ask for (fixed for a set of nodes and typical shapes)."""
+    shapes limited to some GPU models ask for (fixed for a set of nodes and typical shapes). `pairing`: the
+    workload's pairing prices (packing's model only), see `rank_shared`."""
 
-    def __init__(self, arrays: ClusterArrays, typical: TypicalShapes, multi_copy: bool = False) -> None:
+    def __init__(self, arrays: ClusterArrays, typical: TypicalShapes, multi_copy: bool = False,
+                 pairing: PairingPrices | None = None) -> None:
         self.multi_copy = multi_copy
+        self.pairing = pairing
         gpu_shapes = [(s, c) for s, c in zip(typical.shapes, typical.counts, strict=True) if s.gpu_milli > 0]
         memory = dict(zip(typical.shapes, typical.memory, strict=True)) if typical.memory else {}
         self.w_cpu = sum(c for s, c in zip(typical.shapes, typical.counts, strict=True) if s.gpu_milli == 0)
@@ -394,6 +401,18 @@ class FragModel:
             g += (small + spill) * w
         return self.w_cpu * idle + g
 
+    def rank_shared(self, score: I64, v: I64, milli: int) -> I64:
+        """A GPU fraction's candidates (GPUs with v free) ranked by pairing loss first, then by score."""
+        if self.pairing is None:
+            return score
+        return score - LOSS_STEP * self.pairing.loss(milli)[np.minimum(v, FULL)]
+
+    def rank_shared_one(self, score: int, v: int, milli: int) -> int:
+        """rank_shared of one candidate (v <= FULL)."""
+        if self.pairing is None:
+            return score
+        return score - LOSS_STEP * self.pairing.loss_list(milli)[v]
+
     def sigmoid_one(self, delta: int) -> int:
         """sigmoid_score of one integer drop."""
         return bisect.bisect_right(self._thresholds, float(delta))
@@ -489,6 +508,8 @@ def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, 
     keys: tuple[npt.NDArray[np.int64], ...]
     if policy in ("fgd", "packing") and frag is not None:
         score = frag.sigmoid_score(frag.frag[rows] - frag.after(rows, v, k, m, req.cpu, uniform=uniform))
+        if req.shared:
+            score = frag.rank_shared(score, v, m)
         if policy == "fgd" or not frag.multi_copy:
             keys = (cols, salt_key, -score)
         else:
@@ -546,6 +567,8 @@ def _choose_scored(a: ClusterArrays, frag: FragModel, req: Request, policy: str,
     salted = _salted_list(len(a.nodes), salt)
     scored = [(frag.sigmoid_one(frag.row(r)[6] - frag.after_one(r, v, k, m, req.cpu)), r, col, v)
               for r, col, v in candidates]
+    if req.shared:
+        scored = [(frag.rank_shared_one(c[0], c[3], m), *c[1:]) for c in scored]
     if policy == "fgd" or not frag.multi_copy:
         # lexsort keys (cols, salt, -score): the best score, then the salted order, then the column
         best = min(scored, key=lambda c: (-c[0], salted[c[1]], c[2]))

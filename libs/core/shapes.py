@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from contracts import JobSpec
+from libs.core.pairing import PairingPrices, pairing_prices
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -118,3 +119,10 @@ class ShapeWindow:
 def _desc(s: Shape) -> tuple[int, int, int, tuple[int, ...]]:
     # Larger first on ties: negate the numeric fields; models compare by their code points, negated.
     return (-s.cpu_milli, -s.gpu_milli, -s.gpus, tuple(-ord(c) for c in "|".join(s.models)))
+
+
+def shared_pairing(typical: TypicalShapes) -> PairingPrices | None:
+    """Pairing prices for the GPU fractions of a workload: its typical and rare one-GPU shapes by share."""
+    shapes = typical.shapes + typical.rare
+    counts = typical.counts + typical.rare_counts
+    return pairing_prices((s.gpu_milli, c) for s, c in zip(shapes, counts, strict=True) if s.gpus == 1)

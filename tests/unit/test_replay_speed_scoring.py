@@ -15,7 +15,7 @@ from libs.core import scoring
 from libs.core.arrays import ClusterArrays
 from libs.core.cluster import FULL, Cluster
 from libs.core.scoring import FragModel, Request, choose, feasible_rows
-from libs.core.shapes import Shape, TypicalShapes
+from libs.core.shapes import Shape, TypicalShapes, shared_pairing
 
 MODELS = ("A100", "V100", "T4")
 
@@ -47,7 +47,7 @@ def random_cluster(rng: random.Random) -> Cluster:
 
 
 def random_typical(rng: random.Random) -> TypicalShapes:
-    shapes = {Shape(cpu_milli=rng.choice([100, 2000, 8000]), gpu_milli=rng.choice([0, 250, 500, 1000]),
+    shapes = {Shape(cpu_milli=rng.choice([100, 2000, 8000]), gpu_milli=rng.choice([0, 250, 350, 500, 650, 1000]),
                     gpus=rng.choice([1, 2, 4]), models=rng.choice([(), (), ("A100",), ("T4", "V100")]))
               for _ in range(rng.randint(1, 7))}
     ordered = sorted(shapes)
@@ -57,7 +57,7 @@ def random_typical(rng: random.Random) -> TypicalShapes:
 def random_request(rng: random.Random) -> Request:
     shared = rng.random() < 0.4
     spec = JobSpec(team="t", queue="q", gpus=rng.choice([0, 1, 1, 2, 4]) if not shared else 1,
-                   gpu_milli=rng.choice([100, 250, 500]) if shared else 0,
+                   gpu_milli=rng.choice([100, 250, 350, 500, 650]) if shared else 0,
                    cpu_milli=rng.choice([0, 0, 1000, 16000]), gpu_memory_mib=rng.choice([0, 0, 20000]),
                    gpu_models=rng.choice([(), (), ("A100",), ("V100", "T4")]))
     return Request.of(spec)
@@ -67,7 +67,10 @@ def random_model(rng: random.Random) -> tuple[Cluster, ClusterArrays, FragModel]
     """A random loaded cluster, its arrays and a fragmentation model against random typical shapes."""
     cluster = random_cluster(rng)
     arrays = ClusterArrays(cluster)
-    return cluster, arrays, FragModel(arrays, random_typical(rng), multi_copy=rng.random() < 0.7)
+    typical = random_typical(rng)
+    multi = rng.random() < 0.7
+    pairing = shared_pairing(typical) if multi and rng.random() < 0.7 else None
+    return cluster, arrays, FragModel(arrays, typical, multi_copy=multi, pairing=pairing)
 
 
 @pytest.mark.parametrize("seed", range(150))
