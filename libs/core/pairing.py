@@ -85,6 +85,18 @@ def pairing_prices(mix: Iterable[tuple[int, int]]) -> PairingPrices | None:
     return _prices(tuple(sorted(counts.items())))
 
 
+def fewest_gpus(mix: Iterable[tuple[int, int]]) -> float:
+    """The fewest GPUs a mix of (fraction, count) fits in, in the linear relaxation: a lower bound on any
+    packing of it (by LP duality, the prices' total)."""
+    counts: dict[int, int] = {}
+    for milli, count in mix:
+        counts[milli] = counts.get(milli, 0) + count
+    prices = pairing_prices(counts.items())
+    if prices is None:
+        return 0.0
+    return sum(prices.prices[m] * c for m, c in counts.items() if m in prices.prices) / PRICE_SCALE
+
+
 @functools.lru_cache(maxsize=16)
 def _prices(mix: tuple[tuple[int, int], ...]) -> PairingPrices:
     sizes = [s for s, _ in mix]

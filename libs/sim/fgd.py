@@ -17,6 +17,7 @@ import numpy as np
 from contracts import JobSpec, NodeSpec
 from libs.core.cluster import FULL, Cluster
 from libs.core.fit import Placer
+from libs.core.pairing import fewest_gpus
 from libs.core.shapes import TypicalShapes, typical_shapes
 from libs.nodes.sim import load_cluster_csv
 
@@ -81,6 +82,18 @@ class RunResult:
     placed: int
     curve: dict[int, float]
     seconds: float
+    # GPU % that sharing GPUs must leave idle at arrived 100 in any packing of the fractional pods placed (or
+    # offered) by then: the linear relaxation's optimum, a lower bound on the unallocated % (see fraction_floor).
+    floor_placed: float = 0.0
+    floor_offered: float = 0.0
+
+
+def fraction_floor(fractions: dict[int, int], total_gpus: int) -> float:
+    """The GPU % that any packing of these fractional pods leaves idle: GPUs they need at least (linear
+    relaxation) minus their share, over the cluster. A GPU holding a fraction cannot take a whole-GPU pod, so
+    a run that placed these pods has at least this much unallocated."""
+    share = sum(m * c for m, c in fractions.items()) / FULL
+    return 100 * (fewest_gpus(fractions.items()) - share) / total_gpus
 
 
 def discretise(arrived: np.ndarray, used: np.ndarray, total_gpus: int) -> dict[int, float]:
@@ -110,16 +123,24 @@ def run_once(nodes: list[NodeSpec], pods: list[Pod], typical: TypicalShapes, pol
     arrived = np.zeros(len(offered), dtype=np.int64)
     used = np.zeros(len(offered), dtype=np.int64)
     a = u = placed = 0
+    offered_fractions: dict[int, int] = {}
+    placed_fractions: dict[int, int] = {}
     for i, pod in enumerate(offered):
         a += pod.request_milli
         p = placer.place_replica(pod.spec, 0, policy, salt=seed)
         if p is not None:
             placed += 1
             u += pod.request_milli
+        if pod.spec.gpu_milli and a <= total_gpus * FULL:
+            offered_fractions[pod.spec.gpu_milli] = offered_fractions.get(pod.spec.gpu_milli, 0) + 1
+            if p is not None:
+                placed_fractions[pod.spec.gpu_milli] = placed_fractions.get(pod.spec.gpu_milli, 0) + 1
         arrived[i], used[i] = a, u
         if progress is not None and i % 500 == 0:
             progress(i)
-    return RunResult(seed, len(offered), placed, discretise(arrived, used, total_gpus), time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return RunResult(seed, len(offered), placed, discretise(arrived, used, total_gpus), seconds,
+                     fraction_floor(placed_fractions, total_gpus), fraction_floor(offered_fractions, total_gpus))
 
 
 @dataclass
@@ -140,6 +161,12 @@ class Summary:
             "seeds": self.seeds,
             "alloc_pct": {str(k): self.alloc_at(k) for k in CHECKPOINTS},
             "unallocated_pct_at_100": round(100 - self.alloc_at(100), 2),
+            # The least unallocated % at arrived 100 of any packing of the fractional pods this policy placed
+            # by then, and of all those offered by then (linear relaxation: no policy does better with them).
+            "fraction_floor_pct_at_100": {
+                "placed": round(float(np.mean([r.floor_placed for r in self.runs])), 2),
+                "offered": round(float(np.mean([r.floor_offered for r in self.runs])), 2),
+            },
             "seconds_per_run": round(float(np.mean([r.seconds for r in self.runs])), 2),
             "curve": {str(k): round(float(np.mean([r.curve.get(k, np.nan) for r in self.runs])), 2)
                       for k in range(0, 131, 10)},

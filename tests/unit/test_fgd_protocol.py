@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from contracts import JobSpec
-from libs.sim.fgd import Pod, PodCsvError, discretise, inflate, load_pods, simulate
+from libs.sim.fgd import Pod, PodCsvError, discretise, fraction_floor, inflate, load_pods, simulate
 
 
 def pod(name: str, num: int, milli: int) -> Pod:
@@ -64,7 +64,18 @@ def test_a_small_run_end_to_end_fills_the_cluster_and_fragmentation_awareness_he
         rows.append(f"p{i:03d},{rng.choice([2000, 4000, 8000])},8192,{num},{milli},{'A' if kind > 0.9 else ''}")
     pods = tmp_path / "pods.csv"
     pods.write_text("\n".join(rows) + "\n")
-    results = {policy: simulate(pods, nodes, policy, [42, 43], 1.3).as_json() for policy in ("fgd", "best-fit")}
+    policies = ("packing", "fgd", "best-fit")
+    results = {policy: simulate(pods, nodes, policy, [42, 43], 1.3).as_json() for policy in policies}
     for result in results.values():
         assert 85 < result["alloc_pct"]["100"] <= 100 and result["alloc_pct"]["130"] >= result["alloc_pct"]["100"]
+        # No packing of the fractional pods it placed leaves less idle than the relaxation's floor.
+        floor = result["fraction_floor_pct_at_100"]
+        assert 0 < floor["placed"] <= result["unallocated_pct_at_100"] + 0.01
     assert results["fgd"]["alloc_pct"]["130"] >= results["best-fit"]["alloc_pct"]["130"] - 1.0
+
+
+def test_the_fraction_floor_is_what_sharing_gpus_must_leave_idle() -> None:
+    assert fraction_floor({810: 10}, total_gpus=100) == pytest.approx(1.9)  # ten GPUs, 190 idle on each
+    assert fraction_floor({500: 4, 250: 4}, total_gpus=100) == pytest.approx(0.0)  # pairs and quads fill GPUs
+    assert fraction_floor({470: 3}, total_gpus=100) == pytest.approx(0.09, abs=1e-4)  # 1.5 GPUs for 1.41
+    assert fraction_floor({}, total_gpus=100) == 0.0
