@@ -6,8 +6,10 @@ Policies (lower-level names are what queues and priority classes select):
 - fgd: fragmentation gradient descent (ATC'23): the node (and GPU) where the cluster's fragmentation,
   measured against the typical request shapes, grows least; the paper's integer sigmoid score.
 - spread: the emptiest node (inference replicas, failure domains).
-- packing: gpusched's default: FGD's score decides (measured against the typical shapes and also the rare
-  ones that less than half of the cluster's GPUs could host, see `packing_shapes`), and its frequent ties
+- packing: gpusched's default: a GPU fraction goes where the least pairing value is lost (the dual prices of
+  the workload's packing relaxation, libs/core/pairing.py); otherwise FGD's score decides (measured against
+  the typical shapes and also the rare ones that less than half of the cluster's GPUs could host, see
+  `packing_shapes`), and its frequent ties
   go, for a request of GPUs, to the node whose GPU model is least contended (over the shapes limited to
   some models: the share of the GPUs they may use that they ask for, summed over the shapes that may use
   the node), so that work free to go anywhere leaves the scarce models to the requests that need them;
