@@ -14,13 +14,14 @@ Packing puts a fraction where the loss is least, and lets FGD's score decide amo
 the GPUs then end up in the fills the optimum would use (dual-guided online bin packing for a known mix of
 sizes; cf. the Sum-of-Squares family, Csirik et al., J. ACM 2006).
 
-The prices come from a small dense simplex on the dual (a few dozen variables) with cutting planes from an
-unbounded-knapsack oracle, in plain floats, then rounded to integers: the same mix gives the same prices
-everywhere, so decisions replay byte for byte.
+The prices come from a dense simplex tableau on the dual (one variable per fraction), cut by the fill an
+unbounded-knapsack oracle finds most overvalued and mended by dual simplex pivots, in elementwise floats
+rounded to integers: the same mix gives the same prices everywhere, so decisions replay byte for byte.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Iterable
 
@@ -33,6 +34,8 @@ PRICE_SCALE = 1_000_000
 LOSS_UNIT = 1_000
 _EPS = 1e-9
 _MAX_ROUNDS = 500
+# Distinct fractions priced apart (a solve of 64 takes ~0.15 s on a slow core; 20 take ~0.015 s).
+MAX_SIZES = 64
 
 
 class PairingPrices:
@@ -74,101 +77,171 @@ class PairingPrices:
         return rows
 
 
-def pairing_prices(mix: Iterable[tuple[int, int]]) -> PairingPrices | None:
-    """Prices for a mix of (fraction in milli, count); None when there is no fraction to pair."""
-    counts: dict[int, int] = {}
-    for milli, count in mix:
-        if 0 < milli < FULL and count > 0:
-            counts[milli] = counts.get(milli, 0) + count
+def pairing_prices(mix: Iterable[tuple[int, int]], max_sizes: int | None = MAX_SIZES) -> PairingPrices | None:
+    """Prices for a mix of (fraction in milli, count); None when there is no fraction to pair. Beyond
+    `max_sizes` distinct fractions, the rarer ones are priced as the next larger kept one (rounding a request
+    up keeps every fill real), so that a workload of many odd fractions costs a bounded solve."""
+    counts = _fractions(mix)
     if not counts:
         return None
+    if max_sizes is not None and len(counts) > max_sizes:
+        counts = _merge_rare(counts, max_sizes)
     return _prices(tuple(sorted(counts.items())))
 
 
 def fewest_gpus(mix: Iterable[tuple[int, int]]) -> float:
     """The fewest GPUs a mix of (fraction, count) fits in, in the linear relaxation: a lower bound on any
-    packing of it (by LP duality, the prices' total)."""
-    counts: dict[int, int] = {}
-    for milli, count in mix:
-        counts[milli] = counts.get(milli, 0) + count
-    prices = pairing_prices(counts.items())
+    packing of it (by LP duality, the prices' total; every fraction kept apart, however many)."""
+    counts = _fractions(mix)
+    prices = pairing_prices(counts.items(), max_sizes=None)
     if prices is None:
         return 0.0
-    return sum(prices.prices[m] * c for m, c in counts.items() if m in prices.prices) / PRICE_SCALE
+    return sum(prices.prices[m] * c for m, c in counts.items()) / PRICE_SCALE
+
+
+def _fractions(mix: Iterable[tuple[int, int]]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for milli, count in mix:
+        if 0 < milli < FULL and count > 0:
+            counts[milli] = counts.get(milli, 0) + count
+    return counts
+
+
+def _merge_rare(counts: dict[int, int], max_sizes: int) -> dict[int, int]:
+    """The `max_sizes` - 1 most frequent fractions and the largest; every other one added to the smallest
+    kept fraction at least as large."""
+    largest = max(counts)
+    frequent = sorted((m for m in counts if m != largest), key=lambda m: (-counts[m], -m))[: max_sizes - 1]
+    kept = sorted([*frequent, largest])
+    merged = dict.fromkeys(kept, 0)
+    for m, c in counts.items():
+        merged[kept[bisect.bisect_left(kept, m)]] += c
+    return merged
 
 
 @functools.lru_cache(maxsize=16)
 def _prices(mix: tuple[tuple[int, int], ...]) -> PairingPrices:
     sizes = [s for s, _ in mix]
-    demand = np.array([c for _, c in mix], dtype=np.float64)
     # Start from the fills of one size only (they bound every price), then add the fill the current prices
-    # overvalue most until none is worth more than one GPU.
-    fills = [[FULL // s if j == i else 0 for j in range(len(sizes))] for i, s in enumerate(sizes)]
-    prices = np.zeros(len(sizes))
+    # overvalue most, until none is worth more than one GPU.
+    lp = _PackingDual([float(c) for _, c in mix], [[FULL // s if j == i else 0 for j in range(len(sizes))]
+                                                   for i, s in enumerate(sizes)])
     for _ in range(_MAX_ROUNDS):
-        prices = _max_packing_lp(np.array(fills, dtype=np.float64), demand)
-        value, fill = _best_fill_of(sizes, prices.tolist())
+        value, fill = _best_fill_of(sizes, lp.solution())
         if value <= 1 + _EPS:
             break
-        fills.append(fill)
-    scaled = {s: round(p * PRICE_SCALE) for s, p in zip(sizes, prices.tolist(), strict=True)}
+        lp.add_fill(fill)
+    scaled = {s: round(p * PRICE_SCALE) for s, p in zip(sizes, lp.solution().tolist(), strict=True)}
     return PairingPrices(scaled)
 
 
-def _max_packing_lp(a: npt.NDArray[np.float64], c: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """max c.x subject to a x <= 1, x >= 0 (a >= 0, bounded): a dense tableau simplex with Bland's rule
-    (no cycling), elementwise float operations only, so every machine takes the same pivots."""
-    rows, cols = a.shape
-    t = np.zeros((rows + 1, cols + rows + 1))
-    t[:rows, :cols] = a
-    t[:rows, cols:cols + rows] = np.eye(rows)
-    t[:rows, -1] = 1.0
-    t[rows, :cols] = -c
-    basis = list(range(cols, cols + rows))
-    for _ in range(10_000):
-        entering = next((j for j in range(cols + rows) if t[rows, j] < -_EPS), None)
-        if entering is None:
-            break
-        column = t[:rows, entering]
-        best: tuple[float, int] | None = None
-        for i in range(rows):
-            if column[i] > _EPS:
-                ratio = t[i, -1] / column[i]
-                tied = best is not None and abs(ratio - best[0]) <= _EPS
-                if best is None or ratio < best[0] - _EPS or (tied and basis[i] < basis[best[1]]):
+class _PackingDual:
+    """max d.x subject to f.x <= 1 for every fill f added so far, x >= 0: a dense simplex tableau kept
+    optimal as fills are added (a cut makes it primal infeasible; dual simplex pivots mend it). Pivot rules
+    are deterministic (lowest index on ties) and every operation is elementwise in floats, so every machine
+    takes the same pivots and gets the same prices."""
+
+    def __init__(self, demand: list[float], fills: list[list[int]]) -> None:
+        self.n = len(demand)
+        self.width = self.n + len(fills) + _MAX_ROUNDS + 1  # structural, one slack per fill, right-hand side
+        self.t = np.zeros((0, self.width))
+        self.z = np.zeros(self.width)  # the objective row: optimal when no entry is negative
+        self.z[: self.n] = -np.array(demand)
+        self.basis: list[int] = []
+        for fill in fills:
+            self._append_row(fill)
+        self._primal()
+
+    def solution(self) -> npt.NDArray[np.float64]:
+        x = np.zeros(self.n)
+        for i, j in enumerate(self.basis):
+            if j < self.n:
+                x[j] = self.t[i, -1]
+        return x
+
+    def add_fill(self, fill: list[int]) -> None:
+        self._append_row(fill)
+        self._dual()
+        self._primal()  # only if rounding left a negative reduced cost
+
+    def _append_row(self, fill: list[int]) -> None:
+        slack = self.n + len(self.basis)
+        row = np.zeros(self.width)
+        row[: self.n] = fill
+        row[slack] = 1.0
+        row[-1] = 1.0
+        for i, j in enumerate(self.basis):  # in terms of the current basis
+            if row[j] != 0.0:
+                row = row - row[j] * self.t[i]
+        self.t = np.vstack([self.t, row])
+        self.basis.append(slack)
+
+    def _pivot(self, i: int, j: int) -> None:
+        t = self.t
+        t[i] = t[i] / t[i, j]
+        column = t[:, j].copy()
+        column[i] = 0.0
+        t -= column[:, None] * t[i][None, :]
+        self.z = self.z - self.z[j] * t[i]
+        self.basis[i] = j
+
+    def _primal(self) -> None:
+        columns = self.n + len(self.basis)
+        for _ in range(100_000):
+            entering = next((j for j in range(columns) if self.z[j] < -_EPS), None)
+            if entering is None:
+                return
+            col, rhs = self.t[:, entering], self.t[:, -1]
+            best: tuple[float, int] | None = None
+            for i in np.flatnonzero(col > _EPS).tolist():
+                ratio = rhs[i] / col[i]
+                if best is None or ratio < best[0] - _EPS or (abs(ratio - best[0]) <= _EPS
+                                                              and self.basis[i] < self.basis[best[1]]):
                     best = (ratio, i)
-        assert best is not None, "the pairing LP is bounded"
-        i = best[1]
-        t[i] = t[i] / t[i, entering]
-        for k in range(rows + 1):
-            if k != i and t[k, entering] != 0.0:
-                t[k] = t[k] - t[k, entering] * t[i]
-        basis[i] = entering
-    x = np.zeros(cols)
-    for i, j in enumerate(basis):
-        if j < cols:
-            x[j] = t[i, -1]
-    return x
+            assert best is not None, "the pairing LP is bounded"
+            self._pivot(best[1], entering)
+
+    def _dual(self) -> None:
+        columns = self.n + len(self.basis)
+        for _ in range(100_000):
+            negative = np.flatnonzero(self.t[:, -1] < -_EPS)
+            if not negative.size:
+                return
+            i = int(negative[0])
+            row = self.t[i, :columns]
+            best: tuple[float, int] | None = None
+            for j in np.flatnonzero(row < -_EPS).tolist():
+                ratio = self.z[j] / -row[j]
+                if best is None or ratio < best[0] - _EPS:
+                    best = (ratio, j)
+            assert best is not None, "the pairing LP is feasible (x = 0)"
+            self._pivot(i, best[1])
 
 
-def _best_fill_of(sizes: list[int], prices: list[float]) -> tuple[float, list[int]]:
-    """The most valuable fill of one GPU under `prices` (unbounded knapsack over 0..1000 milli)."""
-    value = [0.0] * (FULL + 1)
-    take = [-1] * (FULL + 1)
-    for r in range(1, FULL + 1):
-        value[r], take[r] = value[r - 1], -1
-        for i, s in enumerate(sizes):
-            if s <= r and value[r - s] + prices[i] > value[r] + _EPS:
-                value[r], take[r] = value[r - s] + prices[i], i
+def _best_fill_of(sizes: list[int], prices: npt.NDArray[np.float64]) -> tuple[float, list[int]]:
+    """The most valuable fill of one GPU under `prices`: an unbounded knapsack over 0..1000 milli, each size
+    split into 1, 2, 4, ... copies so that every step is one elementwise pass over the capacities."""
+    value = np.zeros(FULL + 1)
+    steps: list[tuple[int, int, npt.NDArray[np.bool_]]] = []
+    for i, (s, p) in enumerate(zip(sizes, prices.tolist(), strict=True)):
+        left, copies = FULL // s, 1
+        while left > 0:
+            k = min(copies, left)
+            w, v = k * s, k * p
+            shifted = value[: FULL + 1 - w] + v
+            take = np.zeros(FULL + 1, dtype=bool)
+            take[w:] = shifted > value[w:] + _EPS
+            value = np.where(take, np.concatenate([np.zeros(w), shifted]), value)
+            steps.append((i, k, take))
+            left -= k
+            copies *= 2
     fill = [0] * len(sizes)
     r = FULL
-    while r > 0:
-        if take[r] < 0:
-            r -= 1
-        else:
-            fill[take[r]] += 1
-            r -= sizes[take[r]]
-    return value[FULL], fill
+    for i, k, take in reversed(steps):
+        if take[r]:
+            fill[i] += k
+            r -= k * sizes[i]
+    return float(value[FULL]), fill
 
 
 def _best_fill(prices: dict[int, int]) -> npt.NDArray[np.int64]:

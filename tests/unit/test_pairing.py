@@ -11,7 +11,7 @@ import pytest
 from contracts import GpuSpec, JobSpec, NodeSpec
 from libs.core.cluster import Cluster
 from libs.core.fit import Placer
-from libs.core.pairing import FULL, PRICE_SCALE, pairing_prices
+from libs.core.pairing import FULL, PRICE_SCALE, fewest_gpus, pairing_prices
 from libs.core.shapes import Shape, typical_from_counts
 
 
@@ -142,3 +142,16 @@ def test_packing_pairs_fractions_onto_fewer_gpus_than_fgd_and_best_fit() -> None
     assert sum(used["packing"]) < sum(used["best-fit"])
     bound = 30 + 20 + 15 + 2  # 810s alone, 470 pairs, 650+320, three 320s per GPU for the 5 left
     assert all(u >= bound for u in used["packing"]), used
+
+
+def test_a_mix_of_many_odd_fractions_is_priced_on_its_frequent_ones_rounded_up() -> None:
+    rng = random.Random(5)
+    mix = [(m, rng.randint(1, 50)) for m in range(7, 1000, 9)]  # 111 distinct fractions
+    prices = pairing_prices(mix, max_sizes=16)
+    assert prices is not None and len(prices.prices) == 16
+    assert max(prices.prices) == max(m for m, _ in mix)  # the largest is always kept: every fraction has a home
+    for m, _ in mix:
+        assert (prices.loss(m) >= 0).all()
+    assert prices.best[FULL] <= PRICE_SCALE + FULL // min(prices.prices)
+    # The floor keeps every fraction apart: rounding up could only raise it.
+    assert fewest_gpus(mix[:12]) <= fewest_gpus([(m + 1, c) for m, c in mix[:12]]) + 1e-6
