@@ -42,17 +42,21 @@ class PairingPrices:
     """Loss tables for one mix of fractions. `loss(m)[v]`: the loss (in thousandths of a GPU) of placing a
     fraction of m milli on a GPU with v milli free (v <= 1000; 0 where it does not fit)."""
 
-    def __init__(self, prices: dict[int, int]) -> None:
+    def __init__(self, prices: dict[int, int], merged: dict[int, int] | None = None) -> None:
         self.prices = dict(sorted(prices.items()))
-        self.best = _best_fill(self.prices)  # K(r) for r = 0..1000, in millionths
+        self.merged = merged or {}  # a fraction priced as a larger one (see `pairing_prices`)
+        self.best = _best_fill(tuple(self.prices.items()))  # K(r) for r = 0..1000, in millionths
         self._tables: dict[int, npt.NDArray[np.int64]] = {}
         self._lists: dict[int, list[int]] = {}
 
     def price(self, milli: int) -> int:
-        """A fraction's price; for a size outside the mix, that of the largest size of the mix it covers (a
-        bigger request is worth at least as much as any smaller one it could replace)."""
+        """A fraction's price; for one merged into a larger fraction of the mix, that fraction's; for a size
+        outside the mix, that of the largest size of the mix it covers (a bigger request is worth at least as
+        much as any smaller one it could replace)."""
         if milli in self.prices:
             return self.prices[milli]
+        if milli in self.merged:
+            return self.prices[self.merged[milli]]
         return max((p for s, p in self.prices.items() if s <= milli), default=0)
 
     def loss(self, milli: int) -> npt.NDArray[np.int64]:
@@ -60,7 +64,8 @@ class PairingPrices:
         if table is None:
             v = np.arange(FULL + 1, dtype=np.int64)
             fits = v >= milli
-            raw = self.best - self.price(milli) - self.best[np.where(fits, v - milli, 0)]
+            # (never below 0: a merged fraction carries a larger one's price but leaves more room)
+            raw = np.maximum(self.best - self.price(milli) - self.best[np.where(fits, v - milli, 0)], 0)
             table = np.where(fits, (raw + LOSS_UNIT // 2) // LOSS_UNIT, 0).astype(np.int64)
             table.flags.writeable = False
             if len(self._tables) > 256:
@@ -84,9 +89,10 @@ def pairing_prices(mix: Iterable[tuple[int, int]], max_sizes: int | None = MAX_S
     counts = _fractions(mix)
     if not counts:
         return None
+    merged: dict[int, int] = {}
     if max_sizes is not None and len(counts) > max_sizes:
-        counts = _merge_rare(counts, max_sizes)
-    return _prices(tuple(sorted(counts.items())))
+        counts, merged = _merge_rare(counts, max_sizes)
+    return PairingPrices(dict(_prices(tuple(sorted(counts.items())))), merged)
 
 
 def fewest_gpus(mix: Iterable[tuple[int, int]]) -> float:
@@ -107,20 +113,24 @@ def _fractions(mix: Iterable[tuple[int, int]]) -> dict[int, int]:
     return counts
 
 
-def _merge_rare(counts: dict[int, int], max_sizes: int) -> dict[int, int]:
+def _merge_rare(counts: dict[int, int], max_sizes: int) -> tuple[dict[int, int], dict[int, int]]:
     """The `max_sizes` - 1 most frequent fractions and the largest; every other one added to the smallest
-    kept fraction at least as large."""
+    kept fraction at least as large. Also: which fraction each merged one went to."""
     largest = max(counts)
     frequent = sorted((m for m in counts if m != largest), key=lambda m: (-counts[m], -m))[: max_sizes - 1]
     kept = sorted([*frequent, largest])
-    merged = dict.fromkeys(kept, 0)
+    total = dict.fromkeys(kept, 0)
+    into: dict[int, int] = {}
     for m, c in counts.items():
-        merged[kept[bisect.bisect_left(kept, m)]] += c
-    return merged
+        k = kept[bisect.bisect_left(kept, m)]
+        total[k] += c
+        if k != m:
+            into[m] = k
+    return total, into
 
 
 @functools.lru_cache(maxsize=16)
-def _prices(mix: tuple[tuple[int, int], ...]) -> PairingPrices:
+def _prices(mix: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
     sizes = [s for s, _ in mix]
     # Start from the fills of one size only (they bound every price), then add the fill the current prices
     # overvalue most, until none is worth more than one GPU.
@@ -131,8 +141,7 @@ def _prices(mix: tuple[tuple[int, int], ...]) -> PairingPrices:
         if value <= 1 + _EPS:
             break
         lp.add_fill(fill)
-    scaled = {s: round(p * PRICE_SCALE) for s, p in zip(sizes, lp.solution().tolist(), strict=True)}
-    return PairingPrices(scaled)
+    return tuple((s, round(p * PRICE_SCALE)) for s, p in zip(sizes, lp.solution().tolist(), strict=True))
 
 
 class _PackingDual:
@@ -244,11 +253,14 @@ def _best_fill_of(sizes: list[int], prices: npt.NDArray[np.float64]) -> tuple[fl
     return float(value[FULL]), fill
 
 
-def _best_fill(prices: dict[int, int]) -> npt.NDArray[np.int64]:
+@functools.lru_cache(maxsize=16)
+def _best_fill(prices: tuple[tuple[int, int], ...]) -> npt.NDArray[np.int64]:
     """K(r): the most value (integer prices) r milli can take, r = 0..1000."""
     best = [0] * (FULL + 1)
-    for s, p in prices.items():  # unbounded knapsack, one size at a time (each may repeat)
+    for s, p in prices:  # unbounded knapsack, one size at a time (each may repeat)
         for r in range(s, FULL + 1):
             if best[r - s] + p > best[r]:
                 best[r] = best[r - s] + p
-    return np.array(best, dtype=np.int64)
+    table = np.array(best, dtype=np.int64)
+    table.flags.writeable = False  # shared by every PairingPrices of these prices
+    return table

@@ -155,3 +155,12 @@ def test_a_mix_of_many_odd_fractions_is_priced_on_its_frequent_ones_rounded_up()
     assert prices.best[FULL] <= PRICE_SCALE + FULL // min(prices.prices)
     # The floor keeps every fraction apart: rounding up could only raise it.
     assert fewest_gpus(mix[:12]) <= fewest_gpus([(m + 1, c) for m, c in mix[:12]]) + 1e-6
+
+
+def test_a_merged_fraction_carries_the_price_of_the_fraction_it_joined() -> None:
+    mix = [(300, 50), (310, 1), (500, 40), (700, 30)]
+    prices = pairing_prices(mix, max_sizes=3)
+    assert prices is not None and set(prices.prices) == {300, 500, 700}
+    assert prices.merged == {310: 500}  # the rarest, rounded up to the next kept fraction
+    assert prices.price(310) == prices.price(500)
+    assert (prices.loss(310) >= 0).all()
