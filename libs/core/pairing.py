@@ -12,7 +12,8 @@ of value for good: nothing when the GPU stays on an optimal fill (an 810 alone, 
 something when the space left can no longer be filled to full value (a 320 on the 530 left by a 470).
 Packing puts a fraction where the loss is least, and lets FGD's score decide among equal losses: online,
 the GPUs then end up in the fills the optimum would use (dual-guided online bin packing for a known mix of
-sizes; cf. the Sum-of-Squares family, Csirik et al., J. ACM 2006).
+sizes; cf. the Sum-of-Squares family, Csirik et al., J. ACM 2006). Fractions are priced by share alone:
+GPU models and GPU memory decide where a fraction may go (the fit), not what it is worth.
 
 The prices come from a dense simplex tableau on the dual (one variable per fraction), cut by the fill an
 unbounded-knapsack oracle finds most overvalued and mended by dual simplex pivots, in elementwise floats
