@@ -100,10 +100,10 @@ def fewest_gpus(mix: Iterable[tuple[int, int]]) -> float:
     """The fewest GPUs a mix of (fraction, count) fits in, in the linear relaxation: a lower bound on any
     packing of it (by LP duality, the prices' total; every fraction kept apart, however many)."""
     counts = _fractions(mix)
-    prices = pairing_prices(counts.items(), max_sizes=None)
-    if prices is None:
+    if not counts:
         return 0.0
-    return sum(prices.prices[m] * c for m, c in counts.items()) / PRICE_SCALE
+    prices = dict(_prices(tuple(sorted(counts.items()))))
+    return sum(prices[m] * c for m, c in counts.items()) / PRICE_SCALE
 
 
 def _fractions(mix: Iterable[tuple[int, int]]) -> dict[int, int]:
