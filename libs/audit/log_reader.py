@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable
 
+import nats.errors
 from nats.aio.msg import Msg
 
 from libs.bus.jetstream import Bus, Consumer, stream_seq
@@ -53,7 +54,7 @@ async def _nothing_pending(reader: Consumer) -> bool:
     """Has the reader been handed every message of its subjects? (No answer counts as not known yet.)"""
     try:
         info = await reader.sub.consumer_info()
-    except Exception:  # the stream is between leaders: ask again after the next fetch
+    except (nats.errors.Error, TimeoutError):  # the stream is between leaders: ask after the next fetch
         return False
     return not info.num_pending
 

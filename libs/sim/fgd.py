@@ -7,6 +7,7 @@ import csv
 import functools
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,8 +124,8 @@ def run_once(nodes: list[NodeSpec], pods: list[Pod], typical: TypicalShapes, pol
     arrived = np.zeros(len(offered), dtype=np.int64)
     used = np.zeros(len(offered), dtype=np.int64)
     a = u = placed = 0
-    offered_fractions: dict[int, int] = {}
-    placed_fractions: dict[int, int] = {}
+    offered_fractions: Counter[int] = Counter()  # GPU share -> pods, up to arrived 100
+    placed_fractions: Counter[int] = Counter()
     for i, pod in enumerate(offered):
         a += pod.request_milli
         p = placer.place_replica(pod.spec, 0, policy, salt=seed)
@@ -132,9 +133,9 @@ def run_once(nodes: list[NodeSpec], pods: list[Pod], typical: TypicalShapes, pol
             placed += 1
             u += pod.request_milli
         if pod.spec.gpu_milli and a <= total_gpus * FULL:
-            offered_fractions[pod.spec.gpu_milli] = offered_fractions.get(pod.spec.gpu_milli, 0) + 1
+            offered_fractions[pod.spec.gpu_milli] += 1
             if p is not None:
-                placed_fractions[pod.spec.gpu_milli] = placed_fractions.get(pod.spec.gpu_milli, 0) + 1
+                placed_fractions[pod.spec.gpu_milli] += 1
         arrived[i], used[i] = a, u
         if progress is not None and i % 500 == 0:
             progress(i)
