@@ -106,7 +106,7 @@ def run_chaos(opts: ChaosOptions, progress: ProgressFn | None = None) -> dict[st
         raise ValueError("--jobs must be at least 1, --kill-every and the time scale above 0")
     started = time.monotonic()
     window = scenario.submission_window(opts.jobs, opts.window_s)
-    plan = scenario.plan(opts.jobs, opts.seed, window)
+    plan = scenario.plan(opts.jobs, opts.seed, window, opts.time_scale)
     shown = ChaosProgress(total=len(plan))
     report = progress or (lambda _: None)
     env_extra = {"GPUSCHED_TICK_SECONDS": "1", "GPUSCHED_TIME_SCALE": f"{opts.time_scale:g}",

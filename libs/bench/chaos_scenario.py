@@ -1,6 +1,11 @@
 """The chaos benchmark's workload: three teams sharing one cohort on a small simulated cluster, jobs of mixed
-shapes and priorities (so that preemption happens), a few duplicate submissions and cancellations, spread
-over a submission window. Pure: a seed in, values out; the runner does the I/O."""
+shapes and priorities, a few duplicate submissions and cancellations, spread over a submission window. Pure: a
+seed in, values out; the runner does the I/O.
+
+Preemption must happen in every run, however fast or slow the machine: how often the random mix needs one
+depends on timing (on a slow machine the backlog is admitted in priority order and nothing has to give way).
+So the first job holds every T4 GPU for most of the window at the lowest priority, and an urgent job that
+needs T4s arrives in the middle of it: only an eviction can place it before the holder ends."""
 
 from __future__ import annotations
 
@@ -75,6 +80,12 @@ PRIORITIES = ("batch", "batch", "training", "training", "training", "urgent")
 # Jobs per second of the submission window, when the window is not given.
 DEFAULT_RATE = 30.0
 MIN_WINDOW_S = 10.0
+# The preemption probe: the holder (a gang on every T4 GPU) runs for this share of the window, the urgent job
+# that needs it arrives at that share of the window.
+HOLD_SHARE = 0.8
+PROBE_AT_SHARE = 0.4
+T4_NODES = 3
+T4_GPUS = 2
 
 Via = Literal["http", "bus"]
 
@@ -114,14 +125,33 @@ def random_spec(rng: random.Random, i: int) -> dict[str, Any]:
     return spec
 
 
-def plan(jobs: int, seed: int, window_s: float) -> list[Submission]:
+def holder_spec(i: int, hold_s: float) -> dict[str, Any]:
+    """Every T4 GPU, at the lowest priority, for `hold_s` job seconds."""
+    return {"team": "gamma", "queue": "gamma", "name": f"chaos-{i}-t4-holder", "user": f"u{i % 7}",
+            "priority": "batch", "duration_s": round(hold_s, 2), "gpus": T4_GPUS, "replicas": T4_NODES,
+            "gpu_models": ["T4"]}
+
+
+def probe_spec(i: int, duration_s: float) -> dict[str, Any]:
+    """An urgent job that only T4s can run: it waits for the holder unless the holder is evicted."""
+    return {"team": "gamma", "queue": "gamma", "name": f"chaos-{i}-t4-urgent", "user": f"u{i % 7}",
+            "priority": "urgent", "duration_s": duration_s, "gpus": T4_GPUS, "gpu_models": ["T4"]}
+
+
+def plan(jobs: int, seed: int, window_s: float, time_scale: float = 1.0) -> list[Submission]:
     """The submissions in time order. HTTP ones carry an idempotency key, so that a retry after an error
-    (the API down, NATS restarting) can never make a second job; bus ones carry the producer's job id."""
+    (the API down, NATS restarting) can never make a second job; bus ones carry the producer's job id.
+    `time_scale`: job seconds per wall second of the executor, so that the holder spans the window."""
     rng = random.Random(seed)
     times = sorted(rng.uniform(0.0, window_s) for _ in range(jobs))
+    probe = next((i for i, at in enumerate(times) if i > 0 and at >= window_s * PROBE_AT_SHARE), None)
     out: list[Submission] = []
     for i, at in enumerate(times):
-        spec = random_spec(rng, i)
+        spec = random_spec(rng, i)  # drawn for every job, so that the probe leaves the others as they were
+        if i == 0:
+            spec = holder_spec(i, window_s * HOLD_SHARE * time_scale)
+        elif i == probe:
+            spec = probe_spec(i, spec["duration_s"])
         via: Via = "bus" if rng.random() < BUS_SHARE else "http"
         if via == "http":
             spec["idempotency_key"] = f"chaos-{seed}-{i}"

@@ -34,6 +34,11 @@ def test_every_planned_job_is_valid_and_the_plan_is_the_seeds(tmp_path: Path) ->
     assert len({s.job_id for s in plan}) == 500 and {s.via for s in plan} == {"http", "bus"}
     assert sum(s.again_at_s is not None for s in plan) == 10 and sum(s.cancel_at_s is not None for s in plan) == 5
     assert len({s.spec["priority"] for s in plan}) == 3
+    # The preemption probe: the first job holds every T4 for most of the window, an urgent T4 job comes midway.
+    holder, probe = plan[0], next(s for s in plan if s.spec["name"].endswith("t4-urgent"))
+    assert holder.spec["gpus"] * holder.spec["replicas"] == 6 and holder.spec["duration_s"] == 8.0
+    assert holder.spec["gpu_models"] == probe.spec["gpu_models"] == ["T4"] and probe.spec["priority"] == "urgent"
+    assert 4.0 <= probe.at_s < 5.0 and plan[1:] == scenario.plan(500, seed=3, window_s=10.0, time_scale=2.0)[1:]
 
 
 @pytest.mark.e2e
