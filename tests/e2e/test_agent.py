@@ -133,23 +133,27 @@ def test_commands_run_on_their_gpus_and_finish_or_fail_with_their_logs(platform:
     assert "share 0.250" in platform.api.logs(share)["log"]
 
 
-# A service replica that loads its "model" for a second before it serves.
-LOADING = ("import time\n"
+# A service replica that loads its "model" until the file named by its argument exists, then serves.
+LOADING = ("import os, sys, time\n"
            "from libs.jobkit import ready\n"
-           "print('loading', flush=True); time.sleep(1.5); ready(); print('serving', flush=True)\n"
+           "print('loading', flush=True)\n"
+           "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"
+           "ready(); print('serving', flush=True)\n"
            "time.sleep(120)\n")
 
 
 def test_a_service_replica_counts_as_ready_when_its_process_says_so(platform: Platform) -> None:
+    loaded = platform.tmp / "loader-loaded"  # the replica loads until the test creates it, however slow the machine
     platform.api.deploy_service({"name": "loader", "min_replicas": 1, "max_replicas": 1, "replica": {
         "team": "t", "queue": "q", "gpus": 1, "priority": "urgent", "ready_signal": True,
-        "command": [sys.executable, "-c", LOADING]}})
+        "command": [sys.executable, "-c", LOADING, str(loaded)]}})
     replica = wait_for(lambda: next((j for j in platform.api.jobs(state="running")
                                      if j["spec"].get("service") == "loader"), None), "the replica never ran")
     platform.wait_log(replica["id"], "loading")
     assert platform.api.service("loader")["ready_replicas"] == 0  # running, not yet serving
-    wait_for(lambda: platform.api.service("loader")["ready_replicas"] == 1, "the replica never became ready", 10)
-    assert "serving" in platform.api.logs(replica["id"])["log"]
+    loaded.touch()
+    wait_for(lambda: platform.api.service("loader")["ready_replicas"] == 1, "the replica never became ready", 20)
+    platform.wait_log(replica["id"], "serving")
     platform.api.delete_service("loader")
     assert platform.wait_state(replica["id"], *FINAL)["state"] == "cancelled"
 

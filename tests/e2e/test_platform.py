@@ -194,9 +194,10 @@ async def test_two_hundred_jobs_from_three_teams_all_reach_a_final_state(
             time.sleep(0.1)
 
         accepted: list[str] = []
-        # 1. Low-priority work fills alpha's quota; urgent alpha work then has to preempt it.
+        # 1. Low-priority work fills alpha's quota, all it may borrow included (8 x 3 GPUs: its nominal 16 and
+        # 8 from beta); urgent alpha work then has to preempt it, however fast or slow the machine.
         for i in range(8):
-            accepted.append(client.submit({"team": "alpha", "queue": "alpha", "gpus": 2, "priority": "batch",
+            accepted.append(client.submit({"team": "alpha", "queue": "alpha", "gpus": 3, "priority": "batch",
                                            "duration_s": 4.0, "name": f"filler-{i}"})["id"])
         time.sleep(1.0)
         for i in range(2):

@@ -1,9 +1,9 @@
 """Reclaim with checkpoints, on the whole platform (real NATS and Redis, six processes): team A borrows the
 whole 16-GPU cluster with low-priority work, some of it checkpointing; team B, in the same cohort, then asks
-for its nominal quota back. B's jobs start within a clock tick of their submission, only A's jobs are
-evicted and no more GPUs than B needs; the victims that checkpoint lose nothing and resume where they
-stopped, the others lose their run (and the ledger says exactly that); in the end every job succeeds and the
-log replays, within quota and without over-allocation."""
+for its nominal quota back. B's jobs start soon after their submission (not when A's jobs end), only A's
+jobs are evicted and no more GPUs than B needs; the victims that checkpoint lose only what they ran while
+writing their checkpoint and resume where they stopped, the others lose their run (and the ledger says exactly
+that); in the end every job succeeds and the log replays, within quota and without over-allocation."""
 
 from __future__ import annotations
 
@@ -46,6 +46,10 @@ CHECKPOINT_WRITE_S = 0.5
 A_DURATION_S = 20.0  # long enough that B's jobs come and go while A's victims are still short of done
 B_DURATION_S = 3.0
 CHECKPOINT_EVERY_S = 5.0
+# How long a few hops through the pipeline may take on a loaded machine (some of them through services that run
+# at a lower CPU priority): from B's submission to a victim's executor, from the victims' ends to B's start.
+# Far less than the ~18 s left of A's jobs when B arrives: waiting for them to end would still fail the checks.
+PIPELINE_SLACK_S = 5.0
 A_GPUS, B_GPUS = 2, 4
 # Which of A's jobs (a-0..a-7, placed two to a node in order) checkpoint. Victims that lose nothing come first,
 # so with half of them checkpointing every victim would be one (or, with one per node, reclaim finds nothing
@@ -228,15 +232,17 @@ def test_reclaim_evicts_only_what_b_needs_and_checkpointing_victims_lose_nothing
     raw, events = save_log()
     log = describe(events, names)
 
-    # --- B's jobs start within one clock tick (plus the pipeline's latency) of their submission.
+    # --- B's jobs start soon after their submission: within a clock tick, the victims' checkpoint writes and
+    # the pipeline's latency, not when A's jobs end.
     submitted = {e.job_id: e.ts for _, e in events if isinstance(e, SubmitJob)}
     runs = runs_of(events)
+    bound = TICK_S + CHECKPOINT_WRITE_S + PIPELINE_SLACK_S
     for job_id in b_ids:
         assert len(runs[job_id]) == 1, log
         waited = runs[job_id][0].started - submitted[job_id]
-        assert 0 <= waited <= TICK_S + 2.0, f"{names[job_id]} started {waited:.2f} s after submission\n{log}"
+        assert 0 <= waited <= bound, f"{names[job_id]} started {waited:.2f} s after submission\n{log}"
         view = views[job_id]
-        assert view["started_at"] - view["submitted_at"] <= TICK_S + 2.0, view
+        assert view["started_at"] - view["submitted_at"] <= bound, view
 
     # --- Reclaim took only A's jobs, and no more GPUs than B needed.
     decisions = [e for _, e in events if isinstance(e, PreemptionDecided)]
@@ -248,13 +254,16 @@ def test_reclaim_evicts_only_what_b_needs_and_checkpointing_victims_lose_nothing
     assert len({v.job_id for v in victims}) == len(victims), f"a job chosen twice\n{log}"
     assert sum(v.gpu_milli for v in victims) <= 2 * B_GPUS * 1000, log
     victim_ids = {v.job_id for v in victims}
+    told_at = {v.job_id: d.ts for d in decisions for v in d.victims}  # when each victim was told to stop
     assert {e.job_id for _, e in events if isinstance(e, JobEvicted)} == victim_ids, log
     for job_id in set(a_ids) - victim_ids:  # the others ran once, undisturbed
         assert [r.how for r in runs[job_id]] == ["finished"], log
     # The scenario is the one intended: victims of both kinds (see CHECKPOINTING).
     assert {checkpoints[j] for j in victim_ids} == {True, False}, log
 
-    # --- What each victim kept: one that checkpoints its whole run, one that does not nothing.
+    # --- What each victim kept: one that checkpoints its whole run up to when it was told to stop, one that
+    # does not nothing. What a victim loses is measured from the log: how long it went on after it was told to
+    # stop depends on how fast the decision reached the executor, not only on the checkpoint's write time.
     checkpointed = {e.job_id for _, e in events if isinstance(e, JobCheckpointed)}
     lost = 0.0
     for job_id in sorted(victim_ids):
@@ -265,10 +274,17 @@ def test_reclaim_evicts_only_what_b_needs_and_checkpointing_victims_lose_nothing
         assert views[job_id]["evictions"] == 1, views[job_id]
         if checkpoints[job_id]:
             assert job_id in checkpointed, f"{name} did not checkpoint\n{log}"
-            assert abs(first.progress_s - ran) <= 1.5, f"{name}: progress {first.progress_s} s after {ran:.3f} s"
-            # Only what it ran while writing its checkpoint is lost.
-            assert views[job_id]["lost_gpu_seconds"] == pytest.approx(CHECKPOINT_WRITE_S * A_GPUS, abs=0.3), \
-                views[job_id]
+            # Its checkpoint holds its whole run up to the moment it was told to stop ...
+            kept = told_at[job_id] - first.started
+            assert first.progress_s == pytest.approx(kept, abs=0.05), \
+                f"{name}: progress {first.progress_s} s, told to stop {kept:.3f} s into a run of {ran:.3f} s"
+            # ... and it stopped once that checkpoint was written: not before, nor long after.
+            writing = first.ended - told_at[job_id]
+            assert CHECKPOINT_WRITE_S - 0.05 <= writing <= CHECKPOINT_WRITE_S + PIPELINE_SLACK_S, \
+                f"{name} stopped {writing:.3f} s after it was told to\n{log}"
+            # Only what it ran after it was told to stop (while writing its checkpoint) is lost.
+            lost += writing * A_GPUS
+            assert views[job_id]["lost_gpu_seconds"] == pytest.approx(writing * A_GPUS, abs=0.1), views[job_id]
             # It resumed: its second run did only what was left of its work.
             left = A_DURATION_S - first.progress_s
             assert abs(again.ended - again.started - left) <= 1.5, f"{name}: {again} for the {left:.3f} s left"
@@ -278,8 +294,8 @@ def test_reclaim_evicts_only_what_b_needs_and_checkpointing_victims_lose_nothing
             lost += ran * A_GPUS
             assert views[job_id]["lost_gpu_seconds"] == pytest.approx(ran * A_GPUS, abs=2.0 * A_GPUS)
             assert abs(again.ended - again.started - A_DURATION_S) <= 1.5, f"{name} started over: {again}"
-    # The GPU time lost is the non-checkpointing victims' runs only.
-    assert usage["lost_gpu_seconds"] == pytest.approx(lost, abs=2.0 * A_GPUS), (usage, lost)
+    # The GPU time lost is the non-checkpointing victims' runs, and what the others ran while checkpointing.
+    assert usage["lost_gpu_seconds"] == pytest.approx(lost, abs=0.1), (usage, lost)
 
     # --- Every job succeeded, by the API and by the log; the log replays and kept every limit.
     assert {e.job_id for _, e in events if isinstance(e, JobFinished) and e.exit_code == 0} == set(all_ids)

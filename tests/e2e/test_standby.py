@@ -30,6 +30,10 @@ pytestmark = pytest.mark.e2e
 JOBS = 80
 FREEZE_AT = 25
 LEASE_TTL_S = 2.0
+# Once the frozen leader's lease runs out (at most the TTL after the freeze), the standby needs a poll, a new
+# epoch and a log line: on a loaded machine that may take seconds. The bound is about not waiting for anything
+# else; how fast a takeover is belongs to a benchmark.
+TAKEOVER_SLACK_S = 10.0
 
 
 def wait_for_line(path: Path, text: str, timeout: float) -> float:
@@ -104,7 +108,7 @@ async def test_a_standby_replaces_a_frozen_leader_and_the_old_leader_cannot_writ
             standby.proc.wait(timeout=10)
 
     print(f"takeover: {takeover_s:.2f} s after the leader froze (lease TTL {LEASE_TTL_S:g} s)")
-    assert takeover_s < LEASE_TTL_S + 3.0
+    assert takeover_s < LEASE_TTL_S + TAKEOVER_SLACK_S
     assert [i for i in accepted if jobs.get(i, {}).get("state") not in FINAL] == []
     events = [(seq, decode(data)) for seq, data in raw]
     assert overallocations(events) == []
