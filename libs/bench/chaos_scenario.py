@@ -4,8 +4,10 @@ seed in, values out; the runner does the I/O.
 
 Preemption must happen in every run, however fast or slow the machine: how often the random mix needs one
 depends on timing (on a slow machine the backlog is admitted in priority order and nothing has to give way).
-So the first job holds every T4 GPU for most of the window at the lowest priority, and an urgent job that
-needs T4s arrives in the middle of it: only an eviction can place it before the holder ends."""
+So the first job holds every T4 GPU for a few seconds at the lowest priority, and an urgent job that needs
+T4s arrives halfway through: only an eviction can place it before the holder ends. The hold is short and
+bounded: an evicted holder starts again from the beginning, so a hold that spanned a long window would be
+evicted again and again and keep the run waiting for it."""
 
 from __future__ import annotations
 
@@ -80,10 +82,10 @@ PRIORITIES = ("batch", "batch", "training", "training", "training", "urgent")
 # Jobs per second of the submission window, when the window is not given.
 DEFAULT_RATE = 30.0
 MIN_WINDOW_S = 10.0
-# The preemption probe: the holder (a gang on every T4 GPU) runs for this share of the window, the urgent job
-# that needs it arrives at that share of the window.
+# The preemption probe: the holder (a gang on every T4 GPU) runs for this share of the window but at most
+# HOLD_MAX_S wall seconds; the urgent job that needs its GPUs arrives halfway through.
 HOLD_SHARE = 0.8
-PROBE_AT_SHARE = 0.4
+HOLD_MAX_S = 8.0
 T4_NODES = 3
 T4_GPUS = 2
 
@@ -141,15 +143,16 @@ def probe_spec(i: int, duration_s: float) -> dict[str, Any]:
 def plan(jobs: int, seed: int, window_s: float, time_scale: float = 1.0) -> list[Submission]:
     """The submissions in time order. HTTP ones carry an idempotency key, so that a retry after an error
     (the API down, NATS restarting) can never make a second job; bus ones carry the producer's job id.
-    `time_scale`: job seconds per wall second of the executor, so that the holder spans the window."""
+    `time_scale`: job seconds per wall second of the executor, so that the holder holds for wall seconds."""
     rng = random.Random(seed)
     times = sorted(rng.uniform(0.0, window_s) for _ in range(jobs))
-    probe = next((i for i, at in enumerate(times) if i > 0 and at >= window_s * PROBE_AT_SHARE), None)
+    hold_s = min(window_s * HOLD_SHARE, HOLD_MAX_S)
+    probe = next((i for i, at in enumerate(times) if i > 0 and at >= hold_s / 2), None)
     out: list[Submission] = []
     for i, at in enumerate(times):
         spec = random_spec(rng, i)  # drawn for every job, so that the probe leaves the others as they were
         if i == 0:
-            spec = holder_spec(i, window_s * HOLD_SHARE * time_scale)
+            spec = holder_spec(i, hold_s * time_scale)
         elif i == probe:
             spec = probe_spec(i, spec["duration_s"])
         via: Via = "bus" if rng.random() < BUS_SHARE else "http"
