@@ -143,6 +143,10 @@ class ExecutorBook:
     def react(self, event: EventBase, now: float) -> list[EventBase]:
         """Fold an event and report what the executor does about it at `now`."""
         self.fold(event)
+        return self.act(event, now)
+
+    def act(self, event: EventBase, now: float) -> list[EventBase]:
+        """What the executor does about an event already folded, with the runs as they are now."""
         out: list[EventBase] = []
         match event:
             case JobPlaced():

@@ -58,6 +58,8 @@ class SimExecutor:
         # runs (-1: resumed, or nothing to resume).
         self._seen = 0
         self._resume_at = -1
+        # Decisions read before the resume, folded but not yet acted on (see `on_event`).
+        self._deferred: list[EventBase] = []
         self._tasks: set[asyncio.Task[None]] = set()
         # None: the process's tracing, which its reactor also uses (one memory of the jobs' contexts).
         self.tracing: ServiceTracing | None = None
@@ -73,7 +75,16 @@ class SimExecutor:
 
     def on_event(self, seq: int, event: EventBase) -> list[EventBase]:
         self._seen = seq
-        out = self._handle(event)
+        if self._resume_at > seq and not isinstance(event, REPORTS):
+            # Until every report of the replaced process is read, the book may hold runs that already ended
+            # (a preemption decided before a run's finish, read here before that finish): acting now could
+            # evict a finished job. The event is folded now and acted on at the resume, on the runs as they are.
+            self.inventory.evolve(event)
+            self.book.fold(event)
+            self._deferred.append(event)
+            out: list[EventBase] = []
+        else:
+            out = self._handle(event)
         if 0 <= self._resume_at <= seq:  # every report of the replaced process's read: resume now
             out += self._resume()
         return out
@@ -142,8 +153,9 @@ class SimExecutor:
             task.add_done_callback(self._tasks.discard)
 
     def settled(self) -> bool:
-        """No report of a timer's (a finish, a stop come due) is still on its way to the log."""
-        return not self._tasks
+        """No report of a timer's (a finish, a stop come due) is still on its way to the log, and no decision
+        read waits for the resume to be acted on (a snapshot would hold it folded but never acted on)."""
+        return not self._tasks and not self._deferred
 
     async def _publish(self, events: list[EventBase]) -> None:
         assert self.bus is not None
@@ -180,6 +192,15 @@ class SimExecutor:
         self._resume_at = -1
         now = time.time()
         pending: list[EventBase] = []
+        # Placements and cancellations read meanwhile are served by the pass over the runs below (a start
+        # is timed when it comes back through the log); stops come from the decisions themselves.
+        for event in self._deferred:
+            if not isinstance(event, JobPlaced | JobCancelled):
+                pending += self.book.act(event, now)
+        self._deferred.clear()
+        for report in pending:
+            if isinstance(report, JobEvicted) and report.job_id in self.timers:
+                self.timers.pop(report.job_id).cancel()
         for run in list(self.book.runs.values()):
             if run.job_id in self.book.cancelled:
                 pending += self.book.stop(run, "cancelled", now)

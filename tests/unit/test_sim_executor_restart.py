@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import asyncio
 
-from contracts import JobEvicted, JobFinished, JobPlaced, JobSpec, JobStarted, JobSubmitted, ReplicaPlacement
+from contracts import (
+    JobEvicted,
+    JobFinished,
+    JobPlaced,
+    JobSpec,
+    JobStarted,
+    JobSubmitted,
+    PreemptionDecided,
+    ReplicaPlacement,
+    Victim,
+)
 from libs.core.decider import derived_id
 from libs.sim.executor import SOURCE
 from services.node_telemetry.sim_executor import SimExecutor
@@ -94,3 +104,39 @@ async def test_with_nothing_ahead_runs_resume_at_once() -> None:
         executor.replay(seq, event)
     await executor.after_catch_up()
     assert JOB in executor.timers
+
+
+def preempted(ts: float) -> PreemptionDecided:
+    return PreemptionDecided(id="p1", ts=ts, source="preemption", preemptor_id="urgent", code="priority",
+                             victims=(Victim(job_id=JOB, queue="q", priority=100, gpu_milli=1000,
+                                             reason="priority"),))
+
+
+def restarted(last_report: int) -> SimExecutor:
+    """A process restarted with the job running (placed and started, up to sequence 3)."""
+    executor = SimExecutor(bus=TailBus(floor=3, last_report=last_report))  # type: ignore[arg-type]
+    for seq, event in enumerate([JobSubmitted(id="s", ts=0.0, source="admission", job_id=JOB, spec=SPEC),
+                                 placed("r1", 0.0), report(JobStarted, "r1", "started", 0.0)], start=1):
+        executor.replay(seq, event)
+    return executor
+
+
+async def test_a_preemption_read_before_the_replaced_processs_finish_does_not_evict_the_finished_job() -> None:
+    """The replaced process finished r1 before it read the preemption naming r1 (decided before the finish was
+    known), and was killed. The new process reads the preemption first: it must not evict a finished job."""
+    executor = restarted(last_report=5)
+    await executor.after_catch_up()
+    assert executor.on_event(4, preempted(0.15)) == []  # folded; acted on once the reports ahead are read
+    assert not executor.settled()  # a snapshot now would hold a decision never acted on
+    assert executor.on_event(5, report(JobFinished, "r1", "finished", 0.2)) == []
+    assert JOB not in executor.book.runs and not executor.timers and executor.settled()
+
+
+async def test_a_preemption_read_before_the_resume_evicts_a_job_still_running_at_the_resume() -> None:
+    executor = restarted(last_report=5)
+    await executor.after_catch_up()
+    assert executor.on_event(4, preempted(0.15)) == []
+    other = JobStarted(id="other", ts=0.2, source=SOURCE, correlation_id="job-2", job_id="job-2")
+    out = executor.on_event(5, other)  # the last report of the replaced process: the resume
+    assert [(type(e), e.job_id) for e in out] == [(JobEvicted, JOB)]
+    assert JOB not in executor.book.runs and not executor.timers and executor.settled()
