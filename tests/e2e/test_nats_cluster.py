@@ -44,6 +44,7 @@ pytestmark = pytest.mark.e2e
 
 JOBS = 150
 WINDOW_S = 20.0  # submissions spread over this
+TIME_SCALE = 4  # job seconds per wall second of the simulated executor
 KILL_AT = 0.2  # of the window: the stream's leader is SIGKILLed then
 DOWN_AFTER_ELECTION_S = 8.0  # and stays down this long once another server leads the stream
 RUN_TIMEOUT_S = 120.0
@@ -120,7 +121,7 @@ async def drive(cluster: NatsCluster, sup: Supervisor, stream: str, prefix: str,
     try:
         replicas = {s: (await bus.js.stream_info(s)).config.num_replicas or 1 for s in (stream, f"{stream}_DLQ")}
         await wait_for_platform(bus)
-        plan = scenario.plan(JOBS, seed=11, window_s=WINDOW_S)
+        plan = scenario.plan(JOBS, seed=11, window_s=WINDOW_S, time_scale=TIME_SCALE)
         outage = Outage()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as session:
             producer = Producer(bus, session, api, plan, time.monotonic() + RUN_TIMEOUT_S)
@@ -197,7 +198,7 @@ def test_a_server_of_three_is_lost_and_comes_back_and_no_job_is_lost_or_decided_
     monkeypatch.setenv("NATS_URL", cluster.url)
     monkeypatch.setenv("REDIS_URL", redis_server.url)
     env = {"GPUSCHED_STREAM_REPLICAS": "3", "GPUSCHED_STREAM": stream_name, "GPUSCHED_SUBJECT_PREFIX": prefix,
-           "GPUSCHED_TICK_SECONDS": "1", "GPUSCHED_TIME_SCALE": "4"}
+           "GPUSCHED_TICK_SECONDS": "1", "GPUSCHED_TIME_SCALE": str(TIME_SCALE)}
     try:
         sup, servers, platform_env = start_platform(tmp_path, tmp_path / "cluster.csv", tmp_path / "policy.toml",
                                                     api_port=free_port(), extra_env=env)
