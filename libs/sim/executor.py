@@ -7,6 +7,7 @@ belong to, so a report made twice (after a restart) is one message."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,9 +146,13 @@ class ExecutorBook:
         self.fold(event)
         return self.act(event, now)
 
-    def act(self, event: EventBase, now: float) -> list[EventBase]:
-        """What the executor does about an event already folded, with the runs as they are now."""
+    def act(self, event: EventBase, now: float, runs_then: Mapping[str, str] | None = None) -> list[EventBase]:
+        """What the executor does about an event already folded, with the runs as they are now. `runs_then`
+        (job -> run id when the event was read, for an event acted on later): only those runs, if still
+        running, are stopped; a job placed again since then keeps its new run."""
         out: list[EventBase] = []
+        runs = self.runs if runs_then is None else {
+            job: run for job, run in self.runs.items() if runs_then.get(job) == run.run_id}
         match event:
             case JobPlaced():
                 run = self.runs[event.job_id]
@@ -157,25 +162,25 @@ class ExecutorBook:
                     out += self.start(run, now)
             case PreemptionDecided():
                 for v in event.victims:
-                    victim = self.runs.get(v.job_id)
+                    victim = runs.get(v.job_id)
                     if victim is None:
                         continue
                     if victim.signalled_at is None:
                         out += self.stop(victim, "preempted", now)
                     else:
                         self.arm_stop(victim)  # it writes its checkpoint, or is killed when its grace ends
-            case JobCancelled() if event.job_id in self.runs:
-                out += self.stop(self.runs[event.job_id], "cancelled", now)
+            case JobCancelled() if event.job_id in runs:
+                out += self.stop(runs[event.job_id], "cancelled", now)
             case NodeLost():
                 # Every job with a replica there stops as a whole (a gang cannot run with a piece missing).
-                for run in [r for r in self.runs.values() if any(n == event.node for n, _ in r.gpus)]:
+                for run in [r for r in runs.values() if any(n == event.node for n, _ in r.gpus)]:
                     out += self.stop(run, "node_lost", now)
             case GpuHealthChanged() if not event.healthy:
-                for run in [r for r in self.runs.values() if (event.node, event.index) in r.gpus]:
+                for run in [r for r in runs.values() if (event.node, event.index) in r.gpus]:
                     out += self.stop(run, "gpu_unhealthy", now)
             case NodeCordoned() if event.drain:
                 # Drained: told to stop like a preemption victim, so a job that checkpoints keeps its work.
-                for run in [r for r in self.runs.values() if any(n == event.node for n, _ in r.gpus)]:
+                for run in [r for r in runs.values() if any(n == event.node for n, _ in r.gpus)]:
                     out += self.stop(run, "drained", now)
         return out
 

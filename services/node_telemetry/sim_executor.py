@@ -59,7 +59,8 @@ class SimExecutor:
         self._seen = 0
         self._resume_at = -1
         # Decisions read before the resume, folded but not yet acted on (see `on_event`).
-        self._deferred: list[EventBase] = []
+        # With each, the run of every job as it was then: a stop acts on that run only, if it still runs.
+        self._deferred: list[tuple[EventBase, dict[str, str]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         # None: the process's tracing, which its reactor also uses (one memory of the jobs' contexts).
         self.tracing: ServiceTracing | None = None
@@ -81,7 +82,7 @@ class SimExecutor:
             # evict a finished job. The event is folded now and acted on at the resume, on the runs as they are.
             self.inventory.evolve(event)
             self.book.fold(event)
-            self._deferred.append(event)
+            self._deferred.append((event, {job: run.run_id for job, run in self.book.runs.items()}))
             out: list[EventBase] = []
         else:
             out = self._handle(event)
@@ -107,11 +108,15 @@ class SimExecutor:
             return []
         self.inventory.evolve(event)
         reports = self._made(self.book.react(event, time.time()))
+        self._untime_evicted(reports)
+        self._arm_stops()
+        return reports
+
+    def _untime_evicted(self, reports: list[EventBase]) -> None:
+        """An evicted run's finish is no longer due."""
         for report in reports:
             if isinstance(report, JobEvicted) and report.job_id in self.timers:
                 self.timers.pop(report.job_id).cancel()
-        self._arm_stops()
-        return reports
 
     def _made(self, reports: list[EventBase]) -> list[EventBase]:
         """Reports about to be published: remembered until they come back through the log."""
@@ -194,13 +199,11 @@ class SimExecutor:
         pending: list[EventBase] = []
         # Placements and cancellations read meanwhile are served by the pass over the runs below (a start
         # is timed when it comes back through the log); stops come from the decisions themselves.
-        for event in self._deferred:
+        for event, runs_then in self._deferred:
             if not isinstance(event, JobPlaced | JobCancelled):
-                pending += self.book.act(event, now)
+                pending += self.book.act(event, now, runs_then)
         self._deferred.clear()
-        for report in pending:
-            if isinstance(report, JobEvicted) and report.job_id in self.timers:
-                self.timers.pop(report.job_id).cancel()
+        self._untime_evicted(pending)
         for run in list(self.book.runs.values()):
             if run.job_id in self.book.cancelled:
                 pending += self.book.stop(run, "cancelled", now)

@@ -140,3 +140,15 @@ async def test_a_preemption_read_before_the_resume_evicts_a_job_still_running_at
     out = executor.on_event(5, other)  # the last report of the replaced process: the resume
     assert [(type(e), e.job_id) for e in out] == [(JobEvicted, JOB)]
     assert JOB not in executor.book.runs and not executor.timers and executor.settled()
+
+
+async def test_a_preemption_read_before_the_resume_spares_the_run_placed_after_it() -> None:
+    """The replaced process evicted r1 for the preemption and ran the job again (r2) before it was killed; the
+    new process reads all of it before the resume. The preemption was about r1: r2 keeps running."""
+    executor = restarted(last_report=7)
+    await executor.after_catch_up()
+    assert executor.on_event(4, preempted(0.15)) == []
+    assert executor.on_event(5, report(JobEvicted, "r1", "evicted", 0.16, reason="preempted")) == []
+    assert executor.on_event(6, placed("r2", 0.2)) == []
+    out = executor.on_event(7, report(JobStarted, "r2", "started", 0.21))  # the resume
+    assert out == [] and executor.book.runs[JOB].run_id == "r2" and JOB in executor.timers
