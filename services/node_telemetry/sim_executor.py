@@ -37,6 +37,7 @@ from libs.telemetry.tracing import ServiceTracing, current_tracing
 
 log = logging.getLogger(__name__)
 ENDS = (JobFinished, JobFailed, JobEvicted)  # reports that end a run
+STOPPING = (PreemptionDecided, NodeLost, GpuHealthChanged, NodeCordoned)  # decisions that may stop runs
 
 
 class SimExecutor:
@@ -82,7 +83,10 @@ class SimExecutor:
             # evict a finished job. The event is folded now and acted on at the resume, on the runs as they are.
             self.inventory.evolve(event)
             self.book.fold(event)
-            self._deferred.append((event, {job: run.run_id for job, run in self.book.runs.items()}))
+            # Placements and cancellations are served by the resume's pass over the runs (a start is timed
+            # when it comes back through the log); only the decisions that stop runs wait, with their runs.
+            if isinstance(event, STOPPING):
+                self._deferred.append((event, {job: run.run_id for job, run in self.book.runs.items()}))
             out: list[EventBase] = []
         else:
             out = self._handle(event)
@@ -197,11 +201,8 @@ class SimExecutor:
         self._resume_at = -1
         now = time.time()
         pending: list[EventBase] = []
-        # Placements and cancellations read meanwhile are served by the pass over the runs below (a start
-        # is timed when it comes back through the log); stops come from the decisions themselves.
         for event, runs_then in self._deferred:
-            if not isinstance(event, JobPlaced | JobCancelled):
-                pending += self.book.act(event, now, runs_then)
+            pending += self.book.act(event, now, runs_then)
         self._deferred.clear()
         self._untime_evicted(pending)
         for run in list(self.book.runs.values()):
