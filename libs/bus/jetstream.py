@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,6 +132,25 @@ class BusConfig:
         return server_urls(self.url)
 
 
+async def _probe_any(servers: Sequence[str], source: str, timeout_s: float) -> None:
+    """A plain TCP connect to each server until one accepts: a refused or silent address is named at once."""
+    failures = []
+    for url in servers:
+        parsed = urllib.parse.urlparse(url if "://" in url else f"nats://{url}")
+        host, port = parsed.hostname or "127.0.0.1", parsed.port or 4222
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), min(timeout_s, 2.0))
+        except (OSError, TimeoutError) as err:
+            said = err.strerror if isinstance(err, OSError) and err.strerror else "no answer"
+            failures.append(f"{host}:{port}: {said}")
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return
+    raise ConnectionError(f"cannot reach NATS at {', '.join(servers)} (from {source}): {'; '.join(failures)}")
+
+
 class Bus:
     """A connection plus the stream conventions every service shares."""
 
@@ -152,6 +172,39 @@ class Bus:
         )
         bus = cls(nc, config)
         await bus.ensure_streams()
+        return bus
+
+    @classmethod
+    async def connect_once(cls, config: BusConfig, source: str, name: str = "gpusched-cli",
+                           timeout_s: float = 5.0) -> Bus:
+        """For a command that runs once (the CLI): no reconnecting, no streams created, and a server that does
+        not answer within `timeout_s` is an error naming the address and where it came from (`source`). The
+        client's own first connect retries a refused address for ever, hence the limit around it."""
+        auth = config.auth.connect_options() if config.auth is not None else {}
+
+        async def _quiet(_err: Exception) -> None:
+            return None
+
+        await _probe_any(config.servers, source, timeout_s)
+        try:
+            nc = await asyncio.wait_for(nats.connect(
+                config.servers, name=name, max_reconnect_attempts=0, allow_reconnect=False,
+                connect_timeout=min(timeout_s, 2.0), error_cb=_quiet, **auth), timeout_s)
+        except (TimeoutError, OSError, nats.errors.Error) as err:
+            reason = "no answer" if isinstance(err, TimeoutError) else (str(err) or type(err).__name__)
+            raise ConnectionError(f"cannot reach NATS at {config.url} (from {source}) within {timeout_s:g}s: "
+                                  f"{reason}") from None
+        bus = cls(nc, config)
+        try:
+            await asyncio.wait_for(bus.js.stream_info(config.stream), timeout_s)
+        except NotFoundError:
+            await bus.close()
+            raise ConnectionError(f"NATS at {config.url} (from {source}) has no stream {config.stream!r}: "
+                                  "is the platform running there? (GPUSCHED_STREAM names another)") from None
+        except TimeoutError:
+            await bus.close()
+            raise ConnectionError(f"NATS at {config.url} (from {source}) did not answer for stream "
+                                  f"{config.stream!r} within {timeout_s:g}s (JetStream off?)") from None
         return bus
 
     async def close(self) -> None:

@@ -7,18 +7,22 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
 from libs.audit.log_reader import read_log
 from libs.audit.replay import replay
 from libs.audit.timeline import timeline
 from libs.audit.verify import verify
 from libs.bus.jetstream import Bus, BusConfig
+from libs.cli.endpoints import audit_key_file, nats_endpoint
+from libs.cli.output import add_json_flag, add_table_flags, wide
+from libs.cli.tables import Column, print_table
 from libs.runtime.settings import nats_auth_from_env
 
 console = Console(stderr=True)
@@ -26,14 +30,20 @@ console = Console(stderr=True)
 
 def live_bus_config() -> BusConfig:
     """The live log's server, stream and prefix, with NATS credentials when set (an auditor's user, say)."""
-    return BusConfig(url=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
+    return BusConfig(url=nats_endpoint().value,
                      stream=os.environ.get("GPUSCHED_STREAM", "GPUSCHED"),
                      subject_prefix=os.environ.get("GPUSCHED_SUBJECT_PREFIX", "gs"),
                      auth=nats_auth_from_env(os.environ))
 
 
+async def connect_live(name: str = "gpusched-audit") -> Bus:
+    """The live log, for a command that runs once: fails within seconds, naming the address it tried."""
+    return await Bus.connect_once(live_bus_config(), nats_endpoint().source, name=name)
+
+
 async def _read_live() -> list[tuple[int, bytes]]:
-    bus = await Bus.connect(live_bus_config(), name="gpusched-audit")
+    console.print(f"reading the live log at {nats_endpoint().describe()}")
+    bus = await connect_live()
     try:
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("reading the log", total=None)
@@ -93,7 +103,7 @@ async def _handled_live() -> dict[str, int]:
     may not look consumers up (then every trigger is replayed)."""
     from libs.audit.replay import DURABLE_OF
 
-    bus = await Bus.connect(live_bus_config(), name="gpusched-audit")
+    bus = await connect_live()
     try:
         return {name: await bus.ack_floor(durable) for name, durable in DURABLE_OF.items()}
     except Exception as err:  # no right to consumer info (an auditor's user), or no such stream
@@ -110,7 +120,8 @@ def load_log(path: str | None) -> list[tuple[int, bytes]]:
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
-    key = Path(args.key_file).read_bytes().strip() if args.key_file else None
+    key_file = Path(args.key_file) if args.key_file else (audit_key_file() if not args.log else None)
+    key = key_file.read_bytes().strip() if key_file else None
     report = verify(load_log(args.log), key)
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
@@ -132,13 +143,20 @@ def cmd_timeline(args: argparse.Namespace) -> None:
         return
     if not rows:
         raise ValueError(f"no event in the log touches job {args.job}")
-    table = Table(title=f"job {args.job}")
-    for column in ("seq", "time", "event", "by", "detail"):
-        table.add_column(column)
-    for row in rows:
-        when = datetime.fromtimestamp(row["ts"], tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-        table.add_row(str(row["seq"]), when, row["type"], row["source"], row["detail"])
-    console.print(table)
+    print_table(f"job {args.job}", TIMELINE_COLUMNS, rows, wide(args))
+
+
+def _stamp(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+TIMELINE_COLUMNS: list[Column[dict[str, Any]]] = [
+    Column("SEQ", lambda r: r["seq"], right=True),
+    Column("TIME", lambda r: _stamp(r["ts"])),
+    Column("EVENT", lambda r: r["type"]),
+    Column("BY", lambda r: r["source"], wide=True),
+    Column("DETAIL", lambda r: r["detail"], fit="wrap"),
+]
 
 
 def cmd_replay(args: argparse.Namespace) -> None:
@@ -166,24 +184,39 @@ def cmd_whatif(args: argparse.Namespace) -> None:
     from libs.sim.whatif import parse_change, what_if
 
     changes = [parse_change(text) for text in args.set]
-    log = [(seq, decode(raw)) for seq, raw in _read_file(Path(args.log))]
+    log = [(seq, decode(raw)) for seq, raw in load_log(args.log)]
     with console.status("replaying the history twice in virtual time..."):
         result = what_if(world_inputs(log), changes, tick_s=args.tick)
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    table = Table(title="what if " + ", ".join(result["changes"]))
-    for column in ("team", "jobs", "mean wait s (before -> after)", "p95 wait s", "GPU-hours", "GPU use %"):
-        table.add_column(column)
-    for team, both in result["teams"].items():
-        b, a = both["before"] or {}, both["after"] or {}
+    print_table("what if " + ", ".join(result["changes"]), WHATIF_COLUMNS, list(result["teams"].items()), wide(args))
 
-        def pair(key: str, b: dict = b, a: dict = a) -> str:
-            return f"{b.get(key, '-')} -> {a.get(key, '-')}"
 
-        table.add_row(team, str(b.get("jobs", a.get("jobs"))), pair("mean_wait_s"), pair("p95_wait_s"),
-                      pair("gpu_hours"), pair("gpu_utilisation_pct"))
-    console.print(table)
+TeamBeforeAfter = tuple[str, dict[str, Any]]  # a team, and its figures before and after the change
+
+
+def _before_after(key: str) -> Callable[[TeamBeforeAfter], str]:
+    def pair(row: TeamBeforeAfter) -> str:
+        before, after = row[1]["before"] or {}, row[1]["after"] or {}
+        return f"{before.get(key, '-')} -> {after.get(key, '-')}"
+    return pair
+
+
+def _jobs(row: TeamBeforeAfter) -> Any:
+    before, after = row[1]["before"] or {}, row[1]["after"] or {}
+    return before.get("jobs", after.get("jobs"))
+
+
+# Each figure as "before -> after" (seconds of wait, GPU-hours, % of the GPUs used).
+WHATIF_COLUMNS: list[Column[TeamBeforeAfter]] = [
+    Column("TEAM", lambda r: r[0]),
+    Column("JOBS", _jobs, right=True),
+    Column("MEAN-WAIT-S", _before_after("mean_wait_s"), right=True),
+    Column("P95-WAIT-S", _before_after("p95_wait_s"), right=True),
+    Column("GPU-USE-%", _before_after("gpu_utilisation_pct"), right=True),
+    Column("GPU-HOURS", _before_after("gpu_hours"), wide=True, right=True),
+]
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
@@ -196,25 +229,26 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p = asub.add_parser("verify", help="check the hash chains, checkpoints and order of the log")
     p.add_argument("log", nargs="?", help="an exported log (default: the live stream)")
     p.add_argument("--live", action="store_true", help="read the live stream (the default)")
-    p.add_argument("--key-file", help="the audit key, to verify the signed checkpoints")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--key-file", help="the audit key, to verify the signed checkpoints (default for the live "
+                   "stream: the local platform's, as `gpusched up` wrote it)")
+    add_json_flag(p)
     p.set_defaults(func=cmd_verify)
     p = asub.add_parser("timeline", help="every event that touched one job")
     p.add_argument("job")
     p.add_argument("--log", help="an exported log (default: the live stream)")
-    p.add_argument("--json", action="store_true")
+    add_table_flags(p)
     p.set_defaults(func=cmd_timeline)
     p = asub.add_parser("replay", help="re-derive every decision and compare byte for byte")
     p.add_argument("log", nargs="?", help="an exported log (default: the live stream)")
     p.add_argument("--live", action="store_true", help="read the live stream (the default)")
     p.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 4),
                    help="deciders replayed in parallel processes (default: the cores, at most 4)")
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.set_defaults(func=cmd_replay)
     p = sub.add_parser("whatif", help="replay a log's submissions under changed queue policy, compare teams")
-    p.add_argument("--log", required=True, help="an exported log (gpusched audit export)")
+    p.add_argument("--log", help="an exported log (gpusched audit export); default: the live stream")
     p.add_argument("--set", action="append", default=[], required=True,
                    help="queue.NAME.nominal=N | queue.NAME.weight=W | queue.NAME.placement_policy=P")
     p.add_argument("--tick", type=float, default=5.0, help="clock tick of the virtual run, seconds")
-    p.add_argument("--json", action="store_true")
+    add_table_flags(p)
     p.set_defaults(func=cmd_whatif)

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from libs.cli.output import add_json_flag
 from libs.runtime.settings import REPO_ROOT
 
 console = Console(stderr=True)
@@ -307,7 +308,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                         "piece, as any quota unit does in Kueue's node-less test; 0: shaped as on real nodes)")
     p.add_argument("--virtual", action="store_true",
                    help="the deciders alone in virtual time (no bus, zero-latency pipeline): what the rules achieve")
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.set_defaults(func=cmd_kueue_baseline)
     p = bsub.add_parser("executor", help="one node agent runs many short one-GPU jobs as processes (vs Slurm)")
     p.add_argument("--jobs", type=int, default=2000)
@@ -315,7 +316,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, default=0.5, help="each job runs `sleep DURATION`")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--data", help="keep NATS, Redis, the service and agent logs here (default: a temporary folder)")
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.set_defaults(func=cmd_executor)
     p = bsub.add_parser("chaos", help="jobs from three teams while services are killed, NATS restarted and Redis "
                                       "flushed: nothing lost, duplicated or over-allocated")
@@ -328,7 +329,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                    help="the simulated executor runs each job its declared 1-4 s divided by this")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds for every job to be final")
     p.add_argument("--data", help="keep NATS, Redis and the service logs here (default: a temporary folder)")
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.set_defaults(func=cmd_chaos)
     p = bsub.add_parser("inference", help="a day of diurnal load on three autoscaled inference services beside "
                                           "preemptible training, 64 simulated GPUs")
@@ -338,7 +339,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--virtual", action="store_true",
                    help="the deciders alone in virtual time (no bus, zero-latency pipeline): what the rules achieve")
     p.add_argument("--data", help="keep NATS, Redis and the service logs here (default: a temporary folder)")
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.set_defaults(func=cmd_inference)
     p = bsub.add_parser("throughput", help="short jobs at a steady rate on the openb cluster (1,213 nodes): placed "
                                            "jobs per second, submit-to-placed latency; --search for the highest rate")
@@ -358,5 +359,5 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                         "GPUSCHED_OFF_PATH_NICE, 10; 0: all services at one priority)")
     p.add_argument("--profile", help="py-spy every service during the main step; collapsed stacks go here")
     p.add_argument("--data", help="keep NATS, Redis and the service logs here (default: a temporary folder)")
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.set_defaults(func=cmd_throughput)

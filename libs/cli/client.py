@@ -8,19 +8,35 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-DEFAULT_API = "http://127.0.0.1:8080"
+from libs.cli.endpoints import Endpoint, api_endpoint
 
 
 class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"{status} {code}: {message}")
+        super().__init__(f"{status} {code}: {message}" if status else message)
         self.status, self.code, self.message = status, code, message
+
+
+class NotReady(ApiError):
+    """503 not_ready: the platform is starting or catching up; it took nothing, so asking again is safe."""
+
+    def __init__(self, status: int, code: str, message: str, retry_after: float) -> None:
+        super().__init__(status, code, message)
+        self.retry_after = retry_after
+
+
+def _seconds(header: str | None) -> float:
+    try:
+        return min(max(float(header or 1), 0.1), 5.0)
+    except ValueError:
+        return 1.0
 
 
 def token_from_env() -> str | None:
@@ -38,9 +54,13 @@ def token_from_env() -> str | None:
 
 
 class Client:
-    def __init__(self, base_url: str | None = None, timeout: float = 10.0, token: str | None = None) -> None:
-        self.base = (base_url or os.environ.get("GPUSCHED_API", DEFAULT_API)).rstrip("/")
+    def __init__(self, base_url: str | None = None, timeout: float = 10.0, token: str | None = None,
+                 ready_wait_s: float = 30.0) -> None:
+        # Where the API is: the caller's, GPUSCHED_API, the local platform's endpoints file, or the default.
+        found = Endpoint(base_url, "the caller") if base_url else api_endpoint()
+        self.base, self.base_source = found.value.rstrip("/"), found.source
         self.timeout = timeout
+        self.ready_wait_s = ready_wait_s
         self._token = token if token is not None else token_from_env()
 
     def __repr__(self) -> str:  # never the token: clients end up in tracebacks and logs
@@ -53,6 +73,18 @@ class Client:
         return headers
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
+        # A platform still starting (or catching up with its log) answers 503 not_ready with Retry-After and
+        # has taken nothing: asking again is safe, for a while.
+        deadline = time.monotonic() + self.ready_wait_s
+        while True:
+            try:
+                return self._call_once(method, path, body)
+            except NotReady as err:
+                if time.monotonic() + err.retry_after > deadline:
+                    raise
+                time.sleep(err.retry_after)
+
+    def _call_once(self, method: str, path: str, body: Any) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.base + path, data=data, method=method, headers=self._headers())
         try:
@@ -61,11 +93,18 @@ class Client:
         except urllib.error.HTTPError as err:
             try:
                 payload = json.loads(err.read())
-                raise ApiError(err.code, payload.get("code", "error"), payload.get("message", "")) from None
+                code, message = payload.get("code", "error"), payload.get("message", "")
             except (ValueError, AttributeError):
                 raise ApiError(err.code, "http_error", str(err)) from None
+            if err.code == 503 and code == "not_ready":
+                raise NotReady(err.code, code, message, _seconds(err.headers.get("Retry-After"))) from None
+            raise ApiError(err.code, code, message) from None
         except urllib.error.URLError as err:
-            raise ApiError(0, "unreachable", f"cannot reach {self.base}: {err.reason}") from None
+            raise ApiError(0, "unreachable", f"cannot reach the API at {self.base} (from {self.base_source}): "
+                           f"{err.reason}") from None
+        except TimeoutError:
+            raise ApiError(0, "unreachable", f"the API at {self.base} (from {self.base_source}) did not answer "
+                           f"within {self.timeout:g}s") from None
 
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/jobs", spec)

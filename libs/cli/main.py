@@ -8,6 +8,7 @@ import sys
 
 from libs.cli import audit, bench, jobs, nats_config, nodes, queues, report, services, sim, snapshots, tokens, up
 from libs.cli.client import ApiError
+from libs.cli.output import add_json_flag, has_json_flag
 from libs.runtime.settings import SERVICES
 from libs.runtime.supervisor import MODULES
 
@@ -34,10 +35,30 @@ def build_parser() -> argparse.ArgumentParser:
     snapshots.add_command(sub)
     nats_config.add_command(sub)
     tokens.add_command(sub)
-    for action in sub.choices.values():
-        if not any(a.dest == "json" for a in action._actions):
-            action.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(json=False)
+    for command in sub.choices.values():
+        _json_before_subcommand(command)
     return parser
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    return [p for a in parser._actions if isinstance(a, argparse._SubParsersAction) for p in a.choices.values()]
+
+
+def _json_before_subcommand(parser: argparse.ArgumentParser) -> bool:
+    """Whether every command under `parser` prints JSON with --json; a group of such commands takes the flag
+    before the subcommand as well (`gpusched node --json cordon n1`). A command without a JSON form has no
+    --json at all (argparse refuses it), so the flag never promises what a command does not do."""
+    children = _subcommands(parser)
+    if not children:
+        for action in parser._actions:
+            if action.dest == "json":  # however a command declared it: absent unless given (see output.py)
+                action.default = argparse.SUPPRESS
+        return has_json_flag(parser)
+    every = all([_json_before_subcommand(child) for child in children])  # a list: every group gets its flag
+    if every and not has_json_flag(parser):
+        add_json_flag(parser, help="machine-readable output (also accepted after the subcommand)")
+    return every
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -47,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     except ApiError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2 if err.status and err.status < 500 else 1)
-    except (FileNotFoundError, TimeoutError, RuntimeError, ValueError) as err:
+    except (OSError, TimeoutError, RuntimeError, ValueError) as err:  # OSError: files, connections
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
 

@@ -1,4 +1,5 @@
-"""`gpusched agent`, `gpusched node cordon|drain|uncordon|fault`, `gpusched logs`, `gpusched checkpoint`."""
+"""`gpusched nodes`, `gpusched agent`, `gpusched node cordon|drain|uncordon|fault`, `gpusched logs`,
+`gpusched checkpoint`."""
 
 from __future__ import annotations
 
@@ -7,10 +8,41 @@ import asyncio
 import getpass
 import json
 import sys
+from typing import Any
 
-from libs.cli.audit import live_bus_config
+from libs.cli.audit import connect_live
 from libs.cli.client import Client
+from libs.cli.output import add_json_flag, add_table_flags, print_json, wide
+from libs.cli.tables import Column, print_table
 from libs.jobkit import checkpoint
+
+
+def node_status(node: dict[str, Any]) -> str:
+    """offline, draining, cordoned or ready (what an operator acts on first)."""
+    if not node.get("online", True):
+        return "offline"
+    return node.get("cordon") or "ready"
+
+
+NODE_COLUMNS: list[Column[dict[str, Any]]] = [
+    Column("NAME", lambda n: n["name"]),
+    Column("STATUS", node_status),
+    Column("MODELS", lambda n: ",".join(n.get("models", []))),
+    Column("GPUS", lambda n: n.get("gpus", 0), right=True),
+    Column("ALLOCATED", lambda n: f"{n.get('allocated_gpus', 0.0):g}", right=True),
+    Column("HEALTHY", lambda n: n.get("healthy_gpus", 0), right=True),
+    Column("FREE", lambda n: f"{sum(n.get('gpu_free_milli', [])) / 1000:g}", wide=True, right=True),
+    Column("ONLINE", lambda n: n.get("online", True), wide=True),
+    Column("CORDON-REASON", lambda n: n.get("cordon_reason"), wide=True, fit="cut"),
+]
+
+
+def cmd_nodes(args: argparse.Namespace) -> None:
+    nodes = Client().nodes()
+    if args.json:
+        print_json(nodes)
+        return
+    print_table(f"{len(nodes)} node(s)", NODE_COLUMNS, nodes, wide(args))
 
 
 def cmd_agent(args: argparse.Namespace) -> None:
@@ -25,9 +57,8 @@ def cmd_node_action(args: argparse.Namespace) -> None:
 
 
 async def _send_fault(node: str, command: dict[str, object]) -> dict[str, object]:
-    from libs.bus.jetstream import Bus
 
-    bus = await Bus.connect(live_bus_config(), name="gpusched-cli")
+    bus = await connect_live("gpusched-cli")
     try:
         reply = await bus.nc.request(f"{bus.config.subject_prefix}.agent.{node}.fault", json.dumps(command).encode(),
                                      timeout=3.0)
@@ -70,6 +101,9 @@ def cmd_checkpoint(args: argparse.Namespace) -> None:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     from services.agent.app import add_command as add_agent
 
+    p = sub.add_parser("nodes", help="list nodes: status, GPU models, GPUs allocated and healthy")
+    add_table_flags(p)
+    p.set_defaults(func=cmd_nodes)
     add_agent(sub)
     sub.choices["agent"].set_defaults(func=cmd_agent)
     node = sub.add_parser("node", help="operate nodes: cordon, drain, uncordon, inject simulated faults")
@@ -81,6 +115,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("name")
         p.add_argument("--reason", default="")
         p.add_argument("--operator", help="who (default: your user name)")
+        add_json_flag(p)
         p.set_defaults(func=cmd_node_action)
     p = nsub.add_parser("fault", help="inject a fault into a simulated node agent")
     p.add_argument("name")
@@ -90,10 +125,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop-heartbeats", action="store_true")
     p.add_argument("--resume-heartbeats", action="store_true")
     p.add_argument("--heartbeat-s", type=float, help="heartbeat period (a slow node)")
+    add_json_flag(p, help="accepted for symmetry: the agent's answer is always one JSON document")
     p.set_defaults(func=cmd_fault)
     p = sub.add_parser("logs", help="a job's output, from the node agent that ran it")
     p.add_argument("job")
     p.add_argument("--tail", type=int, default=65536, help="bytes from the end")
+    add_json_flag(p, help="the log and where it came from as one JSON document")
     p.set_defaults(func=cmd_logs)
     p = sub.add_parser("checkpoint", help="inside a job: record that its state is saved")
     p.add_argument("--progress", type=float, required=True, help="seconds of the job's work the state holds")

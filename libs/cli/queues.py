@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from libs.cli.client import ApiError, Client
-from libs.cli.jobs import _print_json, _table
+from libs.cli.output import add_json_flag, add_table_flags, print_json, wide
+from libs.cli.tables import Column, print_table
 
 QUEUE_FLAGS = {  # flag -> QueueSpec field
     "team": "team", "parent": "parent", "cohort": "cohort", "nominal": "nominal_gpus",
@@ -24,32 +26,53 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
 
-def queue_rows(queues: list[dict[str, Any]]) -> list[list[Any]]:
+QueueRow = tuple[dict[str, Any], dict[str, Any] | None]  # a queue, and one of its flavors (None: no quota)
+
+
+def queue_rows(queues: list[dict[str, Any]]) -> list[QueueRow]:
     """One row per queue and flavor (a queue without quota, or a parent, gets one row)."""
-    rows = []
-    for q in queues:
-        where = q.get("cohort") or "-"
-        common = [q["pending"], q["running"], f"{q.get('fair_share', 0.0):.2f}",
-                  _num(q.get("budget_left_gpu_hours"))]
-        flavors = q.get("flavors") or [None]
-        for f in flavors:
-            if f is None:
-                rows.append([q["name"], where, "-", _num(q.get("nominal_gpus")), "-", "-", "-",
-                             _num(q.get("reserved_gpus")), *common])
-            else:
-                rows.append([q["name"], where, f["flavor"], _num(f["nominal_gpus"]),
-                             _num(f.get("borrowing_limit_gpus")), _num(f["lent_gpus"]), _num(f["borrowed_gpus"]),
-                             _num(f["in_use_gpus"]), *common])
-    return rows
+    return [(q, f) for q in queues for f in (q.get("flavors") or [None])]
+
+
+def _flavor(key: str) -> Callable[[QueueRow], str]:
+    """A flavor's figure; "-" on a queue's row without flavors."""
+    return lambda r: "-" if r[1] is None else _num(r[1].get(key))
+
+
+def _used(r: QueueRow) -> str:
+    # A queue without per-model quota shows what it holds reserved.
+    return _num(r[0].get("reserved_gpus")) if r[1] is None else _num(r[1].get("in_use_gpus"))
+
+
+# `gpusched queues`: quota and use per model, the jobs and the fair share by default; the tree, limits and
+# budgets with -o wide.
+QUEUE_COLUMNS: list[Column[QueueRow]] = [
+    Column("QUEUE", lambda r: r[0]["name"]),
+    Column("PARENT", lambda r: r[0].get("parent"), wide=True),
+    Column("COHORT", lambda r: r[0].get("cohort"), wide=True),
+    Column("MODEL", lambda r: "-" if r[1] is None else r[1]["flavor"]),
+    Column("NOMINAL", lambda r: _num(r[0].get("nominal_gpus") if r[1] is None else r[1].get("nominal_gpus")),
+           right=True),
+    Column("BORROW-LIMIT", _flavor("borrowing_limit_gpus"), wide=True, right=True),
+    Column("LEND-LIMIT", _flavor("lending_limit_gpus"), wide=True, right=True),
+    Column("USED", _used, right=True),
+    Column("BORROWED", _flavor("borrowed_gpus"), right=True),
+    Column("LENT", _flavor("lent_gpus"), right=True),
+    Column("PEND", lambda r: r[0]["pending"], right=True),
+    Column("RUN", lambda r: r[0]["running"], right=True),
+    Column("WEIGHT", lambda r: _num(r[0].get("weight", 1.0)), wide=True, right=True),
+    Column("SHARE", lambda r: f"{r[0].get('fair_share', 0.0):.2f}", right=True),
+    Column("BUDGET", lambda r: _num(r[0].get("budget_gpu_hours")), wide=True, right=True),
+    Column("BUDGET-LEFT", lambda r: _num(r[0].get("budget_left_gpu_hours")), wide=True, right=True),
+]
 
 
 def cmd_queues(args: argparse.Namespace) -> None:
     queues = Client().queues()
     if args.json:
-        _print_json(queues)
+        print_json(queues)
         return
-    _table("queues", ["queue", "cohort", "flavor", "nominal", "borrow limit", "lent", "borrowed", "in use",
-                      "pending", "running", "fair share", "budget left (GPU-h)"], queue_rows(queues))
+    print_table("queues (GPUs)", QUEUE_COLUMNS, queue_rows(queues), wide(args))
 
 
 def parse_flavor(text: str) -> dict[str, Any]:
@@ -104,7 +127,7 @@ def cmd_queue_set(args: argparse.Namespace) -> None:
         raise SystemExit(2) from None
     written = client.put_queue(args.name, spec)
     if args.json:
-        _print_json(written)
+        print_json(written)
     else:
         print(f"queue {args.name} {'created' if current is None else 'updated'}; the change is in the log")
 
@@ -118,8 +141,10 @@ def _int_or_none(text: str) -> int | str:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("queues", help="queues per GPU model: quota, lent, borrowed, use, fair share, budget"
-                   ).set_defaults(func=cmd_queues)
+    p = sub.add_parser("queues", help="queues per GPU model: quota, use, borrowed, lent, jobs, fair share "
+                                      "(-o wide: the tree, limits, weight, budget)")
+    add_table_flags(p)
+    p.set_defaults(func=cmd_queues)
     queue = sub.add_parser("queue", help="change the queue tree").add_subparsers(dest="queue_command", required=True)
     p = queue.add_parser("set", help="create or change one queue (unset flags keep their value)")
     p.add_argument("name")
@@ -138,7 +163,5 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--over-budget", choices=["borrow", "wait"])
     p.add_argument("--user-max-gpus", type=_int_or_none)
     p.add_argument("--reclaim-after", type=float, help="seconds before borrowers are preempted to reclaim")
-    # Here, after the queue's name (main adds --json only to the top-level commands). SUPPRESS when absent, so
-    # that `gpusched queue --json set ...` keeps working too.
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    add_json_flag(p)  # after the queue's name; `gpusched queue --json set ...` works too (see libs/cli/output.py)
     p.set_defaults(func=cmd_queue_set)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import operator
 import sys
 from collections.abc import Iterator
 from datetime import datetime
@@ -12,11 +13,12 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
 from contracts import EventBase
 from contracts.codec import decode
 from libs.cli.audit import load_log
+from libs.cli.output import add_table_flags, wide
+from libs.cli.tables import Column, print_table
 from libs.reports.capacity import DAY_S, capacity_report
 from libs.reports.rates import load_rates
 from libs.reports.usage import UsageHistory, parse_by, usage_rows
@@ -65,18 +67,42 @@ def cmd_usage(args: argparse.Namespace) -> None:
         writer.writeheader()
         writer.writerows(rows)
     else:
-        _usage_table(rows, by, rates.currency)
+        total = {**dict.fromkeys(by, ""), by[0]: "total", **{k: sum(r[k] for r in rows) for k in
+                                                                ("gpu_seconds", "gpu_hours", "cost")}}
+        print_table(f"GPU usage by {', '.join(by)}", usage_columns(by, rates.currency), [*rows, total], wide(args))
 
 
-def _usage_table(rows: list[dict[str, Any]], by: tuple[str, ...], currency: str) -> None:
-    table = Table(title=f"GPU usage by {', '.join(by)}")
-    for c in (*by, "GPU-hours", f"cost ({currency})"):
-        table.add_column(c, justify="left" if c in by else "right")
-    for r in rows:
-        table.add_row(*(str(r[k]) for k in by), f"{r['gpu_hours']:.3f}", f"{r['cost']:.2f}")
-    table.add_row(*("total" if i == 0 else "" for i in range(len(by))),
-                  f"{sum(r['gpu_hours'] for r in rows):.3f}", f"{sum(r['cost'] for r in rows):.2f}")
-    Console().print(table)
+def usage_columns(by: tuple[str, ...], currency: str) -> list[Column[dict[str, Any]]]:
+    groups: list[Column[dict[str, Any]]] = [Column(key.upper(), operator.itemgetter(key)) for key in by]
+    return [*groups,
+            Column("GPU-HOURS", lambda r: f"{r['gpu_hours']:.3f}", right=True),
+            Column(f"COST-{currency}", lambda r: f"{r['cost']:.2f}", right=True),
+            Column("GPU-SECONDS", lambda r: f"{r['gpu_seconds']:.1f}", wide=True, right=True)]
+
+
+CapacityRow = tuple[dict[str, Any], dict[str, Any], str]  # a model, one of its periods, a note
+
+CAPACITY_COLUMNS: list[Column[CapacityRow]] = [
+    Column("MODEL", lambda r: r[0]["model"]),
+    Column("PERIOD", lambda r: r[1]["period"]),
+    Column("PEAK-DEMAND", lambda r: f"{r[1]['peak_demand']:g}", right=True),
+    Column("ALLOCATED", lambda r: None if "peak_allocated" not in r[1] else f"{r[1]['peak_allocated']:g}",
+           right=True),
+    Column("CAPACITY", lambda r: r[1].get("capacity", r[0]["capacity"]), right=True),
+    Column("NOTE", lambda r: r[2], fit="wrap"),
+]
+
+
+def capacity_rows(report: dict[str, Any], show: int) -> list[CapacityRow]:
+    """The last `show` periods of each model, then its last forecast period."""
+    rows: list[CapacityRow] = []
+    for m in report["models"]:
+        rows += [(m, p, "") for p in m["periods"][-show:]]
+        if m["forecast"]:
+            exceeds = m["demand_exceeds_capacity_at"]
+            rows.append((m, m["forecast"][-1], f"forecast: exceeds capacity from {exceeds}" if exceeds
+                         else "forecast: within capacity"))
+    return rows
 
 
 def cmd_capacity(args: argparse.Namespace) -> None:
@@ -86,20 +112,8 @@ def cmd_capacity(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    table = Table(title="peak demand against healthy capacity, per GPU model")
-    for c in ("model", "period", "peak demand", "allocated", "capacity"):
-        table.add_column(c)
-    for m in report["models"]:
-        for p in m["periods"][-args.show:]:
-            table.add_row(m["model"], p["period"], f"{p['peak_demand']:g}", f"{p['peak_allocated']:g}",
-                          str(p["capacity"]))
-        last = m["forecast"][-1] if m["forecast"] else None
-        if last is not None:
-            note = f"exceeds capacity from {m['demand_exceeds_capacity_at']}" if m["demand_exceeds_capacity_at"] \
-                else "within capacity"
-            table.add_row(m["model"], f"{last['period']} (forecast)", f"{last['peak_demand']:g}", "",
-                          f"{m['capacity']} ({note})")
-    Console().print(table)
+    print_table("peak demand against healthy capacity, per GPU model", CAPACITY_COLUMNS,
+                capacity_rows(report, args.show), wide(args))
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
@@ -112,12 +126,12 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p.add_argument("--rates", help="rates file (default $GPUSCHED_RATES or infra/config/rates.toml)")
     p.add_argument("--log", help="an exported log (gpusched audit export); default: the live stream")
-    p.add_argument("--json", action="store_true", help="the same as --format json")
+    add_table_flags(p)  # --json: the same as --format json
     p.set_defaults(func=cmd_usage)
     p = rsub.add_parser("capacity", help="daily peak demand against capacity per GPU model, with a forecast")
     p.add_argument("--bucket-s", type=float, default=DAY_S, help="period length in seconds (default a day)")
     p.add_argument("--horizon", type=int, default=7, help="periods to forecast")
     p.add_argument("--show", type=int, default=14, help="most recent periods to print per model")
     p.add_argument("--log", help="an exported log (gpusched audit export); default: the live stream")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_table_flags(p)
     p.set_defaults(func=cmd_capacity)

@@ -7,7 +7,22 @@ import json
 from typing import Any
 
 from libs.cli.client import Client
+from libs.cli.output import add_json_flag, add_table_flags, wide
+from libs.cli.tables import Column, print_table
 from libs.core.services import METRICS
+
+SERVICE_COLUMNS: list[Column[dict[str, Any]]] = [
+    Column("NAME", lambda s: s["name"]),
+    Column("TEAM", lambda s: s["team"]),
+    Column("QUEUE", lambda s: s["queue"]),
+    Column("PRIORITY", lambda s: s.get("priority"), wide=True),
+    Column("READY", lambda s: s["ready_replicas"], right=True),
+    Column("DESIRED", lambda s: s["desired_replicas"], right=True),
+    Column("REPLICAS", lambda s: s.get("replicas"), wide=True, right=True),
+    Column("MIN-MAX", lambda s: f"{s['min_replicas']}-{s['max_replicas']}", right=True),
+    Column("LOAD", lambda s: f"{s.get('load', 0.0):g}", right=True),
+    Column("METRIC", lambda s: s.get("metric"), wide=True),
+]
 
 
 def service_spec(args: argparse.Namespace) -> dict[str, Any]:
@@ -41,11 +56,7 @@ def cmd_list(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(services, indent=2))
         return
-    print(f"{'NAME':<20} {'TEAM':<12} {'QUEUE':<12} {'READY':>5} {'DESIRED':>7} {'MIN-MAX':>7} {'LOAD':>10}")
-    for s in services:
-        bounds = f"{s['min_replicas']}-{s['max_replicas']}"
-        print(f"{s['name']:<20} {s['team']:<12} {s['queue']:<12} {s['ready_replicas']:>5} {s['desired_replicas']:>7} "
-              f"{bounds:>7} {s['load']:>10g}")
+    print_table(None, SERVICE_COLUMNS, services, wide(args))
 
 
 def cmd_show(args: argparse.Namespace) -> None:
@@ -84,22 +95,23 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cooldown", type=float, default=0.0, help="seconds between two scale-ups, and before a "
                                                               "scale-down")
     p.add_argument("--no-spread", action="store_true", help="let replicas share racks and nodes")
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.add_argument("command", nargs="*", help="after --: the command each replica runs")
     p.set_defaults(func=cmd_deploy)
     p = ssub.add_parser("list", help="every service with its replicas and load")
-    p.add_argument("--json", action="store_true")
+    add_table_flags(p)
     p.set_defaults(func=cmd_list)
-    p = ssub.add_parser("show", help="one service")
+    p = ssub.add_parser("show", help="one service, as JSON")
     p.add_argument("name")
+    add_json_flag(p, help="accepted for symmetry: the service is always shown as one JSON document")
     p.set_defaults(func=cmd_show)
     p = ssub.add_parser("load", help="report a service's load (what its gateway would send)")
     p.add_argument("name")
     p.add_argument("value", type=float)
     p.add_argument("--metric", default="requests_per_s", choices=METRICS)
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.set_defaults(func=cmd_load)
     p = ssub.add_parser("delete", help="stop every replica and forget the service")
     p.add_argument("name")
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.set_defaults(func=cmd_delete)

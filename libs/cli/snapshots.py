@@ -9,17 +9,18 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from libs.bus.fencing import Fence
-from libs.bus.jetstream import Bus
 from libs.bus.lease import Lease, lease_store
 from libs.bus.snapshot_store import SnapshotStore
-from libs.cli.audit import live_bus_config
+from libs.cli.audit import connect_live
+from libs.cli.output import add_table_flags, wide
+from libs.cli.tables import Column, print_table
 from libs.runtime.settings import SERVICES
 from libs.runtime.snapshots import EVERY_EVENTS
 
@@ -30,7 +31,7 @@ console = Console(stderr=True)
 
 
 async def _show() -> list[dict[str, Any]]:
-    bus = await Bus.connect(live_bus_config(), name="gpusched-cli")
+    bus = await connect_live("gpusched-cli")
     try:
         try:
             leases = await lease_store(bus, 5.0, create=False)
@@ -58,17 +59,28 @@ def cmd_show(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    table = Table(title="Snapshots and leaders")
-    for c in ("service", "snapshot at", "size", "decisions", "age", "leader (epoch)"):
-        table.add_column(c)
-    for r in rows:
-        leader = f"{r['leader']} ({r['epoch']})" if r.get("leader") else ("none" if "leader" in r else "-")
-        if "sequence" in r:
-            table.add_row(r["service"], f"{r['sequence']:,}", f"{r['bytes']:,} B", f"{r['chain_length']:,}",
-                          f"{r['age_s']:g} s", leader)
-        else:
-            table.add_row(r["service"], "none", "", "", "", leader)
-    Console().print(table)
+    print_table("snapshots and leaders", SNAPSHOT_COLUMNS, rows, wide(args))
+
+
+def _leader(r: dict[str, Any]) -> str:
+    return f"{r['leader']} ({r['epoch']})" if r.get("leader") else ("none" if "leader" in r else "-")
+
+
+def _taken(key: str, show: Callable[[Any], str]) -> Callable[[dict[str, Any]], str | None]:
+    """A snapshot's figure, shown by `show`; "none" in the first column of a service without a snapshot."""
+    return lambda r: show(r[key]) if key in r else ("none" if key == "sequence" else None)
+
+
+SNAPSHOT_COLUMNS: list[Column[dict[str, Any]]] = [
+    Column("SERVICE", lambda r: r["service"]),
+    Column("SEQUENCE", _taken("sequence", lambda v: f"{v:,}"), right=True),
+    Column("SIZE", _taken("bytes", lambda v: f"{v:,} B"), right=True),
+    Column("DECISIONS", _taken("chain_length", lambda v: f"{v:,}"), right=True),
+    Column("AGE", _taken("age_s", lambda v: f"{v:g} s"), right=True),
+    Column("LEADER", _leader),
+    Column("FORMAT", _taken("format", str), wide=True),
+    Column("CODE", _taken("code", str), wide=True),
+]
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -87,31 +99,38 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        Console().print(bench_table(result))
+        print_table(bench_title(result), BENCH_COLUMNS, result["services"], wide(args))
     if not result["met"]:
         sys.exit(1)
 
 
-def bench_table(result: dict[str, Any]) -> Table:
-    table = Table(title=f"Restart with {result['events']:,} events in the log (snapshot every "
-                        f"{result['every_events']:,} events; target: caught up in {result['target_s']:g} s)")
-    for c in ("service", "its events", "catch-up, all", "snapshot", "tail", "load", "catch-up from snapshot",
-              "ready (all / snapshot)", "same state"):
-        table.add_column(c)
-    for r in result["services"]:
-        table.add_row(r["service"], f"{r['service_events']:,}",
-                      f"{r['catch_up_s']} s ({r['catch_up_events_per_s']:,}/s)",
-                      f"{r['snapshot_bytes'] / 1e6:.2f} MB at {r['snapshot_seq']:,}", f"{r['tail_events']:,}",
-                      f"{r['snapshot_load_s']} s", f"{r['catch_up_with_snapshot_s']} s",
-                      f"{r['ready_s']} / {r['ready_with_snapshot_s']} s", "yes" if r["same_state"] else "NO")
-    return table
+def bench_title(result: dict[str, Any]) -> str:
+    return (f"restart with {result['events']:,} events in the log (snapshot every {result['every_events']:,} "
+            f"events; target: caught up in {result['target_s']:g} s)")
+
+
+# Catch-up and readiness replaying the whole log against starting from a snapshot (SNAP-) by default; what
+# the snapshot's catch-up is made of with -o wide.
+BENCH_COLUMNS: list[Column[dict[str, Any]]] = [
+    Column("SERVICE", lambda r: r["service"]),
+    Column("EVENTS", lambda r: f"{r['service_events']:,}", right=True),
+    Column("CATCH-UP", lambda r: f"{r['catch_up_s']} s", right=True),
+    Column("RATE", lambda r: f"{r['catch_up_events_per_s']:,}/s", wide=True, right=True),
+    Column("SNAPSHOT", lambda r: f"{r['snapshot_bytes'] / 1e6:.2f} MB at {r['snapshot_seq']:,}", wide=True),
+    Column("TAIL", lambda r: f"{r['tail_events']:,}", wide=True, right=True),
+    Column("LOAD", lambda r: f"{r['snapshot_load_s']} s", wide=True, right=True),
+    Column("SNAP-CATCH-UP", lambda r: f"{r['catch_up_with_snapshot_s']} s", right=True),
+    Column("READY", lambda r: f"{r['ready_s']} s", right=True),
+    Column("SNAP-READY", lambda r: f"{r['ready_with_snapshot_s']} s", right=True),
+    Column("SAME", lambda r: "yes" if r["same_state"] else "NO"),
+]
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("snapshots", help="services' state snapshots and replica leases (docs/reliability.md)")
     ssub = p.add_subparsers(dest="snapshots_command", required=True)
     show = ssub.add_parser("show", help="each service's latest snapshot and leader (NATS_URL, GPUSCHED_STREAM)")
-    show.add_argument("--json", action="store_true")
+    add_table_flags(show)
     show.set_defaults(func=cmd_show)
     bench = ssub.add_parser("bench", help="catch-up after a restart with a long log, with and without a snapshot")
     bench.add_argument("--events", type=int, default=1_000_000, help="events in the log")
@@ -122,5 +141,5 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--rate", type=float, default=0.15, help="jobs per second of virtual time (demo cluster)")
     bench.add_argument("--seed", type=int, default=1)
     bench.add_argument("--data", help="keep the NATS store here (default: a temporary folder)")
-    bench.add_argument("--json", action="store_true")
+    add_table_flags(bench)
     bench.set_defaults(func=cmd_bench)

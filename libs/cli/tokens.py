@@ -13,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from libs.cli.output import add_json_flag, add_table_flags, wide
+from libs.cli.tables import Column, print_table
 from services.admission.auth import (
     ROLES,
     TOKENS_ENV,
@@ -23,6 +25,9 @@ from services.admission.auth import (
     read_tokens,
     write_tokens,
 )
+
+TOKEN_COLUMNS: list[Column[TokenEntry]] = [
+    Column("NAME", lambda e: e.name), Column("TEAM", lambda e: e.team), Column("ROLE", lambda e: e.role)]
 
 
 def tokens_path(args: argparse.Namespace) -> Path:
@@ -60,8 +65,7 @@ def cmd_list(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps([{"name": e.name, "team": e.team, "role": e.role} for e in entries], indent=2))
         return
-    for e in entries:
-        print(f"{e.name:24} {e.team:16} {e.role}")
+    print_table(None, TOKEN_COLUMNS, entries, wide(args))
 
 
 def cmd_revoke(args: argparse.Namespace) -> None:
@@ -71,6 +75,8 @@ def cmd_revoke(args: argparse.Namespace) -> None:
     if len(kept) == len(entries):
         raise ValueError(f"no token named {args.name!r} in {path}")
     write_tokens(path, kept)
+    if args.json:
+        print(json.dumps({"name": args.name, "revoked": True, "file": str(path)}))
     print(f"token {args.name!r} revoked", file=sys.stderr)
 
 
@@ -81,12 +87,15 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", required=True, help="who or what uses it (unique in the file)")
     p.add_argument("--team", required=True)
     p.add_argument("--role", required=True, choices=ROLES)
+    add_json_flag(p)
     p.set_defaults(func=cmd_create)
     p = tsub.add_parser("list", help="names, teams and roles (never hashes)")
+    add_table_flags(p)
     p.set_defaults(func=cmd_list)
     p = tsub.add_parser("revoke", help="remove a token by name")
     p.add_argument("--name", required=True)
+    add_json_flag(p)
     p.set_defaults(func=cmd_revoke)
     for p in tsub.choices.values():
         p.add_argument("--file", help=f"the tokens file (default: ${TOKENS_ENV}); .toml for TOML, else JSON")
-        p.add_argument("--json", action="store_true", help="machine-readable output")
+

@@ -34,7 +34,7 @@ def _ports(api_port: int) -> dict[str, int]:
     return {name: port if not port_open(port) else free_port() for name, port in DEFAULT_PORTS.items()}
 
 
-def _wait_for_cluster(client: Client, timeout: float = 60.0) -> tuple[int, int]:
+def _wait_for_cluster(client: Client, logs: Path, timeout: float = 60.0) -> tuple[int, int]:
     deadline = time.monotonic() + timeout
     nodes = queues = []
     while time.monotonic() < deadline:
@@ -43,7 +43,8 @@ def _wait_for_cluster(client: Client, timeout: float = 60.0) -> tuple[int, int]:
         if nodes and queues:
             return len(nodes), len(queues)
         time.sleep(0.2)
-    raise TimeoutError("nodes or queues did not appear in the API; see the service logs")
+    missing = " and ".join(what for what, got in (("nodes", nodes), ("queues", queues)) if not got)
+    raise TimeoutError(f"no {missing} in the API at {client.base} after {timeout:g}s; see the service logs in {logs}")
 
 
 def audit_key_file(data: Path) -> Path:
@@ -63,28 +64,39 @@ def start_platform(data: Path, cluster: Path, policy: Path, api_port: int,
     """The six services; on NATS_URL / REDIS_URL when set, else (or with `own_servers`, e.g. a benchmark
     that must start from an empty log) on servers of their own under `data`. `service_env` adds variables
     for one service only (e.g. its NATS credentials)."""
+    data = data.resolve()  # every path a child gets is absolute: children resolve against their own folder
     servers: list[EmbeddedServer] = []
-    nats_url = None if own_servers else os.environ.get("NATS_URL")
-    redis_url = None if own_servers else os.environ.get("REDIS_URL")
-    if not nats_url:
-        servers.append(start_nats(data / "nats"))
-        nats_url = servers[-1].url
-    if not redis_url:
-        servers.append(start_redis(data / "redis"))
-        redis_url = servers[-1].url
-    env = {"NATS_URL": nats_url, "REDIS_URL": redis_url, "GPUSCHED_CLUSTER": str(cluster.resolve()),
-           "GPUSCHED_POLICY": str(policy.resolve()), "GPUSCHED_AUDIT_KEY_FILE": str(audit_key_file(data)),
-           **(extra_env or {})}
-    sup = Supervisor(env=env, ports=_ports(api_port), log_dir=data / "logs", service_env=service_env or {})
+    sup: Supervisor | None = None
     try:
+        nats_url = None if own_servers else os.environ.get("NATS_URL")
+        redis_url = None if own_servers else os.environ.get("REDIS_URL")
+        if not nats_url:
+            servers.append(start_nats(data / "nats"))
+            nats_url = servers[-1].url
+        if not redis_url:
+            servers.append(start_redis(data / "redis"))
+            redis_url = servers[-1].url
+        env = {"NATS_URL": nats_url, "REDIS_URL": redis_url, "GPUSCHED_CLUSTER": str(cluster.resolve()),
+               "GPUSCHED_POLICY": str(policy.resolve()), "GPUSCHED_AUDIT_KEY_FILE": str(audit_key_file(data)),
+               **(extra_env or {})}
+        sup = Supervisor(env=env, ports=_ports(api_port), log_dir=data / "logs", service_env=service_env or {})
         sup.start()
         sup.wait_ready()
     except BaseException:
-        sup.stop()
-        for s in servers:
-            s.stop()
+        # Nothing this call started outlives its failure.
+        stop_all(sup, servers)
         raise
     return sup, servers, env
+
+
+def stop_all(sup: Supervisor | None, servers: list[EmbeddedServer], agents: SimAgents | None = None) -> None:
+    """Agents, then services, then the servers they use, in that order."""
+    if agents is not None:
+        agents.stop()
+    if sup is not None:
+        sup.stop()
+    for s in reversed(servers):
+        s.stop()
 
 
 @dataclass
@@ -124,7 +136,7 @@ class SimAgents:
 
 
 def cmd_up(args: argparse.Namespace) -> None:
-    data = Path(args.data)
+    data = Path(args.data).resolve()
     extra = {"GPUSCHED_NODE_BACKEND": "agents"} if args.agents else {}
     agents: SimAgents | None = None
     with console.status("starting NATS, Redis and the six services...") as status:
@@ -136,13 +148,9 @@ def cmd_up(args: argparse.Namespace) -> None:
                 agents = SimAgents(env, data, args.agent_gpus)
                 agents.start(args.agents)
             status.update(f"waiting for the cluster to register at {api} ...")
-            n_nodes, n_queues = _wait_for_cluster(Client(api))
+            n_nodes, n_queues = _wait_for_cluster(Client(api), data / "logs")
         except BaseException:
-            if agents is not None:
-                agents.stop()
-            sup.stop()
-            for s in servers:
-                s.stop()
+            stop_all(sup, servers, agents)
             raise
     table = Table(title="gpusched is up", show_header=False)
     table.add_row("API", api)
@@ -176,11 +184,9 @@ def cmd_up(args: argparse.Namespace) -> None:
             time.sleep(0.5)
     finally:
         console.print("stopping...")
-        if agents is not None:
-            agents.stop()
-        sup.stop()
-        for s in reversed(servers):
-            s.stop()
+        # The endpoints are gone with the platform: a later command must not find them and try a dead address.
+        (data / "endpoints.json").unlink(missing_ok=True)
+        stop_all(sup, servers, agents)
         console.print("stopped.")
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import msgspec
 
@@ -37,6 +36,7 @@ from contracts import (
     ServiceSpec,
     SubmitJob,
 )
+from libs.core.admission_capacity import Inventory, Rejection, capacity_rejection, spec_problem
 from libs.core.decider import Chain, Decisions, Trigger, derived_id
 from libs.core.policy import PolicyBook, demand_milli, replica_milli
 from libs.core.retries import RetryBook
@@ -45,33 +45,6 @@ from libs.core.services import ServiceBook, replica_spec, service_problem
 SERVICE = "admission"
 
 TERMINAL = frozenset({"rejected", "cancelled", "succeeded", "failed"})
-
-
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    code: str
-    message: str
-
-
-@dataclass(slots=True)
-class Inventory:
-    """What GPUs the cluster could ever offer, per model: the bound for 'could this ever run?'."""
-
-    max_per_node: dict[str, int] = field(default_factory=dict)
-    total: dict[str, int] = field(default_factory=dict)
-    nodes: dict[str, dict[str, int]] = field(default_factory=dict)
-
-    def register(self, event: NodeRegistered) -> None:
-        counts: dict[str, int] = {}
-        for g in event.node.gpus:
-            counts[g.model] = counts.get(g.model, 0) + 1
-        self.nodes[event.node.name] = counts
-        self.max_per_node = {}
-        self.total = {}
-        for name in sorted(self.nodes):
-            for model, n in self.nodes[name].items():
-                self.max_per_node[model] = max(self.max_per_node.get(model, 0), n)
-                self.total[model] = self.total.get(model, 0) + n
 
 
 def job_id_for_key(team: str, idempotency_key: str) -> str:
@@ -110,20 +83,9 @@ def validate(spec: JobSpec, policy: PolicyBook, inventory: Inventory) -> Rejecti
     for name, maybe in (("duration_s", spec.duration_s), ("max_runtime_s", spec.max_runtime_s)):
         if maybe is not None and maybe <= 0:
             return Rejection("invalid_duration", f"{name} must be > 0, got {maybe}")
-    unknown = [m for m in spec.gpu_models if m not in inventory.total]
-    if unknown:
-        known = ", ".join(sorted(inventory.total)) or "none registered"
-        return Rejection("unknown_gpu_model", f"GPU model(s) {', '.join(unknown)} unknown (cluster has {known})")
-    models = list(spec.gpu_models) or sorted(inventory.total)
-    per_replica_gpus = 1 if spec.gpu_milli > 0 else spec.gpus
-    largest = max((inventory.max_per_node.get(m, 0) for m in models), default=0)
-    if per_replica_gpus > largest:
-        return Rejection("exceeds_node_capacity",
-                         f"a replica needs {per_replica_gpus} GPUs; the largest node has {largest}")
-    total = sum(inventory.total.get(m, 0) for m in models)
-    if demand_milli(spec) > total * 1000:
-        return Rejection("exceeds_cluster_capacity",
-                         f"the gang needs {demand_milli(spec) / 1000:g} GPUs; the cluster has {total}")
+    problem = spec_problem(spec) or capacity_rejection(spec, inventory)
+    if problem is not None:
+        return problem
     if queue.user_max_gpus is not None and demand_milli(spec) > queue.user_max_gpus * 1000:
         return Rejection("exceeds_user_limit", f"the job needs {demand_milli(spec) / 1000:g} GPUs; a user of queue "
                          f"{spec.queue!r} may hold at most {queue.user_max_gpus}")

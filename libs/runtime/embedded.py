@@ -3,6 +3,7 @@ folder, so parallel runs never share state."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -24,15 +25,42 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def wait_port(port: int, timeout: float = 15.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+class StartError(RuntimeError):
+    """A process that was to start did not: names it, says why in its own words (the last lines of its output)."""
+
+    def __init__(self, what: str, reason: str, log_path: Path | None = None) -> None:
+        said = log_tail(log_path) if log_path is not None else ""
+        where = f" (its output: {log_path})" if log_path is not None else ""
+        super().__init__(f"{what} {reason}{where}" + (f"; it said:\n{said}" if said else ""))
+        self.what, self.reason, self.log_path = what, reason, log_path
+
+
+def log_tail(path: Path, lines: int = 12, max_bytes: int = 65536) -> str:
+    """The last `lines` lines of a log file, indented; '' when it is missing or empty."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(f"    {line}" for line in text.strip().splitlines()[-lines:])
+
+
+def wait_port(port: int, timeout: float = 15.0, proc: subprocess.Popen[bytes] | None = None,
+              name: str = "server", log_path: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
+    what = f"{name} on 127.0.0.1:{port}"
     while time.monotonic() < deadline:
         if port_open(port):
             return
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server on port {port} exited with code {proc.returncode}")
+            raise StartError(what, f"exited with code {proc.returncode} before it listened", log_path)
         time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    raise StartError(what, f"did not listen within {timeout:g}s (stopped it)", log_path)
 
 
 def nats_server_binary() -> str:
@@ -73,7 +101,7 @@ class EmbeddedServer:
             raise RuntimeError(f"{self.name} server was not started by this module; cannot restart it")
         self.stop()
         self.proc = _spawn(self.argv, self.log_path)
-        wait_port(self.port, proc=self.proc)
+        wait_port(self.port, proc=self.proc, name=self.name, log_path=self.log_path)
 
 
 def _spawn(argv: tuple[str, ...], log_path: Path | None) -> subprocess.Popen[bytes]:
@@ -83,14 +111,19 @@ def _spawn(argv: tuple[str, ...], log_path: Path | None) -> subprocess.Popen[byt
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
 
 
+def _start(name: str, url: str, port: int, argv: tuple[str, ...], log_path: Path) -> EmbeddedServer:
+    proc = _spawn(argv, log_path)
+    wait_port(port, proc=proc, name=f"{name} ({argv[0]})", log_path=log_path)
+    return EmbeddedServer(name, url, port, proc, argv, log_path)
+
+
 def start_nats(data_dir: Path, port: int | None = None) -> EmbeddedServer:
     port = port or free_port()
+    # Absolute, whatever the caller's folder: the server resolves paths against its own working directory.
+    data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     argv = (nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(data_dir))
-    log_path = data_dir / "nats-server.log"
-    proc = _spawn(argv, log_path)
-    wait_port(port, proc=proc)
-    return EmbeddedServer("nats", f"nats://127.0.0.1:{port}", port, proc, argv, log_path)
+    return _start("nats", f"nats://127.0.0.1:{port}", port, argv, data_dir / "nats-server.log")
 
 
 def start_redis(data_dir: Path, port: int | None = None) -> EmbeddedServer:
@@ -98,9 +131,10 @@ def start_redis(data_dir: Path, port: int | None = None) -> EmbeddedServer:
     if binary is None:
         raise FileNotFoundError("redis-server not found: apt-get install -y redis-server")
     port = port or free_port()
+    # Redis changes into --dir before it opens anything else: every path it gets must be absolute. Its log goes
+    # to its standard output (logfile ""), which lands in our file, so that a refusal to start is seen there too.
+    data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     argv = (binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-            "--dir", str(data_dir), "--logfile", str(data_dir / "redis.log"))
-    proc = _spawn(argv, None)
-    wait_port(port, proc=proc)
-    return EmbeddedServer("redis", f"redis://127.0.0.1:{port}/0", port, proc, argv)
+            "--dir", str(data_dir), "--logfile", "")
+    return _start("redis", f"redis://127.0.0.1:{port}/0", port, argv, data_dir / "redis.log")

@@ -15,6 +15,8 @@ from contracts.views import ApiError
 
 JSON = "application/json"
 log = logging.getLogger(__name__)
+# More of a service's state for /readyz to report next to `ready` (admission: is the inventory known yet?).
+READY_DETAILS: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("ready_details")
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -106,9 +108,12 @@ def base_app(service: str, is_ready: Callable[[], bool]) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
         return json_response({"service": service, "status": "ok"})
 
-    async def readyz(_: web.Request) -> web.Response:
+    async def readyz(request: web.Request) -> web.Response:
         # The pid lets a supervisor tell its own child from another process on the same port.
         body = {"service": service, "ready": is_ready(), "pid": os.getpid()}
+        details = request.app.get(READY_DETAILS)
+        if details is not None:
+            body.update(details())
         return json_response(body, status=200 if body["ready"] else 503)
 
     async def metrics(_: web.Request) -> web.Response:

@@ -55,7 +55,7 @@ class NatsNode:
         with open(self.store.parent / f"{self.name}.log", "ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen([nats_server_binary(), "-c", str(NODE_CONF)],
                                          env={**os.environ, **self.env()}, stdout=log, stderr=subprocess.STDOUT)
-        wait_port(self.port, proc=self.proc)
+        wait_port(self.port, proc=self.proc, name=f"nats {self.name}", log_path=self.store.parent / f"{self.name}.log")
 
     def kill(self) -> None:
         """SIGKILL: the server gets no chance to hand its leaderships over, as when its machine is lost."""

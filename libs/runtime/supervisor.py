@@ -13,6 +13,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from libs.runtime.embedded import StartError
 from libs.runtime.settings import MAX_NICE, SERVICES, service_nice
 
 MODULES = {name: f"services.{name.replace('-', '_')}" for name in SERVICES}
@@ -82,12 +83,16 @@ class Supervisor:
         while waiting and time.monotonic() < deadline:
             for name, child in list(waiting.items()):
                 if child.proc is not None and child.proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with code {child.proc.returncode}; see {child.log_path}")
+                    raise StartError(f"service {name}", f"exited with code {child.proc.returncode} while starting",
+                                     child.log_path)
                 if child.ready():
                     del waiting[name]
             time.sleep(0.1)
         if waiting:
-            raise TimeoutError(f"not ready after {timeout}s: {', '.join(waiting)}")
+            name, child = next(iter(waiting.items()))
+            others = f" (also not ready: {', '.join(list(waiting)[1:])})" if len(waiting) > 1 else ""
+            raise StartError(f"service {name}", f"was not ready on port {child.port} after {timeout:g}s{others}",
+                             child.log_path)
 
     def restart_dead(self) -> list[str]:
         """Crash-only: a service that died is started again and catches up from the log."""

@@ -1,8 +1,10 @@
 """The public HTTP API. Writes become commands on the bus; reads come from the Redis read models.
 
 A submission is checked at once with the same `validate` the admission core applies to the logged
-command, so the caller gets its 4xx (with the reason code) immediately and the log agrees. An accepted
-submission opens the job's trace: its `SubmitJob` carries the `traceparent` every later hop continues.
+command, so the caller gets its 4xx (with the reason code) immediately and the log agrees. Until a first
+node has registered, the cluster's capacity is unknown: a submission is then answered 503 `not_ready` with
+Retry-After, so that the caller retries once it can be checked. An accepted submission opens the job's
+trace: its `SubmitJob` carries the `traceparent` every later hop continues.
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ _LIST_PARAMETERS = frozenset({"queue", "state", "team", "limit", "offset"})
 _MAX_OFFSET = 1 << 60
 
 
+def require_inventory(decider: AdmissionDecider) -> None:
+    """503 with Retry-After while no node has registered: what the cluster can hold is not known yet."""
+    if not decider.inventory.known:
+        raise HttpError(503, "not_ready", "no node has registered yet: the cluster's capacity is unknown; "
+                        "try again shortly", {"Retry-After": "1"})
+
+
 class JobsApi:
     def __init__(self, bus: Bus, decider: AdmissionDecider, store: ViewStore,
                  tracing: ServiceTracing | None = None) -> None:
@@ -75,6 +84,7 @@ class JobsApi:
                 return json_response(JobCreated(id=job_id, state=state, duplicate=True), status=200)
         else:
             job_id = str(uuid.uuid4())
+        require_inventory(self.decider)
         rejection = validate(spec, self.decider.policy, self.decider.inventory)
         if rejection is not None:
             return error_response(422, rejection.code, rejection.message)

@@ -7,6 +7,7 @@ from aiohttp import web
 from libs.bus.jetstream import Bus
 from libs.core.admission import AdmissionDecider
 from libs.runtime.handler import DeciderHandler
+from libs.runtime.http import READY_DETAILS
 from libs.runtime.main import service_main
 from libs.runtime.reactor import Reactor
 from libs.runtime.service import run_service
@@ -24,6 +25,7 @@ async def serve(settings: Settings) -> None:
     store = ViewStore.from_url(settings.redis_url, prefix=settings.stream.lower())
 
     def configure(app: web.Application, bus: Bus, reactor: Reactor) -> None:
+        app[READY_DETAILS] = lambda: {"inventory": decider.inventory.known}
         auth.install(app)
         JobsApi(bus, decider, store).routes(app)
         QueuesApi(bus, decider, store).routes(app)

@@ -38,6 +38,13 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(c): _json(_ref("ApiError"), "error with a machine-readable code and a message") for c in codes}
 
 
+def _not_ready() -> dict[str, Any]:
+    """A write checked against the cluster's capacity, answered before any node has registered."""
+    return {"503": {**_errors(503)["503"], "description": "`not_ready`: no node has registered yet, so the "
+                    "cluster's capacity is unknown; retry",
+                    "headers": {"Retry-After": _header("seconds to wait", {"type": "integer", "minimum": 1})}}}
+
+
 _WRITES = ("post", "put", "patch", "delete")
 _BEARER = {"bearerAuth": {"type": "http", "scheme": "bearer",
                           "description": "a token from `gpusched token create`; without GPUSCHED_API_TOKENS_FILE the "
@@ -88,7 +95,7 @@ def openapi_document() -> dict[str, Any]:
                     "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("JobSpec")}}},
                     "responses": {"201": _json(_ref("JobCreated"), "accepted; follow the job by its id"),
                                   "200": _json(_ref("JobCreated"), "the same idempotency key was seen before"),
-                                  **_errors(400, 413, 422)},
+                                  **_errors(400, 413, 422), **_not_ready()},
                 },
                 "get": {"summary": "List jobs", "parameters": query,
                         "responses": {"200": _json({"type": "array", "items": _ref("JobView")}, "jobs"),
@@ -140,7 +147,7 @@ def openapi_document() -> dict[str, Any]:
                                          "content": {"application/json": {"schema": _ref("ServiceSpec")}}},
                          "responses": {"201": _json(_ref("ServiceAccepted"), "deploying"),
                                        "200": _json(_ref("ServiceAccepted"), "updating"),
-                                       **_errors(400, 409, 413, 422)}},
+                                       **_errors(400, 409, 413, 422), **_not_ready()}},
                 "get": {"summary": "Inference services: replicas desired and ready, load",
                         "responses": {"200": _json({"type": "array", "items": _ref("ServiceView")}, "")}},
             },

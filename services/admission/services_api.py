@@ -2,8 +2,9 @@
 
 Every write is a command on the bus (`DeployService`, `DeleteService`, `ReportServiceLoad`) decided by the
 admission core, so scale decisions are audited and replayed like any other. A deployment is checked at once
-with the same rules the core applies, so the caller gets its 4xx with the reason code. Reads come from the
-admission core's own fold: it is the one that decides the services' replicas.
+with the same rules the core applies, so the caller gets its 4xx with the reason code (503 `not_ready` until
+a first node has registered, as for jobs). Reads come from the admission core's own fold: it is the one that
+decides the services' replicas.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from libs.bus.jetstream import Bus
 from libs.core.admission import AdmissionDecider
 from libs.core.services import METRICS, ServiceState
 from libs.runtime.http import HttpError, decode_body, error_response, json_response
+from services.admission.api import require_inventory
 from services.admission.auth import JOB_READERS, JOB_WRITERS, require, require_team
 
 API = "api"
@@ -58,6 +60,7 @@ class ServicesApi:
         who = require(request, JOB_WRITERS, "deploying a service")
         spec = decode_body(await request.read(), _service_decoder)
         require_team(who, spec.replica.team, "deploy services")
+        require_inventory(self.decider)
         refusal = self.decider.service_refusal(spec)
         if refusal is not None:
             status = 409 if refusal.code in ("service_exists", "replica_spec_changed") else 422

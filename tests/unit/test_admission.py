@@ -86,9 +86,12 @@ def test_a_spec_the_cluster_and_its_queue_can_hold_is_accepted(j: Job) -> None:
     assert validate(j.spec, book(), inventory()) is None
 
 
-def test_before_any_node_registers_every_job_exceeds_node_capacity() -> None:
-    assert validate(job().spec, book(), Inventory()) == Rejection(
-        "exceeds_node_capacity", "a replica needs 1 GPUs; the largest node has 0")
+def test_before_any_node_registers_capacity_is_unknown_and_rejects_nothing_but_policy_still_does() -> None:
+    assert validate(job(queue="ml-dev").gpus(64).models("TPU").spec, book(), Inventory()) is None
+    over_quota = validate(job().gpus(64).spec, book(), Inventory())
+    assert over_quota is not None and over_quota.code == "exceeds_queue_quota"
+    assert validate(job(queue="cv-train").spec, book(), Inventory()) == Rejection(
+        "queue_not_of_team", "queue 'cv-train' belongs to team 'cv'")
 
 
 def test_an_accepted_submission_is_logged_as_submitted_then_admitted_to_its_queue() -> None:

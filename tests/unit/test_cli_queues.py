@@ -1,5 +1,5 @@
 """`gpusched queues` / `gpusched queue set`: the pure helpers (flavor parsing, merging flags into a spec, the
-table's rows) and the command line they are fed from."""
+table's rows and cells) and the command line they are fed from."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 from contracts import FlavorQuota, QueueSpec
 from contracts.views import FlavorUsage, QueueView
 from libs.cli.main import build_parser
-from libs.cli.queues import parse_flavor, queue_rows, queue_spec
+from libs.cli.queues import QUEUE_COLUMNS, parse_flavor, queue_rows, queue_spec
+from libs.cli.tables import cells
 
 DEMO = {"name": "demo", "team": "demo", "parent": "acme", "nominal_gpus": 16, "borrowing_limit_gpus": 16}
 
@@ -147,17 +148,30 @@ def test_queue_rows_one_row_per_flavor_and_one_for_a_parent() -> None:
                        flavors=[FlavorUsage(flavor="A100", nominal_gpus=4.0, lent_gpus=1.5),
                                 FlavorUsage(flavor="T4", nominal_gpus=2.0, borrowing_limit_gpus=0.0)])
     rows = queue_rows([as_json(q) for q in (parent, demo, vision)])
-    assert rows == [
-        ["acme", "-", "-", "28", "-", "-", "-", "0", 0, 0, "0.00", "-"],
-        ["demo", "acme", "*", "16", "16", "0", "8", "24", 2, 3, "1.23", "-"],
-        ["vision", "acme", "A100", "4", "-", "1.5", "0", "0", 0, 0, "0.00", "499.5"],
-        ["vision", "acme", "T4", "2", "0", "0", "0", "0", 0, 0, "0.00", "499.5"],
+    assert [(q["name"], f and f["flavor"]) for q, f in rows] == [
+        ("acme", None), ("demo", "*"), ("vision", "A100"), ("vision", "T4")]
+    assert [c.header for c in QUEUE_COLUMNS] == [
+        "QUEUE", "PARENT", "COHORT", "MODEL", "NOMINAL", "BORROW-LIMIT", "LEND-LIMIT", "USED", "BORROWED", "LENT",
+        "PEND", "RUN", "WEIGHT", "SHARE", "BUDGET", "BUDGET-LEFT"]
+    assert cells(QUEUE_COLUMNS, rows, wide=True) == [
+        ["acme", "-", "-", "-", "28", "-", "-", "0", "-", "-", "0", "0", "1", "0.00", "-", "-"],
+        ["demo", "acme", "acme", "*", "16", "16", "-", "24", "8", "0", "2", "3", "1", "1.23", "-", "-"],
+        ["vision", "acme", "acme", "A100", "4", "-", "-", "0", "0", "1.5", "0", "0", "1", "0.00", "500", "499.5"],
+        ["vision", "acme", "acme", "T4", "2", "0", "-", "0", "0", "0", "0", "0", "1", "0.00", "500", "499.5"],
+    ]
+    # By default: quota, use and jobs per queue and model (QUEUE MODEL NOMINAL USED BORROWED LENT PEND RUN SHARE).
+    assert cells(QUEUE_COLUMNS, rows) == [
+        ["acme", "-", "28", "0", "-", "-", "0", "0", "0.00"],
+        ["demo", "*", "16", "24", "8", "0", "2", "3", "1.23"],
+        ["vision", "A100", "4", "0", "0", "1.5", "0", "0", "0.00"],
+        ["vision", "T4", "2", "0", "0", "0", "0", "0", "0.00"],
     ]
 
 
 def test_queue_rows_a_queue_without_quota_shows_no_limit_and_what_it_reserved() -> None:
     free = QueueView(name="free", team="free", nominal_gpus=None, reserved_gpus=2.5, pending=1, running=1)
-    assert queue_rows([as_json(free)]) == [["free", "-", "-", "-", "-", "-", "-", "2.5", 1, 1, "0.00", "-"]]
+    assert cells(QUEUE_COLUMNS, queue_rows([as_json(free)]), wide=True) == [
+        ["free", "-", "-", "-", "-", "-", "-", "2.5", "-", "-", "1", "1", "1", "0.00", "-", "-"]]
 
 
 def test_queue_rows_of_nothing_is_nothing() -> None:
