@@ -10,7 +10,9 @@ import numpy.typing as npt
 from libs.core.cluster import FULL, Cluster, Node
 
 I64 = npt.NDArray[np.int64]
-UNUSABLE = -1  # padding, unhealthy and MIG-enabled GPUs: never a candidate, never idle share
+# Padding, unhealthy GPUs and GPUs serving MIG (MIG-enabled, or holding MIG instances still): never a candidate
+# for a share, never idle share.
+UNUSABLE = -1
 # Up to this many nodes, row-by-row questions are answered in plain Python (numpy's cost per call dominates).
 FEW_NODES = 64
 # Change logs (rows in the order they changed, for caches that catch up from them) are cleared past this
@@ -96,7 +98,7 @@ class ClusterArrays:
         idle = usable_share = idle_gpus = 0
         usable = False
         for j, g in enumerate(node.gpus):
-            if g.healthy and not g.mig_enabled:
+            if g.healthy and not g.mig_enabled and not g.mig_instances:  # Gpu.takes_shares, inlined: hot
                 share = g.free_milli
                 memory = g.free_memory_mib
                 free[j] = share

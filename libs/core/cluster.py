@@ -6,18 +6,16 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from contracts import NodeSpec, ReplicaPlacement
+from contracts import GpuSpec, NodeSpec, ReplicaPlacement
+from libs.core.mig_profiles import COMPUTE_SLICES, MigProduct, compute_slices, product
 
 FULL = 1000  # thousandths of a GPU
-MIG_SLICES = 7  # compute slices of a MIG-enabled GPU (A100/H100/H200 family)
+MIG_SLICES = COMPUTE_SLICES  # compute slices of a MIG-enabled GPU (A100/H100/H200 family)
 
 
 def mig_slices(profile: str) -> int:
     """Slices a MIG profile takes: "3g.40gb" -> 3. 0 when the name is not a MIG profile."""
-    head = profile.split(".", 1)[0]
-    if len(head) < 2 or not head.endswith("g") or not head[:-1].isdigit():
-        return 0
-    return int(head[:-1])
+    return compute_slices(profile)
 
 
 @dataclass(slots=True)
@@ -31,12 +29,51 @@ class Gpu:
     healthy: bool = True
     nvlink_group: int = -1
     mig_enabled: bool = False
-    # Free MIG slices (MIG-enabled GPUs only); a MIG GPU's free_milli tracks its slices too.
-    free_slices: int = 0
+    # The GPU's MIG profile table when it is MIG-capable (libs.core.mig_profiles), else None.
+    mig_product: MigProduct | None = None
+    # What MIG instances hold of the GPU: compute slices, share (free_milli counts it too) and count. Kept
+    # across a change of MIG mode: instances run until their jobs end, whatever the mode says meanwhile.
+    mig_held: int = 0
+    mig_milli: int = 0
+    mig_instances: int = 0
 
     @property
     def idle(self) -> bool:
         return self.free_milli == FULL
+
+    @property
+    def free_slices(self) -> int:
+        """Free compute slices of a MIG-enabled GPU with a known profile table; 0 for any other."""
+        if not self.mig_enabled or self.mig_product is None:
+            return 0
+        return self.mig_product.slices - self.mig_held
+
+    @property
+    def takes_mig(self) -> bool:
+        """Can MIG instances go here? A MIG-enabled GPU with a profile table, holding no share of a job
+        placed without MIG (a fraction or a whole GPU): a GPU serves one kind of work at a time."""
+        return (self.mig_enabled and self.healthy and self.mig_product is not None
+                and self.free_milli + self.mig_milli == FULL)
+
+    @property
+    def takes_shares(self) -> bool:
+        """Can fractions and whole GPUs go here? A healthy GPU with MIG off and no MIG instance left."""
+        return self.healthy and not self.mig_enabled and self.mig_instances == 0
+
+    def carry_use(self, prev: Gpu) -> None:
+        """Take over the use `prev` (the same GPU as registered before) holds."""
+        self.free_milli -= FULL - prev.free_milli
+        self.free_memory_mib -= prev.memory_mib - prev.free_memory_mib
+        self.mig_held, self.mig_milli, self.mig_instances = prev.mig_held, prev.mig_milli, prev.mig_instances
+
+    def in_use(self) -> bool:
+        return self.free_milli != FULL or self.free_memory_mib != self.memory_mib or self.mig_instances != 0
+
+
+def new_gpu(node: str, g: GpuSpec) -> Gpu:
+    return Gpu(node=node, index=g.index, model=g.model, memory_mib=g.memory_mib, free_memory_mib=g.memory_mib,
+               healthy=g.healthy, nvlink_group=g.nvlink_group, mig_enabled=g.mig_enabled,
+               mig_product=product(g.model, g.memory_mib))
 
 
 @dataclass(slots=True)
@@ -52,14 +89,29 @@ class Node:
     models: frozenset[str] = frozenset()
     rdma_nics: int = 0
     free_rdma_nics: int = 0
+    # GPUs a registration no longer lists while jobs still held them (by index): their use stays here while
+    # those jobs run, and comes back with the GPU if a later registration lists it again. Never placed on.
+    retired: dict[int, Gpu] = field(default_factory=dict)
 
-    def gpu(self, index: int) -> Gpu:
+    def listed_gpu(self, index: int) -> Gpu | None:
+        """The GPU of that index the node's registration lists, or None."""
         if index < len(self.gpus) and self.gpus[index].index == index:
             return self.gpus[index]
-        for g in self.gpus:
-            if g.index == index:
-                return g
-        raise KeyError(f"node {self.name} has no GPU {index}")
+        return next((g for g in self.gpus if g.index == index), None)
+
+    def gpu(self, index: int) -> Gpu:
+        found = self.listed_gpu(index)
+        if found is None:
+            raise KeyError(f"node {self.name} has no GPU {index}")
+        return found
+
+    def held_gpu(self, index: int) -> tuple[Gpu, bool] | None:
+        """The GPU a placement names, listed (True) or retired (False); None when the node has neither."""
+        found = self.listed_gpu(index)
+        if found is not None:
+            return found, True
+        retired = self.retired.get(index)
+        return None if retired is None else (retired, False)
 
 
 @dataclass(slots=True)
@@ -99,14 +151,10 @@ class Cluster:
             changed[name] = None
 
     def register(self, spec: NodeSpec) -> None:
-        """(Re)register a node: capacity comes from the spec, current use is kept."""
+        """(Re)register a node: capacity comes from the spec, current use is kept, GPU by GPU (a GPU the spec
+        no longer lists keeps its use aside, retired, until the jobs holding it end)."""
         old = self.nodes.get(spec.name)
-        gpus = [
-            Gpu(node=spec.name, index=g.index, model=g.model, memory_mib=g.memory_mib,
-                free_memory_mib=g.memory_mib, healthy=g.healthy, nvlink_group=g.nvlink_group,
-                mig_enabled=g.mig_enabled, free_slices=MIG_SLICES if g.mig_enabled else 0)
-            for g in sorted(spec.gpus, key=lambda g: g.index)
-        ]
+        gpus = [new_gpu(spec.name, g) for g in sorted(spec.gpus, key=lambda g: g.index)]
         node = Node(name=spec.name, gpus=gpus, cpu_milli=spec.cpu_milli, memory_mib=spec.memory_mib,
                     labels=dict(spec.labels), free_cpu_milli=spec.cpu_milli,
                     free_memory_mib=spec.memory_mib, models=frozenset(g.model for g in gpus),
@@ -115,14 +163,12 @@ class Cluster:
             node.free_cpu_milli -= old.cpu_milli - old.free_cpu_milli
             node.free_memory_mib -= old.memory_mib - old.free_memory_mib
             node.free_rdma_nics -= old.rdma_nics - old.free_rdma_nics
-            by_index = {g.index: g for g in old.gpus}
+            by_index = {**old.retired, **{g.index: g for g in old.gpus}}
             for g in node.gpus:
-                prev = by_index.get(g.index)
+                prev = by_index.pop(g.index, None)
                 if prev is not None:
-                    g.free_milli -= FULL - prev.free_milli
-                    g.free_memory_mib -= prev.memory_mib - prev.free_memory_mib
-                    if g.mig_enabled and prev.mig_enabled:
-                        g.free_slices -= MIG_SLICES - prev.free_slices
+                    g.carry_use(prev)
+            node.retired = {i: g for i, g in sorted(by_index.items()) if g.in_use()}
         self.nodes[spec.name] = node
         # Kept in name order and summed by difference: a full sort and recount on each registration made
         # registering N nodes quadratic. A new list, so that a caller holding the old one sees no change.
@@ -196,12 +242,25 @@ class Cluster:
             node.free_cpu_milli += sign * p.cpu_milli
             node.free_memory_mib += sign * p.memory_mib
             node.free_rdma_nics += sign * p.rdma_nics
-            self.free_total += sign * p.gpu_milli * len(p.gpu_indices)
+            gpus = node.gpus
             for idx in p.gpu_indices:
-                gpu = node.gpu(idx)
+                if idx < len(gpus) and gpus[idx].index == idx:  # the usual case, first (the hot path of placing)
+                    gpu, listed = gpus[idx], True
+                else:
+                    held = node.held_gpu(idx)
+                    if held is None:
+                        continue  # a GPU gone from the node with no use left there: nothing to give or take
+                    gpu, listed = held
                 gpu.free_milli += sign * p.gpu_milli
                 gpu.free_memory_mib += sign * p.gpu_memory_mib
-                gpu.free_slices += sign * p.mig_slices
+                if p.mig_slices:
+                    gpu.mig_held -= sign * p.mig_slices
+                    gpu.mig_milli -= sign * p.gpu_milli
+                    gpu.mig_instances -= sign
+                if listed:
+                    self.free_total += sign * p.gpu_milli
+                # A retired GPU stays retired even once free (a simulation gives use back and takes it again):
+                # the next registration drops it then.
 
     def sorted_nodes(self) -> list[Node]:
         return self._order

@@ -15,7 +15,9 @@ import numpy as np
 
 from contracts import JobSpec, ReplicaPlacement
 from libs.core.arrays import ClusterArrays
-from libs.core.cluster import FULL, MIG_SLICES, Cluster, Node, mig_slices
+from libs.core.cluster import FULL, Cluster, Node
+from libs.core.mig_fit import choose_mig, offers
+from libs.core.mig_profiles import instance_milli
 from libs.core.policy import demand_milli, replica_milli
 from libs.core.score_cache import ScoreCache
 from libs.core.scoring import (
@@ -166,26 +168,19 @@ class Placer:
             rdma_nics=spec.rdma_nics)
 
     def _place_mig(self, spec: JobSpec, replica: int, allowed: Mask | None) -> ReplicaPlacement | None:
-        """Best fit on MIG slices: the MIG-enabled GPU with the fewest slices left that still fit."""
-        need = mig_slices(spec.mig_profile)
-        best: tuple[int, str, int] | None = None
-        for i, node in enumerate(self.arrays.nodes):
-            if allowed is not None and not allowed[i]:
-                continue
-            if not _host_ok(node, spec):
-                continue
-            for g in node.gpus:
-                if (g.mig_enabled and g.healthy and g.free_slices >= need
-                        and (not spec.gpu_models or g.model in spec.gpu_models)):
-                    key = (g.free_slices - need, node.name, g.index)
-                    if best is None or key < best:
-                        best = key
-        if best is None:
+        """Best fit on MIG slices (mig_fit), over the nodes as they are now."""
+        rows = self.arrays.refresh()  # the rows (and after a registration, the nodes) the cluster has now
+        if rows:
+            self._pending_rows.update(rows)
+        nodes = self.arrays.nodes
+        host = [(allowed is None or bool(allowed[i])) and _host_ok(n, spec) for i, n in enumerate(nodes)]
+        choice = choose_mig(nodes, spec, host)
+        if choice is None:
             return None
         placement = ReplicaPlacement(
-            replica=replica, node=best[1], gpu_indices=(best[2],), gpu_milli=need * FULL // MIG_SLICES,
-            cpu_milli=spec.cpu_milli, memory_mib=spec.memory_mib, mig_slices=need, rdma_nics=spec.rdma_nics,
-            model=self.cluster.nodes[best[1]].gpu(best[2]).model)
+            replica=replica, node=choice.node.name, gpu_indices=(choice.gpu.index,),
+            gpu_milli=instance_milli(spec.mig_profile), gpu_memory_mib=choice.memory_mib, cpu_milli=spec.cpu_milli,
+            memory_mib=spec.memory_mib, mig_slices=choice.slices, rdma_nics=spec.rdma_nics, model=choice.gpu.model)
         self.cluster.allocate((placement,))
         return placement
 
@@ -289,10 +284,6 @@ class Placer:
         return explain_shortfall(self.cluster, spec)
 
 
-def _model_ok(spec: JobSpec, model: str) -> bool:
-    return not spec.gpu_models or model in spec.gpu_models
-
-
 def _host_ok(node: Node, spec: JobSpec) -> bool:
     return (node.online and node.free_cpu_milli >= spec.cpu_milli and node.free_memory_mib >= spec.memory_mib
             and node.free_rdma_nics >= spec.rdma_nics
@@ -306,11 +297,11 @@ def explain_shortfall(cluster: Cluster, spec: JobSpec) -> Shortfall:
     placer.refresh_outside_sync()
     need = demand_milli(spec)
     if spec.mig_profile:
-        mig = [g for n in cluster.sorted_nodes() if n.online for g in n.gpus
-               if g.mig_enabled and g.healthy and _model_ok(spec, g.model)]
+        mig = [g for n in cluster.sorted_nodes() if n.online for g in n.gpus if offers(g, spec)]
         if not mig:
-            return Shortfall(NO_MODEL_MATCH, f"no healthy MIG-enabled GPU for {spec.mig_profile}", need)
-        return Shortfall(FRAGMENTATION, f"no MIG-enabled GPU has {mig_slices(spec.mig_profile)} free slices", need)
+            return Shortfall(NO_MODEL_MATCH, f"no healthy MIG-enabled GPU offers profile {spec.mig_profile}", need)
+        return Shortfall(FRAGMENTATION, f"no MIG-enabled GPU offering {spec.mig_profile} has its compute and memory "
+                                        "slices free (or it holds a job placed without MIG)", need)
     any_usable, free = a.usable_free(tuple(spec.gpu_models), whole=spec.gpu_milli <= 0)
     if not any_usable:
         models = ",".join(spec.gpu_models) or "any model"

@@ -34,7 +34,7 @@ from contracts import (
 from contracts.model import JobSpec
 from contracts.views import FlavorUsage, JobView, NodeView, QueueView, TeamUsage
 from libs.core.cluster import FULL, Cluster
-from libs.core.policy import PolicyBook
+from libs.core.policy import PolicyBook, replica_milli
 from libs.core.quota import QuotaDecider
 from libs.core.retries import RetryBook
 from libs.core.usage import GpuRun, UsageBook
@@ -59,8 +59,7 @@ def is_long(view: JobView) -> bool:
 
 def requested_gpus(spec: JobSpec) -> float:
     """GPUs a job asks for, fractions counted as fractions."""
-    per_replica = spec.gpu_milli / FULL if spec.gpu_milli else float(spec.gpus)
-    return spec.replicas * per_replica
+    return spec.replicas * (replica_milli(spec) / FULL)
 
 
 # The demand and capacity figure of the whole cluster, whatever the model.

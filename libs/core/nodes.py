@@ -60,7 +60,8 @@ class NodeDecider:
         match event:
             case NodeRegistered():
                 self.healthy[event.node.name] = {g.index: g.healthy for g in event.node.gpus}
-            case GpuHealthChanged() if event.node in self.healthy:
+            case GpuHealthChanged() if event.index in self.healthy.get(event.node, {}):
+                # Only a GPU the node's last registration lists: one it dropped is no GPU to quarantine.
                 self.healthy[event.node][event.index] = event.healthy
             case NodeCordoned():
                 self.cordoned[event.node] = event.drain

@@ -14,6 +14,7 @@ from contracts import (
     SchedulingSettings,
     SchedulingSettingsChanged,
 )
+from libs.core.mig_profiles import instance_milli
 from libs.core.quotas import QuotaBook
 
 # Used until the log carries a PriorityClassesChanged; part of the code, hence deterministic.
@@ -69,7 +70,10 @@ class PolicyBook:
 
 
 def replica_milli(spec: JobSpec) -> int:
-    """GPU demand of one replica, in thousandths of a GPU."""
+    """GPU demand of one replica, in thousandths of a GPU: a MIG instance its profile's share (the one figure
+    placement allocates and accounting counts), else its fraction or whole GPUs."""
+    if spec.mig_profile:
+        return instance_milli(spec.mig_profile)
     return spec.gpu_milli if spec.gpu_milli > 0 else spec.gpus * 1000
 
 

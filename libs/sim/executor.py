@@ -25,6 +25,7 @@ from contracts import (
     JobSubmitted,
     NodeCordoned,
     NodeLost,
+    NodeRegistered,
     PreemptionDecided,
     PriorityClassesChanged,
 )
@@ -37,6 +38,8 @@ SOURCE = "sim-executor"
 SIM_EXIT_CODES = "sim/exit-codes"
 # A job label: how long (seconds) the simulated job takes to write its checkpoint once told to stop.
 SIM_CHECKPOINT_S = "sim/checkpoint-s"
+# Why a run stops when its node registers again without one of the run's GPUs.
+GPU_REMOVED = "gpu_removed"
 REPORTS = (JobStarted, JobReady, JobFinished, JobFailed, JobEvicted, JobCheckpointed)
 
 
@@ -178,6 +181,12 @@ class ExecutorBook:
             case GpuHealthChanged() if not event.healthy:
                 for run in [r for r in runs.values() if (event.node, event.index) in r.gpus]:
                     out += self.stop(run, "gpu_unhealthy", now)
+            case NodeRegistered():
+                # The node registered again without some GPU (removed, fallen off the bus): a run holding it
+                # cannot go on there and stops as a whole, an infrastructure stop that puts the job back.
+                name, listed = event.node.name, {g.index for g in event.node.gpus}
+                for run in [r for r in runs.values() if any(n == name and i not in listed for n, i in r.gpus)]:
+                    out += self.stop(run, GPU_REMOVED, now)
             case NodeCordoned() if event.drain:
                 # Drained: told to stop like a preemption victim, so a job that checkpoints keeps its work.
                 for run in [r for r in runs.values() if any(n == event.node for n, _ in r.gpus)]:

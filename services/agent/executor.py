@@ -217,6 +217,13 @@ class ProcessExecutor:
             case NodeLost() if event.node == self.node:
                 for job_id in list(self.placed):
                     self._stop(job_id, "node_lost", grace=0.0)  # fenced: its jobs already run elsewhere
+            case NodeRegistered() if event.node.name == self.node:
+                # Registered again without a GPU a job runs on (it fell off the bus, was removed): that job
+                # cannot go on here and stops, an infrastructure stop that puts it back in line.
+                listed = {g.index for g in event.node.gpus}
+                for job_id, r in list(self.placed.items()):
+                    if any(i not in listed for rep in r.replicas for i in rep.gpu_indices):
+                        self._stop(job_id, "gpu_removed")
             case NodeCordoned() if event.node == self.node and event.drain:
                 for job_id in list(self.placed):
                     self._stop(job_id, "drained")

@@ -37,7 +37,8 @@ from libs.telemetry.tracing import ServiceTracing, current_tracing
 
 log = logging.getLogger(__name__)
 ENDS = (JobFinished, JobFailed, JobEvicted)  # reports that end a run
-STOPPING = (PreemptionDecided, NodeLost, GpuHealthChanged, NodeCordoned)  # decisions that may stop runs
+# Decisions and facts that may stop runs (a registration without a GPU a run holds).
+STOPPING = (PreemptionDecided, NodeLost, GpuHealthChanged, NodeCordoned, NodeRegistered)
 
 
 class SimExecutor:

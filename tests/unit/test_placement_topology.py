@@ -161,13 +161,17 @@ requests_st = st.lists(st.tuples(
     st.integers(0, 16_000), st.sampled_from(POLICIES), st.booleans()), max_size=30)
 
 
+# The profiles of the 80 GB GPUs the strategy registers, and one no GPU has.
+MIG_PROFILES = ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb", "banana")
+
+
 def request_spec(kind: str, gpus: int, milli: int, replicas: int, topology: str, required: bool, spread: bool,
                  cpu: int) -> JobSpec:
     shape: dict[str, object] = {"gpus": gpus}
     if kind == "fraction":
         shape = {"gpus": 1, "gpu_milli": milli}
     elif kind == "mig":
-        shape = {"gpus": 0, "mig_profile": f"{1 + milli % 7}g.10gb"}
+        shape = {"gpus": 0, "mig_profile": MIG_PROFILES[milli % len(MIG_PROFILES)]}
     elif kind == "cpu":
         shape = {"gpus": 0}
     return spec(replicas=replicas, topology=topology, topology_required=required, spread=spread, cpu_milli=cpu,
@@ -205,6 +209,7 @@ def test_nothing_is_ever_allocated_beyond_capacity_and_gangs_are_all_or_nothing(
             assert n.free_cpu_milli >= 0 and n.free_memory_mib >= 0 and n.free_rdma_nics >= 0
             for g in n.gpus:
                 assert 0 <= g.free_milli <= 1000 and 0 <= g.free_slices <= MIG_SLICES and g.free_memory_mib >= 0
+                assert g.mig_instances == 0 or g.free_milli + g.mig_milli == 1000  # MIG or shares, never both
     for placements in live:
         c.release(placements)
     assert all(g.free_milli == 1000 for n in c.sorted_nodes() for g in n.gpus)
