@@ -1,0 +1,232 @@
+"""Why a waiting job may rightly wait, judged on the World at one moment: the quota it lacks, the cluster
+capacity it does not fit, and the holds the deciders place on purpose (a job of higher priority first, a
+user limit, a spent budget, a retry's backoff, a job starving for too long, a preemptor's nomination).
+
+Each hold answers with a sentence (why the job waits) or "" (it does not hold the job)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from contracts import JobSpec
+from libs.audit.guarantees.world import PLACEMENT, QUOTA, JobState, World
+from libs.core.fit import fits
+from libs.core.policy import demand_milli
+from libs.core.quota import NOMINATION_TTL_S
+from libs.core.quotas import ANY
+
+
+def _gpus(milli: int) -> str:
+    return f"{milli / 1000:g}"
+
+
+def on_flavor(spec: JobSpec, flavor: str) -> JobSpec:
+    """The job as placement sees it once its quota came from one GPU model's flavor."""
+    return spec if flavor == ANY else msgspec.structs.replace(spec, gpu_models=(flavor,))
+
+
+def priority(world: World, spec: JobSpec) -> int:
+    return world.quota.policy.priority_of(spec)
+
+
+# --- quota --------------------------------------------------------------------------------------------
+
+
+def quota_flavors_with_room(world: World, spec: JobSpec) -> list[str]:
+    """The queue's flavors the job may use that have room for it now (ANY for a queue without quota)."""
+    book = world.quota.book
+    if not book.governed(spec.queue):
+        return [ANY]
+    demand = demand_milli(spec)
+    over = _over_budget(world, spec.queue)
+    return [f for f in book.flavors_for(spec.queue, spec)
+            if (book.borrow_only_room(spec.queue, f) if over else book.room(spec.queue, f)) >= demand]
+
+
+def quota_hold(world: World, job_id: str, job: JobState) -> str:
+    """Why the job cannot take quota now ("" when it could)."""
+    spec = job.spec
+    for hold in (backoff_hold, user_limit_hold, budget_hold, higher_priority_hold, starving_quota_hold):
+        why = hold(world, job_id, spec)
+        if why:
+            return why
+    roomy = quota_flavors_with_room(world, spec)
+    if not roomy:
+        return f"queue {spec.queue} has no room for {_gpus(demand_milli(spec))} GPUs in any flavor the job may use"
+    if all(lender_waits(world, spec, f) for f in roomy):
+        return f"a queue of {spec.queue}'s cohort under its nominal quota waits for quota lent out: nobody borrows"
+    return ""
+
+
+def backoff_hold(world: World, job_id: str, spec: JobSpec) -> str:
+    not_before = world.quota.backing_off.get(job_id)
+    return f"it backs off after a failure until {not_before:.0f}" if not_before and not_before > world.now else ""
+
+
+def user_limit_hold(world: World, job_id: str, spec: JobSpec) -> str:
+    queue = world.quota.policy.queues.get(spec.queue)
+    limit = queue.user_max_gpus if queue is not None else None
+    if limit is None:
+        return ""
+    user = spec.user or spec.team
+    held = world.quota.user_used.get((spec.queue, user), 0)
+    if held + demand_milli(spec) <= limit * 1000:
+        return ""
+    return f"user {user} holds {_gpus(held)} GPUs of queue {spec.queue} (limit {limit})"
+
+
+def _over_budget(world: World, queue: str) -> bool:
+    left = world.quota.budget_left_s(queue, world.now)
+    return left is not None and left <= 0
+
+
+def budget_hold(world: World, job_id: str, spec: JobSpec) -> str:
+    if not _over_budget(world, spec.queue):
+        return ""
+    queue = world.quota.policy.queues[spec.queue]
+    if queue.over_budget == "wait":
+        return f"queue {spec.queue} spent its GPU-hour budget and waits for the next period"
+    if not quota_flavors_with_room(world, spec):
+        return f"queue {spec.queue} spent its GPU-hour budget and its cohort lends no idle quota"
+    return ""
+
+
+def higher_priority_hold(world: World, job_id: str, spec: JobSpec) -> str:
+    levels = world.quota.pending.get(spec.queue, {})
+    higher = [p for p, users in levels.items() if p > priority(world, spec) and users]
+    return f"jobs of higher priority wait for queue {spec.queue}'s quota first" if higher else ""
+
+
+def starving_quota_hold(world: World, job_id: str, spec: JobSpec) -> str:
+    """Some other job of the cohort has waited past the starvation limit: quota is held for it."""
+    limit = world.quota.policy.settings.starvation_after_s
+    if limit is None:
+        return ""
+    book = world.quota.book
+    cohort = book.cohort.get(spec.queue, "")
+    group = book.members.get(cohort, [spec.queue]) if cohort else [spec.queue]
+    mine = priority(world, spec)
+    for queue in group:
+        for since, _, other in world.quota.by_wait_in.get(queue, []):
+            if world.now - since < limit:
+                break
+            held = world.quota.jobs.get(other)
+            if other != job_id and held is not None and held.priority >= mine:
+                return f"quota is held for job {other}, waiting since {since:.0f}"
+    return ""
+
+
+def lender_waits(world: World, spec: JobSpec, flavor: str) -> bool:
+    """Must the job borrow `flavor`, while another queue of its cohort under its nominal quota waits for the
+    part of it that is lent out? Then the quota decider lets no borrower grow (see _lent_out)."""
+    book = world.quota.book
+    if book.nominal_left(spec.queue, flavor) >= demand_milli(spec):
+        return False
+    return bool(waiting_lenders(world, spec.queue, flavor))
+
+
+def waiting_lenders(world: World, queue: str, flavor: str) -> list[str]:
+    """Queues of `queue`'s cohort (itself included) whose quota of the flavor is lent out while they wait."""
+    book = world.quota.book
+    cohort = book.cohort.get(queue, "")
+    group = book.members.get(cohort, [queue]) if cohort else [queue]
+    return [q for q in group if lent_out_while_waiting(world, q, flavor)]
+
+
+def lent_out_while_waiting(world: World, queue: str, flavor: str) -> bool:
+    """Does the queue's smallest waiting job fit its nominal quota of the flavor, but not the room its cohort
+    leaves it? Then borrowers hold the part of its quota it waits for."""
+    book = world.quota.book
+    levels = world.quota.pending.get(queue)
+    if not levels or flavor not in book.limits.get(queue, {}) or _over_budget(world, queue):
+        return False
+    demands = [d for prio in levels for d in world.quota.demands.get((queue, prio), {})]
+    if not demands:
+        return False
+    smallest = min(demands)
+    return book.nominal_left(queue, flavor) >= smallest > book.room(queue, flavor)
+
+
+def reclaim_due(world: World, queue: str, flavor: str) -> bool:
+    """Does the queue's first waiting job (see first_waiting) fit the queue's nominal quota of the flavor, but
+    not the room its cohort leaves it? That is what reclaim is for."""
+    book = world.quota.book
+    lim = book.limits.get(queue, {}).get(flavor)
+    if lim is None or _over_budget(world, queue):
+        return False
+    first = first_waiting(world, queue)
+    if first is None:
+        return False
+    demand = world.quota.jobs[first].demand
+    return book.usage(queue, flavor) + demand <= lim.nominal and demand > book.room(queue, flavor)
+
+
+def first_waiting(world: World, queue: str) -> str | None:
+    """The queue's first job waiting for quota: the smallest of its highest waiting priority (jobs below it
+    wait behind it by the queue's own order; jobs backing off after a failure wait for time, not quota)."""
+    levels = world.quota.pending.get(queue)
+    if not levels:
+        return None
+    backing_off = world.quota.backing_off
+    for prio in sorted(levels, reverse=True):
+        waiting = [(world.quota.jobs[j].demand, j) for keys in levels[prio].values() for _, j in keys
+                   if backing_off.get(j, 0.0) <= world.now]
+        if waiting:
+            return min(waiting)[1]
+    return None
+
+
+# --- placement ----------------------------------------------------------------------------------------
+
+
+def fits_now(world: World, spec: JobSpec, flavor: str = ANY) -> bool:
+    return fits(world.capacity.cluster, on_flavor(spec, flavor))
+
+
+def nomination_hold(world: World, job_id: str, spec: JobSpec) -> str:
+    mine = priority(world, spec)
+    for preemptor in sorted(world.nominated):
+        at = world.nominated[preemptor]
+        other = world.jobs.get(preemptor)
+        if (preemptor != job_id and other is not None and other.phase in (QUOTA, PLACEMENT)
+                and world.now - at <= NOMINATION_TTL_S and priority(world, other.spec) > mine):
+            return f"capacity is held for preemptor {preemptor}, nominated at {at:.0f}"
+    return ""
+
+
+def starving_placement_hold(world: World, job_id: str, spec: JobSpec) -> str:
+    limit = world.quota.policy.settings.starvation_after_s
+    if limit is None:
+        return ""
+    mine = priority(world, spec)
+    for other in sorted(world.placing):
+        job = world.jobs[other]
+        if (other != job_id and job.phase == PLACEMENT and world.now - job.since >= limit
+                and priority(world, job.spec) >= mine):
+            return f"capacity is held for job {other}, waiting for a place since {job.since:.0f}"
+    return ""
+
+
+def placement_hold(world: World, job_id: str, job: JobState) -> str:
+    """Why the reserved job cannot be placed now ("" when it could)."""
+    for hold in (nomination_hold, starving_placement_hold):
+        why = hold(world, job_id, job.spec)
+        if why:
+            return why
+    if not fits_now(world, job.spec, job.flavor):
+        return "it does not fit the cluster's free capacity"
+    return ""
+
+
+def could_run(world: World, job_id: str, job: JobState) -> str:
+    """For a waiting job: what is idle that it could use now ("" when something rightly holds it)."""
+    if job.phase == PLACEMENT:
+        return "" if placement_hold(world, job_id, job) else "it fits the cluster's free capacity now"
+    if job.phase != QUOTA or job_id not in world.quota.jobs or quota_hold(world, job_id, job):
+        return ""
+    for flavor in quota_flavors_with_room(world, job.spec):
+        if not lender_waits(world, job.spec, flavor) and fits_now(world, job.spec, flavor):
+            where = f"queue {job.spec.queue} has room" + (f" of flavor {flavor}" if flavor != ANY else "")
+            return f"{where} and the cluster has free capacity it fits"
+    return ""
+

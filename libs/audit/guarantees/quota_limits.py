@@ -1,0 +1,194 @@
+"""Quota limits folded from the log into the core's own QuotaBook (so a limit means here exactly what it means
+to the quota decider): each reservation within its queue's nominal plus borrowing limit, each cohort
+borrowing no more than its queues lend, each parent queue's quota bounding its subtree, and no reclaim that
+pushes a queue below its nominal quota.
+
+A decision is judged by the policy its decider knew: the policy events logged up to its trigger (a change
+logged between a trigger and its decision came too late to bind it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from contracts import JobSpec, PreemptionDecided, QueuePolicyChanged, QuotaReleased, QuotaReserved
+from libs.audit.guarantees.violation import (
+    LENDING_LIMIT,
+    NOMINAL_PROTECTED,
+    PARENT_QUOTA,
+    QUOTA_CEILING,
+    Violation,
+    gpus,
+)
+from libs.core.quotas import ANY, UNLIMITED, Limits, QuotaBook
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    queue: str
+    flavor: str
+    milli: int
+    over_budget: bool
+
+
+def _gpus(milli: int) -> str:
+    return f"{milli / 1000:g}"
+
+
+@dataclass(slots=True)
+class QuotaLimits:
+    book: QuotaBook = field(default_factory=QuotaBook)
+    held: dict[str, Held] = field(default_factory=dict)
+    # Policy events logged but not yet binding on any decision: (seq, event).
+    policy: list[tuple[int, QueuePolicyChanged]] = field(default_factory=list)
+    # (ancestor queue, flavor) -> what its subtree holds of the flavor (over-budget usage included).
+    subtree: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Victims chosen by a reclaim and not released yet: they leave their queue, whatever comes next.
+    leaving: dict[str, None] = field(default_factory=dict)
+
+    # --- folding -----------------------------------------------------------------------------------
+
+    def queue_policy(self, seq: int, event: QueuePolicyChanged) -> None:
+        self.policy.append((seq, event))
+
+    def bind_policy(self, trigger_seq: int) -> None:
+        """Apply the policy events logged up to `trigger_seq` (the decision's trigger)."""
+        applied = False
+        while self.policy and self.policy[0][0] <= trigger_seq:
+            self.book.set_queue(self.policy.pop(0)[1].queue)
+            applied = True
+        if applied:
+            self._recount_subtrees()
+
+    def reserved(self, seq: int, event: QuotaReserved) -> list[Violation]:
+        self.bind_policy(event.trigger_seq or seq)
+        held = Held(event.queue, event.flavor or ANY, event.gpu_milli, event.over_budget)
+        if event.job_id in self.held:  # reserved twice: the second replaces the first
+            self._take(event.job_id, -1)
+        self.held[event.job_id] = held
+        self._take(event.job_id, +1)
+        return [*self._ceiling(seq, event.job_id, held), *self._lending(seq, event.job_id, held),
+                *self._parents(seq, event.job_id, held)]
+
+    def released(self, event: QuotaReleased) -> None:
+        if event.job_id in self.held:
+            # The amount reserved, not the event's own figure: a release undoes exactly its reservation.
+            self._take(event.job_id, -1)
+            del self.held[event.job_id]
+        self.leaving.pop(event.job_id, None)
+
+    def preemption(self, seq: int, event: PreemptionDecided, specs: dict[str, JobSpec]) -> list[Violation]:
+        """A reclaim takes from borrowers only: every queue it evicts from stays at or above its nominal."""
+        self.bind_policy(event.trigger_seq or seq)
+        preemptor = specs.get(event.preemptor_id)
+        own_queue = preemptor.queue if preemptor is not None else ""
+        taken: dict[tuple[str, str], list[str]] = {}
+        for v in event.victims:
+            held = self.held.get(v.job_id)
+            if v.queue == own_queue or held is None or held.over_budget or v.job_id in self.leaving:
+                continue  # within its own queue, not holding quota, borrowed outright, or leaving already
+            taken.setdefault((held.queue, held.flavor), []).append(v.job_id)
+        out = []
+        for (queue, flavor), victims in sorted(taken.items()):
+            lim = self.book.limits.get(queue, {}).get(flavor)
+            if lim is None:
+                continue
+            leaving = sum(h.milli for j, h in self.held.items() if j in self.leaving
+                          and (h.queue, h.flavor) == (queue, flavor) and not h.over_budget)
+            now = self.book.used.get((queue, flavor), 0) - leaving
+            after = now - sum(self.held[v].milli for v in victims)
+            if after < lim.nominal:
+                out.append(Violation(
+                    NOMINAL_PROTECTED, seq, (event.preemptor_id, *victims),
+                    f"reclaim for {event.preemptor_id} ({own_queue or 'unknown queue'}) evicts "
+                    f"{', '.join(victims)} of queue {queue}, taking it from {_gpus(now)} to {gpus(after, flavor)}, "
+                    f"below its nominal {_gpus(lim.nominal)}"))
+        for v in event.victims:
+            if v.queue != own_queue:
+                self.leaving[v.job_id] = None
+        return out
+
+    # --- checks ------------------------------------------------------------------------------------
+
+    def _ceiling(self, seq: int, job: str, held: Held) -> list[Violation]:
+        queue, flavor = held.queue, held.flavor
+        if not self.book.governed(queue):
+            return []
+        lim = self.book.limits[queue].get(flavor)
+        if lim is None:
+            return [Violation(QUOTA_CEILING, seq, (job,),
+                              f"job {job} reserved {gpus(held.milli, flavor)} of queue {queue}, which has no quota "
+                              "of that flavor")]
+        used = self.book.usage(queue, flavor)
+        cap = _cap(lim, bool(self.book.cohort.get(queue)))
+        if used <= cap:
+            return []
+        return [Violation(QUOTA_CEILING, seq, (job,),
+                          f"job {job} took queue {queue} to {gpus(used, flavor)}, above nominal + borrowing limit "
+                          f"{_gpus(cap)}")]
+
+    def _lending(self, seq: int, job: str, held: Held) -> list[Violation]:
+        cohort = self.book.cohort.get(held.queue, "")
+        key = (cohort, held.flavor)
+        if not cohort or key not in self.book.pool or self.book.pool_used[key] <= self.book.pool[key]:
+            return []
+        members = self.book.members.get(cohort, [])
+        lenders = [f"{q} lends {_gpus(lim.lend)} of {_gpus(lim.nominal)}" for q in members
+                   if (lim := self.book.limits.get(q, {}).get(held.flavor)) is not None]
+        return [Violation(LENDING_LIMIT, seq, (job,),
+                          f"job {job} made cohort {cohort} borrow {gpus(self.book.pool_used[key], held.flavor)}, "
+                          f"above the {_gpus(self.book.pool[key])} its queues may lend ({'; '.join(lenders)})")]
+
+    def _parents(self, seq: int, job: str, held: Held) -> list[Violation]:
+        out = []
+        for ancestor in self._ancestors(held.queue):
+            for flavor, lim in self.book.limits.get(ancestor, {}).items():
+                if flavor not in (ANY, held.flavor):
+                    continue
+                used = self._subtree_usage(ancestor, flavor)
+                cap = _cap(lim, bool(self.book.cohort.get(ancestor)))
+                if used > cap:
+                    out.append(Violation(PARENT_QUOTA, seq, (job,),
+                                         f"job {job} took the subtree of {ancestor} to {gpus(used, flavor)}, above "
+                                         f"its quota {_gpus(cap)}"))
+        return out
+
+    # --- bookkeeping -------------------------------------------------------------------------------
+
+    def _take(self, job: str, sign: int) -> None:
+        held = self.held[job]
+        self.book.add(held.queue, held.flavor, sign * held.milli, held.over_budget)
+        for ancestor in self._ancestors(held.queue):
+            key = (ancestor, held.flavor)
+            self.subtree[key] = self.subtree.get(key, 0) + sign * held.milli
+
+    def _recount_subtrees(self) -> None:
+        self.subtree = {}
+        for job in self.held:
+            held = self.held[job]
+            for ancestor in self._ancestors(held.queue):
+                key = (ancestor, held.flavor)
+                self.subtree[key] = self.subtree.get(key, 0) + held.milli
+
+    def _ancestors(self, queue: str) -> list[str]:
+        """The queue's parents, nearest first (a cycle, which admission refuses, ends the walk)."""
+        out: list[str] = []
+        spec = self.book.queues.get(queue)
+        while spec is not None and spec.parent and spec.parent not in out and spec.parent != queue:
+            out.append(spec.parent)
+            spec = self.book.queues.get(spec.parent)
+        return out
+
+    def _subtree_usage(self, ancestor: str, flavor: str) -> int:
+        own = self.book.usage(ancestor, flavor) if flavor != ANY else sum(
+            u for (q, _), u in self.book.used.items() if q == ancestor) + sum(
+            u for (q, _), u in self.book.over.items() if q == ancestor)
+        if flavor != ANY:
+            return own + self.subtree.get((ancestor, flavor), 0)
+        return own + sum(u for (a, _), u in self.subtree.items() if a == ancestor)
+
+
+def _cap(lim: Limits, in_cohort: bool) -> int:
+    """The most a queue may hold of a flavor: its nominal, plus its borrowing limit inside a cohort."""
+    if not in_cohort:
+        return lim.nominal
+    return UNLIMITED if lim.borrow is None else lim.nominal + lim.borrow

@@ -1,0 +1,59 @@
+"""Is the reason a waiting job was last given still true? Each deferral code makes a claim about the world;
+this checks the claim, not the code's wording."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from contracts import JobSpec
+from libs.audit.guarantees import holds
+from libs.audit.guarantees.world import PLACEMENT, QUOTA, JobState, World
+from libs.core import placement, quota
+from libs.core.fit import FRAGMENTATION, GANG, INSUFFICIENT_CPU_MEMORY, INSUFFICIENT_GPUS, NO_MODEL_MATCH, TOPOLOGY
+
+Claim = Callable[[World, str, JobState], str]  # "" when the claim is true, else why it is not
+
+
+def _quota_lacking(world: World, job_id: str, job: JobState) -> str:
+    """The quota family (told once, whichever limit binds): the job cannot take quota now for a quota reason."""
+    spec = job.spec
+    if holds.higher_priority_hold(world, job_id, spec) or holds.starving_quota_hold(world, job_id, spec):
+        return ""
+    roomy = [f for f in holds.quota_flavors_with_room(world, spec) if not holds.lender_waits(world, spec, f)]
+    return f"queue {spec.queue} has room for it ({', '.join(roomy)})" if roomy else ""
+
+
+def _negate(hold: Callable[[World, str, JobSpec], str], what: str) -> Claim:
+    def claim(world: World, job_id: str, job: JobState) -> str:
+        return "" if hold(world, job_id, job.spec) else what
+    return claim
+
+
+def _not_fitting(world: World, job_id: str, job: JobState) -> str:
+    return "it fits the cluster's free capacity" if holds.fits_now(world, job.spec, job.flavor) else ""
+
+
+QUOTA_CLAIMS: dict[str, Claim] = {
+    **dict.fromkeys(quota.WAITING_FOR_QUOTA, _quota_lacking),
+    quota.USER_LIMIT: _negate(holds.user_limit_hold, "its user is within the queue's per-user limit"),
+    quota.BUDGET_SPENT: _negate(holds.budget_hold, "its queue's GPU-hour budget is not spent"),
+    quota.OVER_BUDGET_WAITS: _negate(holds.budget_hold, "its queue is within budget, or its cohort lends enough"),
+    quota.RETRY_BACKOFF: _negate(holds.backoff_hold, "its retry backoff is over"),
+    quota.HELD_FOR_STARVING_JOB: _negate(holds.starving_quota_hold, "no job of its cohort waits past the "
+                                                                     "starvation limit"),
+}
+PLACEMENT_CLAIMS: dict[str, Claim] = {
+    **dict.fromkeys((NO_MODEL_MATCH, INSUFFICIENT_GPUS, FRAGMENTATION, INSUFFICIENT_CPU_MEMORY, TOPOLOGY, GANG),
+                    _not_fitting),
+    placement.RESERVED_FOR_PREEMPTOR: _negate(holds.nomination_hold, "no preemptor of higher priority holds "
+                                                                      "capacity"),
+    placement.HELD_FOR_STARVING_JOB: _negate(holds.starving_placement_hold, "no job waits for a place past the "
+                                                                             "starvation limit"),
+}
+
+
+def untrue(world: World, job_id: str, job: JobState) -> str:
+    """Why the job's recorded reason is false now ("" when true, or when the code is not one this knows)."""
+    claims = QUOTA_CLAIMS if job.phase == QUOTA else PLACEMENT_CLAIMS if job.phase == PLACEMENT else {}
+    claim = claims.get(job.reason)
+    return claim(world, job_id, job) if claim is not None else ""

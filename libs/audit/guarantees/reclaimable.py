@@ -1,0 +1,79 @@
+"""Could a reclaim serve a waiting lender without breaking nominal_protected? The reclaim bound is owed only
+while one could: with whole jobs, a borrower that borrows 1 GPU with a 5-GPU job cannot give the GPU back
+without dropping below its nominal quota, and a lender whose job needs a node that only such a job frees
+must wait for it to end.
+
+Tried on the checker's own world, always undone: every borrower job that may go (jobs admitted over budget,
+and of each borrowing queue its smallest jobs while the queue stays at or above its nominal) is taken out of
+quota and capacity together; a reclaim could serve the lender if its first waiting job then has room in its
+queue and fits the free capacity. Non-preemptible borrowers and borrowers waiting for a place keep the bound
+owed: they hold the quota against the guarantee, and the violation says so."""
+
+from __future__ import annotations
+
+from libs.audit.guarantees.holds import first_waiting, fits_now
+from libs.audit.guarantees.world import PLACEMENT, RUNNING, JobState, World
+from libs.core.policy import demand_milli
+
+
+def reclaimable(world: World, queue: str, flavor: str) -> bool:
+    running = borrowers(world, queue, flavor)
+    if not running or borrowers(world, queue, flavor, PLACEMENT):
+        return True
+    if any(not world.quota.policy.preemptible(job.spec) for _, job in running):
+        return True
+    first = first_waiting(world, queue)
+    if first is None:
+        return False
+    victims = _may_go(world, running, flavor)
+    if not victims:
+        return False
+    book, cluster = world.quota.book, world.capacity.cluster
+    for _, job in victims:
+        book.add(job.spec.queue, flavor, -demand_milli(job.spec), job.over_budget)
+    gone = [world.capacity.live[j].placements for j, _ in victims]
+    for placements in gone:
+        cluster.release(placements)
+    try:
+        waiting = world.quota.jobs[first]
+        return book.room(queue, flavor) >= waiting.demand and fits_now(world, waiting.spec, flavor)
+    finally:
+        for placements in gone:
+            cluster.allocate(placements)
+        for _, job in victims:
+            book.add(job.spec.queue, flavor, demand_milli(job.spec), job.over_budget)
+
+
+def _may_go(world: World, running: list[tuple[str, JobState]], flavor: str) -> list[tuple[str, JobState]]:
+    """The borrower jobs a reclaim may take while keeping every queue at or above its nominal quota."""
+    book = world.quota.book
+    out = [(j, job) for j, job in running if job.over_budget]
+    by_queue: dict[str, list[tuple[int, str, JobState]]] = {}
+    for j, job in running:
+        if not job.over_budget:
+            by_queue.setdefault(job.spec.queue, []).append((demand_milli(job.spec), j, job))
+    for q, jobs in sorted(by_queue.items()):
+        lim = book.limits.get(q, {}).get(flavor)
+        if lim is None:
+            continue
+        spare = book.used.get((q, flavor), 0) - lim.nominal
+        for demand, j, job in sorted(jobs, key=lambda t: (t[0], t[1])):
+            if demand > spare:
+                break
+            spare -= demand
+            out.append((j, job))
+    return out
+
+
+def borrowers(world: World, queue: str, flavor: str, phase: str = RUNNING) -> list[tuple[str, JobState]]:
+    """Jobs of the other queues of the cohort that hold borrowed quota of the flavor: running ones (by
+    default), or ones whose quota is reserved while they wait for a place (`phase` PLACEMENT)."""
+    book = world.quota.book
+    cohort = book.cohort.get(queue, "")
+    if not cohort:
+        return []
+    peers = {q for q in book.members.get(cohort, []) if q != queue}
+    borrowing = {q for q in peers if book.borrowed(q, flavor) > 0}
+    held = sorted(world.capacity.live) if phase == RUNNING else sorted(world.placing)
+    return [(j, job) for j in held if (job := world.jobs.get(j)) is not None and job.phase == phase
+            and job.flavor == flavor and job.spec.queue in peers and (job.spec.queue in borrowing or job.over_budget)]

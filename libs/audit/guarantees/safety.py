@@ -1,0 +1,58 @@
+"""Safety: what must hold at every stream sequence, checked by folding the log once in order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from contracts import (
+    EventBase,
+    JobEvicted,
+    JobFailed,
+    JobFinished,
+    JobPlaced,
+    JobSpec,
+    JobSubmitted,
+    NodeRegistered,
+    PreemptionDecided,
+    QueuePolicyChanged,
+    QuotaReleased,
+    QuotaReserved,
+    SubmitJob,
+)
+from libs.audit.guarantees.capacity import Capacity
+from libs.audit.guarantees.gangs import gang_violations
+from libs.audit.guarantees.quota_limits import QuotaLimits
+from libs.audit.guarantees.violation import Violation
+
+
+def check_safety(events: Sequence[tuple[int, EventBase]]) -> list[Violation]:
+    """Every moment the log broke a safety guarantee, in log order: capacity (GPU share, GPU memory, MIG
+    slices, host CPU, memory and RDMA NICs), double placement, gangs, quota ceilings, lending limits, parent
+    quotas and the nominal quota a reclaim must leave its victims' queues."""
+    capacity = Capacity()
+    quota = QuotaLimits()
+    specs: dict[str, JobSpec] = {}
+    out: list[Violation] = []
+    for seq, event in events:
+        match event:
+            case JobPlaced():
+                spec = specs.get(event.job_id)
+                out.extend(capacity.place(seq, event, spec))
+                out.extend(gang_violations(seq, event, spec, capacity.cluster))
+            case JobFinished() | JobFailed() | JobEvicted():
+                capacity.release(event.job_id)
+            case QuotaReserved():
+                out.extend(quota.reserved(seq, event))
+            case QuotaReleased():
+                quota.released(event)
+            case PreemptionDecided():
+                out.extend(quota.preemption(seq, event, specs))
+            case JobSubmitted():
+                specs[event.job_id] = event.spec
+            case SubmitJob():
+                specs.setdefault(event.job_id, event.spec)
+            case NodeRegistered():
+                capacity.register(event.node)
+            case QueuePolicyChanged():
+                quota.queue_policy(seq, event)
+    return out

@@ -1,0 +1,172 @@
+"""The platform as the log last described it, for the liveness questions: each job's phase and the reason it
+was last given for waiting, the cluster's free capacity (with node health and cordons), the quota decider's
+own state (folded through its evolve, so "room" and "pending" mean what they mean to it), and the
+preemptors' nominations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from contracts import (
+    EventBase,
+    GpuHealthChanged,
+    JobAdmitted,
+    JobCancelled,
+    JobEvicted,
+    JobFailed,
+    JobFinished,
+    JobPlaced,
+    JobRejected,
+    JobSpec,
+    JobSubmitted,
+    NodeCordoned,
+    NodeLost,
+    NodeRegistered,
+    NodeUncordoned,
+    PlacementDeferred,
+    PreemptionDecided,
+    QuotaDeferred,
+    QuotaReleased,
+    QuotaReserved,
+    SubmitJob,
+)
+from libs.audit.guarantees.capacity import Capacity
+from libs.core.quota import QuotaDecider
+from libs.core.quotas import ANY
+
+# Phases of a job as the log tells them.
+SUBMITTED = "submitted"  # no admission decision yet
+QUOTA = "quota"  # admitted, waiting for quota
+PLACEMENT = "placement"  # quota reserved, waiting for a place
+RUNNING = "running"
+LEAVING = "leaving"  # evicted, or failed: its quota not given back yet
+ENDED = "ended"  # finished, failed for good, cancelled or rejected
+
+_QUOTA_OWN = (QuotaReserved, QuotaReleased, QuotaDeferred)
+
+
+@dataclass(slots=True)
+class JobState:
+    spec: JobSpec
+    phase: str = SUBMITTED
+    reason: str = ""  # the code of the last deferral in this phase ("" when none was given)
+    since: float = 0.0  # when the phase began
+    flavor: str = ANY  # of its quota reservation
+    over_budget: bool = False
+    cancelled: bool = False
+    ended_as: str = ""
+
+
+@dataclass(slots=True)
+class World:
+    capacity: Capacity = field(default_factory=Capacity)
+    quota: QuotaDecider = field(default_factory=QuotaDecider)
+    jobs: dict[str, JobState] = field(default_factory=dict)
+    # preemptor -> when its victims were chosen
+    nominated: dict[str, float] = field(default_factory=dict)
+    # Jobs whose quota is reserved and which wait for a place (an index of `jobs`: there are few of them).
+    placing: dict[str, None] = field(default_factory=dict)
+    now: float = 0.0
+    _quota_inputs: tuple[type[EventBase], ...] = ()
+
+    def __post_init__(self) -> None:
+        self._quota_inputs = (*self.quota.input_types(), *_QUOTA_OWN)
+
+    def apply(self, event: EventBase) -> None:
+        self.now = max(self.now, event.ts)
+        if isinstance(event, self._quota_inputs):
+            self.quota.evolve(event)
+        self._lifecycle(event)
+        self._cluster(event)
+
+    def _lifecycle(self, event: EventBase) -> None:
+        match event:
+            case SubmitJob() | JobSubmitted():
+                held = self.jobs.get(event.job_id)
+                if held is None or held.phase == SUBMITTED:
+                    self.jobs[event.job_id] = JobState(spec=event.spec, since=event.ts)
+            case QuotaDeferred():
+                self._reason(event.job_id, QUOTA, event.code)
+            case PlacementDeferred():
+                self._reason(event.job_id, PLACEMENT, event.code)
+            case JobAdmitted():
+                self._enter(event.job_id, QUOTA, event.ts, only_from=(SUBMITTED,))
+            case QuotaReserved():
+                job = self._enter(event.job_id, PLACEMENT, event.ts, only_from=(QUOTA, SUBMITTED))
+                if job is not None:
+                    job.flavor, job.over_budget = event.flavor or ANY, event.over_budget
+            case JobPlaced():
+                self._enter(event.job_id, RUNNING, event.ts)
+                self.nominated.pop(event.job_id, None)
+            case JobFinished():
+                self._end(event.job_id, "finished", event.ts)
+            case JobFailed() | JobEvicted():
+                job = self.jobs.get(event.job_id)
+                if job is not None and job.cancelled:
+                    self._end(event.job_id, "cancelled", event.ts)
+                else:
+                    # Failed for good, or back to its queue: its QuotaReleased says which.
+                    self._enter(event.job_id, LEAVING, event.ts)
+            case QuotaReleased():
+                job = self.jobs.get(event.job_id)
+                if job is not None and job.phase == LEAVING:
+                    if event.reason in ("evicted", "retry"):
+                        self._enter(event.job_id, QUOTA, event.ts)
+                    else:
+                        self._end(event.job_id, event.reason, event.ts)
+            case JobCancelled():
+                job = self.jobs.get(event.job_id)
+                self.nominated.pop(event.job_id, None)
+                if job is not None:
+                    job.cancelled = True
+                    if job.phase != RUNNING:
+                        self._end(event.job_id, "cancelled", event.ts)
+            case JobRejected():
+                if event.job_id not in self.jobs and event.spec is not None:
+                    self.jobs[event.job_id] = JobState(spec=event.spec)
+                self._end(event.job_id, f"rejected ({event.code})", event.ts)
+            case PreemptionDecided():
+                self.nominated[event.preemptor_id] = event.ts
+
+    def _cluster(self, event: EventBase) -> None:
+        cluster = self.capacity.cluster
+        match event:
+            case JobPlaced():
+                job = self.jobs.get(event.job_id)
+                self.capacity.place(0, event, job.spec if job is not None else None)
+            case JobFinished() | JobFailed() | JobEvicted():
+                self.capacity.release(event.job_id)
+            case NodeRegistered():
+                self.capacity.register(event.node)
+            case NodeLost():
+                cluster.set_online(event.node, False)
+            case NodeCordoned() | NodeUncordoned():
+                cluster.cordon(event.node, isinstance(event, NodeCordoned))
+            case GpuHealthChanged():
+                cluster.set_gpu_health(event.node, event.index, event.healthy)
+
+    def _enter(self, job_id: str, phase: str, ts: float, only_from: tuple[str, ...] = ()) -> JobState | None:
+        job = self.jobs.get(job_id)
+        if job is None or job.phase == ENDED or (only_from and job.phase not in only_from):
+            return None
+        self._phase(job_id, job, phase)
+        job.reason, job.since = "", ts
+        return job
+
+    def _reason(self, job_id: str, phase: str, code: str) -> None:
+        job = self.jobs.get(job_id)
+        if job is not None and job.phase == phase:
+            job.reason = code
+
+    def _end(self, job_id: str, how: str, ts: float) -> None:
+        job = self.jobs.get(job_id)
+        if job is not None and job.phase != ENDED:
+            self._phase(job_id, job, ENDED)
+            job.ended_as, job.reason, job.since = how, "", ts
+
+    def _phase(self, job_id: str, job: JobState, phase: str) -> None:
+        job.phase = phase
+        if phase == PLACEMENT:
+            self.placing[job_id] = None
+        else:
+            self.placing.pop(job_id, None)
