@@ -210,10 +210,16 @@ class PreemptionDecided(EventBase, frozen=True, kw_only=True):
 
 
 # --- executors ----------------------------------------------------------------------------------
+#
+# Every executor report names the run it is about: `run`, the id of the JobPlaced event that started it. A job
+# may be placed, evicted and placed again; a report of an earlier run read late (a slow agent, an executor
+# restarted) is about a run that is over and changes nothing. "" (logs written before reports named their run):
+# about the job's current run, whichever it is.
 
 
 class JobStarted(EventBase, frozen=True, kw_only=True):
     job_id: str
+    run: str = ""
     executor: str = "sim"
 
 
@@ -221,21 +227,25 @@ class JobReady(EventBase, frozen=True, kw_only=True):
     """A running service replica serves: at once when started, or when its process says so (`ready_signal`)."""
 
     job_id: str
+    run: str = ""
 
 
 class JobFinished(EventBase, frozen=True, kw_only=True):
     job_id: str
+    run: str = ""
     exit_code: int = 0
 
 
 class JobFailed(EventBase, frozen=True, kw_only=True):
     job_id: str
+    run: str = ""
     exit_code: int
     reason: str
 
 
 class JobEvicted(EventBase, frozen=True, kw_only=True):
     job_id: str
+    run: str = ""
     reason: str
     # The checkpoint the job resumes from, and how many seconds of its work it holds.
     checkpoint: str = ""
@@ -247,6 +257,7 @@ class JobCheckpointed(EventBase, frozen=True, kw_only=True):
     done, so an eviction loses only what came after."""
 
     job_id: str
+    run: str = ""
     checkpoint: str
     progress_s: float = 0.0
 

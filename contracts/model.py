@@ -172,6 +172,10 @@ class SchedulingSettings(msgspec.Struct, frozen=True, kw_only=True, omit_default
     preempt_min_remaining_s: float = 10.0
     # One preemption decision may evict at most the preemptor's need plus this many GPUs.
     preemption_slack_gpus: int = 8
+    # A job whose quota is reserved but which placement has not placed this long after (it deferred it: no
+    # node holds it) gives its quota back and waits again, after a backoff that doubles each time (Kueue's
+    # waitForPodsReady). None: a reservation is kept until the job is placed.
+    placement_timeout_s: float | None = 300.0
 
 
 class PriorityClass(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):

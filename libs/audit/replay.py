@@ -15,7 +15,7 @@ from multiprocessing.sharedctypes import Synchronized
 from contracts.codec import decode, encode
 from contracts.events import EventBase
 from libs.core.admission import AdmissionDecider
-from libs.core.decider import Decider, Trigger
+from libs.core.decider import Decider, run_decider
 from libs.core.nodes import NodeDecider
 from libs.core.placement import PlacementDecider
 from libs.core.preemption import PreemptionDecider
@@ -137,8 +137,7 @@ def _replay_one(index: int) -> tuple[int, list[Mismatch]]:
     checked, mismatches = 0, []
     # event type -> what the decider does with it (_SKIP, _FOLD or _REACT), from isinstance, asked once per type
     takes: dict[type, int] = {}
-    evolve, react, expected_for = decider.evolve, decider.react, recorded.get
-    nothing: list[bytes] = []  # what a folded input decides (only ever read)
+    expected_for = recorded.get
     seqs, events = _SHARED.seqs, _SHARED.events
     handled = _HANDLED.get(decider.name)
     if handled is not None:  # only what its service had handled
@@ -152,8 +151,7 @@ def _replay_one(index: int) -> tuple[int, list[Mismatch]]:
         if take == _SKIP:
             continue
         try:
-            evolve(event)  # run_decider, inline: fold the input, then react to it
-            got = [encode(d) for d in react(Trigger(event, seq))] if take == _REACT else nothing
+            got = [encode(d) for d in run_decider(decider, event, seq, react=take == _REACT)]
         except Exception as err:  # an altered log can make a decider fail: that is a finding, not a crash
             got = [f"error: {type(err).__name__}: {err}".encode()]
         expected = expected_for(seq)

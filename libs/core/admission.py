@@ -21,6 +21,7 @@ from contracts import (
     JobEvicted,
     JobFailed,
     JobFinished,
+    JobPlaced,
     JobReady,
     JobRejected,
     JobSpec,
@@ -40,6 +41,7 @@ from libs.core.admission_capacity import Inventory, Rejection, capacity_rejectio
 from libs.core.decider import Chain, Decisions, Trigger, derived_id
 from libs.core.policy import PolicyBook, demand_milli, replica_milli
 from libs.core.retries import RetryBook
+from libs.core.runs import CurrentRuns
 from libs.core.services import ServiceBook, replica_spec, service_problem
 
 SERVICE = "admission"
@@ -108,6 +110,7 @@ class AdmissionDecider:
 
     def __init__(self) -> None:
         self.chain = Chain()
+        self.runs = CurrentRuns()  # executors' reports about runs that are over never reach it (run_decider)
         self.policy = PolicyBook()
         self.inventory = Inventory()
         self.jobs: dict[str, str] = {}
@@ -119,7 +122,8 @@ class AdmissionDecider:
         self._ended_replica_of: str | None = None
 
     def input_types(self) -> Iterable[type[EventBase]]:
-        return (SubmitJob, CancelJob, QueuePolicyChanged, PriorityClassesChanged, NodeRegistered,
+        # JobPlaced only for its book of current runs (self.runs): which run each report is about.
+        return (SubmitJob, CancelJob, QueuePolicyChanged, PriorityClassesChanged, NodeRegistered, JobPlaced,
                 JobFinished, JobFailed, JobEvicted, JobReady, DeployService, DeleteService, ReportServiceLoad)
 
     def evolve(self, event: EventBase) -> None:

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, Protocol
 import msgspec
 
 from contracts.events import EventBase
+from libs.core.runs import CurrentRuns
 
 _ENCODE = msgspec.json.Encoder().encode
 _REPLACE = msgspec.structs.replace
@@ -126,7 +127,24 @@ class Decider(Protocol):
         ...
 
 
-def run_decider(decider: Decider, event: EventBase, seq: int) -> list[EventBase]:
-    """The one step every shell and the replayer run: fold the input, then react to it."""
+def run_decider(decider: Decider, event: EventBase, seq: int, react: bool = True) -> list[EventBase]:
+    """The one step every shell and the replayer run: fold the input, then react to it (`react=False`: an
+    input the decider's react decides nothing about, only folded).
+
+    A decider that keeps a book of its jobs' current runs (a `runs` attribute, libs/core/runs.py) never sees
+    an executor's report about a run that is over: such a report is dropped here, before its evolve, so that
+    no decider need know about runs. The book follows the placements the decider reads and those it decides.
+    """
+    runs: CurrentRuns | None = getattr(decider, "runs", None)
+    if runs is None:
+        decider.evolve(event)
+        return decider.react(Trigger(event, seq)) if react else []
+    if runs.is_stale(event):
+        return []
+    runs.fold(event)
     decider.evolve(event)
-    return decider.react(Trigger(event, seq))
+    if not react:
+        return []
+    decided = decider.react(Trigger(event, seq))
+    runs.fold_all(decided)
+    return decided

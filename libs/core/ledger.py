@@ -37,6 +37,7 @@ from libs.core.cluster import FULL, Cluster
 from libs.core.policy import PolicyBook, replica_milli
 from libs.core.quota import QuotaDecider
 from libs.core.retries import RetryBook
+from libs.core.runs import CurrentRuns
 from libs.core.usage import GpuRun, UsageBook
 
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "rejected"})
@@ -109,6 +110,8 @@ class Ledger:
     start_waits: list[AdmissionWait] = field(default_factory=list)
     last_seq: int = 0
     last_ts: float = 0.0
+    # Each job's current run: an executor's report about a run that is over is not folded (libs/core/runs.py).
+    runs: CurrentRuns = field(default_factory=CurrentRuns)
 
     @property
     def policy(self) -> PolicyBook:
@@ -198,6 +201,9 @@ class Ledger:
     def apply(self, event: EventBase, seq: int) -> None:
         self.last_seq = max(self.last_seq, seq)
         self.last_ts = max(self.last_ts, event.ts)
+        if self.runs.is_stale(event):
+            return  # about a run already over: it neither ends the job's current run nor charges its time
+        self.runs.fold(event)
         ended = self.usage.apply(event)  # before the job fold, which charges the runs this event ended
         if isinstance(event, QUOTA_FOLD):
             self.quota.evolve(event)

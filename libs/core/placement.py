@@ -8,8 +8,12 @@ the log's clock), a job of lower priority is placed only where it leaves the pre
 its victims are gone, so the capacity freed for it is not taken by the jobs it displaced.
 
 A job that has waited for capacity longer than the settings' starvation limit gets capacity held the same
-way (EASY backfill): jobs of no higher priority are placed only where it still fits, or when their declared
-runtime ends before the starving job could start anyway (its "shadow" time, from running jobs' declared ends).
+way, by the starvation rule quota shares (libs/core/starvation.py, EASY backfill): a job of no higher priority
+waits only if it takes GPUs on a node that could hold the starving job and leaves it no room there, unless its
+declared runtime ends before the starving job could start anyway (its "shadow" time, from running jobs'
+declared ends). A starving job no node could ever hold holds nobody. The starving job is told that capacity
+is held for it, so that quota keeps its reservation; any other job whose quota goes back before it is placed
+(quota's placement timeout) is forgotten until quota reserves it again, its wait for capacity going on.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from contracts import (
     PreemptionDecided,
     PriorityClassesChanged,
     QueuePolicyChanged,
+    QuotaReleased,
     QuotaReserved,
     ReplicaPlacement,
     SchedulingSettingsChanged,
@@ -46,8 +51,10 @@ from libs.core.decider import Chain, Decisions, Trigger
 from libs.core.fit import Placer, Shortfall
 from libs.core.policy import PolicyBook, demand_milli
 from libs.core.retries import RetryBook
+from libs.core.runs import CurrentRuns
 from libs.core.scoring import DEFAULT_POLICY
 from libs.core.shapes import ShapeWindow
+from libs.core.starvation import CAPACITY_HELD, UNKNOWN_START, Starving, find_shadow, holds, takes_usable_gpus
 
 SERVICE = "placement"
 RESERVED_FOR_PREEMPTOR = "reserved_for_preemptor"
@@ -74,6 +81,7 @@ class PlacementDecider:
 
     def __init__(self) -> None:
         self.chain = Chain()
+        self.runs = CurrentRuns()  # executors' reports about runs that are over never reach it (run_decider)
         self.policy = PolicyBook()
         self.cluster = Cluster()
         self.placer = Placer(self.cluster)
@@ -112,12 +120,13 @@ class PlacementDecider:
         self._passes = 0
         # The last shadow time computed: (generation, job, its spec) -> (shadow, the running jobs ending by then),
         # kept only when pure.
-        self._shadow: tuple[tuple[int, str, JobSpec], tuple[float, tuple[str, ...]]] | None = None
+        # kept only when pure; None as the answer: it could never fit.
+        self._shadow: tuple[tuple[int, str, JobSpec], tuple[float, tuple[str, ...]] | None] | None = None
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (NodeRegistered, NodeLost, GpuHealthChanged, NodeCordoned, NodeUncordoned, QueuePolicyChanged,
                 PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, QuotaReserved, JobCancelled,
-                JobFinished, JobFailed, JobEvicted, PreemptionDecided, ClockTick)
+                JobFinished, JobFailed, JobEvicted, PreemptionDecided, ClockTick, QuotaReleased)
 
     def evolve(self, event: EventBase) -> None:
         # The most frequent events first; policy events (which no case names) last.
@@ -135,7 +144,8 @@ class PlacementDecider:
                 if spec is not None and event.job_id not in self.placed:
                     self._order += 1
                     self.waiting[event.job_id] = (-self.policy.priority_of(spec), self._order, event.job_id)
-                    self.waiting_since[event.job_id] = event.ts
+                    # A job whose quota went back unplaced keeps its wait (see QuotaReleased below).
+                    self.waiting_since.setdefault(event.job_id, event.ts)
             case JobPlaced():
                 self.waiting.pop(event.job_id, None)
                 self.waiting_since.pop(event.job_id, None)
@@ -181,6 +191,13 @@ class PlacementDecider:
                 self.lapsed = bool(lapsed)
             case PlacementDeferred():
                 self.deferred[event.job_id] = event.code
+            case QuotaReleased() if event.job_id in self.waiting:
+                # Its quota went back before it was placed: it is placed only once quota reserves it again.
+                self.waiting.pop(event.job_id)
+                self.deferred.pop(event.job_id, None)
+                self.nominated.pop(event.job_id, None)
+                if self.starving is not None and self.starving[0] == event.job_id:
+                    self.starving = None
             case PreemptionDecided() if event.preemptor_id in self.specs:
                 prio = self.policy.priority_of(self.specs[event.preemptor_id])
                 self.nominated[event.preemptor_id] = (prio, tuple(v.job_id for v in event.victims), event.ts)
@@ -221,6 +238,8 @@ class PlacementDecider:
             case ClockTick():
                 before = self.starving
                 self._find_starving(event.ts)
+                if before != self.starving:
+                    self._tell_starving(before, out)
                 if self.lapsed or before != self.starving:
                     self._place_waiting(out)  # a hold lapsed or moved: what it held back may go now
         return out.out
@@ -268,6 +287,8 @@ class PlacementDecider:
             if isinstance(result, Shortfall):
                 self.failed[shape] = (result, self._pass, pure)
         if isinstance(result, Shortfall):
+            if self.starving is not None and self.starving[0] == job_id:
+                return False  # it was told capacity is held for it (see _tell_starving)
             if self.deferred.get(job_id) != result.code:
                 out.emit(PlacementDeferred, correlation_id=job_id, job_id=job_id, code=result.code,
                          message=result.message, shortfall_milli=result.shortfall_milli)
@@ -332,12 +353,13 @@ class PlacementDecider:
 
     def _find_starving(self, now: float) -> None:
         """On a tick: the job waiting longest for capacity, once past the starvation limit, and its shadow
-        time (when running jobs' declared ends free enough for it; a far future when they do not say)."""
+        time (when running jobs' declared ends free enough for it; unknown when they do not say). A job that
+        would not fit even on an empty cluster is no starving job: it holds nobody."""
         limit = self.policy.settings.starvation_after_s
         self.starving = None
-        if limit is None or not self.waiting_since:
+        if limit is None or not self.waiting:
             return
-        job_id = min(self.waiting_since, key=lambda j: (self.waiting_since[j], j))
+        job_id = min(self.waiting, key=lambda j: (self.waiting_since[j], j))
         if now - self.waiting_since[job_id] < limit or job_id not in self.specs or job_id in self.nominated:
             return
         spec = self.specs[job_id]
@@ -346,57 +368,70 @@ class PlacementDecider:
         key = (self.generation, job_id, spec)
         pure = self._pure(spec)
         if pure and self._shadow is not None and self._shadow[0] == key:
-            shadow, ending = self._shadow[1]
-            self.starving = (job_id, self.policy.priority_of(spec), shadow, ending)
+            if self._shadow[1] is not None:
+                shadow, ending = self._shadow[1]
+                self.starving = (job_id, self.policy.priority_of(spec), shadow, ending)
             return
-        shadow = float("inf")
-        released: list[str] = []
-        try:
-            for end, running in sorted((e, j) for j, e in self.ends.items() if j in self.placed):
-                self.cluster.release(self.placed[running])
-                released.append(running)
-                if self.placer.fits(spec):
-                    shadow = end
-                    break
-        finally:
-            for running in released:
-                self.cluster.allocate(self.placed[running])
-        self._shadow = (key, (shadow, tuple(released))) if pure else None
-        self.starving = (job_id, self.policy.priority_of(spec), shadow, tuple(released))
+        declared = sorted((e, j) for j, e in self.ends.items() if j in self.placed)
+        found = find_shadow(now, declared, [j for j in self.placed if j not in self.ends],
+                            release=lambda j: self.cluster.release(self.placed[j]),
+                            restore=lambda j: self.cluster.allocate(self.placed[j]),
+                            fits=lambda: self.placer.fits(spec))
+        answer = None if found is None else (found.at, found.ending)
+        self._shadow = (key, answer) if pure else None
+        if answer is not None:
+            self.starving = (job_id, self.policy.priority_of(spec), *answer)
+
+    def _tell_starving(self, before: tuple[str, int, float, tuple[str, ...]] | None, out: Decisions) -> None:
+        """The starving job changed: the new one is told capacity is held for it (so quota keeps its
+        reservation), the one before, still waiting, why it waits again."""
+        current = self.starving
+        if current is not None and self.deferred.get(current[0]) != CAPACITY_HELD:
+            start = "once running jobs end (they do not say when)" if current[2] == UNKNOWN_START else (
+                f"by {current[2]:.0f}")
+            out.emit(PlacementDeferred, correlation_id=current[0], job_id=current[0], code=CAPACITY_HELD,
+                     message=f"it has waited longer than the starvation limit: capacity is held for it; it could "
+                             f"start {start}")
+        if before is None or (current is not None and current[0] == before[0]) or before[0] not in self.waiting:
+            return
+        if self.deferred.get(before[0]) == CAPACITY_HELD:
+            short = self.placer.explain(self.specs[before[0]])
+            out.emit(PlacementDeferred, correlation_id=before[0], job_id=before[0], code=short.code,
+                     message=short.message, shortfall_milli=short.shortfall_milli)
 
     def _starves_starving(self, job_id: str, spec: JobSpec, tentative: tuple[ReplicaPlacement, ...], now: float
                           ) -> str | None:
         """With `job_id` tentatively allocated (at `tentative`): the starving job it would keep waiting, or
-        None. A job of higher priority goes anyway; one that ends before the starving job's shadow time
-        backfills; one that leaves the starving job room once the jobs ending by then are gone does no harm."""
-        if self.starving is None or self.starving[0] == job_id or self.starving[0] not in self.specs:
+        None, by the starvation rule (libs/core/starvation.py)."""
+        if self.starving is None or self.starving[0] not in self.specs:
             return None
         starving, prio, shadow, ending = self.starving
-        if self.policy.priority_of(spec) > prio:
-            return None
-        if spec.duration_s is not None and shadow != float("inf") and now + spec.duration_s <= shadow:
-            return None  # it ends before the starving job could start anyway (unknown shadow: no backfill)
+        rule = Starving(job_id=starving, priority=prio, shadow=shadow)
+        held = holds(rule, job_id, self.policy.priority_of(spec), spec.duration_s, now,
+                     lambda: self._room_effect(tentative, starving, ending))
+        return starving if held else None
+
+    def _room_effect(self, tentative: tuple[ReplicaPlacement, ...], starving: str, ending: tuple[str, ...]
+                     ) -> tuple[bool, bool]:
+        """Does the tentative placement take GPUs the starving job could use (room it would fit in without
+        it, or GPUs of its models on a node that could hold one of its replicas), and does the starving job
+        still fit beside it once the jobs ending by its shadow time are gone?"""
         gone = [self.placed[j] for j in ending if j in self.placed]
         for placements in gone:
             self.cluster.release(placements)
         try:
             if self.placer.fits(self.specs[starving]):
-                return None
+                return (True, True)
             # It may not fit at all yet; then the question is whether this job takes what it could use.
             self.cluster.release(tentative)
             try:
                 room_without = self.placer.fits(self.specs[starving])
             finally:
                 self.cluster.allocate(tentative)
-            return starving if room_without or self._shares_models(tentative, starving) else None
+            return (room_without or takes_usable_gpus(self.cluster, self.specs[starving], tentative), False)
         finally:
             for placements in gone:
                 self.cluster.allocate(placements)
-
-    def _shares_models(self, tentative: tuple[ReplicaPlacement, ...], starving: str) -> bool:
-        """Could the starving job use any GPU the tentative placement took?"""
-        allowed = self.specs[starving].gpu_models
-        return not allowed or any(p.model in allowed for p in tentative)
 
     def snapshot(self) -> bytes:
         return msgspec.json.encode({

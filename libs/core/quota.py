@@ -8,21 +8,24 @@ changes. It repeatedly takes the best head among the cohort's queues:
   3. priority, then arrival, then id.
 Inside a queue the order is priority, then the user holding the fewest GPUs in that queue, then arrival.
 
-A job that does not get quota holds back the jobs of lower priority in its queue (so quota freed for it,
-e.g. by preemption, is not taken by the jobs it displaced); jobs of its own priority may use what is left.
-While a queue under its nominal quota waits for quota lent to borrowers, no borrower grows. A job waiting
-longer than the starvation limit gets the capacity it needs reserved: others of no higher priority in its
-cohort go first only if they end before it could start (EASY backfill). Per-user limits and GPU-hour budgets
-are checked per job. Each waiting job gets one QuotaDeferred per reason, which the preemption service uses
-to reclaim quota.
+A job that does not get quota holds back the jobs of lower priority in its queue, in the flavors it could
+use (so quota freed for it, e.g. by preemption, is not taken by the jobs it displaced); jobs of its own
+priority may use what is left, and lower ones any other flavor. While a queue under its nominal quota waits
+for quota of a flavor lent to borrowers, with a job that quota could serve (not one held by its own user
+limit), no borrower of that flavor grows. A job waiting longer than the starvation limit gets the quota it
+could use held for it (libs/core/starvation.py: the rule placement shares). A job its queue can no longer
+hold at all (its quota was lowered, or its flavor removed) is told so and waits holding nothing. Per-user
+limits and GPU-hour budgets (charged for run time: libs/core/budgets.py) are checked per job. A reservation
+that placement has not placed within the settings' placement timeout goes back, and its job waits again after
+a backoff. Each waiting job gets one QuotaDeferred per reason, which the preemption service uses to reclaim
+quota.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
 import msgspec
 
@@ -34,8 +37,10 @@ from contracts import (
     JobEvicted,
     JobFailed,
     JobFinished,
-    JobSpec,
+    JobPlaced,
+    JobStarted,
     JobSubmitted,
+    PlacementDeferred,
     PreemptionDecided,
     PriorityClassesChanged,
     QueuePolicyChanged,
@@ -44,11 +49,17 @@ from contracts import (
     QuotaReserved,
     SchedulingSettingsChanged,
 )
+from libs.core.budgets import BudgetBook
 from libs.core.decider import Chain, Decisions, Trigger
-from libs.core.fairness import DecayedUsage, period_start
+from libs.core.fairness import DecayedUsage
 from libs.core.policy import PolicyBook, demand_milli
+from libs.core.quota_order import Order
+from libs.core.quota_starvation import reservation_effect, reservations_shadow
+from libs.core.quota_state import Pass, QuotaJob
 from libs.core.quotas import ANY, UNLIMITED, QuotaBook, flavor_name
 from libs.core.retries import RetryBook
+from libs.core.runs import CurrentRuns
+from libs.core.starvation import CAPACITY_HELD, RoomEffect, Starving, holds
 
 SERVICE = "quota"
 QUEUE_QUOTA_EXHAUSTED = "queue_quota_exhausted"  # at nominal (plus borrowing limit, in a cohort)
@@ -60,6 +71,15 @@ BUDGET_SPENT = "budget_spent"
 HELD_FOR_STARVING_JOB = "held_for_starving_job"
 OVER_BUDGET_WAITS = "over_budget_waits_for_idle_quota"
 RETRY_BACKOFF = "retry_backoff"
+EXCEEDS_QUEUE_QUOTA = "exceeds_queue_quota"  # more than its queue could ever hold, as its quota is now
+PLACEMENT_TIMED_OUT = "placement_timed_out"  # no node held it in time: its quota went back; it waits a backoff
+PLACEMENT_TIMEOUT = "placement_timeout"  # the QuotaReleased reason of such a job
+# A job whose reservation timed out waits this long before it may take quota again, doubling each time (as
+# Kueue's requeuing backoff), so that an unplaceable job does not take and give back quota at every tick.
+PLACEMENT_BACKOFF_S = 60.0
+PLACEMENT_BACKOFF_MAX_S = 3600.0
+BACKING_OFF = frozenset({RETRY_BACKOFF, PLACEMENT_TIMED_OUT})
+_PLACEMENT_REPORTS = (JobPlaced, JobStarted, PlacementDeferred, JobFinished, JobFailed, JobEvicted)
 # Deferrals that evicting other jobs can cure: the preemption service acts on these.
 # A preemptor's claim on the quota its victims free lapses after this long (as placement's nomination).
 NOMINATION_TTL_S = 120.0
@@ -69,59 +89,9 @@ WAITING_OR_HELD = WAITING_FOR_QUOTA | {HELD_FOR_STARVING_JOB}
 BUDGET_WAITS = frozenset({BUDGET_SPENT, OVER_BUDGET_WAITS})
 
 
-@dataclass(slots=True)
-class QuotaJob:
-    job_id: str
-    queue: str
-    user: str
-    priority: int
-    arrival: int
-    since: float
-    demand: int
-    spec: JobSpec
-    state: str = "pending"  # pending | reserved (ended jobs are forgotten)
-    flavor: str = ANY
-    reserved_at: float = 0.0
-    over_budget: bool = False
-    # The queue's flavors this job may use, as of policy version `flavors_version`.
-    flavors: tuple[str, ...] = ()
-    flavors_version: int = -1
-
-
-@dataclass(slots=True)
-class Pass:
-    """What one scheduling pass learned; quota only shrinks during a pass, so failures stay failures."""
-
-    now: float
-    failed: dict[tuple[str, tuple[str, ...]], int] = field(default_factory=dict)  # (queue, flavors) -> demand
-    held_below: dict[str, int] = field(default_factory=dict)  # queue -> priority that holds lower ones back
-    # Flavors a queue under its nominal quota waits for (lent out): no borrower of them grows this pass.
-    no_borrowing: set[str] = field(default_factory=set)
-    starving: QuotaJob | None = None
-    shadow: float = 0.0
-    held_message: str = ""  # what a job held for the starving job is told (made once per pass)
-    # Cached between reservations (a reservation changes usage, so it clears them).
-    keys: dict[str, tuple[object, ...]] = field(default_factory=dict)  # job id -> its order key
-    within: dict[tuple[str, int, tuple[str, ...]], bool] = field(default_factory=dict)
-    over_budget: dict[str, bool] = field(default_factory=dict)
-    fair: dict[str, tuple[float, ...]] = field(default_factory=dict)  # queue -> its fair-share key
-    # (queue, demand, flavors) -> _quota_reason's answer
-    reasons: dict[tuple[str, int, tuple[str, ...]], tuple[str, str, int]] = field(default_factory=dict)
-    # (queue, priority) -> the smallest demand waiting at that level
-    smallest: dict[tuple[str, int], int] = field(default_factory=dict)
-    # Flavors -> do they share a model with the starving job's? (Usage does not change that.)
-    shares: dict[tuple[str, ...], bool] = field(default_factory=dict)
-    # (queue, flavor) -> what is left of its nominal quota, and its room (see QuotaBook)
-    quota: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
-
-    def reserved(self) -> None:
-        self.keys.clear()
-        self.within.clear()
-        self.over_budget.clear()
-        self.fair.clear()
-        self.reasons.clear()
-        self.smallest.clear()
-        self.quota.clear()
+def placement_backoff_s(timeouts: int) -> float:
+    """How long a job waits after its reservation went back unplaced for the `timeouts`-th time."""
+    return min(PLACEMENT_BACKOFF_MAX_S, PLACEMENT_BACKOFF_S * 2 ** (timeouts - 1))
 
 
 class QuotaDecider:
@@ -129,6 +99,7 @@ class QuotaDecider:
 
     def __init__(self) -> None:
         self.chain = Chain()
+        self.runs = CurrentRuns()  # executors' reports about runs that are over never reach it (run_decider)
         self.policy = PolicyBook()
         self.jobs: dict[str, QuotaJob] = {}
         # queue -> priority -> user -> [(arrival, job id)] sorted
@@ -137,6 +108,8 @@ class QuotaDecider:
         self.demands: dict[tuple[str, int], dict[int, int]] = {}
         # (queue, priority) -> allowed GPU models -> count: is the level all one kind of request?
         self.models: dict[tuple[str, int], dict[tuple[str, ...], int]] = {}
+        # queue -> allowed GPU models -> pending demand -> count: the smallest request a flavor could serve
+        self.demands_by_models: dict[str, dict[tuple[str, ...], dict[int, int]]] = {}
         # Pending jobs by how long they have waited: (since, arrival, job id), for starvation.
         self.by_wait: list[tuple[float, int, str]] = []
         self.by_wait_in: dict[str, list[tuple[float, int, str]]] = {}  # the same, per queue
@@ -144,7 +117,10 @@ class QuotaDecider:
         self.queue_used: dict[str, int] = {}
         self.user_used: dict[tuple[str, str], int] = {}
         self.decayed: dict[str, DecayedUsage] = {}
-        self.spent: dict[str, tuple[float, float]] = {}  # queue -> (period start, GPU-seconds closed in it)
+        self.budgets = BudgetBook()
+        # Reserved jobs placement has not placed yet (in reservation order): the placement timeout looks at these.
+        self.unplaced: dict[str, None] = {}
+        self._placed_while_pending: str | None = None  # the job whose JobPlaced, just folded, found it waiting
         self.deferred: dict[str, str] = {}
         # The deferred jobs waiting for a budget (BUDGET_SPENT, OVER_BUDGET_WAITS): clock ticks look at these.
         self.budget_deferred: dict[str, None] = {}
@@ -154,6 +130,9 @@ class QuotaDecider:
         self.retries = RetryBook()
         self.retry_in: dict[str, float] = {}  # job that failed and runs again -> its backoff
         self.backing_off: dict[str, float] = {}  # job -> not before
+        # job whose reservation went back unplaced -> not before (kept apart: a retry is work still to come,
+        # this is a job waiting for the cluster to change)
+        self.requeued: dict[str, float] = {}
         # preemptor -> when its victims were chosen: quota they free goes to it first (until it lapses)
         self.nominated: dict[str, float] = {}
         self._left_waiting: str | None = None
@@ -164,13 +143,14 @@ class QuotaDecider:
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (QueuePolicyChanged, PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, JobAdmitted,
-                JobCancelled, JobFinished, JobFailed, JobEvicted, PreemptionDecided, ClockTick)
+                JobCancelled, JobFinished, JobFailed, JobEvicted, PreemptionDecided, ClockTick, JobPlaced, JobStarted,
+                PlacementDeferred)
 
     def reacts_to(self) -> tuple[type[EventBase], ...]:
         """The inputs `react` may decide something about; to any other (a submission, a preemption) it answers
         [] and changes nothing."""
         return (JobAdmitted, JobFinished, JobFailed, JobCancelled, JobEvicted, QueuePolicyChanged,
-                PriorityClassesChanged, SchedulingSettingsChanged, ClockTick)
+                PriorityClassesChanged, SchedulingSettingsChanged, ClockTick, JobPlaced)
 
     @property
     def book(self) -> QuotaBook:
@@ -186,6 +166,8 @@ class QuotaDecider:
         demands[job.demand] = demands.get(job.demand, 0) + 1
         models = self.models.setdefault((job.queue, job.priority), {})
         models[job.spec.gpu_models] = models.get(job.spec.gpu_models, 0) + 1
+        by_models = self.demands_by_models.setdefault(job.queue, {}).setdefault(job.spec.gpu_models, {})
+        by_models[job.demand] = by_models.get(job.demand, 0) + 1
         bisect.insort(self.by_wait, (job.since, job.arrival, job.job_id))
         bisect.insort(self.by_wait_in.setdefault(job.queue, []), (job.since, job.arrival, job.job_id))
 
@@ -210,6 +192,13 @@ class QuotaDecider:
             del models[job.spec.gpu_models]
             if not models:
                 del self.models[(job.queue, job.priority)]
+        of_queue = self.demands_by_models[job.queue]
+        by_models = of_queue[job.spec.gpu_models]
+        by_models[job.demand] -= 1
+        if not by_models[job.demand]:
+            del by_models[job.demand]
+            if not by_models:
+                del of_queue[job.spec.gpu_models]
         key = (job.since, job.arrival, job.job_id)
         for waits in (self.by_wait, self.by_wait_in.get(job.queue, [])):
             i = bisect.bisect_left(waits, key)
@@ -241,9 +230,14 @@ class QuotaDecider:
 
     def evolve(self, event: EventBase) -> None:
         self._left_waiting = None  # the queue of a waiting job this event ended, for react
+        self._placed_while_pending = None
         if type(event) is QuotaDeferred:  # by far the most frequent: straight to its case below
             self._deferred(event)
             return
+        if isinstance(event, _PLACEMENT_REPORTS):
+            self._placement_report(event)
+            if not isinstance(event, JobFinished | JobFailed | JobEvicted):
+                return
         match event:  # policy events (which no case names) last
             case JobSubmitted():
                 self._specs[event.job_id] = event
@@ -268,6 +262,9 @@ class QuotaDecider:
                 self._dequeue(job)
                 job.state, job.flavor, job.reserved_at = "reserved", event.flavor or ANY, event.ts
                 job.over_budget = event.over_budget
+                job.placed, job.placed_while_pending, job.placement_code = job.placed_while_pending, False, ""
+                if not job.placed:
+                    self.unplaced[job.job_id] = None
                 self.reserved.setdefault(job.queue, {})[job.job_id] = None
                 self._use(job, +1, event.ts)
                 self.deferred.pop(event.job_id, None)
@@ -278,10 +275,16 @@ class QuotaDecider:
                 if freed is None or freed.state != "reserved":
                     return
                 job = freed
-                self._close_spending(job, event.ts)
                 self.reserved[job.queue].pop(job.job_id, None)
+                self.unplaced.pop(job.job_id, None)
                 self._use(job, -1, event.ts)
-                if event.reason in ("evicted", "retry"):
+                if event.reason == PLACEMENT_TIMEOUT:
+                    # Back to its queue in its place in line, its wait toward starvation going on (it never
+                    # ran), after a backoff that doubles each time.
+                    job.timeouts += 1
+                    self.requeued[job.job_id] = event.ts + placement_backoff_s(job.timeouts)
+                    self._enqueue(job)
+                elif event.reason in ("evicted", "retry"):
                     # Back to its queue with its original arrival (its place in line); its wait toward
                     # starvation starts again. A failed job that runs again waits out its backoff first.
                     job.since = event.ts
@@ -291,6 +294,7 @@ class QuotaDecider:
                 else:
                     job.state = "ended"
                     del self.jobs[job.job_id]
+                    self.budgets.forget(job.job_id)
             case QuotaDeferred():
                 self._deferred(event)
             case PreemptionDecided() if event.preemptor_id in self.jobs:
@@ -308,6 +312,33 @@ class QuotaDecider:
                 self.policy_version += 1
                 if isinstance(event, PriorityClassesChanged):
                     self._rerank()
+
+    def _placement_report(self, event: JobPlaced | JobStarted | PlacementDeferred | JobFinished | JobFailed
+                          | JobEvicted) -> None:
+        """What placement and the executors say about a job: whether its reservation is placed, and its runs."""
+        job = self.jobs.get(event.job_id)
+        if job is None:
+            return
+        match event:
+            case PlacementDeferred():
+                if job.state == "reserved" and not job.placed:
+                    job.placement_code = event.code
+            case JobPlaced():
+                self.budgets.placed(job.job_id, event.placements)
+                if job.state == "reserved":
+                    job.placed, job.placement_code = True, ""
+                    self.unplaced.pop(job.job_id, None)
+                else:  # placed before placement read that its quota went back: react takes the quota again
+                    job.placed_while_pending = True
+                    self._placed_while_pending = job.job_id
+            case JobStarted():
+                self.budgets.started(job.job_id, job.queue, job.demand / 1000, event.ts, self._budget_period(job.queue))
+            case _:
+                self.budgets.stopped(job.job_id, event.ts, self._budget_period(job.queue))
+
+    def _budget_period(self, queue: str) -> str | None:
+        spec = self.policy.queues.get(queue)
+        return None if spec is None or spec.budget_gpu_hours is None else spec.budget_period
 
     def _deferred(self, event: QuotaDeferred) -> None:
         self.deferred[event.job_id] = event.code
@@ -327,43 +358,35 @@ class QuotaDecider:
             self._dequeue(job)
             del self.jobs[job_id]
             self.backing_off.pop(job_id, None)
+            self.requeued.pop(job_id, None)
+            self.budgets.forget(job_id)
             self._left_waiting = job.queue
 
     # --- budgets ---------------------------------------------------------------------------------
 
-    def _close_spending(self, job: QuotaJob, now: float) -> None:
-        spec = self.policy.queues.get(job.queue)
-        if spec is None or spec.budget_gpu_hours is None:
-            return
-        start, closed = self._period(job.queue, now)
-        self.spent[job.queue] = (start, closed + job.demand / 1000 * max(0.0, now - max(job.reserved_at, start)))
-
-    def _period(self, queue: str, now: float) -> tuple[float, float]:
-        spec = self.policy.queues[queue]
-        start = period_start(now, spec.budget_period)
-        held = self.spent.get(queue)
-        return (start, held[1]) if held is not None and held[0] == start else (start, 0.0)
-
     def budget_left_s(self, queue: str, now: float) -> float | None:
-        """GPU-seconds left in the queue's budget period, counting running reservations up to now."""
+        """GPU-seconds left in the queue's budget period: what its jobs ran in it, runs going on up to now."""
         spec = self.policy.queues.get(queue)
         if spec is None or spec.budget_gpu_hours is None:
             return None
-        start, closed = self._period(queue, now)
-        running = sum(self.jobs[j].demand / 1000 * max(0.0, now - max(self.jobs[j].reserved_at, start))
-                      for j in self.reserved.get(queue, {}))
-        return spec.budget_gpu_hours * 3600 - closed - running
+        return spec.budget_gpu_hours * 3600 - self.budgets.spent_s(queue, now, spec.budget_period)
 
     # --- decisions -------------------------------------------------------------------------------
 
     def react(self, trigger: Trigger) -> list[EventBase]:
         event = trigger.event
-        if isinstance(event, ClockTick) and not self.budget_deferred and not self.backing_off:
+        if (isinstance(event, ClockTick) and not self.budget_deferred and not self.backing_off and not self.requeued
+                and not self.unplaced):
             return []  # no job waits for time to pass (see the case below)
+        if isinstance(event, JobPlaced) and self._placed_while_pending is None:
+            return []
         out = Decisions(SERVICE, trigger, self.evolve, self.chain)
         now = event.ts
         left_waiting = self._left_waiting  # read first: folding our own decisions resets it
+        placed_while_pending = self._placed_while_pending
         match event:
+            case JobPlaced() if placed_while_pending is not None:
+                self._take_back(self.jobs[placed_while_pending], out)
             case JobAdmitted():
                 job = self.jobs.get(event.job_id)
                 if job is not None and job.state == "pending":
@@ -379,9 +402,12 @@ class QuotaDecider:
                 for group in self._groups():
                     self._schedule(group, now, out)
             case ClockTick():
-                # Time alone can change a verdict: a new budget period opens, a retry's backoff ends.
+                # Time alone can change a verdict: a new budget period opens, a backoff ends, a reservation
+                # that placement could not place in time goes back.
                 waiting = {self.jobs[j].queue for j in self.budget_deferred}
-                waiting.update(self.jobs[j].queue for j, t in self.backing_off.items() if t <= now and j in self.jobs)
+                waiting.update(self._give_back_unplaced(now, out))
+                for backoffs in (self.backing_off, self.requeued):
+                    waiting.update(self.jobs[j].queue for j, t in backoffs.items() if t <= now and j in self.jobs)
                 for group in self._groups() if waiting else ():
                     if waiting.intersection(group):
                         self._schedule(group, now, out)
@@ -397,6 +423,34 @@ class QuotaDecider:
         self._schedule(self._group(job.queue), event.ts, out)
         if job.state == "pending" and job.job_id not in self.deferred:
             self._tell_new(job, event.ts, out)  # evicted back into its queue, and not reached by the pass
+
+    def _give_back_unplaced(self, now: float, out: Decisions) -> list[str]:
+        """Release the reservations placement deferred and has not placed within the placement timeout, unless
+        placement holds capacity for the job (it starves there); the queues that got quota back."""
+        timeout = self.policy.settings.placement_timeout_s
+        if timeout is None or not self.unplaced:
+            return []
+        expired = [job for j in self.unplaced if (job := self.jobs[j]).placement_code
+                   and job.placement_code != CAPACITY_HELD and now - job.reserved_at >= timeout]
+        for job in expired:
+            out.emit(QuotaReleased, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue,
+                     gpu_milli=job.demand, reason=PLACEMENT_TIMEOUT)
+            again = self.requeued.get(job.job_id, now)
+            self._defer(job, PLACEMENT_TIMED_OUT, f"no node could hold it within {timeout:g} s of its quota "
+                        f"reservation (placement: {job.placement_code or 'deferred'}); its quota went back and it "
+                        f"waits again from {again:.0f}", 0, out)
+        return [job.queue for job in expired]
+
+    def _take_back(self, job: QuotaJob, out: Decisions) -> None:
+        """Placement placed the job before it read that the job's quota went back: the job runs, so it holds
+        its quota again, in the flavor it had (the preemption service reclaims what this overdraws)."""
+        if job.state != "pending":
+            return
+        self.requeued.pop(job.job_id, None)
+        nominal_left = self.book.nominal_left(job.queue, job.flavor)
+        borrowed = job.demand if job.over_budget else max(0, job.demand - nominal_left)
+        out.emit(QuotaReserved, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue, gpu_milli=job.demand,
+                 flavor=flavor_name(job.flavor), borrowed_milli=borrowed, over_budget=job.over_budget)
 
     def _group(self, queue: str) -> list[str]:
         cohort = self.book.cohort.get(queue, "")
@@ -444,7 +498,7 @@ class QuotaDecider:
         orders = {q: self._ordered(q) for q in group if self.pending.get(q)}
         if len(orders) == 1:  # one queue waits: its own order is the pass's
             ((queue, order),) = orders.items()
-            while (head := self._next_head(queue, order, p, out, skip_held=True)) is not None:
+            while (head := self._next_head(queue, order, p, out)) is not None:
                 if self._try_reserve(head, p, out):
                     p.reserved()
             return
@@ -492,36 +546,63 @@ class QuotaDecider:
         return any(self.book.nominal_left(job.queue, f) >= smallest for f in self._flavors(job))
 
     def _lent_out(self, group: list[str], p: Pass) -> None:
-        """Flavors in which a queue's smallest waiting job would fit the queue's own nominal quota but not
-        the room its cohort left it: that quota is lent out, so no borrower of the flavor grows this pass,
-        whichever of the queue's jobs comes first in its own order."""
+        """Flavors in which a queue's smallest job that the flavor could serve would fit the queue's own
+        nominal quota but not the room its cohort left it: that quota is lent out, so no borrower of the
+        flavor grows this pass, whichever of the queue's jobs comes first in its own order. A job held by its
+        own user limit or backing off waits for neither, so it freezes nothing."""
         book = self.book
         for q in group:
             levels = self.pending.get(q)
             if not levels or not book.governed(q) or self._over_budget(q, p):
                 continue
-            lent = [(f, left) for f in book.limits[q] if (left := book.nominal_left(q, f)) > book.room(q, f)]
+            lent = [(f, left, room) for f in book.limits[q]
+                    if (left := book.nominal_left(q, f)) > (room := book.room(q, f))]
             if not lent:
                 continue
-            smallest = min(min(self.demands[(q, prio)]) for prio in levels)
-            for f, left in lent:
-                if left >= smallest > book.room(q, f):
+            smallest = self._smallest_servable(q, [f for f, _, _ in lent], p.now)
+            for f, left, room in lent:
+                need = smallest.get(f)
+                if need is not None and left >= need > room:
                     p.no_borrowing.add(f)
 
-    def _next_head(self, queue: str, order: Order, p: Pass, out: Decisions, skip_held: bool = False
-                   ) -> QuotaJob | None:
-        """The next job of the queue worth trying; jobs that cannot fit are told why (once) on the way.
-        `skip_held`: the head is tried at once (so nothing changes in between); a job then also passes over
-        the jobs whose try would change nothing: held for the starving job, and told so."""
+    def _smallest_servable(self, queue: str, flavors: list[str], now: float) -> dict[str, int]:
+        """Per flavor, the smallest waiting job of the queue that flavor could serve now. Without a user limit
+        or a job backing off, the index of pending demands per requested models answers it."""
+        spec = self.policy.queues.get(queue)
+        limit = spec.user_max_gpus if spec is not None else None
+        smallest: dict[str, int] = {}
+        if limit is None and not any(self.jobs[j].queue == queue for backoffs in (self.backing_off, self.requeued)
+                                     for j in backoffs if j in self.jobs):
+            for models, demands in self.demands_by_models.get(queue, {}).items():
+                need = min(demands)
+                for f in flavors:
+                    if (f == ANY or not models or f in models) and need < smallest.get(f, UNLIMITED):
+                        smallest[f] = need
+            return smallest
+        for users in self.pending.get(queue, {}).values():
+            for user, keys in users.items():
+                held = self.user_used.get((queue, user), 0)
+                for _, job_id in keys:
+                    job = self.jobs[job_id]
+                    if max(self.backing_off.get(job_id, now), self.requeued.get(job_id, now)) > now or (
+                            limit is not None and held + job.demand > limit * 1000):
+                        continue
+                    for f in flavors:
+                        if (f == ANY or not job.spec.gpu_models or f in job.spec.gpu_models) \
+                                and job.demand < smallest.get(f, UNLIMITED):
+                            smallest[f] = job.demand
+        return smallest
+
+    def _next_head(self, queue: str, order: Order, p: Pass, out: Decisions) -> QuotaJob | None:
+        """The next job of the queue worth trying; jobs that cannot fit are told why (once) on the way."""
         backing_off = self.backing_off
+        requeued = self.requeued
         # None of these changes while the queue's next head is looked for (only trying a head does).
         held = p.held_below.get(queue)
+        held_all = p.held_all.get(queue)
         failures = p.failed
         deferred = self.deferred
         version = self.policy_version
-        # Trying a job held for the starving job that was told so changes nothing, unless a user limit or a
-        # spent budget answers first (see _try_reserve).
-        skip_told_held = skip_held and p.starving is not None and self._only_starving_holds(queue, p)
         waiting_for_quota = WAITING_FOR_QUOTA
         # The last flavors (interned: see _flavors) and level seen, with what the pass knows of them.
         seen_flavors: tuple[str, ...] | None = None
@@ -529,18 +610,20 @@ class QuotaDecider:
         seen_level = -1
         level_skips = False
         for job in order.walk:
-            if backing_off:
-                not_before = backing_off.get(job.job_id)
+            if backing_off or requeued:
+                backoffs = backing_off if job.job_id in backing_off else requeued
+                not_before = backoffs.get(job.job_id)
                 if not_before is not None:
                     if not_before > p.now:
-                        if self._tells(job, RETRY_BACKOFF):
+                        if deferred.get(job.job_id) not in BACKING_OFF:
                             self._defer(job, RETRY_BACKOFF, f"it failed and runs again after {not_before:.0f}", 0,
                                         out)
                         continue
-                    del backing_off[job.job_id]
-            if held is not None and job.priority < held:
-                if deferred.get(job.job_id) in WAITING_FOR_QUOTA:
-                    return None  # everything after it is of lower priority still, and was told it waits
+                    del backoffs[job.job_id]
+            if held is not None and ((held_all is not None and job.priority < held_all)
+                                     or not self._usable_flavors(job, p)):
+                if held_all is not None and job.priority < held_all and deferred.get(job.job_id) in WAITING_FOR_QUOTA:
+                    return None  # everything after it is of lower priority still, held in every flavor, and told
                 if self._tells(job, BEHIND_HIGHER_PRIORITY):
                     self._defer(job, BEHIND_HIGHER_PRIORITY,
                                 f"a job of higher priority waits for queue {queue}'s quota first", 0, out)
@@ -565,17 +648,17 @@ class QuotaDecider:
                         continue
                     self._defer(job, *self._quota_reason(job, p), out)
                     continue
-            if skip_told_held and deferred.get(job.job_id) == HELD_FOR_STARVING_JOB and self._held_for_starving(job, p):
-                continue
             return job
         return None
 
-    def _only_starving_holds(self, queue: str, p: Pass) -> bool:
-        """Neither a per-user limit nor a spent budget that makes jobs wait applies to the queue's jobs."""
-        spec = self.policy.queues.get(queue)
-        if spec is None:
-            return True
-        return spec.user_max_gpus is None and not (spec.over_budget == "wait" and self._over_budget(queue, p))
+    def _usable_flavors(self, job: QuotaJob, p: Pass) -> tuple[str, ...]:
+        """The flavors the job may take quota of in this pass: its own, less those a job of higher priority
+        of its queue waits for (which holds lower jobs back there)."""
+        flavors = self._flavors(job) if self.book.governed(job.queue) else (ANY,)
+        held = p.held_below.get(job.queue)
+        if not held:
+            return flavors
+        return tuple(f for f in flavors if held.get(f, job.priority) <= job.priority)
 
     def _flavors(self, job: QuotaJob) -> tuple[str, ...]:
         if job.flavors_version != self.policy_version:
@@ -620,30 +703,41 @@ class QuotaDecider:
                 self._defer(job, BUDGET_SPENT, f"queue {job.queue} spent its {queue.budget_gpu_hours:g} GPU-hour "
                             f"{queue.budget_period}ly budget; it waits for the next period", 0, out)
             return False
-        starving = p.starving
-        if starving is not None and self._held_for_starving(job, p):
-            if self.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB:
-                if not p.held_message:
-                    p.held_message = (f"quota is held for job {starving.job_id}, waiting since {starving.since:.0f}; "
-                                      "only jobs ending before it can start may go first")
-                self._defer(job, HELD_FOR_STARVING_JOB, p.held_message, 0, out)
+        if not self._could_ever_fit(job):
+            # Its queue can no longer hold it at all (quota lowered, flavor removed): it waits, holding nothing.
+            if self._tells(job, EXCEEDS_QUEUE_QUOTA):
+                self._defer(job, *self._reason(job), out)
             return False
-        for flavor in self._flavors(job) if self.book.governed(job.queue) else (ANY,):
+        flavors = self._usable_flavors(job, p)
+        held_for_starving = False
+        for flavor in flavors:
             nominal_left, room = self._quota_left(job.queue, flavor, p)
             if flavor in p.no_borrowing and (over_budget or job.demand > nominal_left):
                 continue  # a queue under nominal waits for lent quota: no borrower grows meanwhile
             if over_budget:  # only what peers lend, never its own nominal
                 room = self.book.borrow_only_room(job.queue, flavor)
-            if job.demand <= room:
-                borrowed = job.demand if over_budget else max(0, job.demand - nominal_left)
-                out.emit(QuotaReserved, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue,
-                         gpu_milli=job.demand, flavor=flavor_name(flavor), borrowed_milli=borrowed,
-                         over_budget=over_budget)
-                return True
+            if job.demand > room:
+                continue
+            if p.rule is not None and self._held_for_starving(job, flavor, nominal_left, over_budget, p):
+                held_for_starving = True
+                continue
+            borrowed = job.demand if over_budget else max(0, job.demand - nominal_left)
+            out.emit(QuotaReserved, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue,
+                     gpu_milli=job.demand, flavor=flavor_name(flavor), borrowed_milli=borrowed,
+                     over_budget=over_budget)
+            return True
+        if held_for_starving:
+            starving = p.starving
+            if starving is not None and self.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB:
+                if not p.held_message:
+                    p.held_message = (f"quota is held for job {starving.job_id}, waiting since {starving.since:.0f}; "
+                                      "only jobs ending before it can start, or leaving it its room, may go first")
+                self._defer(job, HELD_FOR_STARVING_JOB, p.held_message, 0, out)
+            return False
         entitled = self._entitled(job, p)
         key = (job.queue, self._flavors(job))
         p.failed[key] = min(p.failed.get(key, UNLIMITED), job.demand)
-        p.held_below[job.queue] = max(p.held_below.get(job.queue, job.priority), job.priority)
+        self._hold_below(job, p)
         if over_budget:
             # Only idle quota of its peers may serve it; evicting anyone for it would be wrong.
             if self._tells(job, OVER_BUDGET_WAITS):
@@ -659,10 +753,20 @@ class QuotaDecider:
                            "meanwhile")
         if entitled:
             # It fits its own nominal, yet no room: that quota is lent out. No borrower of it grows now.
-            p.no_borrowing.update(f for f in self._flavors(job) if self._quota_left(job.queue, f, p)[0] >= job.demand)
+            p.no_borrowing.update(f for f in flavors if self._quota_left(job.queue, f, p)[0] >= job.demand)
         if tell:
             self._defer(job, code, message, shortfall, out)
         return False
+
+    def _hold_below(self, job: QuotaJob, p: Pass) -> None:
+        """The job did not get quota: lower jobs of its queue wait behind it in the flavors it could use."""
+        held = p.held_below.setdefault(job.queue, {})
+        for f in self._flavors(job) if self.book.governed(job.queue) else (ANY,):
+            if held.get(f, job.priority) <= job.priority:
+                held[f] = job.priority
+        everywhere = [held.get(f) for f in (self.book.limits.get(job.queue) or (ANY,))]
+        if all(prio is not None for prio in everywhere):
+            p.held_all[job.queue] = min(prio for prio in everywhere if prio is not None)
 
     def _quota_left(self, queue: str, flavor: str, p: Pass) -> tuple[int, int]:
         """What is left of the queue's nominal quota of the flavor, and its room; kept until the pass reserves."""
@@ -690,6 +794,14 @@ class QuotaDecider:
         return reason
 
     def _reason(self, job: QuotaJob) -> tuple[str, str, int]:
+        if not self._could_ever_fit(job):
+            flavors = self._flavors(job)
+            most = max((self.book.ceiling(job.queue, f) for f in flavors), default=0)
+            models = ", ".join(job.spec.gpu_models) or "any model"
+            held = (f"can hold at most {most / 1000:g} GPUs of {models}, borrowing included" if flavors
+                    else f"has no quota for {models} any more")
+            return (EXCEEDS_QUEUE_QUOTA, f"the job needs {job.demand / 1000:g} GPUs; queue {job.queue} {held}: it "
+                    "waits, holding nothing, until the queue's quota can hold it", job.demand - most)
         flavor = (self._flavors(job) or (ANY,))[0]
         lim = self.book.limits.get(job.queue, {}).get(flavor)
         nominal = lim.nominal if lim is not None else 0
@@ -734,8 +846,8 @@ class QuotaDecider:
 
     def _find_starving(self, group: list[str], p: Pass) -> None:
         """The group's longest-waiting job that waits for quota (not for its user limit or budget) and could
-        ever get it, once past the limit, and the earliest time (from declared runtimes) its quota frees up:
-        the shadow time backfill must end by. Unknown (a running job declares no runtime): no backfill."""
+        ever get it, once past the limit, and when its quota frees up by the reserved jobs' declared runtimes
+        (the shadow time backfill must end by; unknown when they do not say: then no job backfills)."""
         limit = self.policy.settings.starvation_after_s
         if limit is None or not self.by_wait or p.now - self.by_wait[0][0] < limit:
             return
@@ -751,23 +863,14 @@ class QuotaDecider:
                 break
         if oldest is None:
             return
-        p.starving = oldest
         flavors = self._flavors(oldest) or (ANY,)
-        ends = sorted((j.reserved_at + j.spec.duration_s, j.job_id) for q in group for j_id in self.reserved.get(q, {})
-                      if (j := self.jobs[j_id]).spec.duration_s is not None and j.flavor in flavors)
-        released: list[QuotaJob] = []
-        p.shadow = UNLIMITED
-        try:
-            for end, job_id in ends:
-                job = self.jobs[job_id]
-                self.book.add(job.queue, job.flavor, -job.demand, job.over_budget)
-                released.append(job)
-                if any(self.book.room(oldest.queue, f) >= oldest.demand for f in flavors):
-                    p.shadow = end
-                    break
-        finally:
-            for job in released:
-                self.book.add(job.queue, job.flavor, job.demand, job.over_budget)
+        holding = [j for q in group for j_id in self.reserved.get(q, {}) if (j := self.jobs[j_id]).flavor in flavors]
+        shadow = reservations_shadow(self.book, oldest, flavors, holding, p.now)
+        if shadow is None:
+            return  # it could not fit even with every reservation gone: it holds nobody
+        p.starving = oldest
+        p.rule = Starving(job_id=oldest.job_id, priority=oldest.priority, shadow=shadow.at)
+        p.ending = shadow.ending
 
     def _could_ever_fit(self, job: QuotaJob) -> bool:
         if not self.book.governed(job.queue):
@@ -782,20 +885,29 @@ class QuotaDecider:
             fits = self._ever_fits[key] = any(self.book.ceiling(job.queue, f) >= job.demand for f in key[2])
         return fits
 
-    def _held_for_starving(self, job: QuotaJob, p: Pass) -> bool:
-        """Must `job` wait for the starving job? Not if it outranks it, draws on other flavors, or ends
-        (by its declared runtime) before the starving job could start; always when that start is unknown."""
+    def _held_for_starving(self, job: QuotaJob, flavor: str, nominal_left: int, over_budget: bool, p: Pass) -> bool:
+        """Must the job, about to take quota of `flavor`, wait for the starving job (libs/core/starvation.py)?
+        A job of another queue within its own queue's nominal quota never does: that quota is its queue's,
+        whoever starves elsewhere."""
         starving = p.starving
-        if starving is None or starving is job or job.priority > starving.priority:
+        if starving is None or (job.queue != starving.queue and not over_budget and job.demand <= nominal_left):
             return False
-        flavors = job.flavors if job.flavors_version == self.policy_version else self._flavors(job)
-        shares = p.shares.get(flavors)
-        if shares is None:
-            shares = p.shares[flavors] = bool(set(flavors or (ANY,)) & set(self._flavors(starving) or (ANY,)))
-        if not shares:
-            return False
-        duration = job.spec.duration_s
-        return duration is None or p.shadow == UNLIMITED or p.now + duration > p.shadow
+        return holds(p.rule, job.job_id, job.priority, job.spec.duration_s, p.now,
+                     lambda: self._room_effect(job, flavor, over_budget, p))
+
+    def _room_effect(self, job: QuotaJob, flavor: str, over_budget: bool, p: Pass) -> RoomEffect:
+        """Would reserving the job in `flavor` shrink the room the starving job could use, and would the
+        starving job still fit beside it at its shadow time (the reservations ending by then gone)?"""
+        key = (job.queue, flavor, job.demand, over_budget)
+        effect = p.effects.get(key)
+        if effect is not None:
+            return effect
+        starving = p.starving
+        if starving is None:
+            return (False, False)
+        effect = p.effects[key] = reservation_effect(self.book, starving, self._flavors(starving) or (ANY,),
+                                                     p.ending, job, flavor, over_budget)
+        return effect
 
     def snapshot(self) -> bytes:
         return msgspec.json.encode({
@@ -805,62 +917,3 @@ class QuotaDecider:
                         for q, levels in sorted(self.pending.items()) if levels},
             "jobs": {k: (j.queue, j.state, j.demand) for k, j in sorted(self.jobs.items())},
         })
-
-
-class Order:
-    """A queue's pending jobs in order: priority, then the user holding least, then arrival. Robust to the
-    job just yielded leaving the queue (being reserved) before the next is asked for; `skip_level` jumps
-    to the next (lower) priority."""
-
-    def __init__(self, decider: QuotaDecider, queue: str) -> None:
-        self.d = decider
-        self.queue = queue
-        self.levels = sorted(decider.pending.get(queue, {}), reverse=True)
-        self._skip = False
-        self.walk = self._jobs()  # the one walk over the queue, resumed by each call for the next head
-
-    def __iter__(self) -> Iterator[QuotaJob]:
-        return self.walk
-
-    def skip_level(self) -> None:
-        self._skip = True
-
-    def _jobs(self) -> Iterator[QuotaJob]:
-        jobs = self.d.jobs
-        for level in self.levels:
-            self._skip = False
-            users = self.d.pending.get(self.queue, {}).get(level, {})
-            if len(users) != 1:
-                yield from self._users(users)
-                continue
-            keys = next(iter(users.values()))
-            i = 0
-            while i < len(keys):
-                job_id = keys[i][1]
-                yield jobs[job_id]
-                if self._skip:
-                    break
-                if i < len(keys) and keys[i][1] == job_id:
-                    i += 1
-
-    def _users(self, users: dict[str, list[tuple[int, str]]]) -> Iterator[QuotaJob]:
-        """Round robin by GPUs held: the user holding least goes next, counting what this pass gives."""
-        index = dict.fromkeys(users, 0)
-        heap = [(self.d.user_used.get((self.queue, u), 0), keys[0][0], u) for u, keys in users.items() if keys]
-        heapq.heapify(heap)
-        while heap:
-            used, _, user = heapq.heappop(heap)
-            keys, i = users[user], index[user]
-            if i >= len(keys):
-                continue
-            job = self.d.jobs[keys[i][1]]
-            yield job
-            if self._skip:
-                return
-            if i < len(keys) and keys[i][1] == job.job_id:
-                i += 1  # it stays waiting: the user holds no more than before
-            else:
-                used += job.demand  # it was reserved: the user now holds more
-            index[user] = i
-            if i < len(keys):
-                heapq.heappush(heap, (used, keys[i][0], user))

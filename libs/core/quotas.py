@@ -220,6 +220,21 @@ class QuotaBook:
             return 0
         return max(0, self.used.get((queue, flavor), 0) - lim.nominal) + self.over.get((queue, flavor), 0)
 
+    def gives_back_only_borrowed(self, queue: str, flavor: str, milli: int, over_budget: bool = False) -> bool:
+        """Would releasing `milli` of the queue's usage return only quota it borrows, leaving it at or above
+        its nominal quota? (What a reclaim may take; usage admitted over budget is all borrowed.)"""
+        key = (queue, flavor)
+        if over_budget:
+            return self.over.get(key, 0) >= milli
+        lim = self.limits.get(queue, {}).get(flavor)
+        return lim is not None and self.used.get(key, 0) - milli >= lim.nominal
+
+    def waits_for_lent_quota(self, queue: str, flavor: str, milli: int) -> bool:
+        """Would a job of `milli` fit what is left of the queue's own nominal quota of the flavor, but not the
+        room its cohort leaves it? Then that quota is lent out, and while such a job waits no borrower of the
+        flavor may grow."""
+        return self.nominal_left(queue, flavor) >= milli > self.room(queue, flavor)
+
     def lent(self, queue: str, flavor: str) -> int:
         """The share of this queue's idle lendable quota that borrowers of its cohort use now. Each
         borrower's borrowing is attributed to the other queues' idle lendable quota in name order, so the

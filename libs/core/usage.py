@@ -64,6 +64,11 @@ def gpus_by_model(placements: tuple[ReplicaPlacement, ...]) -> dict[str, float]:
     return held
 
 
+def held_gpus(placements: tuple[ReplicaPlacement, ...]) -> float:
+    """GPUs a placement holds over all models (a MIG instance or a fraction counts as its share)."""
+    return sum(gpus_by_model(placements).values())
+
+
 @dataclass(slots=True)
 class UsageBook:
     specs: dict[str, JobSpec] = field(default_factory=dict)

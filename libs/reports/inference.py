@@ -21,6 +21,7 @@ from contracts import (
     ServiceDeployed,
     ServiceScaled,
 )
+from libs.core.runs import CurrentRuns
 
 
 @dataclass(slots=True)
@@ -63,9 +64,15 @@ class ServiceTimeline:
 class ServiceTracker:
     services: dict[str, ServiceTimeline] = field(default_factory=dict)
     replica_of: dict[str, str] = field(default_factory=dict)
+    # The replicas' current runs: a report about a run that is over neither readies nor ends a replica.
+    runs: CurrentRuns = field(default_factory=CurrentRuns)
 
     def apply(self, event: EventBase) -> list[tuple[str, float]]:
         """Fold one event; returns the scale-ups it completed: (service, seconds from decision to ready)."""
+        if getattr(event, "job_id", None) in self.replica_of:
+            if self.runs.is_stale(event):
+                return []
+            self.runs.fold(event)
         match event:
             case ServiceDeployed():
                 timeline = self.services.get(event.service.name)

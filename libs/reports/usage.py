@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contracts import EventBase
+from libs.core.runs import CurrentRuns
 from libs.core.usage import USAGE_KEYS, GpuRun, UsageBook
 from libs.reports.rates import Rates
 
@@ -37,11 +38,14 @@ class UsageHistory:
 
     @classmethod
     def fold(cls, events: Iterable[EventBase]) -> UsageHistory:
-        book, history = UsageBook(), cls()
+        book, history, current = UsageBook(), cls(), CurrentRuns()
         for event in events:
             if history.first_ts is None:
                 history.first_ts = event.ts
             history.last_ts = max(history.last_ts, event.ts)
+            if current.is_stale(event):
+                continue  # about a run already over, as the ledger takes it: it ends nothing
+            current.fold(event)
             history.runs.extend(book.apply(event))
         history.runs.extend(book.open_runs())
         return history

@@ -89,10 +89,20 @@ class ExecutorBook:
     def report(self, kind: Any, run: Run, what: str, ts: float, **fields: Any) -> EventBase:
         """One executor report (`kind` is JobStarted, JobFinished, JobFailed or JobEvicted)."""
         return kind(id=derived_id(SOURCE, run.run_id, what), ts=ts, source=SOURCE, correlation_id=run.job_id,
-                    job_id=run.job_id, **fields)
+                    job_id=run.job_id, run=run.run_id, **fields)
+
+    def about_other_run(self, event: EventBase) -> bool:
+        """A report naming a run that is not the job's running one: over already (ended, or replaced by a
+        later placement), so it changes nothing here. A report naming no run is about the running one."""
+        if not isinstance(event, REPORTS) or not event.run:
+            return False
+        run = self.runs.get(event.job_id)
+        return run is None or run.run_id != event.run
 
     def fold(self, event: EventBase) -> None:
         """What the log says happened (its own reports included)."""
+        if self.about_other_run(event):
+            return
         match event:
             case JobSubmitted():
                 self.durations[event.job_id] = event.spec.duration_s

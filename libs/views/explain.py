@@ -12,7 +12,8 @@ FULL = 1000
 FAMILY = {
     "queue_quota_exhausted": "queue_quota", "cohort_quota_exhausted": "cohort_quota", "quota_lent_out": "reclaim",
     "behind_higher_priority": "priority", "user_limit": "user_limit", "budget_spent": "budget",
-    "held_for_starving_job": "starvation_reservation",
+    "held_for_starving_job": "starvation_reservation", "exceeds_queue_quota": "queue_ceiling",
+    "placement_timed_out": "placement_timeout", "capacity_held_for_it": "starving",
     "insufficient_gpus": "capacity", "no_model_match": "capacity", "insufficient_cpu_memory": "capacity",
     "fragmentation": "fragmentation", "topology": "topology", "gang": "gang",
     "reserved_for_preemptor": "protected_for_preemptor",
@@ -80,10 +81,17 @@ def explain(job: JobView, queue: QueueView | None, queue_running: list[JobView],
     elif family == "budget" and queue is not None:
         out.unblock.append(f"queue {queue.name}'s GPU-hour budget renews next period, or it is raised "
                            "(gpusched queue set --budget-gpu-hours)")
+    elif family == "queue_ceiling" and queue is not None:
+        # Its queue can never hold it as its quota is now: only a change of that quota helps.
+        out.unblock.append(f"raise queue {queue.name}'s quota (nominal or borrowing limit) so that it can hold "
+                           f"{_gpus(demand)}; until then it waits without holding back other jobs")
+    elif family == "placement_timeout":
+        out.unblock.append("no node could hold it while its quota was reserved, so the quota went back: after its "
+                           "backoff it takes quota again, and runs once a node can hold it")
     elif family == "starvation_reservation":
         out.unblock.append("the job that has waited longest in the cohort starts; short jobs that end before "
                            "it could start still go (declare duration_s)")
-    elif family in ("capacity", "fragmentation", "gang", "topology", "protected_for_preemptor"):
+    elif family in ("capacity", "fragmentation", "gang", "topology", "protected_for_preemptor", "starving"):
         _explain_capacity(out, job, cluster_running, nodes, demand, now)
     elif job.phase in ("preempting", "evicted"):
         out.unblock.append("it was preempted and waits in its queue again, from its last checkpoint")

@@ -47,6 +47,7 @@ from contracts import (
 )
 from libs.bus.jetstream import Bus
 from libs.core.policy import DEFAULT_PRIORITY_CLASSES
+from libs.core.runs import CurrentRuns
 from libs.jobkit import CHECKPOINT_FILE, READY_FILE, RESUME_CHECKPOINT, RESUME_PROGRESS, read_checkpoint
 from libs.nodes.reports import report_id
 
@@ -134,6 +135,9 @@ class ProcessExecutor:
     placed: dict[str, LocalRun] = field(default_factory=dict)  # job -> its run here, as the log says
     saved: dict[str, tuple[float, str]] = field(default_factory=dict)  # job -> its last checkpoint
     cancelled: set[str] = field(default_factory=set)
+    # Each job's current run, wherever it runs: a report about a run that is over (a late one, from another
+    # reporter) must not end the run that replaced it, nor touch its checkpoint or its spec.
+    runs: CurrentRuns = field(default_factory=CurrentRuns)
     spec: NodeSpec | None = None
     registrations: int = 0  # NodeRegistered events of this node so far: the next one's version
     lost: bool = False  # the log says this node is lost (it re-registers when it is back)
@@ -158,6 +162,9 @@ class ProcessExecutor:
 
     def _fold(self, event: EventBase) -> LocalRun | None:
         """Fold one event; returns the local run a JobPlaced created, or the one an end took away."""
+        if self.runs.is_stale(event):
+            return None
+        self.runs.fold(event)
         match event:
             case JobSubmitted():
                 self.specs[event.job_id] = event.spec
@@ -257,7 +264,7 @@ class ProcessExecutor:
         if spec is None or not spec.command:
             self._forget(run)
             await self._publish([JobFailed(id=report_id(run.run_id, "failed"), ts=time.time(), source=self.source,
-                                           correlation_id=run.job_id, job_id=run.job_id, exit_code=127,
+                                           correlation_id=run.job_id, job_id=run.job_id, run=run.run_id, exit_code=127,
                                            reason="no_command")])
             return
         resume = self.saved.get(run.job_id, (0.0, ""))
@@ -287,13 +294,13 @@ class ProcessExecutor:
             self._kill(run, signal.SIGKILL)
             self._forget(run)
             await self._publish([JobFailed(id=report_id(run.run_id, "failed"), ts=time.time(), source=self.source,
-                                           correlation_id=run.job_id, job_id=run.job_id, exit_code=127,
+                                           correlation_id=run.job_id, job_id=run.job_id, run=run.run_id, exit_code=127,
                                            reason=f"spawn_failed: {err.strerror or err}")])
             return
         if run.leader:
             started: list[EventBase] = [JobStarted(id=report_id(run.run_id, "started"), ts=time.time(),
                                                    source=self.source, correlation_id=run.job_id, job_id=run.job_id,
-                                                   executor=self.source)]
+                                                   run=run.run_id, executor=self.source)]
             if spec.service and run.ready_file is None:  # a replica without a readiness signal serves once it runs
                 run.ready_reported = True
                 started.append(self._ready(run))
@@ -323,11 +330,12 @@ class ProcessExecutor:
             assert failed.exit_code is not None
             reason = "killed_by_signal" if failed.exit_code > 128 else "exit_code"
             await self._publish([JobFailed(id=report_id(run.run_id, "failed"), ts=time.time(), source=self.source,
-                                           correlation_id=run.job_id, job_id=run.job_id,
+                                           correlation_id=run.job_id, job_id=run.job_id, run=run.run_id,
                                            exit_code=failed.exit_code, reason=reason)])
         elif run.leader:
             await self._publish([JobFinished(id=report_id(run.run_id, "finished"), ts=time.time(),
-                                             source=self.source, correlation_id=run.job_id, job_id=run.job_id)])
+                                             source=self.source, correlation_id=run.job_id, job_id=run.job_id,
+                                             run=run.run_id)])
 
     def _stop(self, job_id: str, reason: str, grace: float | None = None) -> None:
         run = self.placed.get(job_id)
@@ -368,10 +376,10 @@ class ProcessExecutor:
             progress, ref = found
             reports.append(JobCheckpointed(id=report_id(run.run_id, f"checkpoint/{progress:.3f}"), ts=now,
                                            source=self.source, correlation_id=run.job_id, job_id=run.job_id,
-                                           checkpoint=ref, progress_s=progress))
+                                           run=run.run_id, checkpoint=ref, progress_s=progress))
         reports.append(JobEvicted(id=report_id(run.run_id, "evicted"), ts=now, source=self.source,
-                                  correlation_id=run.job_id, job_id=run.job_id, reason=reason, checkpoint=ref,
-                                  progress_s=progress))
+                                  correlation_id=run.job_id, job_id=run.job_id, run=run.run_id, reason=reason,
+                                  checkpoint=ref, progress_s=progress))
         self._task(self._publish(reports))
 
     def _forget(self, run: LocalRun) -> None:
@@ -382,7 +390,7 @@ class ProcessExecutor:
 
     def _ready(self, run: LocalRun) -> EventBase:
         return JobReady(id=report_id(run.run_id, "ready"), ts=time.time(), source=self.source,
-                        correlation_id=run.job_id, job_id=run.job_id)
+                        correlation_id=run.job_id, job_id=run.job_id, run=run.run_id)
 
     def checkpoints(self) -> list[EventBase]:
         """Checkpoints running jobs wrote, and readiness service replicas signalled, since the last look (the
@@ -407,7 +415,7 @@ class ProcessExecutor:
                 run.reported_progress = found[0]
                 out.append(JobCheckpointed(id=report_id(run.run_id, f"checkpoint/{found[0]:.3f}"), ts=time.time(),
                                            source=self.source, correlation_id=run.job_id, job_id=run.job_id,
-                                           checkpoint=found[1], progress_s=found[0]))
+                                           run=run.run_id, checkpoint=found[1], progress_s=found[0]))
         return out
 
     # --- plumbing ------------------------------------------------------------------------------------

@@ -53,8 +53,8 @@ class HeartbeatWatch:
                 self.online[event.node] = False
             case JobPlaced():
                 self.runs[event.job_id] = (event.id, frozenset(p.node for p in event.placements))
-            case JobFinished() | JobFailed() | JobEvicted():
-                self.runs.pop(event.job_id, None)
+            case JobFinished() | JobFailed() | JobEvicted() if event.run in ("", self.runs.get(event.job_id, ("",))[0]):
+                self.runs.pop(event.job_id, None)  # (a report about an earlier run leaves the current one)
 
     def start_clock(self, now: float) -> None:
         """After a restart every agent gets a whole `lost_after_s` to be heard from again."""
@@ -79,7 +79,7 @@ class HeartbeatWatch:
                 for job_id, (run_id, nodes) in self.runs.items():
                     if name in nodes:
                         lost.append(JobEvicted(id=report_id(run_id, "evicted"), ts=now, source=SERVICE,
-                                               correlation_id=job_id, job_id=job_id, reason="node_lost"))
+                                               correlation_id=job_id, job_id=job_id, run=run_id, reason="node_lost"))
                 self.online[name] = False  # until the log says otherwise, do not report it twice
             elif not self.online.get(name) and silent <= self.lost_after_s and name not in self.announced:
                 back.append(NodeRegistered(id=registration_id(spec, version + 1), ts=now, source=SERVICE,

@@ -100,8 +100,9 @@ class SimExecutor:
             if event.id in self.made:
                 del self.made[event.id]
             else:  # the replaced process's report, stored but never handled: what the log says happened
+                ends_running = isinstance(event, ENDS) and not self.book.about_other_run(event)
                 self.book.fold(event)
-                if isinstance(event, ENDS) and event.job_id in self.timers:
+                if ends_running and event.job_id in self.timers:
                     self.timers.pop(event.job_id).cancel()  # that run ended: its finish is not due
             # A run's finish is timed from here, once its start is stored: a finish timed from the decision
             # could reach the log before a start lost to a reconnecting server, and the log would read

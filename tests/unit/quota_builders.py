@@ -23,10 +23,13 @@ def on(queue: str, gpus: int = 1, **fields: Any) -> Job:
     return job(queue, queue, **fields).gpus(gpus)
 
 
-def settings(feed: EventFeed, half_life_s: float = 0.0, starvation_after_s: float | None = None) -> None:
-    """Unless a test says otherwise: current usage only in the fair order, and nothing starves."""
+def settings(feed: EventFeed, half_life_s: float = 0.0, starvation_after_s: float | None = None,
+             placement_timeout_s: float | None = 300.0) -> None:
+    """Unless a test says otherwise: current usage only in the fair order, nothing starves, and a reservation
+    not placed in 300 s goes back (the default)."""
     feed.send(SchedulingSettingsChanged, version=1, settings=SchedulingSettings(
-        fair_share_half_life_s=half_life_s, starvation_after_s=starvation_after_s))
+        fair_share_half_life_s=half_life_s, starvation_after_s=starvation_after_s,
+        placement_timeout_s=placement_timeout_s))
 
 
 def quota(*queues: QueueSpec, half_life_s: float = 0.0, starvation_after_s: float | None = None, t0: float = D,
@@ -37,10 +40,11 @@ def quota(*queues: QueueSpec, half_life_s: float = 0.0, starvation_after_s: floa
     return feed
 
 
-def cluster(*queues: QueueSpec, starvation_after_s: float | None = None) -> EventFeed:
+def cluster(*queues: QueueSpec, starvation_after_s: float | None = None,
+            placement_timeout_s: float | None = 300.0) -> EventFeed:
     """The whole pipeline (admission, quota, placement, preemption)."""
     feed = pipeline()
-    settings(feed, starvation_after_s=starvation_after_s)
+    settings(feed, starvation_after_s=starvation_after_s, placement_timeout_s=placement_timeout_s)
     feed.queues(*queues)
     return feed
 

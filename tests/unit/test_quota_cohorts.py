@@ -19,6 +19,7 @@ from contracts import (
     JobEvicted,
     JobFinished,
     JobPlaced,
+    JobStarted,
     PreemptionDecided,
     QueueSpec,
     QuotaReserved,
@@ -38,15 +39,15 @@ from tests.unit.quota_builders import DAY, D, on, outcome, q, quota, reserved, r
                  id="a job partly within nominal borrows only the part above it"),
     pytest.param([q("a", 2, borrowing_limit_gpus=1), q("b", 4)], [], 3, ("reserved", 1, ""),
                  id="a queue may borrow up to its borrowing limit"),
-    pytest.param([q("a", 2, borrowing_limit_gpus=1), q("b", 4)], [], 4, ("deferred", "queue_quota_exhausted"),
+    pytest.param([q("a", 2, borrowing_limit_gpus=1), q("b", 4)], [], 4, ("deferred", "exceeds_queue_quota"),
                  id="its borrowing limit caps what it takes though the peer has more idle"),
-    pytest.param([q("a", 2, borrowing_limit_gpus=0), q("b", 4)], [], 3, ("deferred", "queue_quota_exhausted"),
+    pytest.param([q("a", 2, borrowing_limit_gpus=0), q("b", 4)], [], 3, ("deferred", "exceeds_queue_quota"),
                  id="a borrowing limit of 0 forbids borrowing"),
     pytest.param([q("a", 2), q("b", 4)], [("b1", on("b", 4))], 3, ("deferred", "cohort_quota_exhausted"),
                  id="a peer's quota in use is not lent"),
-    pytest.param([q("a", 2, cohort=""), q("b", 4, cohort="")], [], 3, ("deferred", "queue_quota_exhausted"),
+    pytest.param([q("a", 2, cohort=""), q("b", 4, cohort="")], [], 3, ("deferred", "exceeds_queue_quota"),
                  id="without a cohort there is no borrowing"),
-    pytest.param([q("a", 2, cohort="c1"), q("b", 4, cohort="c2")], [], 3, ("deferred", "queue_quota_exhausted"),
+    pytest.param([q("a", 2, cohort="c1"), q("b", 4, cohort="c2")], [], 3, ("deferred", "exceeds_queue_quota"),
                  id="queues of different cohorts lend each other nothing"),
     pytest.param([QueueSpec(name="org", team="org"), q("a", 2, cohort="", parent="org"),
                   q("b", 4, cohort="", parent="org")], [], 5, ("reserved", 3, ""),
@@ -64,8 +65,8 @@ def test_borrowing(queues: list[QueueSpec], running: list[tuple[str, Job]], gpus
 @pytest.mark.parametrize(("lend", "gpus", "expected"), [
     pytest.param(None, 6, ("reserved", 4, ""), id="without a lending limit a peer lends all its idle nominal"),
     pytest.param(1, 3, ("reserved", 1, ""), id="a peer lends up to its lending limit"),
-    pytest.param(1, 4, ("deferred", "queue_quota_exhausted"), id="its lending limit caps what a peer lends"),
-    pytest.param(0, 3, ("deferred", "queue_quota_exhausted"), id="a queue with lending limit 0 lends nothing"),
+    pytest.param(1, 4, ("deferred", "exceeds_queue_quota"), id="its lending limit caps what a peer lends"),
+    pytest.param(0, 3, ("deferred", "exceeds_queue_quota"), id="a queue with lending limit 0 lends nothing"),
 ])
 def test_lending(lend: int | None, gpus: int, expected: tuple[Any, ...]) -> None:
     feed = quota(q("a", 2), q("b", 4, lending_limit_gpus=lend))
@@ -103,7 +104,7 @@ FLAVORED = QueueSpec(name="a", team="a", flavors=(FlavorQuota(model="H100", nomi
                  id="a job allowing only A100 takes A100 while H100 is idle"),
     pytest.param(4, on("a", 1).models("H100"), ("deferred", "queue_quota_exhausted"),
                  id="a job allowing only H100 waits when H100 is full though A100 is idle"),
-    pytest.param(0, on("a", 9).models("A100"), ("deferred", "queue_quota_exhausted"),
+    pytest.param(0, on("a", 9).models("A100"), ("deferred", "exceeds_queue_quota"),
                  id="each flavor has its own nominal"),
 ])
 def test_flavors(h100_held: int, j: Job, expected: tuple[Any, ...]) -> None:
@@ -115,7 +116,7 @@ def test_flavors(h100_held: int, j: Job, expected: tuple[Any, ...]) -> None:
 
 @pytest.mark.parametrize(("peer_model", "expected"), [
     pytest.param("H100", ("reserved", 2, "H100"), id="a peer's idle quota of the same model is lent"),
-    pytest.param("A100", ("deferred", "queue_quota_exhausted"), id="a peer's idle quota of another model is not"),
+    pytest.param("A100", ("deferred", "exceeds_queue_quota"), id="a peer's idle quota of another model is not"),
 ])
 def test_borrowing_is_per_flavor(peer_model: str, expected: tuple[Any, ...]) -> None:
     feed = quota(q("a", flavors=(FlavorQuota(model="H100", nominal_gpus=4),)),
@@ -225,8 +226,9 @@ def budget(over_budget: str, period: str = "day") -> QueueSpec:
 
 
 def spend(feed: EventFeed) -> None:
-    """Two GPUs for half an hour from D: the budget is spent at D + 1800."""
+    """Two GPUs running for half an hour from D: the budget is spent at D + 1800."""
     run(feed, ("spender", on("a", 2)))
+    feed.send(JobStarted, job_id="spender")
     feed.at(D + 1800)
     feed.send(JobFinished, job_id="spender")
 
@@ -249,8 +251,10 @@ def test_over_budget_wait_defers_until_a_new_period_opens_on_a_clock_tick(
 def test_a_budget_is_spent_by_running_jobs_before_they_end() -> None:
     feed = quota(budget("wait"))
     run(feed, ("long", on("a", 1)))
+    feed.send(JobStarted, job_id="long")
     feed.at(D + 3599)
     assert outcome(feed.admit("before", on("a", 1)), "before") == ("reserved", 0, "")
+    feed.send(JobStarted, job_id="before")
     feed.send(JobFinished, job_id="before")
     feed.at(D + 3600)  # long, still running, has used the GPU-hour by itself
     assert outcome(feed.admit("after", on("a", 1)), "after") == ("deferred", "budget_spent")
@@ -463,6 +467,7 @@ def test_once_reclaimed_the_preemptor_runs_and_the_borrowers_job_waits() -> None
 def test_an_over_budget_job_does_not_reclaim_quota_it_could_not_use() -> None:
     feed = cluster(budget("borrow"), q("l", 2), q("m", 0), gpus=8)
     start(feed, "spender", on("a", 2))
+    feed.send(JobStarted, job_id="spender")
     feed.at(D + 1800)
     feed.send(JobFinished, job_id="spender")
     start(feed, "l1", on("l", 2))

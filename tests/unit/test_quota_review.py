@@ -17,6 +17,7 @@ from contracts import (
     JobCancelled,
     JobEvicted,
     JobFinished,
+    JobStarted,
     JobSubmitted,
     PreemptionDecided,
     PriorityClass,
@@ -45,6 +46,7 @@ def budget_queue(name: str = "a") -> QueueSpec:
 def test_an_over_budget_job_is_reserved_on_the_tick_that_opens_a_new_budget_period() -> None:
     feed = quota(budget_queue(), q("l", 2))
     run(feed, ("spender", on("a", 2)))
+    feed.send(JobStarted, job_id="spender")
     feed.at(D + 1800).send(JobFinished, job_id="spender")  # the day's GPU-hour is spent
     run(feed, ("l1", on("l", 2)))  # the peer lends nothing
     assert outcome(feed.admit("over", on("a", 1)), "over") == ("deferred", "over_budget_waits_for_idle_quota")
@@ -97,6 +99,7 @@ def test_waiting_for_lent_quota_of_one_flavor_does_not_stop_borrowing_of_another
 def test_an_over_budget_job_does_not_borrow_while_a_queue_under_nominal_waits_for_lent_quota() -> None:
     feed = quota(budget_queue(), q("b", 2), q("l", 2))
     run(feed, ("a1", on("a", 2)), ("l1", on("l", 1)), ("l2", on("l", 1)), ("l3", on("l", 2)))  # l borrows b's 2
+    feed.send(JobStarted, job_id="a1")
     feed.at(D + 1800)  # a1 has spent a's GPU-hour by now
     assert outcome(feed.admit("b1", on("b", 2)), "b1") == ("deferred", "quota_lent_out")
     assert outcome(feed.admit("a-over", on("a", 1)), "a-over") == ("deferred", "over_budget_waits_for_idle_quota")
@@ -169,6 +172,7 @@ def test_an_over_budget_queue_is_not_shown_lending_what_it_borrows() -> None:
     ledger = Ledger()
     feed = quota(budget_queue(), q("l", 2), ledger=ledger)
     run(feed, ("spender", on("a", 2)))
+    feed.send(JobStarted, job_id="spender")
     feed.at(D + 1800).send(JobFinished, job_id="spender")
     assert outcome(feed.admit("over", on("a", 1)), "over") == ("reserved", 1, "")
     lent = {name: ledger.queue_view(name).flavors[0].lent_gpus for name in ("a", "l")}

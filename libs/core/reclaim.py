@@ -1,0 +1,61 @@
+"""Reclaim: a queue under its nominal quota takes back the quota its cohort lent to borrowers.
+
+Once the queue's reclaim grace has passed, a waiting job that fits its queue's nominal quota of a flavor may
+evict jobs holding borrowed quota of that flavor: jobs of the cohort's other queues while they are above
+their nominal quota, and only as far as they borrow (a reclaim never takes a queue below its nominal quota),
+jobs admitted over budget (borrowed outright), and, if the queue itself is above its nominal, its own jobs of
+lower priority. A victim set is chosen only if the job would then fit its nominal quota, get its room in the
+cohort by quota's rules and be placed (see preemption_sim); the flavors are tried in the queue's order.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from contracts import JobSpec
+from libs.core.preemption_sim import Simulation
+from libs.core.preemption_state import Running
+
+if TYPE_CHECKING:
+    from libs.core.preemption import PreemptionDecider
+
+
+def borrowers(d: PreemptionDecider, preemptor: JobSpec, flavor: str, now: float, preemptor_id: str = ""
+              ) -> list[Running]:
+    """Jobs of other queues of the preemptor's cohort that hold borrowed quota of `flavor` (their queue is
+    above its nominal, or they were admitted over budget), in victim order."""
+    book = d.book
+    cohort = book.cohort.get(preemptor.queue, "")
+    if not cohort:
+        return []
+    peers = [q for q in book.members[cohort] if q != preemptor.queue]
+    borrowing = {q for q in peers if book.borrowed(q, flavor) > 0}
+    cands = [r for q in peers for r in d.s.by_queue.get(q, {}).values()
+             if r.flavor == flavor and (q in borrowing or r.over_budget) and d.eligible(r, now, preemptor_id)]
+    cands.sort(key=lambda r: r.victim_key(now))
+    return cands
+
+
+def reclaim_victims(d: PreemptionDecider, sim: Simulation, flavors: list[str], preemptor_id: str) -> list[Running]:
+    """The victims of the first flavor a reclaim can serve the preemptor in; [] when none can."""
+    spec, now = sim.spec, sim.now
+    for flavor in flavors:
+        lim = d.book.limits.get(spec.queue, {}).get(flavor)
+        if lim is None or sim.demand > lim.nominal:
+            continue
+        others = borrowers(d, spec, flavor, now, preemptor_id)
+        if not others:
+            continue
+        # The queue's own jobs come after the borrowers': needed only where the queue is above its nominal.
+        own = [r for r in d.candidates(spec, preemptor_id, now) if r.flavor == flavor]
+
+        def reclaimed(flavor: str = flavor) -> bool:
+            return sim.within_nominal(flavor) and sim.admits(flavor) and sim.fits(flavor)
+
+        def placed(flavor: str = flavor) -> bool:
+            return sim.fits(flavor)
+
+        victims = sim.choose(others + own, reclaimed, sim.gives_back_only_borrowed, placed, reclaim=True)
+        if victims:
+            return victims
+    return []
