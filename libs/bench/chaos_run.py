@@ -44,6 +44,7 @@ from libs.audit.quota_audit import quota_violations
 from libs.audit.replay import replay
 from libs.bench import chaos_scenario as scenario
 from libs.bench.chaos_scenario import Submission
+from libs.bench.guarantee_figures import guarantee_figures
 from libs.bench.platform import bench_platform
 from libs.bus.jetstream import Bus, BusConfig, Consumer, stream_seq
 from libs.core.decider import derived_id
@@ -684,7 +685,7 @@ def judge(seen: Seen) -> dict[str, Any]:
               "quota_violations": len(quota_violations(e for _, e in events)),
               "replay_mismatches": len(report.mismatches), "read_model_mismatches": len(mismatches),
               "stuck": len(stuck)}
-    return {**checks, "states": dict(sorted(states.items())),
+    return {**checks, **guarantee_figures(events), "states": dict(sorted(states.items())),
             "preemptions": sum(len(e.victims) for _, e in events if isinstance(e, PreemptionDecided)),
             "evictions": sum(1 for _, e in events if isinstance(e, JobEvicted)),
             "finished_before_started": len(finished_before_started(events)),

@@ -22,6 +22,7 @@ from contracts.codec import decode
 from libs.audit.log_reader import read_log_timed
 from libs.audit.replay import DURABLE_OF, replay
 from libs.bench import inference_scenario as scenario
+from libs.bench.guarantee_figures import guarantee_figures
 from libs.bench.inference_metrics import compute_metrics
 from libs.bench.kueue_run import cpu_seconds, wait_for_policy_and_nodes
 from libs.bench.platform import bench_platform
@@ -100,7 +101,8 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
     figures = compute_metrics(log, start, end, scenario.TOTAL_GPUS, opts.time_scale, scenario.TRAINING)
     # Every decision of the day, scale decisions included, derived again from the log: the audit's check.
     audit = replay([(seq, data) for seq, _, data in raw], handled=handled)
-    figures.update(decisions_checked=audit.decisions_checked, replay_mismatches=len(audit.mismatches))
+    figures.update(decisions_checked=audit.decisions_checked, replay_mismatches=len(audit.mismatches),
+                   **guarantee_figures([(seq, decode(data)) for seq, _, data in raw]))
     figures.update(mode="real", time_scale=opts.time_scale, seed=opts.seed, wall_s=round(end - start, 1),
                    training_jobs=len(backlog), load_reports=reports * len(plans), events=len(raw),
                    cpu_s={k: round(cpu_after.get(k, 0.0) - v, 1) for k, v in sorted(cpu_before.items())})

@@ -9,6 +9,7 @@ from typing import Any
 
 from contracts import DeployService, EventBase, ReportServiceLoad, SubmitJob
 from libs.bench import inference_scenario as scenario
+from libs.bench.guarantee_figures import guarantee_figures
 from libs.bench.inference_metrics import compute_metrics
 from libs.core.admission import job_id_for_key
 from libs.core.inventory import InventoryBook
@@ -44,5 +45,5 @@ def run_day(seed: int = 1, report_period_s: float = 60.0, tick_s: float = 30.0,
                       progress=progress)
     result = compute_metrics((e for _, e in run.log), START, START + scenario.DAY_S, scenario.TOTAL_GPUS,
                              time_scale=1.0, batch_queue=scenario.TRAINING)
-    result.update(mode="virtual", seed=seed, events=len(run.log))
+    result.update(mode="virtual", seed=seed, events=len(run.log), **guarantee_figures(run.log))
     return result

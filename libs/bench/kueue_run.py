@@ -26,6 +26,7 @@ from contracts import (
 )
 from contracts.codec import decode
 from libs.audit.log_reader import read_log_timed
+from libs.bench.guarantee_figures import guarantee_figures
 from libs.bench.kueue_metrics import compute_metrics, published_figures
 from libs.bench.kueue_scenario import (
     GPUS_PER_NODE,
@@ -133,7 +134,7 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
     finally:
         await bus.close()
     log = [(seq, at, decode(data)) for seq, at, data in raw]
-    return {**compute_metrics(log), "timed_out": timed_out,
+    return {**compute_metrics(log), **guarantee_figures([(seq, e) for seq, _, e in log]), "timed_out": timed_out,
             "submit_lag_max_s": round(stats.max_lag_s, 3),
             "submit_lag_mean_s": round(stats.lag_sum_s / stats.jobs, 3) if stats.jobs else None,
             "peak_backlog": dict(sorted(backlog.peak.items())),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts import EventBase, SubmitJob
+from libs.bench.guarantee_figures import guarantee_figures
 from libs.bench.kueue_metrics import compute_metrics
 from libs.bench.kueue_scenario import cluster_csv, load_scenario, plan_jobs, policy_toml
 from libs.core.inventory import InventoryBook
@@ -42,5 +43,6 @@ def run_virtual_bench(generator: Path, scale: float = 1.0, gpus_per_node: int = 
                       progress=progress)
     # In virtual time an event happens at its own timestamp: that is the clock the figures use.
     result = compute_metrics([(seq, e.ts, e) for seq, e in run.log])
-    result.update(mode="virtual", scale=scale, gpus_per_node=gpus_per_node, replica_gpus=replica_gpus)
+    result.update(mode="virtual", scale=scale, gpus_per_node=gpus_per_node, replica_gpus=replica_gpus,
+                  **guarantee_figures(run.log))
     return result

@@ -21,7 +21,7 @@ from libs.audit.timeline import timeline
 from libs.audit.verify import verify
 from libs.bus.jetstream import Bus, BusConfig
 from libs.cli.endpoints import audit_key_file, nats_endpoint
-from libs.cli.output import add_json_flag, add_table_flags, wide
+from libs.cli.output import add_json_flag, add_table_flags, print_json, wide
 from libs.cli.tables import Column, print_table
 from libs.runtime.settings import nats_auth_from_env
 
@@ -178,6 +178,32 @@ def cmd_replay(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def cmd_check(args: argparse.Namespace) -> None:
+    """The guarantee checker over a log (docs/guarantees.md): exit 1 at any violation."""
+    from contracts.codec import decode
+    from libs.audit.guarantees import check
+
+    events = [(seq, decode(raw)) for seq, raw in load_log(args.log)]
+    with console.status(f"checking the guarantees over {len(events):,} events ..."):
+        found = check(events, liveness=not args.safety_only)
+    counts: dict[str, int] = {}
+    for v in found:
+        counts[v.guarantee] = counts.get(v.guarantee, 0) + 1
+    if args.json:
+        print_json({"events": len(events), "ok": not found, "violations_by_guarantee": counts,
+                    "first_violations": [{"guarantee": v.guarantee, "seq": v.seq, "jobs": list(v.jobs),
+                                          "detail": v.detail} for v in found[:20]]})
+    elif not found:
+        console.print(f"[green]ok[/green]: {len(events):,} events, every guarantee held"
+                      + (" (safety only)" if args.safety_only else ""))
+    else:
+        for v in found[:20]:
+            console.print(f"[red]{v.guarantee}[/red] at seq {v.seq} (jobs {', '.join(v.jobs) or 'none'}): {v.detail}")
+        console.print(f"{len(found)} violation(s): " + ", ".join(f"{g} {n}" for g, n in sorted(counts.items())))
+    if found:
+        sys.exit(1)
+
+
 def cmd_whatif(args: argparse.Namespace) -> None:
     from contracts.codec import decode
     from libs.sim.pipeline import world_inputs
@@ -245,6 +271,12 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                    help="deciders replayed in parallel processes (default: the cores, at most 4)")
     add_json_flag(p)
     p.set_defaults(func=cmd_replay)
+    p = asub.add_parser("check", help="the guarantee checker over the log: safety at every sequence, liveness at "
+                        "its quiet end (docs/guarantees.md)")
+    p.add_argument("log", nargs="?", help="an exported log (default: the live stream)")
+    p.add_argument("--safety-only", action="store_true", help="skip liveness (a log cut in the middle of work)")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_check)
     p = sub.add_parser("whatif", help="replay a log's submissions under changed queue policy, compare teams")
     p.add_argument("--log", help="an exported log (gpusched audit export); default: the live stream")
     p.add_argument("--set", action="append", default=[], required=True,
