@@ -97,11 +97,13 @@ def validate(spec: JobSpec, policy: PolicyBook, inventory: Inventory) -> Rejecti
         if not flavors:
             return Rejection("no_quota_for_models", f"queue {spec.queue!r} has no quota for GPU model(s) "
                              f"{', '.join(spec.gpu_models)}")
-        most = max(book.ceiling(spec.queue, f) for f in flavors)
+        borrows = policy.preemptible(spec)  # a job that cannot be preempted never borrows (see quota)
+        most = max(book.ceiling(spec.queue, f, borrows) for f in flavors)
         if demand_milli(spec) > most:
+            how = "with borrowing" if borrows else "within its nominal quota, as the job cannot be preempted"
             return Rejection("exceeds_queue_quota",
                              f"the job needs {demand_milli(spec) / 1000:g} GPUs; queue {spec.queue!r} can hold at "
-                             f"most {most / 1000:g} with borrowing ({replica_milli(spec) / 1000:g} per replica)")
+                             f"most {most / 1000:g} {how} ({replica_milli(spec) / 1000:g} per replica)")
     return None
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
+
 from contracts import JobSpec, NodeRegistered, NodeSpec
 from libs.core import mig_profiles
 from libs.core.cluster import FULL
@@ -117,8 +119,25 @@ class Inventory:
         if key not in self._verdicts:
             if len(self._verdicts) >= _MAX_VERDICTS:
                 self._verdicts.clear()
-            self._verdicts[key] = _Fit(spec, self).problem()
+            self._verdicts[key] = self._gang_verdict(spec)
         return self._verdicts[key]
+
+    def _gang_verdict(self, spec: JobSpec) -> Rejection | None:
+        """A gang runs on one GPU model (placement never splits it over models): it fits when some one allowed
+        model holds all of it. The reason given is the whole pool's when even that cannot hold it, else the
+        model that comes closest (the first, by name, among equals)."""
+        whole = _Fit(spec, self).problem()
+        if whole is not None or spec.replicas < 2:
+            return whole
+        models = spec.gpu_models or tuple(sorted(self.total))
+        if len(models) < 2:
+            return None
+        per_model = [(m, _Fit(msgspec.structs.replace(spec, gpu_models=(m,)), self).problem()) for m in models]
+        if any(problem is None for _, problem in per_model):
+            return None
+        reasons = "; ".join(f"{m}: {problem.message}" for m, problem in per_model if problem is not None)
+        return Rejection("exceeds_one_gpu_model", f"a gang runs on one GPU model and no single model can hold its "
+                         f"{spec.replicas} replicas ({reasons})")
 
 
 def spec_problem(spec: JobSpec) -> Rejection | None:

@@ -1,6 +1,9 @@
 """The cluster as integer arrays, one row per node, for vectorised scoring (numpy, integers only, so that
 every machine computes the same scores). Rows follow the Cluster's node order and are refreshed lazily,
-only for the nodes whose capacity changed."""
+only for the nodes whose capacity changed.
+
+Free GPU memory is the Cluster's, which charges a fraction declaring no memory its share of the GPU's memory;
+a request of such a fraction needs that share free (`share_memory`, `fraction_room`)."""
 
 from __future__ import annotations
 
@@ -62,9 +65,21 @@ class ClusterArrays:
         self.free_mem_rows: list[list[int]] = [[0] * width for _ in range(n)]
         self.host_rows: list[tuple[int, int, int]] = [(0, 0, 0)] * n
         self.usable_rows: list[tuple[bool, int, int]] = [(False, 0, 0)] * n
-        # Per row, the free shares (sorted) of the GPUs with no memory overdrawn: what a request asking for no
-        # GPU memory can count on.
+        # Per row, the free shares (sorted) of the GPUs with no memory overdrawn: what a request of whole GPUs
+        # (which asks no GPU memory) can count on.
         self.share_rows: list[list[int]] = [[] for _ in range(n)]
+        # Per row, the largest fraction declaring no memory one of its usable GPUs could take: within its free
+        # share, and with its share of the GPU's memory free (UNUSABLE: none).
+        self.fraction_room: list[int] = [UNUSABLE] * n
+        # Each GPU's whole memory (0: padding), and per fraction size the share of it that fraction holds.
+        self.memory: I64 = np.zeros((n, width), dtype=np.int64)
+        for i, x in enumerate(nodes):
+            for j, g in enumerate(x.gpus):
+                self.memory[i, j] = g.memory_mib
+        self.memory_rows: list[list[int]] = self.memory.tolist()
+        self._share_memory: dict[int, I64] = {}
+        self._share_memory_rows: dict[int, list[list[int]]] = {}
+        self._same_rows: dict[int, list[int]] = {}
         # Free share on each node's usable GPUs (idle_share, kept row by row), and as a list.
         self.idle: I64 = np.zeros(n, dtype=np.int64)
         self.idle_rows: list[int] = [0] * n
@@ -95,6 +110,7 @@ class ClusterArrays:
         mem = [0] * width
         shares: list[int] = []  # free shares of the usable GPUs whose memory is not overdrawn
         overdrawn = 0
+        room = UNUSABLE
         idle = usable_share = idle_gpus = 0
         usable = False
         for j, g in enumerate(node.gpus):
@@ -105,6 +121,9 @@ class ClusterArrays:
                 mem[j] = memory
                 if memory >= 0:
                     shares.append(share)
+                    if share > room:  # the largest fraction whose share of memory is free: M*m//FULL <= memory
+                        whole = g.memory_mib
+                        room = max(room, share if whole <= 0 else min(share, ((memory + 1) * FULL - 1) // whole))
                 else:
                     overdrawn += 1
                 if share > 0:
@@ -124,6 +143,7 @@ class ClusterArrays:
         self.free_rows[i] = free
         self.free_mem_rows[i] = mem
         self.share_rows[i] = shares
+        self.fraction_room[i] = room
         host = (node.free_cpu_milli, node.free_memory_mib, node.free_rdma_nics)
         if host != self.host_rows[i]:
             self.host_rows[i] = host
@@ -148,6 +168,28 @@ class ClusterArrays:
         if rows:
             self.changes.add(rows)
         return rows
+
+    def share_memory(self, milli: int) -> I64:
+        """Per GPU, the memory a fraction of `milli` declaring none would hold there (read only: shared)."""
+        found = self._share_memory.get(milli)
+        if found is None:
+            found = self._share_memory[milli] = self.memory * milli // FULL  # share_memory_mib, GPU by GPU
+            found.flags.writeable = False
+        return found
+
+    def share_memory_rows(self, milli: int) -> list[list[int]]:
+        """share_memory as lists, row by row (read only: shared)."""
+        found = self._share_memory_rows.get(milli)
+        if found is None:
+            found = self._share_memory_rows[milli] = self.share_memory(milli).tolist()
+        return found
+
+    def same_row(self, value: int) -> list[int]:
+        """`value` for every GPU column of a row (read only: shared)."""
+        found = self._same_rows.get(value)
+        if found is None:
+            found = self._same_rows[value] = [value] * self.width
+        return found
 
     def model_ids(self, models: tuple[str, ...]) -> list[int]:
         return [i for i, m in enumerate(self.models) if not models or m in models]

@@ -1,4 +1,8 @@
-"""The free capacity of the cluster, GPU by GPU: the model that placement and preemption share."""
+"""The free capacity of the cluster, GPU by GPU: the model that placement and preemption share.
+
+A GPU's free memory counts what each placement on it declared, and for a fraction that declares none its
+share of the GPU's memory (`share_memory_mib`): a GPU holding 500 milli without declared memory has half its
+memory left for the jobs that declare theirs."""
 
 from __future__ import annotations
 
@@ -16,6 +20,18 @@ MIG_SLICES = COMPUTE_SLICES  # compute slices of a MIG-enabled GPU (A100/H100/H2
 def mig_slices(profile: str) -> int:
     """Slices a MIG profile takes: "3g.40gb" -> 3. 0 when the name is not a MIG profile."""
     return compute_slices(profile)
+
+
+def share_memory_mib(memory_mib: int, milli: int) -> int:
+    """The GPU memory a fraction of `milli` that declares none holds on a GPU of `memory_mib`: its share of it
+    (500 milli of an 80 GiB GPU: 40 GiB). Every fraction's share rounds down, so shares that fit the GPU's
+    1000 milli always fit its memory too."""
+    return memory_mib * milli // FULL
+
+
+def charges_share(p: ReplicaPlacement) -> bool:
+    """Is the placement a fraction outside MIG that declares no GPU memory (charged its share of memory)?"""
+    return not p.gpu_memory_mib and not p.mig_slices and 0 < p.gpu_milli < FULL
 
 
 @dataclass(slots=True)
@@ -36,6 +52,9 @@ class Gpu:
     mig_held: int = 0
     mig_milli: int = 0
     mig_instances: int = 0
+    # The fractions declaring no memory that hold the GPU, as {milli: how many}: free_memory_mib counts their
+    # share of memory, which a registration changing the GPU's memory computes again from this.
+    fractions: dict[int, int] = field(default_factory=dict)
 
     @property
     def idle(self) -> bool:
@@ -60,10 +79,26 @@ class Gpu:
         """Can fractions and whole GPUs go here? A healthy GPU with MIG off and no MIG instance left."""
         return self.healthy and not self.mig_enabled and self.mig_instances == 0
 
+    def shares_mib(self) -> int:
+        """The memory the fractions declaring none hold here: each its share of this GPU's memory."""
+        return sum(count * share_memory_mib(self.memory_mib, milli) for milli, count in self.fractions.items())
+
+    def charge_share(self, milli: int, sign: int) -> None:
+        """Give back (sign +1) or take (-1) the share of memory of one fraction of `milli` declaring none."""
+        count = self.fractions.get(milli, 0) - sign
+        if count:
+            self.fractions[milli] = count
+        else:
+            del self.fractions[milli]
+        self.free_memory_mib += sign * share_memory_mib(self.memory_mib, milli)
+
     def carry_use(self, prev: Gpu) -> None:
-        """Take over the use `prev` (the same GPU as registered before) holds."""
+        """Take over the use `prev` (the same GPU as registered before) holds: the memory that placements
+        declared as it was, the fractions declaring none at their share of this GPU's memory."""
         self.free_milli -= FULL - prev.free_milli
-        self.free_memory_mib -= prev.memory_mib - prev.free_memory_mib
+        declared = prev.memory_mib - prev.free_memory_mib - prev.shares_mib()
+        self.fractions = dict(prev.fractions)
+        self.free_memory_mib = self.memory_mib - declared - self.shares_mib()
         self.mig_held, self.mig_milli, self.mig_instances = prev.mig_held, prev.mig_milli, prev.mig_instances
 
     def in_use(self) -> bool:
@@ -243,6 +278,7 @@ class Cluster:
             node.free_memory_mib += sign * p.memory_mib
             node.free_rdma_nics += sign * p.rdma_nics
             gpus = node.gpus
+            share = charges_share(p)
             for idx in p.gpu_indices:
                 if idx < len(gpus) and gpus[idx].index == idx:  # the usual case, first (the hot path of placing)
                     gpu, listed = gpus[idx], True
@@ -252,7 +288,10 @@ class Cluster:
                         continue  # a GPU gone from the node with no use left there: nothing to give or take
                     gpu, listed = held
                 gpu.free_milli += sign * p.gpu_milli
-                gpu.free_memory_mib += sign * p.gpu_memory_mib
+                if share:
+                    gpu.charge_share(p.gpu_milli, sign)
+                else:
+                    gpu.free_memory_mib += sign * p.gpu_memory_mib
                 if p.mig_slices:
                     gpu.mig_held -= sign * p.mig_slices
                     gpu.mig_milli -= sign * p.gpu_milli

@@ -1,5 +1,9 @@
-"""Where a job's replicas fit: one replica at a time through the scoring policies, a gang all or nothing,
-with topology (one node, rack or block), spread across nodes, and MIG instances.
+"""Where a job's replicas fit: one replica at a time through the scoring policies, a gang all or nothing and
+on one GPU model, with topology (one node, rack or block), spread across nodes, and MIG instances.
+
+A gang's replicas work as one, so they run on GPUs of one model: the model its spec names (quota's flavor,
+when quota reserved one, becomes the spec's model in placement), else of the models it may use the one that
+fits it best: the least free capacity that could still hold every replica, then the model's name.
 
 `Placer` keeps the array view and the fragmentation models of one Cluster; the placement service, the
 preemption simulation and the FGD benchmark all place through it, so they agree by construction.
@@ -29,6 +33,7 @@ from libs.core.scoring import (
     Request,
     choose,
     feasible_rows,
+    gpu_fits,
     packing_shapes,
 )
 from libs.core.shapes import TypicalShapes, shared_pairing
@@ -210,6 +215,41 @@ class Placer:
 
     def _try_all(self, spec: JobSpec, policy: str, salt: int, allowed: Mask | None
                  ) -> tuple[ReplicaPlacement, ...] | None:
+        """Every replica within `allowed` rows, on one GPU model, or None (the cluster left as it was)."""
+        if not _needs_one_model(spec):
+            return self._try_replicas(spec, policy, salt, allowed)
+        for model in self._gang_models(spec, policy, allowed):
+            placed = self._try_replicas(msgspec.structs.replace(spec, gpu_models=(model,)), policy, salt, allowed)
+            if placed is not None:
+                return placed
+        return None
+
+    def _gang_models(self, spec: JobSpec, policy: str, allowed: Mask | None) -> list[str]:
+        """The GPU models a gang may take that could hold all its replicas within `allowed` rows by their free
+        capacity (whole GPUs idle, shares, MIG slices), best fit first: the least free, then the name."""
+        # The arrays brought up to date as placing the first replica does (place_replica, _place_mig).
+        if spec.mig_profile:
+            rows = self.arrays.refresh()
+            if rows:
+                self._pending_rows.update(rows)
+            return _mig_models(self.arrays.nodes, spec, allowed)
+        self._refresh_for_sync(policy if policy in POLICIES else DEFAULT_POLICY)
+        a = self.arrays
+        req = Request.of(spec)
+        usable = (a.free >= 0) & a.online[:, None]
+        if allowed is not None:
+            usable &= allowed[:, None]
+        free = np.where(usable, np.minimum(a.free, FULL), 0)
+        slots = free // req.milli  # how many of the request's GPUs each GPU could take by its share
+        ranked = []
+        for model_id in a.model_ids(tuple(spec.gpu_models)):
+            mine = a.gpu_model == model_id
+            if int(slots[mine].sum()) >= spec.replicas * req.gpus:
+                ranked.append((int(free[mine].sum()), a.models[model_id]))
+        return [model for _, model in sorted(ranked)]
+
+    def _try_replicas(self, spec: JobSpec, policy: str, salt: int, allowed: Mask | None
+                      ) -> tuple[ReplicaPlacement, ...] | None:
         placed: list[ReplicaPlacement] = []
         mask = allowed.copy() if allowed is not None else None
         for replica in range(spec.replicas):
@@ -284,6 +324,30 @@ class Placer:
         return explain_shortfall(self.cluster, spec)
 
 
+def _needs_one_model(spec: JobSpec) -> bool:
+    """Is the job a gang taking GPUs without naming the one model they must be of?"""
+    return (spec.replicas > 1 and len(spec.gpu_models) != 1
+            and (spec.gpus > 0 or spec.gpu_milli > 0 or bool(spec.mig_profile)))
+
+
+def _mig_models(nodes: list[Node], spec: JobSpec, allowed: Mask | None) -> list[str]:
+    """_gang_models for MIG instances: the models whose free compute slices, on GPUs that offer the profile
+    and take MIG now, could hold an instance per replica; the fewest free slices first, then the name."""
+    free: dict[str, int] = {}
+    slots: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        if not node.online or (allowed is not None and not allowed[i]):
+            continue
+        for g in node.gpus:
+            if not (offers(g, spec) and g.takes_mig and g.mig_product is not None):
+                continue
+            profile = g.mig_product.profile(spec.mig_profile)
+            assert profile is not None  # offers() said so
+            free[g.model] = free.get(g.model, 0) + g.free_slices
+            slots[g.model] = slots.get(g.model, 0) + g.free_slices // profile.slices
+    return sorted((m for m in free if slots[m] >= spec.replicas), key=lambda m: (free[m], m))
+
+
 def _host_ok(node: Node, spec: JobSpec) -> bool:
     return (node.online and node.free_cpu_milli >= spec.cpu_milli and node.free_memory_mib >= spec.memory_mib
             and node.free_rdma_nics >= spec.rdma_nics
@@ -315,6 +379,13 @@ def explain_shortfall(cluster: Cluster, spec: JobSpec) -> Shortfall:
     if spec.replicas > 1 and placer.fits(msgspec.structs.replace(spec, replicas=1)):
         return Shortfall(GANG, f"{free / FULL:g} GPUs free, but not all {spec.replicas} replicas of "
                                f"{per_replica / FULL:g} GPU fit at once", per_replica)
+    if spec.gpu_milli > 0:
+        req = Request.of(spec)
+        usable = a.online[:, None] & a.gpu_mask(req.models)
+        if ((a.free >= req.milli) & usable).any() and not (gpu_fits(a, req) & usable).any():
+            memory = f"{spec.gpu_memory_mib} MiB" if spec.gpu_memory_mib else "its share"
+            return Shortfall(FRAGMENTATION, f"GPUs have {per_replica / FULL:g} GPU free, but none of them has "
+                                            f"{memory} of GPU memory free", per_replica)
     return Shortfall(FRAGMENTATION, f"{free / FULL:g} GPUs free but scattered: no node has "
                                     f"{per_replica / FULL:g} GPU in one piece", per_replica)
 

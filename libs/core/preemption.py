@@ -7,7 +7,10 @@ ticks. Two kinds of victims:
     queue below its nominal quota.
   - within the queue: jobs of lower priority in the preemptor's own queue.
 Jobs of non-preemptible classes, jobs that have not yet run their class's minimum runtime, and jobs expected
-to end within the settings' preempt_min_remaining_s anyway are never victims. The victims are a minimal set,
+to end within the settings' preempt_min_remaining_s anyway are never victims (quota lets a job that cannot be
+preempted use only its queue's nominal quota, so no lender waits for one). A queue's blast-radius budget
+(`eviction_budget_gpus` per `eviction_window_s`) caps the evictions for priority within that queue; a reclaim
+of lent quota is neither limited by it nor counted against it. The victims are a minimal set,
 the least harm first (libs/core/victim_sets.py), that a simulation (libs/core/preemption_sim.py) says makes
 room by quota's and placement's own rules, counting the evictions already decided as done. No fit in
 simulation, no eviction.
@@ -151,7 +154,8 @@ class PreemptionDecider:
                 for v in event.victims:
                     s.victim_of[v.job_id] = event.preemptor_id
                     s.preempted_by.setdefault(v.job_id, {})[event.preemptor_id] = None
-                    s.evicted.setdefault(v.queue, []).append((event.ts, v.gpu_milli))
+                    if v.reason != RECLAIM:  # a reclaim of lent quota is outside the budget (Simulation.choose)
+                        s.evicted.setdefault(v.queue, []).append((event.ts, v.gpu_milli))
             case JobCancelled():
                 s.unwait(event.job_id)
                 if event.job_id in s.running:

@@ -96,11 +96,14 @@ class Simulation:
                may_take: Callable[[Running], bool] | None = None, placed: Callable[[], bool] | None = None,
                reclaim: bool = False) -> list[Running]:
         """The best minimal victim set among `candidates` (see victim_sets), [] when none is needed or none
-        is enough. `may_take` besides the blast-radius budget; `placed`: does placement alone succeed?"""
+        is enough. `may_take` besides the blast-radius budget; `placed`: does placement alone succeed? In a
+        reclaim (`reclaim`) the budget does not bind the borrowers of other queues: taking back lent quota is
+        what a lender is promised, and a budget smaller than a borrower's job would otherwise shield it for ever."""
         slack = self.d.policy.settings.preemption_slack_gpus * 1000
 
         def allowed(c: Running) -> bool:
-            return self.within_budget(c) and (may_take is None or may_take(c))
+            return ((reclaim and c.queue != self.spec.queue) or self.within_budget(c)) and (
+                may_take is None or may_take(c))
 
         return choose_victims(self, candidates, enough, allowed, placed or enough,
                               lambda vs: sum(v.demand for v in vs) <= self.demand + slack,
@@ -138,13 +141,15 @@ class Simulation:
 
     def admits(self, flavor: str) -> bool:
         """Would quota reserve the preemptor in this flavor now? Its queue and cohort must have room for it,
-        and where it must borrow, no queue of its cohort may wait for quota lent out: while one does, quota
-        lets no borrower grow."""
+        and where it must borrow, it must be a job that may borrow (one that can be preempted), and no queue of its
+        cohort may wait for quota lent out: while one does, quota lets no borrower grow."""
         book, queue = self.d.book, self.spec.queue
         if book.room(queue, flavor) < self.demand:
             return False
         if self.demand <= book.nominal_left(queue, flavor):
             return True
+        if not self.d.policy.preemptible(self.spec):
+            return False  # a job that cannot be preempted never borrows
         cohort = book.cohort.get(queue, "")
         if not cohort:
             return True

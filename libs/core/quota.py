@@ -8,17 +8,20 @@ changes. It repeatedly takes the best head among the cohort's queues:
   3. priority, then arrival, then id.
 Inside a queue the order is priority, then the user holding the fewest GPUs in that queue, then arrival.
 
-A job that does not get quota holds back the jobs of lower priority in its queue, in the flavors it could
-use (so quota freed for it, e.g. by preemption, is not taken by the jobs it displaced); jobs of its own
-priority may use what is left, and lower ones any other flavor. While a queue under its nominal quota waits
-for quota of a flavor lent to borrowers, with a job that quota could serve (not one held by its own user
-limit), no borrower of that flavor grows. A job waiting longer than the starvation limit gets the quota it
-could use held for it (libs/core/starvation.py: the rule placement shares). A job its queue can no longer
-hold at all (its quota was lowered, or its flavor removed) is told so and waits holding nothing. Per-user
-limits and GPU-hour budgets (charged for run time: libs/core/budgets.py) are checked per job. A reservation
-that placement has not placed within the settings' placement timeout goes back, and its job waits again after
-a backoff. Each waiting job gets one QuotaDeferred per reason, which the preemption service uses to reclaim
-quota.
+A job that does not get quota holds back the jobs of lower priority in its queue, in the flavors it could use
+(so quota freed for it, e.g. by preemption, is not taken by the jobs it displaced); jobs of its own priority
+may use what is left, and lower ones any other flavor. While a queue under its nominal quota waits for quota of
+a flavor lent to borrowers, with a job that quota could serve (not one held by its own user limit), no borrower
+of that flavor grows. A job that cannot be preempted (its class says so) uses only its queue's own nominal
+quota, never borrowed quota: its lender could never get that back. A parent queue's quota bounds its whole
+subtree (QuotaBook.parent_room). A preemptor whose victims were chosen comes first and holds the quota they
+free until it is reserved or its nomination lapses (libs/core/quota_nomination.py). A job waiting longer than
+the starvation limit gets the quota it could use held for it (libs/core/starvation.py: the rule placement
+shares). A job its queue can no longer hold at all (its quota was lowered, or its flavor removed) is told so
+and waits holding nothing. Per-user limits and GPU-hour budgets (charged for run time: libs/core/budgets.py)
+are checked per job. A reservation that placement has not placed within the settings' placement timeout goes
+back, and its job waits again after a backoff. Each waiting job gets one QuotaDeferred per reason, which the
+preemption service uses to reclaim quota.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from libs.core.budgets import BudgetBook
 from libs.core.decider import Chain, Decisions, Trigger
 from libs.core.fairness import DecayedUsage
 from libs.core.policy import PolicyBook, demand_milli
+from libs.core.quota_nomination import HELD_FOR_PREEMPTOR, holding_nominee, nominees
 from libs.core.quota_order import Order
 from libs.core.quota_starvation import reservation_effect, reservations_shadow
 from libs.core.quota_state import Pass, QuotaJob
@@ -72,6 +76,8 @@ HELD_FOR_STARVING_JOB = "held_for_starving_job"
 OVER_BUDGET_WAITS = "over_budget_waits_for_idle_quota"
 RETRY_BACKOFF = "retry_backoff"
 EXCEEDS_QUEUE_QUOTA = "exceeds_queue_quota"  # more than its queue could ever hold, as its quota is now
+PARENT_QUOTA_EXHAUSTED = "parent_quota_exhausted"  # its queue has room, its parent's subtree does not
+NOMINAL_QUOTA_ONLY = "nominal_quota_only"  # a job that cannot be preempted never borrows: its queue is at nominal
 PLACEMENT_TIMED_OUT = "placement_timed_out"  # no node held it in time: its quota went back; it waits a backoff
 PLACEMENT_TIMEOUT = "placement_timeout"  # the QuotaReleased reason of such a job
 # A job whose reservation timed out waits this long before it may take quota again, doubling each time (as
@@ -83,7 +89,8 @@ _PLACEMENT_REPORTS = (JobPlaced, JobStarted, PlacementDeferred, JobFinished, Job
 # Deferrals that evicting other jobs can cure: the preemption service acts on these.
 # A preemptor's claim on the quota its victims free lapses after this long (as placement's nomination).
 NOMINATION_TTL_S = 120.0
-PREEMPTION_MAY_HELP = frozenset({QUEUE_QUOTA_EXHAUSTED, COHORT_QUOTA_EXHAUSTED, QUOTA_LENT_OUT})
+PREEMPTION_MAY_HELP = frozenset({QUEUE_QUOTA_EXHAUSTED, COHORT_QUOTA_EXHAUSTED, QUOTA_LENT_OUT, PARENT_QUOTA_EXHAUSTED,
+                                 NOMINAL_QUOTA_ONLY})
 WAITING_FOR_QUOTA = PREEMPTION_MAY_HELP | {BEHIND_HIGHER_PRIORITY}
 WAITING_OR_HELD = WAITING_FOR_QUOTA | {HELD_FOR_STARVING_JOB}
 BUDGET_WAITS = frozenset({BUDGET_SPENT, OVER_BUDGET_WAITS})
@@ -136,6 +143,7 @@ class QuotaDecider:
         # preemptor -> when its victims were chosen: quota they free goes to it first (until it lapses)
         self.nominated: dict[str, float] = {}
         self._left_waiting: str | None = None
+        self._lapsed: list[str] = []  # the queues of nominations this clock tick let lapse, for react
         # (queue, demand, flavors) -> could the queue ever hold that much (_could_ever_fit), at policy version
         self._ever_fits: dict[tuple[str, int, tuple[str, ...]], bool] = {}
         self._ever_fits_version = -1
@@ -230,6 +238,7 @@ class QuotaDecider:
 
     def evolve(self, event: EventBase) -> None:
         self._left_waiting = None  # the queue of a waiting job this event ended, for react
+        self._lapsed = []
         self._placed_while_pending = None
         if type(event) is QuotaDeferred:  # by far the most frequent: straight to its case below
             self._deferred(event)
@@ -302,6 +311,9 @@ class QuotaDecider:
             case ClockTick():
                 for job_id in [j for j, t in self.nominated.items() if event.ts - t > NOMINATION_TTL_S]:
                     del self.nominated[job_id]
+                    lapsed = self.jobs.get(job_id)
+                    if lapsed is not None and lapsed.state == "pending":
+                        self._lapsed.append(lapsed.queue)  # the jobs it held may go now
             case JobFailed() if event.job_id in self.jobs and self.jobs[event.job_id].state == "reserved":
                 delay = self.retries.on_failed(event, self.jobs[event.job_id].spec, self.policy)
                 if delay is not None:
@@ -376,13 +388,14 @@ class QuotaDecider:
     def react(self, trigger: Trigger) -> list[EventBase]:
         event = trigger.event
         if (isinstance(event, ClockTick) and not self.budget_deferred and not self.backing_off and not self.requeued
-                and not self.unplaced):
+                and not self.unplaced and not self._lapsed):
             return []  # no job waits for time to pass (see the case below)
         if isinstance(event, JobPlaced) and self._placed_while_pending is None:
             return []
         out = Decisions(SERVICE, trigger, self.evolve, self.chain)
         now = event.ts
         left_waiting = self._left_waiting  # read first: folding our own decisions resets it
+        lapsed = self._lapsed
         placed_while_pending = self._placed_while_pending
         match event:
             case JobPlaced() if placed_while_pending is not None:
@@ -403,8 +416,9 @@ class QuotaDecider:
                     self._schedule(group, now, out)
             case ClockTick():
                 # Time alone can change a verdict: a new budget period opens, a backoff ends, a reservation
-                # that placement could not place in time goes back.
+                # that placement could not place in time goes back, a preemptor's nomination lapses.
                 waiting = {self.jobs[j].queue for j in self.budget_deferred}
+                waiting.update(lapsed)
                 waiting.update(self._give_back_unplaced(now, out))
                 for backoffs in (self.backing_off, self.requeued):
                     waiting.update(self.jobs[j].queue for j, t in backoffs.items() if t <= now and j in self.jobs)
@@ -493,6 +507,7 @@ class QuotaDecider:
 
     def _schedule(self, group: list[str], now: float, out: Decisions) -> None:
         p = Pass(now=now)
+        p.nominees = nominees(self, group, now)
         self._find_starving(group, p)
         self._lent_out(group, p)
         orders = {q: self._ordered(q) for q in group if self.pending.get(q)}
@@ -710,22 +725,37 @@ class QuotaDecider:
             return False
         flavors = self._usable_flavors(job, p)
         held_for_starving = False
+        held_by: QuotaJob | None = None  # the preemptor the quota it could take is held for
+        borrows = self._may_borrow(job)
         for flavor in flavors:
             nominal_left, room = self._quota_left(job.queue, flavor, p)
             if flavor in p.no_borrowing and (over_budget or job.demand > nominal_left):
                 continue  # a queue under nominal waits for lent quota: no borrower grows meanwhile
             if over_budget:  # only what peers lend, never its own nominal
                 room = self.book.borrow_only_room(job.queue, flavor)
+            elif not borrows:  # it could never give borrowed quota back: its queue's own nominal only
+                room = min(room, nominal_left)
             if job.demand > room:
                 continue
             if p.rule is not None and self._held_for_starving(job, flavor, nominal_left, over_budget, p):
                 held_for_starving = True
+                continue
+            if p.nominees and (nominee := holding_nominee(self, p.nominees, job, flavor, over_budget,
+                                                          p.nominee_effects)) is not None:
+                held_by = nominee
                 continue
             borrowed = job.demand if over_budget else max(0, job.demand - nominal_left)
             out.emit(QuotaReserved, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue,
                      gpu_milli=job.demand, flavor=flavor_name(flavor), borrowed_milli=borrowed,
                      over_budget=over_budget)
             return True
+        if held_by is not None:
+            if self.deferred.get(job.job_id) != HELD_FOR_PREEMPTOR:
+                at = self.nominated[held_by.job_id]
+                self._defer(job, HELD_FOR_PREEMPTOR, f"quota freed by preemption is held for job {held_by.job_id} "
+                            f"(its victims chosen at {at:.0f}) until it is reserved, at the latest until "
+                            f"{at + NOMINATION_TTL_S:.0f}", 0, out)
+            return False
         if held_for_starving:
             starving = p.starving
             if starving is not None and self.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB:
@@ -735,8 +765,9 @@ class QuotaDecider:
                 self._defer(job, HELD_FOR_STARVING_JOB, p.held_message, 0, out)
             return False
         entitled = self._entitled(job, p)
-        key = (job.queue, self._flavors(job))
-        p.failed[key] = min(p.failed.get(key, UNLIMITED), job.demand)
+        if borrows:  # (one that may not borrow failing says nothing of those that may)
+            key = (job.queue, self._flavors(job))
+            p.failed[key] = min(p.failed.get(key, UNLIMITED), job.demand)
         self._hold_below(job, p)
         if over_budget:
             # Only idle quota of its peers may serve it; evicting anyone for it would be wrong.
@@ -757,6 +788,11 @@ class QuotaDecider:
         if tell:
             self._defer(job, code, message, shortfall, out)
         return False
+
+    def _may_borrow(self, job: QuotaJob) -> bool:
+        """May the job use quota its queue borrows? Not a job that cannot be preempted: the lender would never
+        get that quota back while it runs (as KAI Scheduler keeps such jobs within their queue's quota)."""
+        return self.policy.preemptible(job.spec)
 
     def _hold_below(self, job: QuotaJob, p: Pass) -> None:
         """The job did not get quota: lower jobs of its queue wait behind it in the flavors it could use."""
@@ -787,18 +823,20 @@ class QuotaDecider:
         (`p`) the answer is kept until the next reservation."""
         if p is None:
             return self._reason(job)
-        key = (job.queue, job.demand, self._flavors(job))
+        key = (job.queue, job.demand if self._may_borrow(job) else -job.demand, self._flavors(job))
         reason = p.reasons.get(key)
         if reason is None:
             reason = p.reasons[key] = self._reason(job)
         return reason
 
     def _reason(self, job: QuotaJob) -> tuple[str, str, int]:
+        borrows = self._may_borrow(job)
         if not self._could_ever_fit(job):
             flavors = self._flavors(job)
-            most = max((self.book.ceiling(job.queue, f) for f in flavors), default=0)
+            most = max((self.book.ceiling(job.queue, f, borrows) for f in flavors), default=0)
             models = ", ".join(job.spec.gpu_models) or "any model"
-            held = (f"can hold at most {most / 1000:g} GPUs of {models}, borrowing included" if flavors
+            what = "borrowing included" if borrows else "within its nominal quota (the job cannot be preempted)"
+            held = (f"can hold at most {most / 1000:g} GPUs of {models}, {what}" if flavors
                     else f"has no quota for {models} any more")
             return (EXCEEDS_QUEUE_QUOTA, f"the job needs {job.demand / 1000:g} GPUs; queue {job.queue} {held}: it "
                     "waits, holding nothing, until the queue's quota can hold it", job.demand - most)
@@ -810,9 +848,18 @@ class QuotaDecider:
         shortfall = max(0, job.demand - room)
         where = f"queue {job.queue}" + (f" ({flavor})" if flavor != ANY else "")
         ceiling = self.book.ceiling(job.queue, flavor)
+        if not borrows and used + job.demand > nominal:
+            return (NOMINAL_QUOTA_ONLY, f"{where} holds {used / 1000:g} of its nominal {nominal / 1000:g} GPUs; the "
+                    f"job needs {job.demand / 1000:g} and, as it cannot be preempted, never borrows",
+                    used + job.demand - nominal)
         if used + job.demand > ceiling:
             return (QUEUE_QUOTA_EXHAUSTED, f"{where} holds {used / 1000:g} of at most {ceiling / 1000:g} GPUs "
                     f"(nominal {nominal / 1000:g}); the job needs {job.demand / 1000:g}", shortfall)
+        parent_room = self.book.parent_room(job.queue, flavor)
+        if parent_room < job.demand:
+            return (PARENT_QUOTA_EXHAUSTED, f"{where} has room, but its parent's quota bounds the queues under it and "
+                    f"leaves {parent_room / 1000:g} GPUs; the job needs {job.demand / 1000:g}",
+                    job.demand - parent_room)
         if used + job.demand <= nominal:
             return (QUOTA_LENT_OUT, f"{where} is under its nominal quota but {shortfall / 1000:g} GPUs of it are "
                     f"lent to other queues of its cohort", shortfall)
@@ -879,10 +926,11 @@ class QuotaDecider:
         if self._ever_fits_version != self.policy_version:
             self._ever_fits.clear()
             self._ever_fits_version = self.policy_version
-        key = (job.queue, job.demand, self._flavors(job))
+        borrows = self._may_borrow(job)
+        key = (job.queue, job.demand if borrows else -job.demand, self._flavors(job))  # one key per borrowing rule
         fits = self._ever_fits.get(key)
         if fits is None:
-            fits = self._ever_fits[key] = any(self.book.ceiling(job.queue, f) >= job.demand for f in key[2])
+            fits = self._ever_fits[key] = any(self.book.ceiling(job.queue, f, borrows) >= job.demand for f in key[2])
         return fits
 
     def _held_for_starving(self, job: QuotaJob, flavor: str, nominal_left: int, over_budget: bool, p: Pass) -> bool:

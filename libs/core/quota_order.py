@@ -6,6 +6,7 @@ import heapq
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from libs.core.quota_nomination import in_queue
 from libs.core.quota_state import QuotaJob
 
 if TYPE_CHECKING:
@@ -13,22 +14,37 @@ if TYPE_CHECKING:
 
 
 class Order:
-    """A queue's pending jobs in order: priority, then the user holding least, then arrival. Robust to the
-    job just yielded leaving the queue (being reserved) before the next is asked for; `skip_level` jumps
-    to the next (lower) priority."""
+    """A queue's pending jobs in order: its nominated preemptors first, in nomination order (the quota their
+    victims free is theirs: libs/core/quota_nomination.py), then priority, then the user holding least, then
+    arrival. Robust to the job just yielded leaving the queue (being reserved) before the next is asked for;
+    `skip_level` jumps to the next (lower) priority."""
 
     def __init__(self, decider: QuotaDecider, queue: str) -> None:
         self.d = decider
         self.queue = queue
         self.levels = sorted(decider.pending.get(queue, {}), reverse=True)
         self._skip = False
-        self.walk = self._jobs()  # the one walk over the queue, resumed by each call for the next head
+        self.first = in_queue(decider, queue)
+        # The one walk over the queue, resumed by each call for the next head.
+        self.walk = self._nominated_first() if self.first else self._jobs()
 
     def __iter__(self) -> Iterator[QuotaJob]:
         return self.walk
 
     def skip_level(self) -> None:
         self._skip = True
+
+    def _nominated_first(self) -> Iterator[QuotaJob]:
+        jobs = self.d.jobs
+        for job_id in self.first:
+            job = jobs.get(job_id)
+            if job is not None and job.state == "pending":
+                yield job
+        self._skip = False
+        first = set(self.first)
+        for job in self._jobs():
+            if job.job_id not in first:
+                yield job
 
     def _jobs(self) -> Iterator[QuotaJob]:
         jobs = self.d.jobs

@@ -61,6 +61,10 @@ class Pass:
     quota: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     # (queue, flavor, demand, over budget) -> what such a reservation does to the starving job's room
     effects: dict[tuple[str, str, int, bool], RoomEffect] = field(default_factory=dict)
+    # The nominated preemptors waiting in the pass's group (libs/core/quota_nomination.py), and per
+    # (preemptor, queue, flavor, demand, over budget) whether such a reservation would leave it without room.
+    nominees: list[QuotaJob] = field(default_factory=list)
+    nominee_effects: dict[tuple[str, str, str, int, bool], bool] = field(default_factory=dict)
 
     def reserved(self) -> None:
         self.keys.clear()
@@ -71,3 +75,4 @@ class Pass:
         self.smallest.clear()
         self.quota.clear()
         self.effects.clear()
+        self.nominee_effects.clear()

@@ -8,6 +8,12 @@ own G draws on the pool. A queue may take d more when
   - U + d <= N + B (its borrowing limit, when it has one), and
   - the pool still covers everyone: sum over queues of max(0, U - G) <= sum of L.
 That is the same as "total borrowed <= total idle lendable quota", i.e. no queue lends beyond its limit.
+
+A parent queue with quota bounds its whole subtree: what its descendants (and itself) hold of a flavor stays
+within the parent's nominal (plus its borrowing limit when the parent is itself in a cohort), so every room
+below is also bounded by what each such ancestor has left. A parent's "*" flavor bounds the subtree's usage of
+every flavor together; a parent's flavor of one model bounds that model. Children's nominal quotas may add up
+to more than their parent's: a child's nominal is then guaranteed only as far as its parent's quota reaches.
 All amounts are in thousandths of a GPU.
 """
 
@@ -114,6 +120,10 @@ class QuotaBook:
     over: dict[tuple[str, str], int] = field(default_factory=dict)
     pool: dict[tuple[str, str], int] = field(default_factory=dict)  # (cohort, flavor) -> sum of lendable
     pool_used: dict[tuple[str, str], int] = field(default_factory=dict)
+    # queue -> its ancestors that have quota, nearest first: each bounds the queue's room (see the module doc)
+    bounds: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    subtree: dict[tuple[str, str], int] = field(default_factory=dict)  # (ancestor, flavor) -> its descendants' usage
+    subtree_all: dict[str, int] = field(default_factory=dict)  # ancestor -> its descendants' usage, every flavor
 
     def set_queues(self, queues: Iterable[QueueSpec]) -> None:
         self.queues = {q.name: q for q in queues}
@@ -128,13 +138,27 @@ class QuotaBook:
         for name in sorted(self.queues):
             if self.cohort[name]:
                 self.members.setdefault(self.cohort[name], []).append(name)
+        self.bounds = {name: tuple(a for a in self._ancestors(name) if self.limits.get(a)) for name in self.queues}
         self._recount()
+
+    def _ancestors(self, queue: str) -> list[str]:
+        """The queue's parents, nearest first (a cycle, which check_tree refuses, ends the walk)."""
+        out: list[str] = []
+        spec = self.queues.get(queue)
+        while spec is not None and spec.parent and spec.parent not in out and spec.parent != queue:
+            out.append(spec.parent)
+            spec = self.queues.get(spec.parent)
+        return out
 
     def set_queue(self, spec: QueueSpec) -> None:
         self.set_queues([*(q for n, q in self.queues.items() if n != spec.name), spec])
 
     def _recount(self) -> None:
         self.pool, self.pool_used = {}, {}
+        self.subtree, self.subtree_all = {}, {}
+        for usage in (self.used, self.over):
+            for (queue, flavor), milli in usage.items():
+                self._add_to_subtrees(queue, flavor, milli)
         for name, flavors in self.limits.items():
             cohort = self.cohort[name]
             if not cohort:
@@ -175,6 +199,8 @@ class QuotaBook:
         room = self.pool[key] - self.pool_used[key] - own_idle
         if lim.borrow is not None:
             room = min(room, lim.nominal + lim.borrow - self.usage(queue, flavor))
+        if self.bounds.get(queue):
+            room = min(room, self.parent_room(queue, flavor))
         return max(0, room)
 
     def room(self, queue: str, flavor: str) -> int:
@@ -189,10 +215,43 @@ class QuotaBook:
         own = UNLIMITED if lim.borrow is None else lim.nominal + lim.borrow - used
         cohort = self.cohort.get(queue, "")
         if not cohort:
-            return max(0, min(own, lim.nominal - used))
-        key = (cohort, flavor)
-        shared = max(0, lim.guaranteed - held) + self.pool[key] - self.pool_used[key]
-        return max(0, min(own, shared))
+            room = min(own, lim.nominal - used)
+        else:
+            key = (cohort, flavor)
+            room = min(own, max(0, lim.guaranteed - held) + self.pool[key] - self.pool_used[key])
+        if self.bounds.get(queue):
+            room = min(room, self.parent_room(queue, flavor))
+        return max(0, room)
+
+    def parent_room(self, queue: str, flavor: str) -> int:
+        """How much more the queue's subtree-bounding ancestors let it take of this flavor (UNLIMITED: none)."""
+        room = UNLIMITED
+        for ancestor in self.bounds.get(queue, ()):
+            limits = self.limits[ancestor]
+            lim = limits.get(flavor)
+            if lim is not None:
+                held = self.usage(ancestor, flavor) + self.subtree.get((ancestor, flavor), 0)
+            elif ANY in limits:
+                lim = limits[ANY]
+                held = self.usage(ancestor, ANY) + self.subtree_all.get(ancestor, 0)
+            else:
+                continue  # no quota of this flavor: it bounds other flavors only
+            room = min(room, subtree_cap(lim, bool(self.cohort.get(ancestor))) - held)
+        return max(0, room)
+
+    def _parent_ceiling(self, queue: str, flavor: str) -> int:
+        """The most the queue's ancestors ever let its subtree hold of the flavor (UNLIMITED: no bound)."""
+        most = UNLIMITED
+        for ancestor in self.bounds.get(queue, ()):
+            lim = self.limits[ancestor].get(flavor) or self.limits[ancestor].get(ANY)
+            if lim is not None:
+                most = min(most, subtree_cap(lim, bool(self.cohort.get(ancestor))))
+        return most
+
+    def room_within_nominal(self, queue: str, flavor: str) -> int:
+        """The room a job that may not borrow can use: what the queue has room for and is left of its own
+        nominal quota (a job that cannot be preempted could never give borrowed quota back)."""
+        return min(self.room(queue, flavor), self.nominal_left(queue, flavor))
 
     def nominal_left(self, queue: str, flavor: str) -> int:
         """What is left of the queue's own nominal quota, lent out or not (over-budget jobs do not use it)."""
@@ -202,17 +261,19 @@ class QuotaBook:
         lim = flavors.get(flavor)
         return 0 if lim is None else max(0, lim.nominal - self.used.get((queue, flavor), 0))
 
-    def ceiling(self, queue: str, flavor: str) -> int:
-        """The most the queue could ever hold of this flavor: nominal plus what it may borrow."""
+    def ceiling(self, queue: str, flavor: str, borrows: bool = True) -> int:
+        """The most the queue could ever hold of this flavor: nominal plus what it may borrow (`borrows`
+        False: a job that may not borrow), within what its ancestors' quota lets its subtree hold."""
         lim = self.limits.get(queue, {}).get(flavor)
         if lim is None:
             return UNLIMITED if not self.governed(queue) else 0
         cohort = self.cohort.get(queue, "")
-        if not cohort:
-            return lim.nominal
-        lendable = self.pool[(cohort, flavor)] - lim.lend
-        borrow = lendable if lim.borrow is None else min(lim.borrow, lendable)
-        return lim.nominal + borrow
+        if not cohort or not borrows:
+            most = lim.nominal
+        else:
+            lendable = self.pool[(cohort, flavor)] - lim.lend
+            most = lim.nominal + (lendable if lim.borrow is None else min(lim.borrow, lendable))
+        return min(most, self._parent_ceiling(queue, flavor)) if self.bounds.get(queue) else most
 
     def borrowed(self, queue: str, flavor: str) -> int:
         lim = self.limits.get(queue, {}).get(flavor)
@@ -290,6 +351,8 @@ class QuotaBook:
         key = (queue, flavor)
         lim = self.limits.get(queue, {}).get(flavor)
         cohort = self.cohort.get(queue, "")
+        if self.bounds.get(queue):
+            self._add_to_subtrees(queue, flavor, milli)
         if over_budget:
             self.over[key] = self.over.get(key, 0) + milli
             if lim is not None and cohort:
@@ -301,3 +364,17 @@ class QuotaBook:
         if lim is not None and cohort:
             g = lim.guaranteed
             self.pool_used[(cohort, flavor)] += max(0, after - g) - max(0, before - g)
+
+    def _add_to_subtrees(self, queue: str, flavor: str, milli: int) -> None:
+        for ancestor in self.bounds.get(queue, ()):
+            key = (ancestor, flavor)
+            self.subtree[key] = self.subtree.get(key, 0) + milli
+            self.subtree_all[ancestor] = self.subtree_all.get(ancestor, 0) + milli
+
+
+def subtree_cap(lim: Limits, in_cohort: bool) -> int:
+    """The most a parent's subtree may hold of a flavor: the parent's nominal, plus its borrowing limit when
+    the parent is itself in a cohort (no borrowing limit there: no bound beyond its cohort's)."""
+    if not in_cohort:
+        return lim.nominal
+    return UNLIMITED if lim.borrow is None else lim.nominal + lim.borrow

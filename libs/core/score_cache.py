@@ -18,7 +18,17 @@ import numpy as np
 
 from libs.core.arrays import I64, ClusterArrays
 from libs.core.cluster import FULL
-from libs.core.scoring import Choice, FragModel, Request, feasible_rows, salted_rows, whole_gpus
+from libs.core.scoring import (
+    Choice,
+    FragModel,
+    Request,
+    feasible_rows,
+    gpu_fits,
+    memory_need_row,
+    row_has_gpus,
+    salted_rows,
+    whole_gpus,
+)
 
 # Above this share of the nodes changed since the last pick, all nodes are re-scored at once instead.
 REBUILD_SHARE = 0.25
@@ -128,7 +138,7 @@ class ShapeScores:
         self.score[:] = NONE
         ok = feasible_rows(a, req, None)
         if req.shared:
-            fit = (a.free >= req.milli) & (a.free_mem >= req.gpu_mem) & ok[:, None] & self._gpu_models
+            fit = gpu_fits(a, req) & ok[:, None] & self._gpu_models
             rows, cols = np.nonzero(fit)
             v = a.free[rows, cols]
             # GPUs of a node with the same free share are interchangeable: the lowest index of each stands.
@@ -150,8 +160,9 @@ class ShapeScores:
             return [(0, FULL if req.gpus else 0)]
         firsts: dict[int, int] = {}
         mask = self._gpu_models[r]
-        for j, (v, mem) in enumerate(zip(self.a.free_rows[r], self.a.free_mem_rows[r], strict=True)):
-            if v >= req.milli and mem >= req.gpu_mem and mask[j] and v not in firsts:
+        needs = memory_need_row(self.a, req, r)
+        for j, (v, mem, need) in enumerate(zip(self.a.free_rows[r], self.a.free_mem_rows[r], needs, strict=True)):
+            if v >= req.milli and mem >= need and mask[j] and v not in firsts:
                 firsts[v] = j
         return [(j, v) for v, j in firsts.items()]
 
@@ -226,10 +237,11 @@ class ShapeScores:
             return False
         if req.gpus == 0:
             return a.model_rows[r] >= 0
-        fitting = [j for j, (v, free_mem) in enumerate(zip(a.free_rows[r], a.free_mem_rows[r], strict=True))
-                   if v >= req.milli and free_mem >= req.gpu_mem]
         if not a.mixed:
-            return len(fitting) >= req.gpus
+            return row_has_gpus(a, req, r)
+        fitting = [j for j, (v, free_mem, need) in enumerate(zip(a.free_rows[r], a.free_mem_rows[r],
+                                                                  memory_need_row(a, req, r), strict=True))
+                   if v >= req.milli and free_mem >= need]
         counts: dict[int, int] = {}
         models = a.gpu_model[r]
         for j in fitting:

@@ -424,6 +424,26 @@ class FragModel:
         return np.searchsorted(self.thresholds, delta.astype(np.float64), side="right").astype(np.int64)
 
 
+def memory_need(a: ClusterArrays, req: Request) -> I64 | int:
+    """The GPU memory a GPU must have free for one of the request's GPUs: what the request declares; for a
+    fraction declaring none, its share of that GPU's memory (what the Cluster charges it), GPU by GPU."""
+    if req.gpu_mem or not req.shared:
+        return req.gpu_mem
+    return a.share_memory(req.milli)
+
+
+def memory_need_row(a: ClusterArrays, req: Request, row: int) -> list[int]:
+    """memory_need for the GPUs of one row, as a list (read only: shared)."""
+    if req.gpu_mem or not req.shared:
+        return a.same_row(req.gpu_mem)
+    return a.share_memory_rows(req.milli)[row]
+
+
+def gpu_fits(a: ClusterArrays, req: Request) -> Mask:
+    """Per GPU: is its share and memory free enough for one of the request's GPUs?"""
+    return (a.free >= req.milli) & (a.free_mem >= memory_need(a, req))
+
+
 def feasible_rows(a: ClusterArrays, req: Request, allowed: Mask | None) -> Mask:
     if not a.mixed and len(a.nodes) <= FEW_NODES:
         return _feasible_few(a, req, allowed)
@@ -432,7 +452,7 @@ def feasible_rows(a: ClusterArrays, req: Request, allowed: Mask | None) -> Mask:
         ok &= allowed
     if req.gpus == 0:
         return ok & (a.model >= 0)
-    fits_gpu = (a.free >= req.milli) & (a.free_mem >= req.gpu_mem)
+    fits_gpu = gpu_fits(a, req)
     if not a.mixed:
         return ok & (fits_gpu.sum(axis=1) >= req.gpus)
     # A replica's GPUs are of one model: enough of SOME allowed model on the node.
@@ -446,25 +466,30 @@ def _feasible_few(a: ClusterArrays, req: Request, allowed: Mask | None) -> Mask:
     """feasible_rows for a small cluster of one model per node, row by row."""
     models = a.model_mask_rows(req.models)
     rows = allowed.tolist() if allowed is not None else None
-    milli, gpu_mem, gpus = req.milli, req.gpu_mem, req.gpus
     out = []
     for i, (online, (cpu, mem, rdma)) in enumerate(zip(a.online_rows, a.host_rows, strict=True)):
         ok = (online and models[i] and cpu >= req.cpu and mem >= req.mem and rdma >= req.rdma
               and (rows is None or rows[i]))
         if ok:
-            if gpus == 0:
-                ok = a.model_rows[i] >= 0
-            elif gpu_mem == 0:  # GPUs with share enough (and memory not overdrawn), from the sorted shares
-                shares = a.share_rows[i]
-                ok = len(shares) - bisect.bisect_left(shares, milli) >= gpus
-            else:
-                count = 0
-                for free, free_mem in zip(a.free_rows[i], a.free_mem_rows[i], strict=True):
-                    if free >= milli and free_mem >= gpu_mem:
-                        count += 1
-                ok = count >= gpus
+            ok = a.model_rows[i] >= 0 if req.gpus == 0 else row_has_gpus(a, req, i)
         out.append(ok)
     return np.array(out, dtype=bool)
+
+
+def row_has_gpus(a: ClusterArrays, req: Request, row: int) -> bool:
+    """Does the row have GPUs enough free for one replica of a request of GPUs (a cluster of one model per
+    node, or a row of one model)? From the row's summaries where they answer it."""
+    milli, gpu_mem, gpus = req.milli, req.gpu_mem, req.gpus
+    if gpu_mem == 0 and req.shared:  # a GPU with the share and its share of memory free
+        return a.fraction_room[row] >= milli
+    if gpu_mem == 0:  # whole GPUs with share enough (and memory not overdrawn), from the sorted shares
+        shares = a.share_rows[row]
+        return len(shares) - bisect.bisect_left(shares, milli) >= gpus
+    count = 0
+    for free, free_mem in zip(a.free_rows[row], a.free_mem_rows[row], strict=True):
+        if free >= milli and free_mem >= gpu_mem:
+            count += 1
+    return count >= gpus
 
 
 def _best_fit_scores(a: ClusterArrays, rows: I64, req: Request) -> I64:
@@ -491,7 +516,7 @@ def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, 
             if choice is not None:
                 return choice
     if req.shared:
-        fit = (a.free >= req.milli) & (a.free_mem >= req.gpu_mem) & ok[:, None] & a.gpu_mask(req.models)
+        fit = gpu_fits(a, req) & ok[:, None] & a.gpu_mask(req.models)
         rows, cols = np.nonzero(fit)
         v = a.free[rows, cols]
         # GPUs of a node with the same free share are interchangeable: keep the lowest index of each.
@@ -554,11 +579,12 @@ def _choose_scored(a: ClusterArrays, frag: FragModel, req: Request, policy: str,
         models = a.gpu_mask(req.models)
         for r in rows:
             firsts: dict[int, int] = {}
-            for j, (v, mem, allowed) in enumerate(zip(a.free_rows[r], a.free_mem[r].tolist(),
-                                                      models[r].tolist(), strict=True)):
+            for j, (v, mem, need, allowed) in enumerate(zip(a.free_rows[r], a.free_mem[r].tolist(),
+                                                            memory_need_row(a, req, r), models[r].tolist(),
+                                                            strict=True)):
                 if v > FULL:
                     return None
-                if v >= m and mem >= req.gpu_mem and allowed and v not in firsts:
+                if v >= m and mem >= need and allowed and v not in firsts:
                     firsts[v] = j
             candidates.extend((r, firsts[v], v) for v in sorted(firsts))
     else:

@@ -16,7 +16,8 @@ FAMILY = {
     "placement_timed_out": "placement_timeout", "capacity_held_for_it": "starving",
     "insufficient_gpus": "capacity", "no_model_match": "capacity", "insufficient_cpu_memory": "capacity",
     "fragmentation": "fragmentation", "topology": "topology", "gang": "gang",
-    "reserved_for_preemptor": "protected_for_preemptor",
+    "reserved_for_preemptor": "protected_for_preemptor", "held_for_preemptor": "protected_for_preemptor",
+    "parent_quota_exhausted": "queue_quota", "nominal_quota_only": "queue_quota",
 }
 
 

@@ -62,7 +62,10 @@ def admission() -> EventFeed:
                  id="a gang larger than the cluster"),
     pytest.param(job(queue="ml-dev").gpus(3).replicas(2).models("H100"), "exceeds_cluster_capacity",
                  id="a gang larger than the cluster's GPUs of the allowed model"),
-    pytest.param(job().gpus(4).replicas(3), "exceeds_queue_quota", id="a gang larger than its queue's quota"),
+    pytest.param(job().gpus(4).replicas(3), "exceeds_one_gpu_model",
+                 id="a gang that fits only over two GPU models (a gang runs on one)"),
+    pytest.param(job(team="cv", queue="cv-train").gpus(3).replicas(2).models("A100"), "exceeds_queue_quota",
+                 id="a gang larger than its queue's quota"),
     pytest.param(job(team="cv", queue="cv-train").gpus(5), "exceeds_queue_quota", id="one replica over quota"),
 ])
 def test_a_spec_that_can_never_run_is_rejected_with_its_own_code(j: Job, code: str) -> None:
@@ -78,7 +81,7 @@ def test_a_spec_that_can_never_run_is_rejected_with_its_own_code(j: Job, code: s
     pytest.param(job().gpus(4).replicas(2), id="a gang of exactly the quota"),
     pytest.param(job().fraction(500), id="half a GPU"),
     pytest.param(job().having(gpus=0, gpu_milli=250), id="a quarter GPU with gpus=0"),
-    pytest.param(job(queue="ml-dev").gpus(4).replicas(3), id="a gang of the whole cluster in an unlimited queue"),
+    pytest.param(job(queue="ml-dev").gpus(4).replicas(2), id="a gang of a whole model in an unlimited queue"),
     pytest.param(job().gpus(4).models("H100"), id="the largest node of an allowed model"),
     pytest.param(job().having(duration_s=60.0, max_runtime_s=120.0).priority("urgent"), id="durations and class"),
 ])

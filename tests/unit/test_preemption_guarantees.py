@@ -186,15 +186,16 @@ def test_a_lender_reclaims_for_a_job_that_is_not_the_first_of_its_queue() -> Non
 
 
 def test_a_lender_reclaims_for_its_second_job_when_the_borrowers_become_preemptible() -> None:
-    """b's batch jobs are not preemptible when l's jobs begin to wait; then the priority classes change and
-    they are. l0 (6 GPUs, above l's nominal) sorts first and can never reclaim: the tick looks at l1 too."""
+    """b's batch jobs borrow, then become not preemptible (the priority classes change under them) before l's
+    jobs begin to wait; then the classes change back. l0 (6 GPUs, above l's nominal) sorts first and can never
+    reclaim: the tick looks at l1 too."""
     feed = cluster(q("l", 4), q("b", 4))
     feed.nodes(node("n1", 8))
-    classes = tuple(msgspec.structs.replace(c, preemptible=c.name != "batch") for c in DEFAULT_PRIORITY_CLASSES)
-    feed.send(PriorityClassesChanged, classes=classes, version=2)
     feed.at(D)
     for i in range(4):
         assert kinds(feed.submit(f"b{i}", on("b", 2).priority("batch")))[-1] == "JobPlaced"
+    classes = tuple(msgspec.structs.replace(c, preemptible=c.name != "batch") for c in DEFAULT_PRIORITY_CLASSES)
+    feed.at(D + 5).send(PriorityClassesChanged, classes=classes, version=2)
     feed.at(D + 10)
     for job_id, gpus in (("l0", 6), ("l1", 2)):
         assert of(feed.submit(job_id, on("l", gpus)), PreemptionDecided) == []

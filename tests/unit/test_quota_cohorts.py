@@ -408,8 +408,6 @@ def victims(decisions: list[EventBase]) -> list[tuple[str, str, str, str]]:
                     "of a queue within its nominal"),
     pytest.param("batch", "training", 4, [("reclaim", "l4", "l", "reclaim"), ("reclaim", "l3", "l", "reclaim")],
                  id="as many of the borrower's jobs as the preemptor needs"),
-    pytest.param("batch", "production-inference", 2, [],
-                 id="no decision when the borrower's jobs cannot be preempted: a queue within nominal is spared"),
 ])
 def test_reclaim_takes_quota_back_only_from_borrowing_queues(b_priority: str, l_priority: str, gpus: int,
                                                               expected: list[tuple[str, str, str, str]]) -> None:

@@ -1,9 +1,8 @@
 """GPU, MIG and host capacity folded from the log: every JobPlaced takes, every executor report of a job gone
-gives back. The fold keeps the core's own Cluster (so "capacity" means here what it means to placement) and
-adds what the Cluster does not charge:
-  - a GPU fraction that declares no GPU memory takes its share of the GPU's memory (a 500-milli job on an
-    80 GiB GPU holds 40 GiB as far as a job that declares its memory is concerned);
-  - a MIG instance takes the compute and memory slices of its profile on that GPU's own profile table.
+gives back. The fold keeps the core's own Cluster (so "capacity" means here what it means to placement: a GPU
+fraction that declares no GPU memory holds its share of the GPU's memory, a 500-milli job on an 80 GiB GPU
+40 GiB as far as a job that declares its memory is concerned) and adds what the Cluster does not track: a MIG
+instance takes the compute and memory slices of its profile on that GPU's own profile table.
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ class Holding:
     """What one placed job holds beyond the Cluster's own figures."""
 
     placements: tuple[ReplicaPlacement, ...]
-    implied_memory: dict[GpuKey, int] = field(default_factory=dict)
     mig: dict[GpuKey, MigUse] = field(default_factory=dict)
 
 
@@ -48,7 +46,6 @@ class Holding:
 class Capacity:
     cluster: Cluster = field(default_factory=Cluster)
     live: dict[str, Holding] = field(default_factory=dict)
-    implied_memory: dict[GpuKey, int] = field(default_factory=dict)
     mig: dict[GpuKey, MigUse] = field(default_factory=dict)
 
     def register(self, node: NodeSpec) -> None:
@@ -86,8 +83,6 @@ class Capacity:
         if holding is None:
             return
         self.cluster.release(holding.placements)
-        for key, mib in holding.implied_memory.items():
-            self.implied_memory[key] -= mib
         for key, use in holding.mig.items():
             self.mig[key].add(use, -1)
 
@@ -111,10 +106,6 @@ class Capacity:
                          {name: 1} if name else {})
             holding.mig.setdefault(key, MigUse()).add(use, +1)
             self.mig.setdefault(key, MigUse()).add(use, +1)
-        elif p.gpu_milli < FULL and p.gpu_memory_mib == 0 and gpu.memory_mib > 0:
-            share = gpu.memory_mib * p.gpu_milli // FULL
-            holding.implied_memory[key] = holding.implied_memory.get(key, 0) + share
-            self.implied_memory[key] = self.implied_memory.get(key, 0) + share
 
     def _check(self, seq: int, job: str, p: ReplicaPlacement, spec: JobSpec | None) -> list[Violation]:
         node = self.cluster.nodes[p.node]
@@ -136,7 +127,7 @@ class Capacity:
                 out.append(Violation(GPU_CAPACITY, seq, (job,),
                                      f"GPU {p.node}/{idx} allocated {FULL - gpu.free_milli} of {FULL} milli: "
                                      f"{self._holders(p.node, idx)}"))
-            used = gpu.memory_mib - gpu.free_memory_mib + self.implied_memory.get((p.node, idx), 0)
+            used = gpu.memory_mib - gpu.free_memory_mib  # the Cluster charges fractions declaring none their share
             if used > gpu.memory_mib:
                 out.append(Violation(GPU_CAPACITY, seq, (job,),
                                      f"GPU {p.node}/{idx} holds {used} MiB of GPU memory (fractions that declare "

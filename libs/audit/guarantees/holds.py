@@ -13,6 +13,7 @@ from libs.audit.guarantees.world import PLACEMENT, QUOTA, JobState, World
 from libs.core.fit import fits
 from libs.core.policy import demand_milli
 from libs.core.quota import NOMINATION_TTL_S
+from libs.core.quota_nomination import holding_nominee, nominees
 from libs.core.quotas import ANY
 
 
@@ -39,14 +40,17 @@ def quota_flavors_with_room(world: World, spec: JobSpec) -> list[str]:
         return [ANY]
     demand = demand_milli(spec)
     over = _over_budget(world, spec.queue)
+    borrows = world.quota.policy.preemptible(spec)  # a job that cannot be preempted never borrows
     return [f for f in book.flavors_for(spec.queue, spec)
-            if (book.borrow_only_room(spec.queue, f) if over else book.room(spec.queue, f)) >= demand]
+            if (book.borrow_only_room(spec.queue, f) if over else book.room(spec.queue, f) if borrows
+                else book.room_within_nominal(spec.queue, f)) >= demand]
 
 
 def quota_hold(world: World, job_id: str, job: JobState) -> str:
     """Why the job cannot take quota now ("" when it could)."""
     spec = job.spec
-    for hold in (backoff_hold, user_limit_hold, budget_hold, higher_priority_hold, starving_quota_hold):
+    for hold in (backoff_hold, user_limit_hold, budget_hold, higher_priority_hold, starving_quota_hold,
+                 nominee_quota_hold):
         why = hold(world, job_id, spec)
         if why:
             return why
@@ -114,6 +118,25 @@ def starving_quota_hold(world: World, job_id: str, spec: JobSpec) -> str:
             if other != job_id and held is not None and held.priority >= mine:
                 return f"quota is held for job {other}, waiting since {since:.0f}"
     return ""
+
+
+def nominee_quota_hold(world: World, job_id: str, spec: JobSpec) -> str:
+    """A preemptor of the job's cohort was nominated and waits for quota: the job's reservation, in every flavor
+    with room for it, would leave that preemptor without room (libs/core/quota_nomination.py)."""
+    job = world.quota.jobs.get(job_id)
+    if job is None or not world.quota.nominated:
+        return ""
+    book = world.quota.book
+    cohort = book.cohort.get(spec.queue, "")
+    waiting = nominees(world.quota, book.members.get(cohort, [spec.queue]) if cohort else [spec.queue], world.now)
+    if not waiting:
+        return ""
+    over = _over_budget(world, spec.queue)
+    holders = [holding_nominee(world.quota, waiting, job, f, over) for f in quota_flavors_with_room(world, spec)]
+    held = [h.job_id for h in holders if h is not None]
+    if not holders or len(held) < len(holders):
+        return ""  # some flavor with room for it would leave every preemptor its room
+    return f"quota freed by preemption is held for preemptor {held[0]}"
 
 
 def lender_waits(world: World, spec: JobSpec, flavor: str) -> bool:

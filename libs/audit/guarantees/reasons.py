@@ -8,7 +8,7 @@ from collections.abc import Callable
 from contracts import JobSpec
 from libs.audit.guarantees import holds
 from libs.audit.guarantees.world import PLACEMENT, QUOTA, JobState, World
-from libs.core import placement, quota
+from libs.core import placement, quota, quota_nomination
 from libs.core.fit import FRAGMENTATION, GANG, INSUFFICIENT_CPU_MEMORY, INSUFFICIENT_GPUS, NO_MODEL_MATCH, TOPOLOGY
 
 Claim = Callable[[World, str, JobState], str]  # "" when the claim is true, else why it is not
@@ -17,7 +17,8 @@ Claim = Callable[[World, str, JobState], str]  # "" when the claim is true, else
 def _quota_lacking(world: World, job_id: str, job: JobState) -> str:
     """The quota family (told once, whichever limit binds): the job cannot take quota now for a quota reason."""
     spec = job.spec
-    if holds.higher_priority_hold(world, job_id, spec) or holds.starving_quota_hold(world, job_id, spec):
+    if (holds.higher_priority_hold(world, job_id, spec) or holds.starving_quota_hold(world, job_id, spec)
+            or holds.nominee_quota_hold(world, job_id, spec)):
         return ""
     roomy = [f for f in holds.quota_flavors_with_room(world, spec) if not holds.lender_waits(world, spec, f)]
     return f"queue {spec.queue} has room for it ({', '.join(roomy)})" if roomy else ""
@@ -41,6 +42,8 @@ QUOTA_CLAIMS: dict[str, Claim] = {
     quota.RETRY_BACKOFF: _negate(holds.backoff_hold, "its retry backoff is over"),
     quota.HELD_FOR_STARVING_JOB: _negate(holds.starving_quota_hold, "no job of its cohort waits past the "
                                                                      "starvation limit"),
+    quota_nomination.HELD_FOR_PREEMPTOR: _negate(holds.nominee_quota_hold, "no preemptor waiting for quota would "
+                                                                            "be left without room by it"),
 }
 PLACEMENT_CLAIMS: dict[str, Claim] = {
     **dict.fromkeys((NO_MODEL_MATCH, INSUFFICIENT_GPUS, FRAGMENTATION, INSUFFICIENT_CPU_MEMORY, TOPOLOGY, GANG),

@@ -18,8 +18,14 @@ from libs.core.policy import demand_milli
 
 def reclaimable(world: World, queue: str, flavor: str) -> bool:
     running = borrowers(world, queue, flavor)
-    if not running or borrowers(world, queue, flavor, PLACEMENT):
+    if borrowers(world, queue, flavor, PLACEMENT):
         return True
+    if not running:
+        # Nobody borrows: a shortfall is owed, unless the queue's parent's quota, held by queues within their
+        # own nominal, is what leaves it no room (no reclaim could serve it: a child's nominal is guaranteed only
+        # as far as its parent's quota reaches).
+        first = first_waiting(world, queue)
+        return first is None or world.quota.book.parent_room(queue, flavor) >= world.quota.jobs[first].demand
     if any(not world.quota.policy.preemptible(job.spec) for _, job in running):
         return True
     first = first_waiting(world, queue)
