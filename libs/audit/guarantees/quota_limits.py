@@ -8,6 +8,8 @@ logged between a trigger and its decision came too late to bind it)."""
 
 from __future__ import annotations
 
+import bisect
+import sys
 from dataclasses import dataclass, field
 
 from contracts import JobSpec, PreemptionDecided, QueuePolicyChanged, QuotaReleased, QuotaReserved
@@ -20,6 +22,8 @@ from libs.audit.guarantees.violation import (
     gpus,
 )
 from libs.core.quotas import ANY, UNLIMITED, Limits, QuotaBook
+
+UNBOUNDED = sys.maxsize
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +48,11 @@ class QuotaLimits:
     subtree: dict[tuple[str, str], int] = field(default_factory=dict)
     # Victims chosen by a reclaim and not released yet: they leave their queue, whatever comes next.
     leaving: dict[str, None] = field(default_factory=dict)
+    # The sequence being folded, and per (queue, flavor) what a reclaim could take from it over time, as
+    # (seq, milli) at each change: a reclaim is judged by what its queue held at the decision's trigger (what
+    # the decider knew), not after jobs that ended meanwhile (a live log decides later than it triggers).
+    seq: int = 0
+    takeable: dict[tuple[str, str], list[tuple[int, int]]] = field(default_factory=dict)
 
     # --- folding -----------------------------------------------------------------------------------
 
@@ -73,7 +82,9 @@ class QuotaLimits:
         if event.job_id in self.held:
             # The amount reserved, not the event's own figure: a release undoes exactly its reservation.
             self._take(event.job_id, -1)
-            del self.held[event.job_id]
+            held = self.held.pop(event.job_id)
+            self.leaving.pop(event.job_id, None)
+            self._record(held.queue, held.flavor)
         self.leaving.pop(event.job_id, None)
 
     def preemption(self, seq: int, event: PreemptionDecided, specs: dict[str, JobSpec]) -> list[Violation]:
@@ -92,9 +103,7 @@ class QuotaLimits:
             lim = self.book.limits.get(queue, {}).get(flavor)
             if lim is None:
                 continue
-            leaving = sum(h.milli for j, h in self.held.items() if j in self.leaving
-                          and (h.queue, h.flavor) == (queue, flavor) and not h.over_budget)
-            now = self.book.used.get((queue, flavor), 0) - leaving
+            now = self._takeable_at(queue, flavor, event.trigger_seq or seq)
             after = now - sum(self.held[v].milli for v in victims)
             if after < lim.nominal:
                 out.append(Violation(
@@ -105,6 +114,8 @@ class QuotaLimits:
         for v in event.victims:
             if v.queue != own_queue:
                 self.leaving[v.job_id] = None
+                if (held := self.held.get(v.job_id)) is not None:
+                    self._record(held.queue, held.flavor)
         return out
 
     # --- checks ------------------------------------------------------------------------------------
@@ -157,9 +168,27 @@ class QuotaLimits:
     def _take(self, job: str, sign: int) -> None:
         held = self.held[job]
         self.book.add(held.queue, held.flavor, sign * held.milli, held.over_budget)
+        self._record(held.queue, held.flavor)
         for ancestor in self._ancestors(held.queue):
             key = (ancestor, held.flavor)
             self.subtree[key] = self.subtree.get(key, 0) + sign * held.milli
+
+    def _record(self, queue: str, flavor: str) -> None:
+        """What a reclaim could take from the queue's flavor now: its usage within quota, less victims leaving."""
+        leaving = sum(h.milli for j, h in self.held.items() if j in self.leaving
+                      and (h.queue, h.flavor) == (queue, flavor) and not h.over_budget)
+        history = self.takeable.setdefault((queue, flavor), [])
+        value = self.book.used.get((queue, flavor), 0) - leaving
+        if history and history[-1][0] == self.seq:
+            history[-1] = (self.seq, value)
+        else:
+            history.append((self.seq, value))
+
+    def _takeable_at(self, queue: str, flavor: str, seq: int) -> int:
+        """What the queue's flavor held as of `seq` (its last change at or before it; 0 before any)."""
+        history = self.takeable.get((queue, flavor), [])
+        i = bisect.bisect_right(history, (seq, UNBOUNDED)) - 1
+        return history[i][1] if i >= 0 else 0
 
     def _recount_subtrees(self) -> None:
         self.subtree = {}

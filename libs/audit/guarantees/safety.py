@@ -34,6 +34,7 @@ def check_safety(events: Sequence[tuple[int, EventBase]]) -> list[Violation]:
     specs: dict[str, JobSpec] = {}
     out: list[Violation] = []
     for seq, event in events:
+        quota.seq = seq
         match event:
             case JobPlaced():
                 spec = specs.get(event.job_id)
