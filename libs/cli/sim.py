@@ -10,6 +10,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from libs.cli import sim_scenario
+from libs.cli.output import add_json_flag
 from libs.core.scoring import POLICIES
 from libs.runtime.settings import DEFAULT_CLUSTER
 from libs.sim.fgd import DEFAULT_NODES, inflate_size, simulate
@@ -110,17 +112,18 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-51"))
     p.add_argument("--tune", type=float, default=1.3, help="inflate the workload to this multiple of capacity")
     p.add_argument("--plot", help="draw the allocation curve against the published ones (PNG)")
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.set_defaults(func=cmd_fgd)
     p = ssub.add_parser("latency", help="time the placement decider deciding one job on a large cluster")
     p.add_argument("--pods", required=True, help="pod list CSV to draw jobs from")
     p.add_argument("--nodes", default=str(DEFAULT_NODES))
     p.add_argument("--jobs", type=int, default=3000)
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.set_defaults(func=cmd_latency)
     p = ssub.add_parser("replay-bench", help="make a synthetic history in virtual time and time its replay")
     p.add_argument("--jobs", type=int, default=2000)
     p.add_argument("--cluster", default=str(DEFAULT_CLUSTER), help="node list CSV")
     p.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 4))
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.set_defaults(func=cmd_replay_bench)
+    sim_scenario.add_parser(ssub)

@@ -13,6 +13,7 @@ from contracts import (
     ClockTick,
     EventBase,
     JobEvicted,
+    JobFailed,
     JobFinished,
     JobStarted,
 )
@@ -28,6 +29,12 @@ WORLD = (AdmissionDecider, QuotaDecider, PlacementDecider, PreemptionDecider)
 # With nothing left to happen but jobs still waiting, the clock runs on this long (past any nomination's
 # lapse) before the run ends with them waiting.
 IDLE_LIMIT_S = 300.0
+# The source of scripted executor actions among the world's inputs: a JobFinished, JobFailed or JobEvicted
+# from it tells the simulated executor that the job's current run ends now (its process exited with that
+# code, or its executor stopped it for that reason); the executor reports it as its own, and nothing happens
+# when the job does not run then.
+SCRIPT = "script"
+SCRIPTED = (JobFinished, JobFailed, JobEvicted)
 
 
 @dataclass(order=True)
@@ -80,6 +87,23 @@ class VirtualExecutor:
         run = self.pending.pop(event.id, None)
         return self.book.finish(run, event.ts) if run is not None else None
 
+    def scripted(self, event: JobFinished | JobFailed | JobEvicted) -> list[EventBase]:
+        """A scripted end of the job's current run (see SCRIPT): the executor's report of it, [] when the job
+        does not run now."""
+        book = self.book
+        run = book.runs.get(event.job_id)
+        if run is None:
+            return []
+        if isinstance(event, JobEvicted):
+            return book.stop(run, event.reason or "evicted", event.ts)
+        del book.runs[run.job_id]
+        book.ended_runs[run.job_id] = book.ended_runs.get(run.job_id, 0) + 1  # its own report is not folded back
+        if isinstance(event, JobFailed):
+            book.saved.pop(run.job_id, None)  # a failed run keeps nothing
+            return [book.report(JobFailed, run, "failed", event.ts, exit_code=event.exit_code,
+                                reason=event.reason or "exit_code")]
+        return [book.report(JobFinished, run, "finished", event.ts)]
+
 
 @dataclass
 class VirtualRun:
@@ -87,90 +111,129 @@ class VirtualRun:
     end: float
 
 
+class VirtualWorld:
+    """The deciders and the simulated executor on one in-memory log, stepped through virtual time by its
+    driver: `run_virtual` runs a whole history to its end; a driver that acts on what happened so far (a
+    scenario, a property test) feeds inputs and advances the clock bit by bit."""
+
+    def __init__(self, tick_s: float = 5.0, start: float | None = None) -> None:
+        self.tick_s = tick_s
+        self.deciders: list[Decider] = [make() for make in WORLD]
+        self.accepts = [tuple(d.input_types()) for d in self.deciders]
+        self.log: list[tuple[int, EventBase]] = []
+        self.heap: list[_Timed] = []
+        self.counter = 0
+        self.executor = VirtualExecutor(self.schedule)
+        self.quota = next(d for d in self.deciders if isinstance(d, QuotaDecider))
+        self.start = start
+        self.now = 0.0 if start is None else start
+        self.next_tick = 0.0 if start is None else (start // tick_s + 1) * tick_s
+        self.idle_since: float | None = None  # nothing scheduled or running, yet jobs wait: for how long?
+
+    def schedule(self, event: EventBase) -> None:
+        self.counter += 1
+        heapq.heappush(self.heap, _Timed(event.ts, self.counter, event))
+
+    def feed(self, inputs: Iterable[EventBase]) -> None:
+        """World inputs, each to happen at its own timestamp."""
+        for event in inputs:
+            self.schedule(event)
+
+    def begin(self) -> None:
+        """The clock starts at the first input (unless a start was given)."""
+        if self.start is None:
+            self.start = self.heap[0].ts if self.heap else 0.0
+            self.now = self.start
+            self.next_tick = (self.start // self.tick_s + 1) * self.tick_s
+
+    def append(self, event: EventBase) -> None:
+        self.log.append((len(self.log) + 1, event))
+
+    def settle(self, first: int) -> None:
+        """Let every decider and the executor react until the log is quiet (services at full speed)."""
+        cursor = first
+        log = self.log
+        while cursor < len(log):
+            seq, event = log[cursor]
+            cursor += 1
+            for decider, accepted in zip(self.deciders, self.accepts, strict=True):
+                if isinstance(event, accepted):
+                    for d in run_decider(decider, event, seq):
+                        self.append(d)
+            for report in self.executor.react(event):
+                self.append(report)
+
+    def busy(self) -> bool:
+        """Work still to come: events due, runs going, a retry backing off, or waiting jobs that time
+        alone may release (a nomination or hold lapsing), for at most IDLE_LIMIT_S of idle virtual time."""
+        if self.heap or self.executor.running or self.quota.backing_off:
+            return True
+        return any(self.quota.pending.values()) and (self.idle_since is None
+                                                     or self.now - self.idle_since <= IDLE_LIMIT_S)
+
+    def next_due(self) -> float:
+        """When the next thing happens: a clock tick or the earliest scheduled event."""
+        return min(self.next_tick, self.heap[0].ts) if self.heap else self.next_tick
+
+    def step(self) -> bool:
+        """One clock tick or one scheduled event, with everything it causes; True for a tick."""
+        self.begin()
+        if not (self.heap or self.executor.running or self.quota.backing_off):
+            self.idle_since = self.now if self.idle_since is None else self.idle_since
+        else:
+            self.idle_since = None
+        upcoming = self.heap[0].ts if self.heap else None
+        if upcoming is None or self.next_tick <= upcoming:
+            # The clock ticks between events (time-driven decisions react to ticks, as in the services).
+            self.now = self.next_tick
+            self.next_tick += self.tick_s
+            first = len(self.log)
+            self.append(ClockTick(id=derived_id("node-telemetry", "tick", self.tick_s, int(self.now // self.tick_s)),
+                                  ts=self.now, source="node-telemetry"))
+            self.settle(first)
+            return True
+        item = heapq.heappop(self.heap)
+        self.now = item.ts
+        arrived: list[EventBase] = [item.event]
+        if isinstance(item.event, SCRIPTED) and item.event.source == SCRIPT:
+            arrived = self.executor.scripted(item.event)
+        elif isinstance(item.event, JobFinished):
+            finished = self.executor.still_running(item.event)
+            arrived = [] if finished is None else [finished]
+        elif isinstance(item.event, JobEvicted) and item.event.id in self.executor.stopping:
+            arrived = self.executor.expire(item.event)
+        if arrived:
+            first = len(self.log)
+            for event in arrived:
+                self.append(event)
+            self.settle(first)
+        return False
+
+    def advance(self, until: float) -> None:
+        """Everything due up to `until` (inclusive), ticks included; the clock then reads `until`."""
+        self.begin()
+        while self.next_due() <= until:
+            self.step()
+        self.now = max(self.now, until)
+
+
 def run_virtual(inputs: Iterable[EventBase], tick_s: float = 5.0, horizon_s: float = 30 * 86400.0,
                 progress: Callable[[int], None] | None = None) -> VirtualRun:
     """Feed the world's inputs (submissions, cancellations, policy, inventory) at their timestamps; decide
     everything else. Stops when nothing is pending and nothing runs, or at the horizon."""
-    deciders: list[Decider] = [make() for make in WORLD]
-    accepts = [tuple(d.input_types()) for d in deciders]
-    log: list[tuple[int, EventBase]] = []
-    heap: list[_Timed] = []
-    counter = 0
-
-    def schedule(event: EventBase) -> None:
-        nonlocal counter
-        counter += 1
-        heapq.heappush(heap, _Timed(event.ts, counter, event))
-
-    executor = VirtualExecutor(schedule)
-    for event in inputs:
-        schedule(event)
-    if not heap:
-        return VirtualRun(log, 0.0)
-    start = heap[0].ts
-    next_tick = (start // tick_s + 1) * tick_s
-    now = start
-
-    def append(event: EventBase) -> None:
-        log.append((len(log) + 1, event))
-
-    def settle(first: int) -> None:
-        """Let every decider and the executor react until the log is quiet (services at full speed)."""
-        cursor = first
-        while cursor < len(log):
-            seq, event = log[cursor]
-            cursor += 1
-            for decider, accepted in zip(deciders, accepts, strict=True):
-                if isinstance(event, accepted):
-                    for d in run_decider(decider, event, seq):
-                        append(d)
-            for report in executor.react(event):
-                append(report)
-
-    quota = next(d for d in deciders if isinstance(d, QuotaDecider))
-    idle_since: float | None = None  # nothing scheduled or running, yet jobs wait: for how long?
-
-    def busy() -> bool:
-        """Work still to come: events due, runs going, a retry backing off, or waiting jobs that time
-        alone may release (a nomination or hold lapsing), for at most IDLE_LIMIT_S of idle virtual time."""
-        if heap or executor.running or quota.backing_off:
-            return True
-        return any(quota.pending.values()) and (idle_since is None or now - idle_since <= IDLE_LIMIT_S)
-
-    while busy():
-        if not (heap or executor.running or quota.backing_off):
-            idle_since = now if idle_since is None else idle_since
-        else:
-            idle_since = None
-        upcoming = heap[0].ts if heap else None
-        if upcoming is None or next_tick <= upcoming:
-            # The clock ticks between events (time-driven decisions react to ticks, as in the services).
-            now = next_tick
-            next_tick += tick_s
-            first = len(log)
-            append(ClockTick(id=derived_id("node-telemetry", "tick", tick_s, int(now // tick_s)), ts=now,
-                             source="node-telemetry"))
-            settle(first)
-            if now - start > horizon_s:
+    world = VirtualWorld(tick_s)
+    world.feed(inputs)
+    if not world.heap:
+        return VirtualRun(world.log, 0.0)
+    world.begin()
+    start = world.now
+    while world.busy():
+        if world.step():
+            if world.now - start > horizon_s:
                 break
-            continue
-        item = heapq.heappop(heap)
-        now = item.ts
-        arrived: list[EventBase] = [item.event]
-        if isinstance(item.event, JobFinished):
-            finished = executor.still_running(item.event)
-            arrived = [] if finished is None else [finished]
-        elif isinstance(item.event, JobEvicted) and item.event.id in executor.stopping:
-            arrived = executor.expire(item.event)
-        if not arrived:
-            continue
-        first = len(log)
-        for event in arrived:
-            append(event)
-        settle(first)
-        if progress is not None and len(log) % 1000 < 20:
-            progress(len(log))
-    return VirtualRun(log, now)
+        elif progress is not None and len(world.log) % 1000 < 20:
+            progress(len(world.log))
+    return VirtualRun(world.log, world.now)
 
 
 def world_inputs(log: Iterable[tuple[int, EventBase]]) -> list[EventBase]:

@@ -1,0 +1,339 @@
+"""The whole pipeline (admission, quota, placement, preemption and the simulated executor, in virtual time) as
+a state machine driven by arbitrary world inputs, with the guarantee checker as its invariant.
+
+Each step is one thing the world does, at the current virtual time, followed by a pause of a few seconds of
+clock ticks: a submission of any shape the API accepts (whole GPUs, fractions with and without GPU memory,
+valid and invalid MIG profiles, gangs, every topology required or preferred, spread, one model, several or
+any, requests that can never fit), a cancellation, a running job finishing, failing or evicted by its
+executor, a node lost or registered again (the same, fewer GPUs, MIG switched, another model), a cordon, a
+drain or an uncordon, a queue change (nominal raised, lowered below usage, flavors removed, limits, a
+budget), or only the clock. The safety guarantees are checked after every step; liveness once the clock has
+run on quietly at the end.
+
+A failing sequence shrinks to a minimal one, which is written as a scenario file (`gpusched sim scenario
+FILE --check` runs it again) to a temporary path and printed with the failure. The examples are derandomised
+(the same sequences on every run); GPUSCHED_SOAK_EXAMPLES=N explores N sequences instead of the default.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import msgspec
+from hypothesis import HealthCheck, assume, note, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from contracts import EventBase, FlavorQuota, QueueSpec
+from libs.core.quotas import check_tree
+from libs.sim.executor import SIM_EXIT_CODES
+from libs.sim.guarantee_check import ViolationLike, check_liveness, check_safety
+from libs.sim.pipeline import VirtualWorld
+from libs.sim.scenario import POLICY_STEPS, StepIds, apply_input, header_inputs, node_spec, step_inputs
+from libs.sim.scenario_model import Cluster, Ended, Expect, NodeEntry, Scenario, Settings, Step, Submit
+from libs.sim.scenario_write import node_entry, write_scenario
+
+SETTINGS = Settings(tick_s=5.0, quiet_s=600.0, preempt_min_remaining_s=0.0, starvation_after_s=120.0)
+MODELS = ("A100", "H100", "T4")
+NODES = ("n0", "n1", "n2")
+QUEUES = ("a", "b")
+CLASSES = ("production-inference", "urgent", "training", "experiment", "batch")
+# Profiles of the 80 GB A100 and H100 (valid there), of other products, and no profile at all.
+MIG_PROFILES = ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb", "1g.20gb", "3g.20gb", "1g.5gb", "9g.90gb",
+                "banana")
+GAPS = (0.0, 0.0, 1.0, 5.0, 15.0, 40.0, 120.0)
+EXAMPLES = int(os.environ.get("GPUSCHED_SOAK_EXAMPLES", "0")) or 200
+T = TypeVar("T")
+COUNTEREXAMPLE_DIR = Path(tempfile.mkdtemp(prefix="gpusched-stateful-"))
+
+
+# --- world inputs ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def node_entries(name: str) -> st.SearchStrategy[NodeEntry]:
+    return st.builds(NodeEntry, name=st.just(name), gpus=st.integers(1, 8), model=st.sampled_from(MODELS),
+                     nvlink=st.sampled_from([0, 2, 4, 8]), mig=st.sampled_from([False, False, True]),
+                     labels=st.sampled_from([{}, {"rack": "r1", "block": "b1"}, {"rack": "r2", "block": "b1"}]))
+
+
+def quota_fields() -> st.SearchStrategy[dict[str, object]]:
+    """One flavor for any model, or one quota per model (the order is the order a job tries them in)."""
+    limit = st.sampled_from([None, None, 0, 2, 4])
+    nominal = st.sampled_from([None, 0, 2, 4, 8, 16])
+    any_model = st.fixed_dictionaries({"nominal_gpus": nominal, "borrowing_limit_gpus": limit,
+                                       "lending_limit_gpus": limit})
+    flavor = st.builds(FlavorQuota, model=st.sampled_from(MODELS), nominal_gpus=st.sampled_from([0, 2, 4, 8]),
+                       borrowing_limit_gpus=limit, lending_limit_gpus=limit)
+    per_model = st.lists(flavor, min_size=1, max_size=3, unique_by=lambda f: f.model).map(
+        lambda fs: {"flavors": tuple(fs)})
+    return st.one_of(any_model, any_model, per_model)
+
+
+@st.composite
+def queues(draw: st.DrawFn) -> list[QueueSpec]:
+    cohort = draw(st.booleans())
+    out = [QueueSpec(name="org", team="org")] if cohort else []
+    for name in QUEUES:
+        out.append(QueueSpec(name=name, team=name, parent="org" if cohort else "",
+                             reclaim_after_s=draw(st.sampled_from([0.0, 0.0, 10.0, 60.0])),
+                             **draw(quota_fields())))  # type: ignore[arg-type]
+    return out
+
+
+def mostly(common: Sequence[T], rare: Sequence[T], odds: int) -> st.SearchStrategy[T]:
+    """One of `common`, or one of `rare` about once in `odds` draws (one flat choice: cheap to draw and to
+    shrink, towards the first of `common`)."""
+    copies = max(1, round(len(rare) * (odds - 1) / len(common)))
+    return st.sampled_from([*common] * copies + [*rare])
+
+
+# Most submissions are ones the platform admits: bad queues, classes, models and sizes come rarely.
+QUEUE_OF_JOB = mostly(QUEUES, ["zz"], odds=12)
+SHAPE = st.sampled_from(["whole"] * 5 + ["fraction"] * 2 + ["mig", "huge"])
+WHOLE_GPUS = st.sampled_from([1, 1, 1, 2, 2, 4, 8])
+HUGE_GPUS = st.sampled_from([9, 16, 64])
+GPU_MILLI = st.sampled_from([100, 250, 500, 750, 999])
+GPU_MEMORY = mostly([0, 0, 8_192, 40_000], [200_000], odds=8)
+MIG_PROFILE = st.sampled_from(MIG_PROFILES)
+TOPOLOGY = mostly([""], ["node", "rack", "block"], odds=4)
+REPLICAS = mostly([1, 1, 1, 2, 2, 3], [4, 12], odds=8)
+PRIORITY = mostly(CLASSES, ["vip"], odds=16)
+SPREAD = mostly([False], [True], odds=6)
+MODELS_ALLOWED = mostly(["any", "any", "one", "several"], ["unknown"], odds=16)
+DURATION = st.sampled_from([None, 5.0, 20.0, 60.0, 60.0, 300.0])
+CHECKPOINT = st.sampled_from([None, None, 10.0])
+EXIT_PLAN = mostly([{}], [{SIM_EXIT_CODES: "137,0"}, {SIM_EXIT_CODES: "1"}], odds=6)
+
+
+@st.composite
+def submissions(draw: st.DrawFn, job: str, models: list[str]) -> Submit:
+    """A submission of any shape the API accepts; `models`: those the cluster has."""
+    queue = draw(QUEUE_OF_JOB)
+    shape = draw(SHAPE)
+    fields: dict[str, object] = {}
+    if shape == "whole":
+        fields["gpus"] = draw(WHOLE_GPUS)
+    elif shape == "fraction":
+        fields["gpu_milli"] = draw(GPU_MILLI)
+        fields["gpu_memory_mib"] = draw(GPU_MEMORY)
+    elif shape == "mig":
+        fields["mig_profile"] = draw(MIG_PROFILE)
+    else:
+        fields["gpus"] = draw(HUGE_GPUS)
+    allowed = draw(MODELS_ALLOWED)
+    gpu_models: tuple[str, ...] = ()
+    if allowed == "one" or (allowed == "several" and len(models) < 2):
+        gpu_models = (draw(st.sampled_from(models)),)
+    elif allowed == "several":
+        gpu_models = tuple(draw(st.lists(st.sampled_from(models), min_size=2, max_size=3, unique=True)))
+    elif allowed == "unknown":
+        gpu_models = ("V100",)
+    topology = draw(TOPOLOGY)
+    return Submit(
+        job=job, team=queue, queue=queue, replicas=draw(REPLICAS), priority=draw(PRIORITY), topology=topology,
+        topology_required=bool(topology) and draw(st.booleans()), spread=draw(SPREAD), gpu_models=gpu_models,
+        duration_s=draw(DURATION), checkpoint_interval_s=draw(CHECKPOINT), labels=draw(EXIT_PLAN),
+        **fields)  # type: ignore[arg-type]
+
+
+def changed_queue(queue: QueueSpec, change: str, model: str) -> QueueSpec:
+    def flavors_with(**fields: object) -> tuple[FlavorQuota, ...]:
+        return tuple(msgspec.structs.replace(f, **fields) for f in queue.flavors)  # type: ignore[arg-type]
+
+    replace = msgspec.structs.replace
+    match change:
+        case "raise":
+            if queue.flavors:
+                return replace(queue, flavors=tuple(replace(f, nominal_gpus=f.nominal_gpus + 8)
+                                                     for f in queue.flavors))
+            return replace(queue, nominal_gpus=(queue.nominal_gpus or 0) + 8)
+        case "lower":  # below what it uses now, most likely
+            return replace(queue, flavors=flavors_with(nominal_gpus=0)) if queue.flavors else replace(
+                queue, nominal_gpus=0)
+        case "flavors":  # the last flavor removed, or quotas per model where there were none
+            if queue.flavors:
+                return replace(queue, flavors=queue.flavors[:-1])
+            return replace(queue, nominal_gpus=None, borrowing_limit_gpus=None, lending_limit_gpus=None,
+                           flavors=(FlavorQuota(model=model, nominal_gpus=2),))
+        case "limits":
+            if queue.flavors:
+                return replace(queue, flavors=flavors_with(borrowing_limit_gpus=0, lending_limit_gpus=0))
+            return replace(queue, borrowing_limit_gpus=0, lending_limit_gpus=0)
+        case "budget":
+            return replace(queue, budget_gpu_hours=0.01, budget_period="day",
+                           over_budget="wait" if queue.over_budget == "borrow" else "borrow")
+        case "user":
+            return replace(queue, user_max_gpus=2)
+        case "evictions":
+            return replace(queue, eviction_budget_gpus=1, eviction_window_s=60.0)
+    return replace(queue, reclaim_after_s=5.0)
+
+
+# --- the machine ----------------------------------------------------------------------------------------------
+
+
+class PipelineMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.world = VirtualWorld(SETTINGS.tick_s, start=SETTINGS.start)
+        self.now = SETTINGS.start
+        self.inputs: list[EventBase] = []
+        self.steps = 0  # timed events so far
+        self.ids = StepIds()
+        self.version = 1
+        self.nodes: dict[str, NodeEntry] = {}
+        self.lost: set[str] = set()
+        self.queues: dict[str, QueueSpec] = {}
+        self.jobs: list[str] = []
+        self.failed = False
+
+    # --- driving --------------------------------------------------------------------------------------
+
+    def act(self, step: Step, gap: float) -> None:
+        if step.action()[0] in POLICY_STEPS:
+            self.version += 1
+        step = msgspec.structs.replace(step, at=round(self.now - SETTINGS.start, 6))
+        for event in step_inputs(step, self.ids(step), SETTINGS.start, self.version):
+            self.inputs.append(event)
+            self.guarded(lambda e=event: apply_input(self.world, e))
+        self.steps += 1
+        self.wait(gap)
+
+    def wait(self, seconds: float) -> None:
+        self.now += seconds
+        self.guarded(lambda: self.world.advance(self.now))
+
+    def guarded(self, run: Callable[[], None]) -> None:
+        """A decider that raises is a failure too: the sequence that made it raise is written out first."""
+        try:
+            run()
+        except Exception as err:
+            self.failed = True
+            self.write("crash", f"{type(err).__name__}: {err}")
+            raise
+
+    def running(self) -> list[str]:
+        return sorted(self.world.executor.running)
+
+    def fail(self, violations: list[ViolationLike], when: str) -> None:
+        """Write the sequence as a scenario file, then fail with the first violation."""
+        self.failed = True
+        first = violations[0]
+        message = f"{when}: {first.guarantee} at seq {first.seq} (jobs {', '.join(first.jobs)}): {first.detail}"
+        self.write(first.guarantee, message)
+        raise AssertionError(message)
+
+    def write(self, name: str, why: str) -> None:
+        path = COUNTEREXAMPLE_DIR / f"{name}.yaml"
+        text = write_scenario(self.inputs, path, settings=SETTINGS, until=self.now, name=name,
+                              description=f"found by tests/unit/test_pipeline_stateful.py: {why}",
+                              expect=Expect(violations=[]))
+        note(f"scenario written to {path}:\n{text}")
+
+    # --- the world ------------------------------------------------------------------------------------
+
+    @initialize(data=st.data(), n_nodes=st.integers(1, 3), queue_specs=queues())
+    def start(self, data: st.DataObject, n_nodes: int, queue_specs: list[QueueSpec]) -> None:
+        entries = [data.draw(node_entries(name)) for name in NODES[:n_nodes]]
+        self.nodes = {e.name: e for e in entries}
+        self.queues = {q.name: q for q in queue_specs}
+        header = Scenario(settings=SETTINGS, cluster=Cluster(nodes=entries), queues=queue_specs)
+        for event in header_inputs(header):
+            self.inputs.append(event)
+            apply_input(self.world, event)
+
+    @rule(data=st.data(), count=st.sampled_from([1, 1, 2, 4]), gap=st.sampled_from(GAPS))
+    def submit(self, data: st.DataObject, count: int, gap: float) -> None:
+        models = sorted({node_spec(e).gpus[0].model for e in self.nodes.values()}) or list(MODELS)
+        for i in range(count):
+            job = f"j{len(self.jobs):02d}"
+            self.jobs.append(job)
+            self.act(Step(submit=data.draw(submissions(job, models))), gap if i == count - 1 else 0.0)
+
+    @precondition(lambda self: bool(self.jobs))
+    @rule(data=st.data(), gap=st.sampled_from(GAPS))
+    def cancel(self, data: st.DataObject, gap: float) -> None:
+        self.act(Step(cancel=data.draw(st.sampled_from(self.jobs))), gap)
+
+    @precondition(lambda self: bool(self.world.executor.running))
+    @rule(data=st.data(), how=st.sampled_from(["finish", "fail", "fail_retryable", "evict"]),
+          gap=st.sampled_from(GAPS))
+    def end_run(self, data: st.DataObject, how: str, gap: float) -> None:
+        job = data.draw(st.sampled_from(self.running()))
+        step = {"finish": Step(finish=job), "fail": Step(fail=Ended(job=job, exit_code=1)),
+                "fail_retryable": Step(fail=Ended(job=job, exit_code=137)),
+                "evict": Step(evict=Ended(job=job, reason="node_pressure"))}[how]
+        self.act(step, gap)
+
+    @precondition(lambda self: bool(set(self.nodes) - self.lost))
+    @rule(data=st.data(), gap=st.sampled_from(GAPS))
+    def lose_node(self, data: st.DataObject, gap: float) -> None:
+        name = data.draw(st.sampled_from(sorted(set(self.nodes) - self.lost)))
+        self.lost.add(name)
+        self.act(Step(node_lost=name), gap)
+
+    @rule(name=st.sampled_from(NODES), change=st.sampled_from(["same", "fewer", "mig", "model", "new"]),
+          data=st.data(), gap=st.sampled_from(GAPS))
+    def register(self, name: str, change: str, data: st.DataObject, gap: float) -> None:
+        old = self.nodes.get(name)
+        if old is None or change == "new":
+            entry = data.draw(node_entries(name))
+        else:
+            entry = node_entry(node_spec(old))  # the short form, with every default spelled out
+            gpus = entry.gpus if isinstance(entry.gpus, int) else len(entry.gpus)
+            replace = msgspec.structs.replace
+            entry = {"same": entry, "fewer": replace(entry, gpus=max(1, gpus // 2)),
+                     "mig": replace(entry, mig=not entry.mig),
+                     "model": replace(entry, model=data.draw(st.sampled_from([m for m in MODELS if m != entry.model])),
+                                      gpu_memory_mib=None)}[change]
+        self.nodes[name] = entry
+        self.lost.discard(name)
+        self.act(Step(register=entry), gap)
+
+    @precondition(lambda self: bool(self.nodes))
+    @rule(data=st.data(), what=st.sampled_from(["cordon", "drain", "uncordon"]), gap=st.sampled_from(GAPS))
+    def operate(self, data: st.DataObject, what: str, gap: float) -> None:
+        name = data.draw(st.sampled_from(sorted(self.nodes)))
+        self.act(Step(**{what: name}), gap)  # type: ignore[arg-type]
+
+    @rule(name=st.sampled_from(QUEUES), model=st.sampled_from(MODELS), gap=st.sampled_from(GAPS),
+          change=st.sampled_from(["raise", "lower", "flavors", "limits", "budget", "user", "evictions", "reclaim"]))
+    def change_queue(self, name: str, change: str, model: str, gap: float) -> None:
+        queue = changed_queue(self.queues[name], change, model)
+        others = {q.name: q for q in self.queues.values() if q.name != name}
+        assume(check_tree(others, queue) is None)  # what the queue API would refuse never reaches the log
+        self.queues[name] = queue
+        self.act(Step(queue=queue), gap)
+
+    @rule(seconds=st.sampled_from([5.0, 30.0, 120.0, 600.0]))
+    def only_ticks(self, seconds: float) -> None:
+        self.wait(seconds)
+
+    # --- the guarantees -------------------------------------------------------------------------------
+
+    @invariant()
+    def safe(self) -> None:
+        if not self.failed:
+            violations = check_safety(self.world.log)
+            if violations:
+                self.fail(violations, "safety")
+
+    def teardown(self) -> None:
+        if self.failed or not self.inputs:
+            return
+        self.guarded(lambda: self.world.advance(self.now + SETTINGS.quiet_s))  # as the written scenario ends
+        violations = check_liveness(self.world.log)
+        if violations:
+            self.fail(violations, "liveness after a quiet period")
+
+
+PipelineMachine.TestCase.settings = settings(
+    max_examples=EXAMPLES, stateful_step_count=30, deadline=None, derandomize=True, database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+TestPipelineStateful = PipelineMachine.TestCase
