@@ -23,16 +23,11 @@ KNOWN_HOLES = {
                                           "cut short when a node registers",
     "removed-flavor-still-binds": "waiting_reason_true: jobs are still placed against a GPU model the queue's "
                                   "quota no longer names",
-    "reclaim-from-unplaced-borrower": "reclaim_within_bound: quota lent to a reservation that waits for a place is "
-                                      "never taken back",
-    "lending-limit-lowered-while-lent": "lending_limit: a lending limit lowered below what is lent",
-    "cohort-joined-while-holding-quota": "lending_limit: queues that join a cohort while one holds quota",
-    "stale-no-model-match-after-register": "waiting_reason_true: no_model_match after a node of an allowed model "
-                                           "registered",
-    "budget-wait-counted-as-idle": "no_idle_while_fitting_waits: the checker counts a job waiting for its budget as "
-                                   "waiting for a place",
-    "quota-wait-counted-as-place-wait": "no_idle_while_fitting_waits: the checker counts a job waiting for quota "
-                                        "(after a placement timeout) as waiting for a place",
+    "starving-job-without-a-node-holds-idle-gpus": "held_for_starving_job: a starving job that no node present can "
+                                                   "hold (its only fitting node lost) holds later jobs of its queue "
+                                                   "while GPUs sit idle",
+    "reclaim-owed-to-job-held-by-user-limit": "reclaim_within_bound: the checker owes a reclaim to a job that waits "
+                                              "for its user's limit, which no reclaim would let run",
 }
 
 

@@ -224,9 +224,10 @@ def starving_placement_hold(world: World, job_id: str, spec: JobSpec) -> str:
     mine = priority(world, spec)
     for other in sorted(world.placing):
         job = world.jobs[other]
-        if (other != job_id and job.phase == PLACEMENT and world.now - job.since >= limit
+        since = job.since if job.place_wait_since is None else job.place_wait_since
+        if (other != job_id and job.phase == PLACEMENT and world.now - since >= limit
                 and priority(world, job.spec) >= mine):
-            return f"capacity is held for job {other}, waiting for a place since {job.since:.0f}"
+            return f"capacity is held for job {other}, waiting for a place since {since:.0f}"
     return ""
 
 

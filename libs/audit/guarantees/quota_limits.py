@@ -71,11 +71,12 @@ class QuotaLimits:
     def reserved(self, seq: int, event: QuotaReserved) -> list[Violation]:
         self.bind_policy(event.trigger_seq or seq)
         held = Held(event.queue, event.flavor or ANY, event.gpu_milli, event.over_budget)
+        borrowed_before = self.book.pool_used.get((self.book.cohort.get(held.queue, ""), held.flavor), 0)
         if event.job_id in self.held:  # reserved twice: the second replaces the first
             self._take(event.job_id, -1)
         self.held[event.job_id] = held
         self._take(event.job_id, +1)
-        return [*self._ceiling(seq, event.job_id, held), *self._lending(seq, event.job_id, held),
+        return [*self._ceiling(seq, event.job_id, held), *self._lending(seq, event.job_id, held, borrowed_before),
                 *self._parents(seq, event.job_id, held)]
 
     def released(self, event: QuotaReleased) -> None:
@@ -137,17 +138,26 @@ class QuotaLimits:
                           f"job {job} took queue {queue} to {gpus(used, flavor)}, above nominal + borrowing limit "
                           f"{_gpus(cap)}")]
 
-    def _lending(self, seq: int, job: str, held: Held) -> list[Violation]:
+    def _lending(self, seq: int, job: str, held: Held, borrowed_before: int) -> list[Violation]:
+        """The reservation added to its cohort's borrowing and left it above what the cohort's queues lend.
+        A reservation that adds nothing to it (within its queue's guaranteed part, or of a queue without quota)
+        breaks nothing, even while the cohort borrows above the limit: that happens when a lending limit is
+        lowered, or a queue holding quota joins the cohort, while quota is lent, and it is no reservation's
+        doing (what was lent stays out until its borrowers give it back)."""
         cohort = self.book.cohort.get(held.queue, "")
         key = (cohort, held.flavor)
-        if not cohort or key not in self.book.pool or self.book.pool_used[key] <= self.book.pool[key]:
+        if not cohort or key not in self.book.pool:
+            return []
+        borrowed = self.book.pool_used[key]
+        if borrowed <= self.book.pool[key] or borrowed <= borrowed_before:
             return []
         members = self.book.members.get(cohort, [])
         lenders = [f"{q} lends {_gpus(lim.lend)} of {_gpus(lim.nominal)}" for q in members
                    if (lim := self.book.limits.get(q, {}).get(held.flavor)) is not None]
         return [Violation(LENDING_LIMIT, seq, (job,),
-                          f"job {job} made cohort {cohort} borrow {gpus(self.book.pool_used[key], held.flavor)}, "
-                          f"above the {_gpus(self.book.pool[key])} its queues may lend ({'; '.join(lenders)})")]
+                          f"job {job} made cohort {cohort} borrow {gpus(borrowed, held.flavor)}, above the "
+                          f"{_gpus(self.book.pool[key])} its queues may lend ({'; '.join(lenders)}; it borrowed "
+                          f"{_gpus(borrowed_before)} before)")]
 
     def _parents(self, seq: int, job: str, held: Held) -> list[Violation]:
         out = []

@@ -23,6 +23,7 @@ from libs.audit.guarantees.capacity import Capacity
 from libs.audit.guarantees.gangs import gang_violations
 from libs.audit.guarantees.quota_limits import QuotaLimits
 from libs.audit.guarantees.violation import Violation
+from libs.core.runs import CurrentRuns
 
 
 def check_safety(events: Sequence[tuple[int, EventBase]]) -> list[Violation]:
@@ -32,9 +33,15 @@ def check_safety(events: Sequence[tuple[int, EventBase]]) -> list[Violation]:
     capacity = Capacity()
     quota = QuotaLimits()
     specs: dict[str, JobSpec] = {}
+    # An executor's report about a run that is over (a late finish racing an eviction, a slow agent's) does not
+    # release the job's current run: the core's own rule (libs/core/runs.py).
+    runs = CurrentRuns()
     out: list[Violation] = []
     for seq, event in events:
         quota.seq = seq
+        if runs.is_stale(event):
+            continue
+        runs.fold(event)
         match event:
             case JobPlaced():
                 spec = specs.get(event.job_id)

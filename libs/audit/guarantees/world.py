@@ -31,8 +31,9 @@ from contracts import (
     SubmitJob,
 )
 from libs.audit.guarantees.capacity import Capacity
-from libs.core.quota import QuotaDecider
+from libs.core.quota import PLACEMENT_TIMEOUT, QuotaDecider
 from libs.core.quotas import ANY
+from libs.core.runs import CurrentRuns
 
 # Phases of a job as the log tells them.
 SUBMITTED = "submitted"  # no admission decision yet
@@ -51,6 +52,9 @@ class JobState:
     phase: str = SUBMITTED
     reason: str = ""  # the code of the last deferral in this phase ("" when none was given)
     since: float = 0.0  # when the phase began
+    # When it began to wait for a place, kept over placement timeouts until it is placed, as placement keeps it
+    # for its starvation limit (None: not waiting for a place).
+    place_wait_since: float | None = None
     flavor: str = ANY  # of its quota reservation
     over_budget: bool = False
     cancelled: bool = False
@@ -67,6 +71,9 @@ class World:
     # Jobs whose quota is reserved and which wait for a place (an index of `jobs`: there are few of them).
     placing: dict[str, None] = field(default_factory=dict)
     now: float = 0.0
+    # Each job's current run: an executor's report about a run that is over changes nothing (libs/core/runs.py,
+    # the rule every decider is run with), neither the job's phase nor the capacity of its current run.
+    runs: CurrentRuns = field(default_factory=CurrentRuns)
     _quota_inputs: tuple[type[EventBase], ...] = ()
 
     def __post_init__(self) -> None:
@@ -74,6 +81,9 @@ class World:
 
     def apply(self, event: EventBase) -> None:
         self.now = max(self.now, event.ts)
+        if self.runs.is_stale(event):
+            return
+        self.runs.fold(event)
         if isinstance(event, self._quota_inputs):
             self.quota.evolve(event)
         self._lifecycle(event)
@@ -95,8 +105,12 @@ class World:
                 job = self._enter(event.job_id, PLACEMENT, event.ts, only_from=(QUOTA, SUBMITTED))
                 if job is not None:
                     job.flavor, job.over_budget = event.flavor or ANY, event.over_budget
+                    if job.place_wait_since is None:
+                        job.place_wait_since = event.ts
             case JobPlaced():
-                self._enter(event.job_id, RUNNING, event.ts)
+                placed = self._enter(event.job_id, RUNNING, event.ts)
+                if placed is not None:
+                    placed.place_wait_since = None
                 self.nominated.pop(event.job_id, None)
             case JobFinished():
                 self._end(event.job_id, "finished", event.ts)
@@ -114,6 +128,10 @@ class World:
                         self._enter(event.job_id, QUOTA, event.ts)
                     else:
                         self._end(event.job_id, event.reason, event.ts)
+                elif job is not None and job.phase == PLACEMENT and event.reason == PLACEMENT_TIMEOUT:
+                    # No node held it in time: it waits for quota again, and what placement said of it
+                    # before is no reason for this wait (quota tells the new one).
+                    self._enter(event.job_id, QUOTA, event.ts)
             case JobCancelled():
                 job = self.jobs.get(event.job_id)
                 self.nominated.pop(event.job_id, None)
@@ -162,7 +180,7 @@ class World:
         job = self.jobs.get(job_id)
         if job is not None and job.phase != ENDED:
             self._phase(job_id, job, ENDED)
-            job.ended_as, job.reason, job.since = how, "", ts
+            job.ended_as, job.reason, job.since, job.place_wait_since = how, "", ts, None
 
     def _phase(self, job_id: str, job: JobState, phase: str) -> None:
         job.phase = phase
