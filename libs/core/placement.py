@@ -48,7 +48,7 @@ from contracts import (
 )
 from libs.core.cluster import Cluster
 from libs.core.decider import Chain, Decisions, Trigger
-from libs.core.fit import Placer, Shortfall
+from libs.core.fit import NO_MODEL_MATCH, Placer, Shortfall
 from libs.core.policy import PolicyBook, demand_milli
 from libs.core.retries import RetryBook
 from libs.core.runs import CurrentRuns
@@ -88,6 +88,9 @@ class PlacementDecider:
         # Fragmentation is judged against the shapes recently asked for.
         self.shapes = ShapeWindow()
         self.specs: dict[str, JobSpec] = {}
+        # The submitted spec of a job whose spec a reservation narrowed to one GPU model: a later reservation
+        # (another flavor, or any model) narrows it afresh from this one.
+        self.submitted: dict[str, JobSpec] = {}
         self.waiting: dict[str, WaitKey] = {}
         self.placed: dict[str, tuple[ReplicaPlacement, ...]] = {}
         self.deferred: dict[str, str] = {}
@@ -123,6 +126,22 @@ class PlacementDecider:
         # kept only when pure; None as the answer: it could never fit.
         self._shadow: tuple[tuple[int, str, JobSpec], tuple[float, tuple[str, ...]] | None] | None = None
 
+    def _reserved_spec(self, job_id: str, flavor: str) -> JobSpec | None:
+        """The spec the job is placed by under a reservation of `flavor` ("" for any model): quota from one GPU
+        model's flavor runs the job on that model; always from the submitted spec, so that a reservation of
+        another flavor, or of any model once the queue's flavors are gone, does not keep an earlier one's model."""
+        spec = self.specs.get(job_id)
+        if spec is None:
+            return None
+        submitted = self.submitted.get(job_id, spec)
+        if not flavor or submitted.gpu_models == (flavor,):
+            self.submitted.pop(job_id, None)
+            self.specs[job_id] = submitted
+            return submitted
+        self.submitted[job_id] = submitted
+        narrowed = self.specs[job_id] = msgspec.structs.replace(submitted, gpu_models=(flavor,))
+        return narrowed
+
     def input_types(self) -> Iterable[type[EventBase]]:
         return (NodeRegistered, NodeLost, GpuHealthChanged, NodeCordoned, NodeUncordoned, QueuePolicyChanged,
                 PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, QuotaReserved, JobCancelled,
@@ -137,10 +156,7 @@ class PlacementDecider:
                     self.placer.set_typical(self.shapes.typical)
                     self.generation += 1
             case QuotaReserved():
-                spec = self.specs.get(event.job_id)
-                if spec is not None and event.flavor and spec.gpu_models != (event.flavor,):
-                    # Quota came from one GPU model's flavor: the job runs on that model.
-                    spec = self.specs[event.job_id] = msgspec.structs.replace(spec, gpu_models=(event.flavor,))
+                spec = self._reserved_spec(event.job_id, event.flavor)
                 if spec is not None and event.job_id not in self.placed:
                     self._order += 1
                     self.waiting[event.job_id] = (-self.policy.priority_of(spec), self._order, event.job_id)
@@ -177,6 +193,7 @@ class PlacementDecider:
                     and self.retries.on_failed(event, self.specs.get(event.job_id), self.policy) is not None)
                 if not again or event.job_id in self.cancelled:
                     self.specs.pop(event.job_id, None)
+                    self.submitted.pop(event.job_id, None)
                     self.cancelled.pop(event.job_id, None)
                     self.nominated.pop(event.job_id, None)
                     # Over for good, even if a report came while its quota was reserved again (an executor's
@@ -210,6 +227,7 @@ class PlacementDecider:
                     self.cancelled[event.job_id] = None  # its executor will report it gone
                 else:
                     self.specs.pop(event.job_id, None)
+                    self.submitted.pop(event.job_id, None)
             case NodeRegistered():
                 self.cluster.register(event.node)
                 self.generation += 1
@@ -252,7 +270,9 @@ class PlacementDecider:
         try:
             for key in sorted(self.waiting.values()):
                 job_id = key[2]
-                if demand_milli(self.specs[job_id]) > free:
+                # ... unless it was told no GPU of its models is there: the inventory may have changed, and the
+                # reason it waits is then another (too few free), which it is told.
+                if demand_milli(self.specs[job_id]) > free and self.deferred.get(job_id) != NO_MODEL_MATCH:
                     continue
                 if self._try_place(job_id, out):
                     free -= demand_milli(self.specs[job_id])

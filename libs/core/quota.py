@@ -35,6 +35,7 @@ import msgspec
 from contracts import (
     ClockTick,
     EventBase,
+    GpuHealthChanged,
     JobAdmitted,
     JobCancelled,
     JobEvicted,
@@ -43,6 +44,8 @@ from contracts import (
     JobPlaced,
     JobStarted,
     JobSubmitted,
+    NodeRegistered,
+    NodeUncordoned,
     PlacementDeferred,
     PreemptionDecided,
     PriorityClassesChanged,
@@ -85,6 +88,8 @@ PLACEMENT_TIMEOUT = "placement_timeout"  # the QuotaReleased reason of such a jo
 PLACEMENT_BACKOFF_S = 60.0
 PLACEMENT_BACKOFF_MAX_S = 3600.0
 BACKING_OFF = frozenset({RETRY_BACKOFF, PLACEMENT_TIMED_OUT})
+# Capacity that may let a job placement could not place go: the wait after a placement timeout ends on these.
+_CAPACITY_GREW = (NodeRegistered, NodeUncordoned, GpuHealthChanged)
 _PLACEMENT_REPORTS = (JobPlaced, JobStarted, PlacementDeferred, JobFinished, JobFailed, JobEvicted)
 # Deferrals that evicting other jobs can cure: the preemption service acts on these.
 # A preemptor's claim on the quota its victims free lapses after this long (as placement's nomination).
@@ -144,6 +149,7 @@ class QuotaDecider:
         self.nominated: dict[str, float] = {}
         self._left_waiting: str | None = None
         self._lapsed: list[str] = []  # the queues of nominations this clock tick let lapse, for react
+        self._backoffs_ended: list[str] = []  # the queues of jobs whose placement backoff new capacity ended
         # (queue, demand, flavors) -> could the queue ever hold that much (_could_ever_fit), at policy version
         self._ever_fits: dict[tuple[str, int, tuple[str, ...]], bool] = {}
         self._ever_fits_version = -1
@@ -152,13 +158,13 @@ class QuotaDecider:
     def input_types(self) -> Iterable[type[EventBase]]:
         return (QueuePolicyChanged, PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, JobAdmitted,
                 JobCancelled, JobFinished, JobFailed, JobEvicted, PreemptionDecided, ClockTick, JobPlaced, JobStarted,
-                PlacementDeferred)
+                PlacementDeferred, *_CAPACITY_GREW)
 
     def reacts_to(self) -> tuple[type[EventBase], ...]:
         """The inputs `react` may decide something about; to any other (a submission, a preemption) it answers
         [] and changes nothing."""
         return (JobAdmitted, JobFinished, JobFailed, JobCancelled, JobEvicted, QueuePolicyChanged,
-                PriorityClassesChanged, SchedulingSettingsChanged, ClockTick, JobPlaced)
+                PriorityClassesChanged, SchedulingSettingsChanged, ClockTick, JobPlaced, *_CAPACITY_GREW)
 
     @property
     def book(self) -> QuotaBook:
@@ -239,6 +245,7 @@ class QuotaDecider:
     def evolve(self, event: EventBase) -> None:
         self._left_waiting = None  # the queue of a waiting job this event ended, for react
         self._lapsed = []
+        self._backoffs_ended = []
         self._placed_while_pending = None
         if type(event) is QuotaDeferred:  # by far the most frequent: straight to its case below
             self._deferred(event)
@@ -308,6 +315,9 @@ class QuotaDecider:
                 self._deferred(event)
             case PreemptionDecided() if event.preemptor_id in self.jobs:
                 self.nominated[event.preemptor_id] = event.ts
+            case NodeRegistered() | NodeUncordoned() | GpuHealthChanged():
+                if not isinstance(event, GpuHealthChanged) or event.healthy:
+                    self._end_placement_backoffs(event.ts)
             case ClockTick():
                 for job_id in [j for j, t in self.nominated.items() if event.ts - t > NOMINATION_TTL_S]:
                     del self.nominated[job_id]
@@ -324,6 +334,14 @@ class QuotaDecider:
                 self.policy_version += 1
                 if isinstance(event, PriorityClassesChanged):
                     self._rerank()
+
+    def _end_placement_backoffs(self, now: float) -> None:
+        """Capacity grew (a node registered or came back, a GPU is healthy again): a job that waits out its backoff
+        after a placement timeout waited for the cluster to change, and it has: it may take quota again now (its
+        backoff still doubles if placement again cannot place it), so that no GPU sits idle while it waits."""
+        for job_id in self.requeued:
+            self.requeued[job_id] = min(self.requeued[job_id], now)
+            self._backoffs_ended.append(self.jobs[job_id].queue)
 
     def _placement_report(self, event: JobPlaced | JobStarted | PlacementDeferred | JobFinished | JobFailed
                           | JobEvicted) -> None:
@@ -396,6 +414,7 @@ class QuotaDecider:
         now = event.ts
         left_waiting = self._left_waiting  # read first: folding our own decisions resets it
         lapsed = self._lapsed
+        backoffs_ended = self._backoffs_ended
         placed_while_pending = self._placed_while_pending
         match event:
             case JobPlaced() if placed_while_pending is not None:
@@ -411,6 +430,10 @@ class QuotaDecider:
                 if left_waiting is not None:
                     # A waiting job left: jobs it held back may go now.
                     self._schedule(self._group(left_waiting), now, out)
+            case NodeRegistered() | NodeUncordoned() | GpuHealthChanged():
+                for group in self._groups() if backoffs_ended else ():
+                    if not set(backoffs_ended).isdisjoint(group):
+                        self._schedule(group, now, out)
             case QueuePolicyChanged() | PriorityClassesChanged() | SchedulingSettingsChanged():
                 for group in self._groups():
                     self._schedule(group, now, out)

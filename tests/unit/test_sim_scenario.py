@@ -19,10 +19,6 @@ from libs.sim.scenario_write import write_scenario
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 # Scenario files that fail today, each for a hole in the deciders (file stem -> the hole).
 KNOWN_HOLES = {
-    "placement-backoff-ignores-new-node": "no_idle_while_fitting_waits: the wait after placement timeouts is not "
-                                          "cut short when a node registers",
-    "removed-flavor-still-binds": "waiting_reason_true: jobs are still placed against a GPU model the queue's "
-                                  "quota no longer names",
     "starving-job-without-a-node-holds-idle-gpus": "held_for_starving_job: a starving job that no node present can "
                                                    "hold (its only fitting node lost) holds later jobs of its queue "
                                                    "while GPUs sit idle",
