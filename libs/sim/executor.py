@@ -28,9 +28,11 @@ from contracts import (
     NodeRegistered,
     PreemptionDecided,
     PriorityClassesChanged,
+    ReplicaPlacement,
 )
 from libs.core.decider import derived_id
 from libs.core.policy import DEFAULT_PRIORITY_CLASSES
+from libs.core.run_fit import RunOnNode, runs_to_stop
 
 SOURCE = "sim-executor"
 # A job label that scripts the simulated runs' exit codes, run after run: "137,0" fails the first run as if
@@ -40,6 +42,8 @@ SIM_EXIT_CODES = "sim/exit-codes"
 SIM_CHECKPOINT_S = "sim/checkpoint-s"
 # Why a run stops when its node registers again without one of the run's GPUs.
 GPU_REMOVED = "gpu_removed"
+# Why a run stops when its node registers again with a spec it no longer fits (model, MIG mode, capacity).
+NODE_CHANGED = "node_changed"
 REPORTS = (JobStarted, JobReady, JobFinished, JobFailed, JobEvicted, JobCheckpointed)
 
 
@@ -57,6 +61,10 @@ class Run:
     checkpoint_write_s: float = 0.0
     signalled_at: float | None = None  # told to stop, writing its checkpoint
     stop_armed: bool = False  # its delayed stop handed to the driver
+    placed_at: float = 0.0
+    placements: tuple[ReplicaPlacement, ...] = ()
+    gpu_models: tuple[str, ...] = ()  # models its job allows; empty: any
+    mig_profile: str = ""
 
     def ends_at(self, time_scale: float = 1.0) -> float | None:
         if self.duration is None or self.started_at is None:
@@ -85,6 +93,7 @@ class ExecutorBook:
         self.later: list[tuple[float, Run]] = []
         self.ended_runs: dict[str, int] = {}  # job -> runs that finished or failed
         self.replicas: dict[str, None] = {}  # inference service replicas: ready as soon as they run
+        self.needs: dict[str, tuple[tuple[str, ...], str]] = {}  # job -> (GPU models allowed, MIG profile)
 
     def report(self, kind: Any, run: Run, what: str, ts: float, **fields: Any) -> EventBase:
         """One executor report (`kind` is JobStarted, JobFinished, JobFailed or JobEvicted)."""
@@ -108,6 +117,7 @@ class ExecutorBook:
                 self.durations[event.job_id] = event.spec.duration_s
                 self.checkpoint_every[event.job_id] = event.spec.checkpoint_interval_s
                 self.priority[event.job_id] = event.spec.priority
+                self.needs[event.job_id] = (event.spec.gpu_models, event.spec.mig_profile)
                 write = event.spec.labels.get(SIM_CHECKPOINT_S, "")
                 self.write_s[event.job_id] = float(write) if write.replace(".", "", 1).isdigit() else 0.0
                 plan = event.spec.labels.get(SIM_EXIT_CODES, "")
@@ -124,7 +134,10 @@ class ExecutorBook:
                                               else 1000,
                                               gpu_memory_mib=event.placements[0].gpu_memory_mib
                                               if event.placements else 0,
-                                              checkpoint_write_s=self.write_s.get(event.job_id, 0.0))
+                                              checkpoint_write_s=self.write_s.get(event.job_id, 0.0),
+                                              placed_at=event.ts, placements=tuple(event.placements))
+                models, profile = self.needs.get(event.job_id, ((), ""))
+                self.runs[event.job_id].gpu_models, self.runs[event.job_id].mig_profile = models, profile
             case PriorityClassesChanged():
                 self.grace = {c.name: c.checkpoint_grace_s for c in event.classes}
             case PreemptionDecided():
@@ -153,6 +166,7 @@ class ExecutorBook:
                     self.saved.pop(event.job_id, None)
                     self.cancelled.pop(event.job_id, None)
                     self.replicas.pop(event.job_id, None)
+                    self.needs.pop(event.job_id, None)
 
     def react(self, event: EventBase, now: float) -> list[EventBase]:
         """Fold an event and report what the executor does about it at `now`."""
@@ -197,6 +211,12 @@ class ExecutorBook:
                 name, listed = event.node.name, {g.index for g in event.node.gpus}
                 for run in [r for r in runs.values() if any(n == name and i not in listed for n, i in r.gpus)]:
                     out += self.stop(run, GPU_REMOVED, now)
+                # Registered with a spec the rest no longer fit (another model, MIG switched, less capacity):
+                # the runs that must go for the others to fit stop the same way.
+                here = [RunOnNode(r.job_id, r.placed_at, r.placements, r.gpu_models, r.mig_profile)
+                        for r in runs.values() if r.job_id in self.runs and any(n == name for n, _ in r.gpus)]
+                for job_id in runs_to_stop(event.node, here):
+                    out += self.stop(runs[job_id], NODE_CHANGED, now)
             case NodeCordoned() if event.drain:
                 # Drained: told to stop like a preemption victim, so a job that checkpoints keeps its work.
                 for run in [r for r in runs.values() if any(n == event.node for n, _ in r.gpus)]:

@@ -44,9 +44,11 @@ from contracts import (
     NodeSpec,
     PreemptionDecided,
     PriorityClassesChanged,
+    ReplicaPlacement,
 )
 from libs.bus.jetstream import Bus
 from libs.core.policy import DEFAULT_PRIORITY_CLASSES
+from libs.core.run_fit import RunOnNode, runs_to_stop
 from libs.core.runs import CurrentRuns
 from libs.jobkit import CHECKPOINT_FILE, READY_FILE, RESUME_CHECKPOINT, RESUME_PROGRESS, read_checkpoint
 from libs.nodes.reports import report_id
@@ -82,6 +84,8 @@ class LocalRun:
     ready_file: Path | None = None  # a replica that signals its readiness: the file it creates
     ready_reported: bool = False
     kill_timer: asyncio.TimerHandle | None = None
+    placed_at: float = 0.0  # its JobPlaced's time
+    pieces: tuple[ReplicaPlacement, ...] = ()  # its placements on this node
 
     def alive(self) -> list[Replica]:
         return [r for r in self.replicas if r.proc is not None and r.exit_code is None]
@@ -180,7 +184,8 @@ class ProcessExecutor:
                 if mine:
                     leader = min(event.placements, key=lambda p: p.replica).node == self.node
                     run = LocalRun(event.job_id, event.id, leader,
-                                   [Replica(p.replica, p.gpu_indices, p.gpu_milli, p.gpu_memory_mib) for p in mine])
+                                   [Replica(p.replica, p.gpu_indices, p.gpu_milli, p.gpu_memory_mib) for p in mine],
+                                   placed_at=event.ts, pieces=tuple(mine))
                     self.placed[event.job_id] = run
                     return run
             case JobCheckpointed():
@@ -231,10 +236,25 @@ class ProcessExecutor:
                 for job_id, r in list(self.placed.items()):
                     if any(i not in listed for rep in r.replicas for i in rep.gpu_indices):
                         self._stop(job_id, "gpu_removed")
+                # Registered with a spec the rest no longer fit (another model, MIG switched, less capacity):
+                # the runs that must go for the others to fit stop the same way.
+                for job_id in runs_to_stop(event.node, self._runs_here()):
+                    self._stop(job_id, "node_changed")
             case NodeCordoned() if event.node == self.node and event.drain:
                 for job_id in list(self.placed):
                     self._stop(job_id, "drained")
         return []
+
+    def _runs_here(self) -> list[RunOnNode]:
+        """The runs here not told to stop yet, as the fit of a re-registered node judges them."""
+        out = []
+        for job_id, r in self.placed.items():
+            if r.stop_reason:
+                continue
+            spec = self.specs.get(job_id)
+            out.append(RunOnNode(job_id, r.placed_at, r.pieces, spec.gpu_models if spec else (),
+                                 spec.mig_profile if spec else ""))
+        return out
 
     async def after_batch(self) -> None:
         self.reconcile()

@@ -86,6 +86,27 @@ class Capacity:
         for key, use in holding.mig.items():
             self.mig[key].add(use, -1)
 
+    def overcommitted(self, seq: int, node_name: str, registered_at: int) -> list[Violation]:
+        """What the runs on a node registered again (at `registered_at`) still overcommit of its new spec."""
+        node = self.cluster.nodes.get(node_name)
+        if node is None:
+            return []
+        jobs = tuple(sorted(j for j, h in self.live.items() if any(p.node == node_name for p in h.placements)))
+        since = f"since its registration at seq {registered_at}"
+        out = [Violation(GPU_CAPACITY, seq, jobs, f"node {node_name} {what} {since}: {self._holders(node_name)}")
+               for what in _host_overdrawn(node)]
+        for gpu in node.gpus:
+            holders = [h for h in self.live.values()
+                       if any(p.node == node_name and gpu.index in p.gpu_indices for p in h.placements)]
+            if not holders or gpu.mig_enabled or self.mig.get((node_name, gpu.index), MigUse()).compute > 0:
+                continue  # MIG instances are judged by the MIG table when placed
+            used = gpu.memory_mib - gpu.free_memory_mib
+            if gpu.free_milli < 0 or used > gpu.memory_mib:
+                out.append(Violation(GPU_CAPACITY, seq, jobs,
+                                     f"GPU {node_name}/{gpu.index} holds {FULL - gpu.free_milli} milli and {used} "
+                                     f"MiB of {gpu.memory_mib} {since}: {self._holders(node_name, gpu.index)}"))
+        return out
+
     # --- internals -------------------------------------------------------------------------------
 
     def _missing(self, p: ReplicaPlacement) -> str:

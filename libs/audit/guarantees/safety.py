@@ -6,11 +6,14 @@ from collections.abc import Sequence
 
 from contracts import (
     EventBase,
+    JobCheckpointed,
     JobEvicted,
     JobFailed,
     JobFinished,
     JobPlaced,
+    JobReady,
     JobSpec,
+    JobStarted,
     JobSubmitted,
     NodeRegistered,
     PreemptionDecided,
@@ -25,6 +28,9 @@ from libs.audit.guarantees.quota_limits import QuotaLimits
 from libs.audit.guarantees.violation import Violation
 from libs.core.runs import CurrentRuns
 
+# Executor reports: what an executor says about its runs (a stop of runs a new node spec no longer fits among them).
+EXECUTOR_REPORTS = (JobStarted, JobReady, JobCheckpointed, JobFinished, JobFailed, JobEvicted)
+
 
 def check_safety(events: Sequence[tuple[int, EventBase]]) -> list[Violation]:
     """Every moment the log broke a safety guarantee, in log order: capacity (GPU share, GPU memory, MIG
@@ -37,8 +43,15 @@ def check_safety(events: Sequence[tuple[int, EventBase]]) -> list[Violation]:
     # release the job's current run: the core's own rule (libs/core/runs.py).
     runs = CurrentRuns()
     out: list[Violation] = []
+    # Nodes registered again whose runs are judged once the executors had their say: node -> (seq, ts).
+    reregistered: dict[str, tuple[int, float]] = {}
     for seq, event in events:
         quota.seq = seq
+        if reregistered and not isinstance(event, EXECUTOR_REPORTS):
+            for node, (at_seq, at_ts) in list(reregistered.items()):
+                if event.ts > at_ts:
+                    del reregistered[node]
+                    out.extend(capacity.overcommitted(seq, node, at_seq))
         if runs.is_stale(event):
             continue
         runs.fold(event)
@@ -61,6 +74,7 @@ def check_safety(events: Sequence[tuple[int, EventBase]]) -> list[Violation]:
                 specs.setdefault(event.job_id, event.spec)
             case NodeRegistered():
                 capacity.register(event.node)
+                reregistered[event.node.name] = (seq, event.ts)
             case QueuePolicyChanged():
                 quota.queue_policy(seq, event)
     return out
