@@ -8,9 +8,11 @@ ticks. Two kinds of victims:
   - within the queue: jobs of lower priority in the preemptor's own queue.
 Jobs of non-preemptible classes, jobs that have not yet run their class's minimum runtime, and jobs expected
 to end within the settings' preempt_min_remaining_s anyway are never victims (quota lets a job that cannot be
-preempted use only its queue's nominal quota, so no lender waits for one). A queue's blast-radius budget
-(`eviction_budget_gpus` per `eviction_window_s`) caps the evictions for priority within that queue; a reclaim
-of lent quota is neither limited by it nor counted against it. The victims are a minimal set,
+preempted use only its queue's nominal quota, so no lender waits for one), except that a reclaim may take a
+borrower whatever its class: one that borrows though it cannot be preempted became so through a policy change
+after it started (its class made non-preemptible, its queue's nominal quota lowered under it). A queue's
+blast-radius budget (`eviction_budget_gpus` per `eviction_window_s`) caps the evictions for priority within
+that queue; a reclaim of lent quota is neither limited by it nor counted against it. The victims are a minimal set,
 the least harm first (libs/core/victim_sets.py), that a simulation (libs/core/preemption_sim.py) says makes
 room by quota's and placement's own rules, counting the evictions already decided as done. No fit in
 simulation, no eviction.
@@ -307,8 +309,11 @@ class PreemptionDecider:
         return [job_id for queue in sorted(targets) for _, job_id in self.s.heads.get(queue, ())
                 if job_id not in self.s.in_flight]
 
-    def eligible(self, r: Running, now: float, preemptor_id: str) -> bool:
-        return (r.preemptible and r.job_id not in self.s.victim_of and r.job_id not in self.s.cancelled
+    def eligible(self, r: Running, now: float, preemptor_id: str, reclaim: bool = False) -> bool:
+        """May `r` be evicted for the preemptor now? A reclaim (`reclaim`) may take a borrower whatever its class:
+        quota never lets a job that cannot be preempted borrow, so one that borrows became a borrower, or lost
+        its preemptibility, through a policy change after it started, and the lender is owed that quota back."""
+        return ((r.preemptible or reclaim) and r.job_id not in self.s.victim_of and r.job_id not in self.s.cancelled
                 and now - r.started >= r.min_runtime_s
                 and (r.ends_at is None or r.ends_at - now > self.policy.settings.preempt_min_remaining_s)
                 and r.job_id not in self.s.preempted_by.get(preemptor_id, {})  # never one's preemptor back

@@ -44,6 +44,8 @@ from contracts import (
     JobPlaced,
     JobStarted,
     JobSubmitted,
+    NodeCordoned,
+    NodeLost,
     NodeRegistered,
     NodeUncordoned,
     PlacementDeferred,
@@ -59,6 +61,7 @@ from libs.core.budgets import BudgetBook
 from libs.core.decider import Chain, Decisions, Trigger
 from libs.core.fairness import DecayedUsage
 from libs.core.policy import PolicyBook, demand_milli
+from libs.core.quota_fleet import FLEET_EVENTS, Fleet
 from libs.core.quota_nomination import HELD_FOR_PREEMPTOR, holding_nominee, nominees
 from libs.core.quota_order import Order
 from libs.core.quota_starvation import reservation_effect, reservations_shadow
@@ -139,6 +142,8 @@ class QuotaDecider:
         self._arrivals = 0
         self._specs: dict[str, JobSubmitted] = {}
         self.policy_version = 0  # bumps on every policy event: cached per-job answers go stale
+        self.fleet = Fleet()  # the GPU models the cluster has: a flavor none of its nodes could serve is passed over
+        self.flavors_epoch = 0  # bumps with the policy or the fleet: each job's cached flavors go stale
         self.retries = RetryBook()
         self.retry_in: dict[str, float] = {}  # job that failed and runs again -> its backoff
         self.backing_off: dict[str, float] = {}  # job -> not before
@@ -147,6 +152,8 @@ class QuotaDecider:
         self.requeued: dict[str, float] = {}
         # preemptor -> when its victims were chosen: quota they free goes to it first (until it lapses)
         self.nominated: dict[str, float] = {}
+        # preemptor -> (when its victims were chosen, their job ids): its placement timeout waits for them to leave
+        self.victims_of: dict[str, tuple[float, tuple[str, ...]]] = {}
         self._left_waiting: str | None = None
         self._lapsed: list[str] = []  # the queues of nominations this clock tick let lapse, for react
         self._backoffs_ended: list[str] = []  # the queues of jobs whose placement backoff new capacity ended
@@ -158,7 +165,7 @@ class QuotaDecider:
     def input_types(self) -> Iterable[type[EventBase]]:
         return (QueuePolicyChanged, PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, JobAdmitted,
                 JobCancelled, JobFinished, JobFailed, JobEvicted, PreemptionDecided, ClockTick, JobPlaced, JobStarted,
-                PlacementDeferred, *_CAPACITY_GREW)
+                PlacementDeferred, NodeLost, NodeCordoned, *_CAPACITY_GREW)
 
     def reacts_to(self) -> tuple[type[EventBase], ...]:
         """The inputs `react` may decide something about; to any other (a submission, a preemption) it answers
@@ -254,6 +261,11 @@ class QuotaDecider:
             self._placement_report(event)
             if not isinstance(event, JobFinished | JobFailed | JobEvicted):
                 return
+        if isinstance(event, FLEET_EVENTS):
+            fleet_version = self.fleet.version
+            self.fleet.evolve(event)
+            if self.fleet.version != fleet_version:
+                self.flavors_epoch += 1
         match event:  # policy events (which no case names) last
             case JobSubmitted():
                 self._specs[event.job_id] = event
@@ -298,6 +310,7 @@ class QuotaDecider:
                     # Back to its queue in its place in line, its wait toward starvation going on (it never
                     # ran), after a backoff that doubles each time.
                     job.timeouts += 1
+                    job.timed_out_flavor = job.flavor
                     self.requeued[job.job_id] = event.ts + placement_backoff_s(job.timeouts)
                     self._enqueue(job)
                 elif event.reason in ("evicted", "retry"):
@@ -315,6 +328,7 @@ class QuotaDecider:
                 self._deferred(event)
             case PreemptionDecided() if event.preemptor_id in self.jobs:
                 self.nominated[event.preemptor_id] = event.ts
+                self.victims_of[event.preemptor_id] = (event.ts, tuple(v.job_id for v in event.victims))
             case NodeRegistered() | NodeUncordoned() | GpuHealthChanged():
                 if not isinstance(event, GpuHealthChanged) or event.healthy:
                     self._end_placement_backoffs(event.ts)
@@ -332,6 +346,7 @@ class QuotaDecider:
                 self._end(event.job_id)
             case _ if self.policy.apply(event):
                 self.policy_version += 1
+                self.flavors_epoch += 1
                 if isinstance(event, PriorityClassesChanged):
                     self._rerank()
 
@@ -384,6 +399,7 @@ class QuotaDecider:
         self.deferred.pop(job_id, None)
         self.budget_deferred.pop(job_id, None)
         self.nominated.pop(job_id, None)
+        self.victims_of.pop(job_id, None)
         if job.state == "pending":
             self._dequeue(job)
             del self.jobs[job_id]
@@ -463,12 +479,15 @@ class QuotaDecider:
 
     def _give_back_unplaced(self, now: float, out: Decisions) -> list[str]:
         """Release the reservations placement deferred and has not placed within the placement timeout, unless
-        placement holds capacity for the job (it starves there); the queues that got quota back."""
+        placement holds capacity for the job (it starves there) or the job's preemption victims are still leaving
+        (a checkpoint may take longer than the timeout: the room they free is the job's); the queues that got
+        quota back."""
         timeout = self.policy.settings.placement_timeout_s
         if timeout is None or not self.unplaced:
             return []
         expired = [job for j in self.unplaced if (job := self.jobs[j]).placement_code
-                   and job.placement_code != CAPACITY_HELD and now - job.reserved_at >= timeout]
+                   and job.placement_code != CAPACITY_HELD and now - job.reserved_at >= timeout
+                   and not self._victims_leaving(j)]
         for job in expired:
             out.emit(QuotaReleased, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue,
                      gpu_milli=job.demand, reason=PLACEMENT_TIMEOUT)
@@ -477,6 +496,15 @@ class QuotaDecider:
                         f"reservation (placement: {job.placement_code or 'deferred'}); its quota went back and it "
                         f"waits again from {again:.0f}", 0, out)
         return [job.queue for job in expired]
+
+    def _victims_leaving(self, job_id: str) -> bool:
+        """Does a victim chosen for the job still run the run it was chosen in (it holds the quota it held then)?"""
+        decided = self.victims_of.get(job_id)
+        if decided is None:
+            return False
+        at, victims = decided
+        return any((v := self.jobs.get(victim)) is not None and v.state == "reserved" and v.reserved_at < at
+                   for victim in victims)
 
     def _take_back(self, job: QuotaJob, out: Decisions) -> None:
         """Placement placed the job before it read that the job's quota went back: the job runs, so it holds
@@ -640,7 +668,7 @@ class QuotaDecider:
         held_all = p.held_all.get(queue)
         failures = p.failed
         deferred = self.deferred
-        version = self.policy_version
+        version = self.flavors_epoch
         waiting_for_quota = WAITING_FOR_QUOTA
         # The last flavors (interned: see _flavors) and level seen, with what the pass knows of them.
         seen_flavors: tuple[str, ...] | None = None
@@ -699,10 +727,12 @@ class QuotaDecider:
         return tuple(f for f in flavors if held.get(f, job.priority) <= job.priority)
 
     def _flavors(self, job: QuotaJob) -> tuple[str, ...]:
-        if job.flavors_version != self.policy_version:
-            flavors = tuple(self.book.flavors_for(job.queue, job.spec))
+        """The queue's flavors the job may use, in the queue's order, less those of a model no node of the cluster
+        could hold it on while another could (quota of a model the cluster lacks would never be placed)."""
+        if job.flavors_version != self.flavors_epoch:
+            flavors = self.fleet.servable(tuple(self.book.flavors_for(job.queue, job.spec)), job.spec, job.demand)
             job.flavors = self._interned.setdefault(flavors, flavors)  # one object per value: compared by identity
-            job.flavors_version = self.policy_version
+            job.flavors_version = self.flavors_epoch
         return job.flavors
 
     def _entitled(self, job: QuotaJob, p: Pass) -> bool:
@@ -747,6 +777,9 @@ class QuotaDecider:
                 self._defer(job, *self._reason(job), out)
             return False
         flavors = self._usable_flavors(job, p)
+        if job.timed_out_flavor is not None and len(flavors) > 1 and job.timed_out_flavor in flavors:
+            # Placement could not place its last reservation of that flavor: another with room is tried first.
+            flavors = (*(f for f in flavors if f != job.timed_out_flavor), job.timed_out_flavor)
         held_for_starving = False
         held_by: QuotaJob | None = None  # the preemptor the quota it could take is held for
         borrows = self._may_borrow(job)

@@ -23,7 +23,7 @@ class QuotaJob:
     flavor: str = ANY
     reserved_at: float = 0.0
     over_budget: bool = False
-    # The queue's flavors this job may use, as of policy version `flavors_version`.
+    # The flavors this job may use (see QuotaDecider._flavors), as of flavors epoch `flavors_version`.
     flavors: tuple[str, ...] = ()
     flavors_version: int = -1
     # Reserved: placement placed it; the last deferral placement told it while it was not (placement's word).
@@ -31,6 +31,7 @@ class QuotaJob:
     placement_code: str = ""
     placed_while_pending: bool = False  # placed before placement read that its quota went back
     timeouts: int = 0  # how often its reservation went back unplaced (its backoff doubles each time)
+    timed_out_flavor: str | None = None  # the flavor of its last reservation that went back unplaced
 
 
 @dataclass(slots=True)

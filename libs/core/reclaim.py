@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 def borrowers(d: PreemptionDecider, preemptor: JobSpec, flavor: str, now: float, preemptor_id: str = ""
               ) -> list[Running]:
     """Jobs of other queues of the preemptor's cohort that hold borrowed quota of `flavor` (their queue is
-    above its nominal, or they were admitted over budget), in victim order."""
+    above its nominal, or they were admitted over budget), in victim order; of any class (see
+    PreemptionDecider.eligible): the victim set takes from them only what they borrow."""
     book = d.book
     cohort = book.cohort.get(preemptor.queue, "")
     if not cohort:
@@ -31,7 +32,8 @@ def borrowers(d: PreemptionDecider, preemptor: JobSpec, flavor: str, now: float,
     peers = [q for q in book.members[cohort] if q != preemptor.queue]
     borrowing = {q for q in peers if book.borrowed(q, flavor) > 0}
     cands = [r for q in peers for r in d.s.by_queue.get(q, {}).values()
-             if r.flavor == flavor and (q in borrowing or r.over_budget) and d.eligible(r, now, preemptor_id)]
+             if r.flavor == flavor and (q in borrowing or r.over_budget)
+             and d.eligible(r, now, preemptor_id, reclaim=True)]
     cands.sort(key=lambda r: r.victim_key(now))
     return cands
 

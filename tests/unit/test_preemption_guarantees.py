@@ -185,10 +185,28 @@ def test_a_lender_reclaims_for_a_job_that_is_not_the_first_of_its_queue() -> Non
     assert "l1" in placed(feed)
 
 
-def test_a_lender_reclaims_for_its_second_job_when_the_borrowers_become_preemptible() -> None:
-    """b's batch jobs borrow, then become not preemptible (the priority classes change under them) before l's
-    jobs begin to wait; then the classes change back. l0 (6 GPUs, above l's nominal) sorts first and can never
-    reclaim: the tick looks at l1 too."""
+def test_a_lender_reclaims_for_its_second_job_when_the_borrowers_lose_their_protection() -> None:
+    """b's batch jobs borrow, protected by their class's minimum runtime (30 s) while l's jobs begin to wait.
+    l0 (6 GPUs, above l's nominal) sorts first and can never reclaim: once the protection is over, the tick
+    looks at l1 too."""
+    feed = cluster(q("l", 4), q("b", 4))
+    feed.nodes(node("n1", 8))
+    batch_min_runtime(feed, 30.0)
+    feed.at(D)
+    for i in range(4):
+        assert kinds(feed.submit(f"b{i}", on("b", 2).priority("batch")))[-1] == "JobPlaced"
+    feed.at(D + 10)
+    for job_id, gpus in (("l0", 6), ("l1", 2)):
+        assert of(feed.submit(job_id, on("l", gpus)), PreemptionDecided) == []
+    assert ticks(feed, D + 20) == []
+    decided = ticks(feed, D + 30, D + 40)
+    assert [d.preemptor_id for d in decided] == ["l1"]
+
+
+def test_a_reclaim_takes_borrowers_made_not_preemptible_only_as_far_as_they_borrow() -> None:
+    """b's batch jobs borrow, then become not preemptible (the priority classes change under them): they
+    borrowed while they could be preempted, and the lender is owed its quota back. l0 (6 GPUs, above l's
+    nominal) can never reclaim; l1 reclaims at once, 2 GPUs of the 4 b borrows, none of b's nominal."""
     feed = cluster(q("l", 4), q("b", 4))
     feed.nodes(node("n1", 8))
     feed.at(D)
@@ -197,12 +215,13 @@ def test_a_lender_reclaims_for_its_second_job_when_the_borrowers_become_preempti
     classes = tuple(msgspec.structs.replace(c, preemptible=c.name != "batch") for c in DEFAULT_PRIORITY_CLASSES)
     feed.at(D + 5).send(PriorityClassesChanged, classes=classes, version=2)
     feed.at(D + 10)
-    for job_id, gpus in (("l0", 6), ("l1", 2)):
-        assert of(feed.submit(job_id, on("l", gpus)), PreemptionDecided) == []
-    assert ticks(feed, D + 20) == []
-    feed.at(D + 30).send(PriorityClassesChanged, classes=DEFAULT_PRIORITY_CLASSES, version=3)
-    decided = ticks(feed, D + 40)
+    assert of(feed.submit("l0", on("l", 6)), PreemptionDecided) == []
+    decided = of(feed.submit("l1", on("l", 2)), PreemptionDecided)
     assert [d.preemptor_id for d in decided] == ["l1"]
+    assert [(v.queue, v.gpu_milli) for d in decided for v in d.victims] == [("b", 2000)]
+    feed.at(D + 20)
+    assert of(feed.submit("l2", on("l", 2)), PreemptionDecided) != []  # l's nominal is 4: b still borrows 2
+    assert of(feed.submit("l3", on("l", 2)), PreemptionDecided) == []  # l is at its nominal: nothing is owed
 
 
 def test_a_queue_inside_its_nominal_quota_waits_no_longer_than_its_grace_plus_the_minimum_runtime() -> None:

@@ -186,14 +186,15 @@ def reclaim_due(world: World, queue: str, flavor: str) -> bool:
 
 def first_waiting(world: World, queue: str) -> str | None:
     """The queue's first job waiting for quota: the smallest of its highest waiting priority (jobs below it
-    wait behind it by the queue's own order; jobs backing off after a failure wait for time, not quota)."""
+    wait behind it by the queue's own order; jobs backing off, after a failure or after their reservation went back
+    unplaced, wait for time, not quota)."""
     levels = world.quota.pending.get(queue)
     if not levels:
         return None
-    backing_off = world.quota.backing_off
+    backing_off, requeued, now = world.quota.backing_off, world.quota.requeued, world.now
     for prio in sorted(levels, reverse=True):
         waiting = [(world.quota.jobs[j].demand, j) for keys in levels[prio].values() for _, j in keys
-                   if backing_off.get(j, 0.0) <= world.now]
+                   if backing_off.get(j, 0.0) <= now and requeued.get(j, 0.0) <= now]
         if waiting:
             return min(waiting)[1]
     return None
