@@ -4,6 +4,7 @@ folder, so parallel runs never share state."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -12,8 +13,37 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+# Ports we hand out for servers come from below the kernel's ephemeral range: a port picked by bind(0) is
+# free when picked but may be taken, before the server binds it, as the local end of any outgoing connection
+# (a client connecting to NATS), which the kernel draws from that same range.
+_LISTEN_PORTS_FROM = 10_000
+_pick = random.SystemRandom()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
 
 def free_port() -> int:
+    """A port free to listen on now, outside the ephemeral range when the kernel leaves room below it."""
+    low = _ephemeral_low()
+    if low - _LISTEN_PORTS_FROM >= 1_000:
+        for _ in range(64):
+            port = _pick.randrange(_LISTEN_PORTS_FROM, low)
+            if _bindable(port):
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
