@@ -32,8 +32,8 @@ def test_a_changed_placement_rule_is_reported_as_mismatches(recorded: list[tuple
 
     # Spread instead of the recorded policy: the same jobs would land elsewhere.
     original = fit.choose
-    monkeypatch.setattr(fit, "choose", lambda a, frag, req, policy, salt, allowed=None:
-                        original(a, frag, req, "spread", salt, allowed))
+    monkeypatch.setattr(fit, "choose", lambda a, frag, req, policy, salt, allowed=None, ok=None:
+                        original(a, frag, req, "spread", salt, allowed, ok))
     report = replay(recorded)
     assert report.mismatches
     assert {m.service for m in report.mismatches} <= {"placement", "preemption"}

@@ -19,7 +19,7 @@ import numpy as np
 
 from contracts import JobSpec, ReplicaPlacement
 from libs.core.arrays import ClusterArrays
-from libs.core.cluster import FULL, Cluster, Node
+from libs.core.cluster import FULL, Cluster, Gpu, Node
 from libs.core.mig_fit import choose_mig, offers
 from libs.core.mig_profiles import instance_milli
 from libs.core.policy import demand_milli, replica_milli
@@ -53,6 +53,13 @@ class Shortfall:
     code: str
     message: str
     shortfall_milli: int
+
+
+def placement_shape(spec: JobSpec, policy: str) -> tuple[object, ...]:
+    """Everything about a job that placement looks at: two jobs with the same shape fit or fail together."""
+    return (policy, spec.replicas, spec.gpus, spec.gpu_milli, spec.gpu_memory_mib, spec.cpu_milli, spec.memory_mib,
+            spec.gpu_models, spec.mig_profile, spec.rdma_nics, spec.topology, spec.topology_required, spec.spread,
+            spec.priority)
 
 
 class Placer:
@@ -361,15 +368,13 @@ def explain_shortfall(cluster: Cluster, spec: JobSpec) -> Shortfall:
     placer.refresh_outside_sync()
     need = demand_milli(spec)
     if spec.mig_profile:
-        mig = [g for n in cluster.sorted_nodes() if n.online for g in n.gpus if offers(g, spec)]
-        if not mig:
-            return Shortfall(NO_MODEL_MATCH, f"no healthy MIG-enabled GPU offers profile {spec.mig_profile}", need)
+        if not any(offers(g, spec) for g in _allowed_gpus(cluster, spec)):
+            return Shortfall(NO_MODEL_MATCH, _no_gpu_offers_profile(cluster, spec), need)
         return Shortfall(FRAGMENTATION, f"no MIG-enabled GPU offering {spec.mig_profile} has its compute and memory "
                                         "slices free (or it holds a job placed without MIG)", need)
     any_usable, free = a.usable_free(tuple(spec.gpu_models), whole=spec.gpu_milli <= 0)
     if not any_usable:
-        models = ",".join(spec.gpu_models) or "any model"
-        return Shortfall(NO_MODEL_MATCH, f"no healthy GPU of {models}", need)
+        return Shortfall(NO_MODEL_MATCH, _no_gpu_takes_shares(cluster, spec), need)
     per_replica = replica_milli(spec)
     if free < need:
         return Shortfall(INSUFFICIENT_GPUS,
@@ -388,6 +393,41 @@ def explain_shortfall(cluster: Cluster, spec: JobSpec) -> Shortfall:
                                             f"{memory} of GPU memory free", per_replica)
     return Shortfall(FRAGMENTATION, f"{free / FULL:g} GPUs free but scattered: no node has "
                                     f"{per_replica / FULL:g} GPU in one piece", per_replica)
+
+
+def _allowed_gpus(cluster: Cluster, spec: JobSpec) -> list[Gpu]:
+    """The GPUs of the job's allowed models on nodes that take work (neither lost nor cordoned)."""
+    return [g for n in cluster.sorted_nodes() if n.online for g in n.gpus
+            if not spec.gpu_models or g.model in spec.gpu_models]
+
+
+def _none_of(models: str, what: str, counts: dict[str, int]) -> str:
+    """The reason no GPU of `models` does `what`, with what keeps each GPU from it ("1 unhealthy, 2 MIG-enabled");
+    without any GPU of them on a node that takes work, that."""
+    why = ", ".join(f"{n} {reason}" for reason, n in counts.items() if n)
+    return f"no GPU of {models} {what}: {why}" if why else f"no GPU of {models} on a node in service"
+
+
+def _no_gpu_takes_shares(cluster: Cluster, spec: JobSpec) -> str:
+    """Why no GPU takes the job's whole GPUs or fractions: a GPU serves one kind of work at a time, so a
+    healthy GPU in MIG mode, or one MIG instances still hold, is no more usable than an unhealthy one, and
+    the reason says which it is (an operator turns MIG off, or replaces a GPU)."""
+    gpus = _allowed_gpus(cluster, spec)
+    counts = {"unhealthy": sum(not g.healthy for g in gpus),
+              "MIG-enabled (MIG profiles only)": sum(g.healthy and g.mig_enabled for g in gpus),
+              "held by MIG instances": sum(g.healthy and not g.mig_enabled and g.mig_instances > 0 for g in gpus)}
+    what = "takes a fraction" if spec.gpu_milli > 0 else "takes whole GPUs"
+    return _none_of(",".join(spec.gpu_models) or "any model", what, counts)
+
+
+def _no_gpu_offers_profile(cluster: Cluster, spec: JobSpec) -> str:
+    """Why no GPU takes the job's MIG instance: unhealthy, MIG off (whole GPUs and fractions only), or MIG on
+    without the profile in its table."""
+    gpus = _allowed_gpus(cluster, spec)
+    counts = {"unhealthy": sum(not g.healthy for g in gpus),
+              "without MIG enabled": sum(g.healthy and not g.mig_enabled for g in gpus),
+              f"MIG-enabled without {spec.mig_profile}": sum(g.healthy and g.mig_enabled for g in gpus)}
+    return _none_of(",".join(spec.gpu_models) or "any model", f"offers MIG profile {spec.mig_profile}", counts)
 
 
 def placer_for(cluster: Cluster) -> Placer:

@@ -11,14 +11,17 @@ A job that has waited for capacity longer than the settings' starvation limit ge
 way, by the starvation rule quota shares (libs/core/starvation.py, EASY backfill): a job of no higher priority
 waits only if it takes GPUs on a node that could hold the starving job and leaves it no room there, unless its
 declared runtime ends before the starving job could start anyway (its "shadow" time, from running jobs'
-declared ends). A starving job no node could ever hold holds nobody. The starving job is told that capacity
+declared ends). The starving job is the longest-waiting job past the limit that the present nodes could hold
+with every running job gone (the rule quota picks its own by): one no node could hold holds nobody, and the
+next-oldest that could be held starves in its place. The starving job is told that capacity
 is held for it, so that quota keeps its reservation; any other job whose quota goes back before it is placed
 (quota's placement timeout) is forgotten until quota reserves it again, its wait for capacity going on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import heapq
+from collections.abc import Iterable, Iterator
 
 import msgspec
 
@@ -48,13 +51,22 @@ from contracts import (
 )
 from libs.core.cluster import Cluster
 from libs.core.decider import Chain, Decisions, Trigger
-from libs.core.fit import NO_MODEL_MATCH, Placer, Shortfall
+from libs.core.fit import NO_MODEL_MATCH, Placer, Shortfall, placement_shape
 from libs.core.policy import PolicyBook, demand_milli
 from libs.core.retries import RetryBook
 from libs.core.runs import CurrentRuns
 from libs.core.scoring import DEFAULT_POLICY
 from libs.core.shapes import ShapeWindow
-from libs.core.starvation import CAPACITY_HELD, UNKNOWN_START, Starving, find_shadow, holds, takes_usable_gpus
+from libs.core.starvation import (
+    CAPACITY_HELD,
+    UNKNOWN_START,
+    EmptyInventory,
+    Starving,
+    find_shadow,
+    holds,
+    longest_waiting,
+    takes_usable_gpus,
+)
 
 SERVICE = "placement"
 RESERVED_FOR_PREEMPTOR = "reserved_for_preemptor"
@@ -69,13 +81,6 @@ NOMINATION_TTL_S = 120.0
 WaitKey = tuple[int, int, str]  # (-priority, reservation order, job id)
 
 
-def placement_shape(spec: JobSpec, policy: str) -> tuple[object, ...]:
-    """Everything about a job that placement looks at: two jobs with the same shape fit or fail together."""
-    return (policy, spec.replicas, spec.gpus, spec.gpu_milli, spec.gpu_memory_mib, spec.cpu_milli, spec.memory_mib,
-            spec.gpu_models, spec.mig_profile, spec.rdma_nics, spec.topology, spec.topology_required, spec.spread,
-            spec.priority)
-
-
 class PlacementDecider:
     name = SERVICE
 
@@ -85,6 +90,8 @@ class PlacementDecider:
         self.policy = PolicyBook()
         self.cluster = Cluster()
         self.placer = Placer(self.cluster)
+        # The same nodes with no job on them: who may starve (a job they could not hold never does).
+        self.inventory = EmptyInventory()
         # Fragmentation is judged against the shapes recently asked for.
         self.shapes = ShapeWindow()
         self.specs: dict[str, JobSpec] = {}
@@ -230,15 +237,19 @@ class PlacementDecider:
                     self.submitted.pop(event.job_id, None)
             case NodeRegistered():
                 self.cluster.register(event.node)
+                self.inventory.evolve(event)
                 self.generation += 1
             case NodeLost():
                 self.cluster.set_online(event.node, False)
+                self.inventory.evolve(event)
                 self.generation += 1
             case NodeCordoned() | NodeUncordoned():
                 self.cluster.cordon(event.node, isinstance(event, NodeCordoned))
+                self.inventory.evolve(event)
                 self.generation += 1
             case GpuHealthChanged():
                 self.cluster.set_gpu_health(event.node, event.index, event.healthy)
+                self.inventory.evolve(event)
                 self.generation += 1
             case _ if self.policy.apply(event):
                 self.generation += 1
@@ -372,15 +383,18 @@ class PlacementDecider:
         return None
 
     def _find_starving(self, now: float) -> None:
-        """On a tick: the job waiting longest for capacity, once past the starvation limit, and its shadow
-        time (when running jobs' declared ends free enough for it; unknown when they do not say). A job that
-        would not fit even on an empty cluster is no starving job: it holds nobody."""
+        """On a tick: the starving job, by the rule quota shares (starvation.longest_waiting): the job waiting
+        longest for capacity, past the starvation limit, that the present nodes could hold with every running
+        job gone (one they could not hold is no starving job, and the next-oldest may be); and its shadow time
+        (when running jobs' declared ends free enough for it; unknown when they do not say). A nominated
+        preemptor has capacity held for it already: then nobody starves besides."""
         limit = self.policy.settings.starvation_after_s
         self.starving = None
         if limit is None or not self.waiting:
             return
-        job_id = min(self.waiting, key=lambda j: (self.waiting_since[j], j))
-        if now - self.waiting_since[job_id] < limit or job_id not in self.specs or job_id in self.nominated:
+        job_id = longest_waiting(self._by_wait(), now, limit,
+                                 lambda j: j in self.specs and self.inventory.could_hold(self.specs[j]))
+        if job_id is None or job_id in self.nominated:
             return
         spec = self.specs[job_id]
         # The shadow depends on the job's request and on capacity, running jobs and policy, all of which
@@ -401,6 +415,14 @@ class PlacementDecider:
         self._shadow = (key, answer) if pure else None
         if answer is not None:
             self.starving = (job_id, self.policy.priority_of(spec), *answer)
+
+    def _by_wait(self) -> Iterator[tuple[float, str]]:
+        """The waiting jobs, longest waiting first, ordered only as far as they are read (a heap: the walk
+        stops at the first job that could starve, or that has not waited long enough)."""
+        waits = [(self.waiting_since[j], j) for j in self.waiting]
+        heapq.heapify(waits)
+        while waits:
+            yield heapq.heappop(waits)
 
     def _tell_starving(self, before: tuple[str, int, float, tuple[str, ...]] | None, out: Decisions) -> None:
         """The starving job changed: the new one is told capacity is held for it (so quota keeps its

@@ -62,7 +62,7 @@ from libs.core.policy import PolicyBook, demand_milli
 from libs.core.preemption_sim import Simulation
 from libs.core.preemption_state import PLACEMENT, PreemptionState, Running, Waiting
 from libs.core.quota import WAITING_FOR_QUOTA
-from libs.core.quotas import ANY, QuotaBook
+from libs.core.quotas import ANY, QuotaBook, reservation_model
 from libs.core.reclaim import borrowers, reclaim_victims
 from libs.core.retries import RetryBook
 from libs.core.runs import CurrentRuns
@@ -175,6 +175,24 @@ class PreemptionDecider:
             case _ if self.policy.apply(event):
                 if isinstance(event, PriorityClassesChanged):
                     s.rerank(self.policy)
+                elif isinstance(event, QueuePolicyChanged):
+                    self._recharge(event.queue.name)
+
+    def _recharge(self, queue: str) -> None:
+        """The queue's reservations follow its current flavors, as quota's do (QuotaBook.recharge), and so do
+        its running jobs' flavors: a reclaim finds borrowed quota where quota charges it."""
+        s = self.s
+        for job_id, (held_queue, flavor, milli, over_budget) in list(s.reserved.items()):
+            if held_queue != queue:
+                continue
+            run = s.running.get(job_id)
+            placed = next((r.model for r in run.placements if r.model), "") if run is not None else ""
+            target = self.book.recharge(queue, flavor, reservation_model(flavor, placed, s.specs.get(job_id)),
+                                        milli, over_budget)
+            if target != flavor:
+                s.reserved[job_id] = (held_queue, target, milli, over_budget)
+                if run is not None:
+                    run.flavor = target
 
     def _run_of(self, event: JobPlaced) -> Running:
         s = self.s

@@ -12,16 +12,20 @@ A job that does not get quota holds back the jobs of lower priority in its queue
 (so quota freed for it, e.g. by preemption, is not taken by the jobs it displaced); jobs of its own priority
 may use what is left, and lower ones any other flavor. While a queue under its nominal quota waits for quota of
 a flavor lent to borrowers, with a job that quota could serve (not one held by its own user limit), no borrower
-of that flavor grows. A job that cannot be preempted (its class says so) uses only its queue's own nominal
+of that flavor grows, and borrowers of it reserved but holding no capacity give it back at once
+(libs/core/quota_reclaim.py). A queue's reservations follow its flavors when its policy changes
+(QuotaBook.recharge). A job that cannot be preempted (its class says so) uses only its queue's own nominal
 quota, never borrowed quota: its lender could never get that back. A parent queue's quota bounds its whole
 subtree (QuotaBook.parent_room). A preemptor whose victims were chosen comes first and holds the quota they
 free until it is reserved or its nomination lapses (libs/core/quota_nomination.py). A job waiting longer than
 the starvation limit gets the quota it could use held for it (libs/core/starvation.py: the rule placement
 shares). A job its queue can no longer hold at all (its quota was lowered, or its flavor removed) is told so
-and waits holding nothing. Per-user limits and GPU-hour budgets (charged for run time: libs/core/budgets.py)
-are checked per job. A reservation that placement has not placed within the settings' placement timeout goes
-back, and its job waits again after a backoff. Each waiting job gets one QuotaDeferred per reason, which the
-preemption service uses to reclaim quota.
+and waits holding nothing; so does one no node present could hold, even with every running job gone (it holds
+no job below it, freezes no borrower, and nobody reclaims for it), though it still takes quota that is free.
+Per-user limits and GPU-hour budgets (charged for run time: libs/core/budgets.py) are checked per job. A
+reservation that placement has not placed within the settings' placement timeout goes back, and its job waits
+again after a backoff. Each waiting job gets one QuotaDeferred per reason, which the preemption service uses to
+reclaim quota.
 """
 
 from __future__ import annotations
@@ -64,12 +68,19 @@ from libs.core.policy import PolicyBook, demand_milli
 from libs.core.quota_fleet import FLEET_EVENTS, Fleet
 from libs.core.quota_nomination import HELD_FOR_PREEMPTOR, holding_nominee, nominees
 from libs.core.quota_order import Order
+from libs.core.quota_reclaim import (
+    RECLAIMED_UNPLACED,
+    holds_no_capacity,
+    lender_need,
+    releasable_unplaced,
+    unplaced_borrowers,
+)
 from libs.core.quota_starvation import reservation_effect, reservations_shadow
 from libs.core.quota_state import Pass, QuotaJob
-from libs.core.quotas import ANY, UNLIMITED, QuotaBook, flavor_name
+from libs.core.quotas import ANY, UNLIMITED, QuotaBook, flavor_name, reservation_model
 from libs.core.retries import RetryBook
 from libs.core.runs import CurrentRuns
-from libs.core.starvation import CAPACITY_HELD, RoomEffect, Starving, holds
+from libs.core.starvation import CAPACITY_HELD, RoomEffect, Starving, holds, longest_waiting
 
 SERVICE = "quota"
 QUEUE_QUOTA_EXHAUSTED = "queue_quota_exhausted"  # at nominal (plus borrowing limit, in a cohort)
@@ -84,6 +95,9 @@ RETRY_BACKOFF = "retry_backoff"
 EXCEEDS_QUEUE_QUOTA = "exceeds_queue_quota"  # more than its queue could ever hold, as its quota is now
 PARENT_QUOTA_EXHAUSTED = "parent_quota_exhausted"  # its queue has room, its parent's subtree does not
 NOMINAL_QUOTA_ONLY = "nominal_quota_only"  # a job that cannot be preempted never borrows: its queue is at nominal
+# No node present could hold it, not even with every running job gone: it is no starving job (it holds nobody
+# for starvation) until a node that could hold it registers or comes back.
+NO_NODE_COULD_HOLD = "no_node_could_hold"
 PLACEMENT_TIMED_OUT = "placement_timed_out"  # no node held it in time: its quota went back; it waits a backoff
 PLACEMENT_TIMEOUT = "placement_timeout"  # the QuotaReleased reason of such a job
 # A job whose reservation timed out waits this long before it may take quota again, doubling each time (as
@@ -93,6 +107,9 @@ PLACEMENT_BACKOFF_MAX_S = 3600.0
 BACKING_OFF = frozenset({RETRY_BACKOFF, PLACEMENT_TIMED_OUT})
 # Capacity that may let a job placement could not place go: the wait after a placement timeout ends on these.
 _CAPACITY_GREW = (NodeRegistered, NodeUncordoned, GpuHealthChanged)
+# Inputs on which placement may place waiting jobs at once: quota gives back no unplaced borrower's reservation
+# on them (placement may be placing it right then); the next clock tick does (_lenders_of_unplaced).
+_CAPACITY_FREED = (JobFinished, JobFailed, JobEvicted, *_CAPACITY_GREW)
 _PLACEMENT_REPORTS = (JobPlaced, JobStarted, PlacementDeferred, JobFinished, JobFailed, JobEvicted)
 # Deferrals that evicting other jobs can cure: the preemption service acts on these.
 # A preemptor's claim on the quota its victims free lapses after this long (as placement's nomination).
@@ -100,7 +117,9 @@ NOMINATION_TTL_S = 120.0
 PREEMPTION_MAY_HELP = frozenset({QUEUE_QUOTA_EXHAUSTED, COHORT_QUOTA_EXHAUSTED, QUOTA_LENT_OUT, PARENT_QUOTA_EXHAUSTED,
                                  NOMINAL_QUOTA_ONLY})
 WAITING_FOR_QUOTA = PREEMPTION_MAY_HELP | {BEHIND_HIGHER_PRIORITY}
-WAITING_OR_HELD = WAITING_FOR_QUOTA | {HELD_FOR_STARVING_JOB}
+# Who may be the starving job, by its last reason: one told no node could hold it too, as that may have changed
+# since (a node came back) with nothing to tell it yet; the inventory is asked again (_inventory_could_hold).
+WAITING_OR_HELD = WAITING_FOR_QUOTA | {HELD_FOR_STARVING_JOB, NO_NODE_COULD_HOLD}
 BUDGET_WAITS = frozenset({BUDGET_SPENT, OVER_BUDGET_WAITS})
 
 
@@ -139,6 +158,8 @@ class QuotaDecider:
         self.deferred: dict[str, str] = {}
         # The deferred jobs waiting for a budget (BUDGET_SPENT, OVER_BUDGET_WAITS): clock ticks look at these.
         self.budget_deferred: dict[str, None] = {}
+        # The jobs told no node could hold them: capacity that grows may let them be told their quota reason.
+        self.no_node_deferred: dict[str, None] = {}
         self._arrivals = 0
         self._specs: dict[str, JobSubmitted] = {}
         self.policy_version = 0  # bumps on every policy event: cached per-job answers go stale
@@ -155,12 +176,15 @@ class QuotaDecider:
         # preemptor -> (when its victims were chosen, their job ids): its placement timeout waits for them to leave
         self.victims_of: dict[str, tuple[float, tuple[str, ...]]] = {}
         self._left_waiting: str | None = None
+        self._may_give_back_unplaced = True  # False while reacting to an input on which placement may place
         self._lapsed: list[str] = []  # the queues of nominations this clock tick let lapse, for react
         self._backoffs_ended: list[str] = []  # the queues of jobs whose placement backoff new capacity ended
         # (queue, demand, flavors) -> could the queue ever hold that much (_could_ever_fit), at policy version
         self._ever_fits: dict[tuple[str, int, tuple[str, ...]], bool] = {}
         self._ever_fits_version = -1
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
+        # queue -> (inventory version, flavors epoch, could the present nodes hold each of its waiting jobs)
+        self._holdable: dict[str, tuple[int, int, bool]] = {}
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (QueuePolicyChanged, PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, JobAdmitted,
@@ -171,7 +195,8 @@ class QuotaDecider:
         """The inputs `react` may decide something about; to any other (a submission, a preemption) it answers
         [] and changes nothing."""
         return (JobAdmitted, JobFinished, JobFailed, JobCancelled, JobEvicted, QueuePolicyChanged,
-                PriorityClassesChanged, SchedulingSettingsChanged, ClockTick, JobPlaced, *_CAPACITY_GREW)
+                PriorityClassesChanged, SchedulingSettingsChanged, ClockTick, JobPlaced, *_CAPACITY_GREW, NodeLost,
+                NodeCordoned)
 
     @property
     def book(self) -> QuotaBook:
@@ -191,6 +216,9 @@ class QuotaDecider:
         by_models[job.demand] = by_models.get(job.demand, 0) + 1
         bisect.insort(self.by_wait, (job.since, job.arrival, job.job_id))
         bisect.insort(self.by_wait_in.setdefault(job.queue, []), (job.since, job.arrival, job.job_id))
+        holdable = self._holdable.get(job.queue)
+        if holdable is not None and holdable[2] and not self._inventory_could_hold(job):
+            self._holdable[job.queue] = (*holdable[:2], False)
 
     def _dequeue(self, job: QuotaJob) -> None:
         levels = self.pending[job.queue]
@@ -220,6 +248,8 @@ class QuotaDecider:
             del by_models[job.demand]
             if not by_models:
                 del of_queue[job.spec.gpu_models]
+        if (holdable := self._holdable.get(job.queue)) is not None and not holdable[2]:
+            del self._holdable[job.queue]  # it may have been the one no node could hold
         key = (job.since, job.arrival, job.job_id)
         for waits in (self.by_wait, self.by_wait_in.get(job.queue, [])):
             i = bisect.bisect_left(waits, key)
@@ -297,6 +327,7 @@ class QuotaDecider:
                 self._use(job, +1, event.ts)
                 self.deferred.pop(event.job_id, None)
                 self.budget_deferred.pop(event.job_id, None)
+                self.no_node_deferred.pop(event.job_id, None)
                 self.nominated.pop(event.job_id, None)
             case QuotaReleased():
                 freed = self.jobs.get(event.job_id)
@@ -312,6 +343,10 @@ class QuotaDecider:
                     job.timeouts += 1
                     job.timed_out_flavor = job.flavor
                     self.requeued[job.job_id] = event.ts + placement_backoff_s(job.timeouts)
+                    self._enqueue(job)
+                elif event.reason == RECLAIMED_UNPLACED:
+                    # Its lender took the quota back before any node held it: back in line at once, its wait
+                    # going on (it never ran); the lender-first rule keeps it from borrowing meanwhile.
                     self._enqueue(job)
                 elif event.reason in ("evicted", "retry"):
                     # Back to its queue with its original arrival (its place in line); its wait toward
@@ -349,6 +384,17 @@ class QuotaDecider:
                 self.flavors_epoch += 1
                 if isinstance(event, PriorityClassesChanged):
                     self._rerank()
+                elif isinstance(event, QueuePolicyChanged):
+                    self._recharge(event.queue.name)
+
+    def _recharge(self, queue: str) -> None:
+        """The queue's reservations follow its current flavors (QuotaBook.recharge): usage reserved under a
+        flavor the queue no longer has moves to the one that covers its job's model now, so that what the
+        queue borrows stays where a lender can reclaim it."""
+        for job_id in self.reserved.get(queue, {}):
+            job = self.jobs[job_id]
+            job.flavor = self.book.recharge(queue, job.flavor, reservation_model(job.flavor, job.model, job.spec),
+                                            job.demand, job.over_budget)
 
     def _end_placement_backoffs(self, now: float) -> None:
         """Capacity grew (a node registered or came back, a GPU is healthy again): a job that waits out its backoff
@@ -370,6 +416,7 @@ class QuotaDecider:
                     job.placement_code = event.code
             case JobPlaced():
                 self.budgets.placed(job.job_id, event.placements)
+                job.model = next((r.model for r in event.placements if r.model), "")
                 if job.state == "reserved":
                     job.placed, job.placement_code = True, ""
                     self.unplaced.pop(job.job_id, None)
@@ -391,6 +438,10 @@ class QuotaDecider:
             self.budget_deferred[event.job_id] = None
         else:
             self.budget_deferred.pop(event.job_id, None)
+        if event.code == NO_NODE_COULD_HOLD:
+            self.no_node_deferred[event.job_id] = None
+        else:
+            self.no_node_deferred.pop(event.job_id, None)
 
     def _end(self, job_id: str) -> None:
         job = self.jobs.get(job_id)
@@ -398,6 +449,7 @@ class QuotaDecider:
             return
         self.deferred.pop(job_id, None)
         self.budget_deferred.pop(job_id, None)
+        self.no_node_deferred.pop(job_id, None)
         self.nominated.pop(job_id, None)
         self.victims_of.pop(job_id, None)
         if job.state == "pending":
@@ -429,6 +481,7 @@ class QuotaDecider:
         out = Decisions(SERVICE, trigger, self.evolve, self.chain)
         now = event.ts
         left_waiting = self._left_waiting  # read first: folding our own decisions resets it
+        self._may_give_back_unplaced = not isinstance(event, _CAPACITY_FREED)
         lapsed = self._lapsed
         backoffs_ended = self._backoffs_ended
         placed_while_pending = self._placed_while_pending
@@ -447,8 +500,18 @@ class QuotaDecider:
                     # A waiting job left: jobs it held back may go now.
                     self._schedule(self._group(left_waiting), now, out)
             case NodeRegistered() | NodeUncordoned() | GpuHealthChanged():
-                for group in self._groups() if backoffs_ended else ():
-                    if not set(backoffs_ended).isdisjoint(group):
+                # Also the queues of jobs no node could hold: a node that can may be back, and they may
+                # starve again (their reason is told anew by the pass).
+                grew = {*backoffs_ended, *(self.jobs[j].queue for j in self.no_node_deferred if j in self.jobs)}
+                if isinstance(event, GpuHealthChanged) and not event.healthy:
+                    grew.update(self._tell_no_node(out))
+                for group in self._groups() if grew else ():
+                    if not grew.isdisjoint(group):
+                        self._schedule(group, now, out)
+            case NodeLost() | NodeCordoned():
+                shrank = self._tell_no_node(out)
+                for group in self._groups() if shrank else ():
+                    if not shrank.isdisjoint(group):
                         self._schedule(group, now, out)
             case QueuePolicyChanged() | PriorityClassesChanged() | SchedulingSettingsChanged():
                 for group in self._groups():
@@ -459,12 +522,28 @@ class QuotaDecider:
                 waiting = {self.jobs[j].queue for j in self.budget_deferred}
                 waiting.update(lapsed)
                 waiting.update(self._give_back_unplaced(now, out))
+                waiting.update(self._lenders_of_unplaced())
                 for backoffs in (self.backing_off, self.requeued):
                     waiting.update(self.jobs[j].queue for j, t in backoffs.items() if t <= now and j in self.jobs)
                 for group in self._groups() if waiting else ():
                     if waiting.intersection(group):
                         self._schedule(group, now, out)
         return out.out
+
+    def _tell_no_node(self, out: Decisions) -> set[str]:
+        """Nodes went (lost, cordoned, a GPU sick): a job waiting for quota that no node present could hold any
+        more is told so (preemption then stops acting for it), and holds nobody from now on. The queues of the
+        jobs that may have held others (those waiting for quota, or for idle quota over budget), for a pass."""
+        queues: set[str] = set()
+        for job_id, code in list(self.deferred.items()):
+            job = self.jobs.get(job_id)
+            if (code not in WAITING_FOR_QUOTA and code != OVER_BUDGET_WAITS) or job is None or job.state != "pending":
+                continue
+            if not self._inventory_could_hold(job):
+                queues.add(job.queue)
+                if code in WAITING_FOR_QUOTA:
+                    self._defer(job, *self._reason(job), out)
+        return queues
 
     def _release(self, event: JobFinished | JobFailed | JobCancelled | JobEvicted, out: Decisions) -> None:
         job = self.jobs.get(event.job_id)
@@ -561,6 +640,13 @@ class QuotaDecider:
         p.nominees = nominees(self, group, now)
         self._find_starving(group, p)
         self._lent_out(group, p)
+        given_back = self._reclaim_unplaced(group, p, out) if self.unplaced and self._may_give_back_unplaced else []
+        self._pass(group, p, out)
+        for job in given_back:
+            if job.state == "pending" and job.job_id not in self.deferred:
+                self._tell_new(job, now, out)  # back in its queue, and not reached by the pass
+
+    def _pass(self, group: list[str], p: Pass, out: Decisions) -> None:
         orders = {q: self._ordered(q) for q in group if self.pending.get(q)}
         if len(orders) == 1:  # one queue waits: its own order is the pass's
             ((queue, order),) = orders.items()
@@ -631,14 +717,54 @@ class QuotaDecider:
                 if need is not None and left >= need > room:
                     p.no_borrowing.add(f)
 
+    def _lenders_of_unplaced(self) -> set[str]:
+        """The queues under their nominal quota of a flavor lent to a borrower holding no capacity: a clock tick
+        gives it back to them (when the input that made them wait freed capacity, it was left to placement)."""
+        book = self.book
+        found: set[str] = set()
+        for job_id in self.unplaced:
+            job = self.jobs[job_id]
+            if not holds_no_capacity(self, job):
+                continue
+            found.update(q for q in self._group(job.queue) if q != job.queue and self.pending.get(q)
+                         and book.nominal_left(q, job.flavor) > book.room(q, job.flavor))
+        return found
+
+    def _reclaim_unplaced(self, group: list[str], p: Pass, out: Decisions) -> list[QuotaJob]:
+        """A queue under its nominal quota whose first job the flavor could serve fits that nominal but not its
+        room gets the quota lent to borrowers that hold no capacity back at once (libs/core/quota_reclaim.py);
+        no borrower of the flavor grows this pass. The jobs given back."""
+        book = self.book
+        given_back: list[QuotaJob] = []
+        for q in group:
+            if not self.pending.get(q) or not book.governed(q) or self._over_budget(q, p):
+                continue
+            for f in book.limits[q]:
+                left = book.nominal_left(q, f)
+                if left <= book.room(q, f) or not unplaced_borrowers(self, q, f):
+                    continue
+                need = lender_need(self, q, f, p.now)
+                if need is None:
+                    continue
+                released = releasable_unplaced(self, q, f, need)
+                for job in released:
+                    out.emit(QuotaReleased, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue,
+                             gpu_milli=job.demand, reason=RECLAIMED_UNPLACED)
+                if released:
+                    given_back.extend(released)
+                    p.no_borrowing.add(f)
+                    p.reserved()  # usage changed: what the pass cached goes stale
+        return given_back
+
     def _smallest_servable(self, queue: str, flavors: list[str], now: float) -> dict[str, int]:
-        """Per flavor, the smallest waiting job of the queue that flavor could serve now. Without a user limit
-        or a job backing off, the index of pending demands per requested models answers it."""
+        """Per flavor, the smallest waiting job of the queue that flavor could serve now (a job no node present
+        could hold is served by none: it holds nobody). Without a user limit, a job backing off or a job no node
+        could hold, the index of pending demands per requested models answers it."""
         spec = self.policy.queues.get(queue)
         limit = spec.user_max_gpus if spec is not None else None
         smallest: dict[str, int] = {}
         if limit is None and not any(self.jobs[j].queue == queue for backoffs in (self.backing_off, self.requeued)
-                                     for j in backoffs if j in self.jobs):
+                                     for j in backoffs if j in self.jobs) and self._all_holdable(queue):
             for models, demands in self.demands_by_models.get(queue, {}).items():
                 need = min(demands)
                 for f in flavors:
@@ -651,13 +777,27 @@ class QuotaDecider:
                 for _, job_id in keys:
                     job = self.jobs[job_id]
                     if max(self.backing_off.get(job_id, now), self.requeued.get(job_id, now)) > now or (
-                            limit is not None and held + job.demand > limit * 1000):
+                            limit is not None and held + job.demand > limit * 1000) or (
+                            not self._inventory_could_hold(job)):
                         continue
                     for f in flavors:
                         if (f == ANY or not job.spec.gpu_models or f in job.spec.gpu_models) \
                                 and job.demand < smallest.get(f, UNLIMITED):
                             smallest[f] = job.demand
         return smallest
+
+    def _all_holdable(self, queue: str) -> bool:
+        """Could the present nodes hold every waiting job of the queue (each with every running job gone)? Kept
+        until the inventory or the jobs' flavors change; a job that waits anew is checked as it comes
+        (_enqueue), and the answer for a queue with a job they could not hold is asked afresh once one leaves."""
+        versions = (self.fleet.inventory.version, self.flavors_epoch)
+        known = self._holdable.get(queue)
+        if known is not None and known[:2] == versions:
+            return known[2]
+        able = all(self._inventory_could_hold(self.jobs[j]) for users in self.pending.get(queue, {}).values()
+                   for keys in users.values() for _, j in keys)
+        self._holdable[queue] = (*versions, able)
+        return able
 
     def _next_head(self, queue: str, order: Order, p: Pass, out: Decisions) -> QuotaJob | None:
         """The next job of the queue worth trying; jobs that cannot fit are told why (once) on the way."""
@@ -824,7 +964,12 @@ class QuotaDecider:
         if borrows:  # (one that may not borrow failing says nothing of those that may)
             key = (job.queue, self._flavors(job))
             p.failed[key] = min(p.failed.get(key, UNLIMITED), job.demand)
-        self._hold_below(job, p)
+        # A job no node present could hold, even with every running job gone, holds nobody: quota kept for it
+        # could not start it, so neither the jobs below it nor borrowers wait for it (nor does anyone reclaim
+        # for it: it is told so, which preemption does not act on).
+        holds_others = self._inventory_could_hold(job)
+        if holds_others:
+            self._hold_below(job, p)
         if over_budget:
             # Only idle quota of its peers may serve it; evicting anyone for it would be wrong.
             if self._tells(job, OVER_BUDGET_WAITS):
@@ -832,13 +977,13 @@ class QuotaDecider:
                             "for idle quota its cohort lends", 0, out)
             return False
         # Every quota reason waits for quota: a job told it waits for quota is not told again (see _defer).
-        tell = self.deferred.get(job.job_id) not in WAITING_FOR_QUOTA
+        tell = self.deferred.get(job.job_id) not in WAITING_FOR_QUOTA or not holds_others
         if tell:
             code, message, shortfall = self._quota_reason(job, p)
             if p.no_borrowing and code == COHORT_QUOTA_EXHAUSTED:
                 message = ("a queue under its nominal quota waits for quota lent out first; no queue borrows more "
                            "meanwhile")
-        if entitled:
+        if entitled and holds_others:
             # It fits its own nominal, yet no room: that quota is lent out. No borrower of it grows now.
             p.no_borrowing.update(f for f in flavors if self._quota_left(job.queue, f, p)[0] >= job.demand)
         if tell:
@@ -879,7 +1024,8 @@ class QuotaDecider:
         (`p`) the answer is kept until the next reservation."""
         if p is None:
             return self._reason(job)
-        key = (job.queue, job.demand if self._may_borrow(job) else -job.demand, self._flavors(job))
+        key = (job.queue, job.demand if self._may_borrow(job) else -job.demand, self._flavors(job),
+               self._inventory_could_hold(job))  # (two jobs alike to quota may differ in shape, hence to the nodes)
         reason = p.reasons.get(key)
         if reason is None:
             reason = p.reasons[key] = self._reason(job)
@@ -896,6 +1042,10 @@ class QuotaDecider:
                     else f"has no quota for {models} any more")
             return (EXCEEDS_QUEUE_QUOTA, f"the job needs {job.demand / 1000:g} GPUs; queue {job.queue} {held}: it "
                     "waits, holding nothing, until the queue's quota can hold it", job.demand - most)
+        if not self._inventory_could_hold(job):
+            return (NO_NODE_COULD_HOLD, f"the job needs {job.demand / 1000:g} GPUs and no node present (registered, "
+                    "healthy, not cordoned) could hold it even with every running job gone: it holds no quota for "
+                    "itself, and waits until a node that could hold it registers", job.demand)
         flavor = (self._flavors(job) or (ANY,))[0]
         lim = self.book.limits.get(job.queue, {}).get(flavor)
         nominal = lim.nominal if lim is not None else 0
@@ -948,22 +1098,18 @@ class QuotaDecider:
     # --- starvation ----------------------------------------------------------------------------------
 
     def _find_starving(self, group: list[str], p: Pass) -> None:
-        """The group's longest-waiting job that waits for quota (not for its user limit or budget) and could
-        ever get it, once past the limit, and when its quota frees up by the reserved jobs' declared runtimes
-        (the shadow time backfill must end by; unknown when they do not say: then no job backfills)."""
+        """The group's starving job, by the rule placement shares (starvation.longest_waiting): its longest-waiting
+        job past the limit that may starve (_may_starve), and when its quota frees up by the reserved jobs'
+        declared runtimes (the shadow time backfill must end by; unknown when they do not say: then no job
+        backfills)."""
         limit = self.policy.settings.starvation_after_s
         if limit is None or not self.by_wait or p.now - self.by_wait[0][0] < limit:
             return
         # The group's waiting jobs, longest waiting first (as in by_wait).
         waits = [w for q in group if (w := self.by_wait_in.get(q))]
-        oldest: QuotaJob | None = None
-        for since, _, job_id in waits[0] if len(waits) == 1 else heapq.merge(*waits):
-            if p.now - since < limit:
-                return  # nobody in the group has waited long enough
-            job = self.jobs[job_id]
-            if self.deferred.get(job_id) in WAITING_OR_HELD and self._could_ever_fit(job):
-                oldest = job
-                break
+        oldest = longest_waiting(((since, self.jobs[job_id]) for since, _, job_id in
+                                  (waits[0] if len(waits) == 1 else heapq.merge(*waits))), p.now, limit,
+                                 self._may_starve)
         if oldest is None:
             return
         flavors = self._flavors(oldest) or (ANY,)
@@ -974,6 +1120,18 @@ class QuotaDecider:
         p.starving = oldest
         p.rule = Starving(job_id=oldest.job_id, priority=oldest.priority, shadow=shadow.at)
         p.ending = shadow.ending
+
+    def _may_starve(self, job: QuotaJob) -> bool:
+        """May the job, past the starvation limit, be the starving job? Only one waiting for quota (not for its
+        user limit or budget) that its queue could ever hold and a node present could hold (the shared rule)."""
+        return (self.deferred.get(job.job_id) in WAITING_OR_HELD and self._could_ever_fit(job)
+                and self._inventory_could_hold(job))
+
+    def _inventory_could_hold(self, job: QuotaJob) -> bool:
+        """Could the present nodes (healthy GPUs, registered, not lost nor cordoned) hold the job with every
+        running job gone, by placement's fit? A job they could not hold is no starving job: holding quota for
+        it would keep idle GPUs idle for a job that cannot start (libs/core/starvation.py)."""
+        return self.fleet.could_place(self._flavors(job) or (ANY,), job.spec)
 
     def _could_ever_fit(self, job: QuotaJob) -> bool:
         if not self.book.governed(job.queue):

@@ -3,15 +3,23 @@ not cordoned.
 
 Quota does not place; it only needs to know whether a flavor could ever be served, so that a job allowed
 several models does not take quota of a model no node has (its reservation would time out again and again
-while quota of a model the cluster has sits idle).
+while quota of a model the cluster has sits idle), and whether the present nodes could hold a job at all, were
+every running job gone (the starvation rule, libs/core/starvation.py: a job they could not hold is no starving
+job, and holds nobody in quota). That second answer comes from placement's own fit (libs/core/fit.py) on an
+empty copy of the inventory (starvation.EmptyInventory, the one placement asks too): the registered nodes,
+those lost or cordoned (out of placement, so they would not take it either) and unhealthy GPUs kept out as
+placement keeps them out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+import msgspec
+
 from contracts import EventBase, GpuHealthChanged, JobSpec, NodeCordoned, NodeLost, NodeRegistered, NodeUncordoned
 from libs.core.quotas import ANY
+from libs.core.starvation import EmptyInventory
 
 FLEET_EVENTS = (NodeRegistered, NodeLost, GpuHealthChanged, NodeCordoned, NodeUncordoned)
 
@@ -22,8 +30,12 @@ class Fleet:
         self.cordoned: set[str] = set()  # out of placement until uncordoned (a registration keeps it so)
         self.by_model: dict[str, int] = {}  # model -> healthy GPUs of it
         self.version = 0  # bumps whenever `by_model` changes: answers cached per version go stale
+        # The present nodes with nothing on them: could they hold a job with every running job gone?
+        self.inventory = EmptyInventory()
 
     def evolve(self, event: EventBase) -> None:
+        if isinstance(event, FLEET_EVENTS):
+            self.inventory.evolve(event)
         match event:
             case NodeRegistered():
                 self.healthy[event.node.name] = {g.index: (g.model, g.healthy) for g in event.node.gpus}
@@ -42,6 +54,19 @@ class Fleet:
             case _:
                 return
         self._recount()
+
+    def could_place(self, flavors: tuple[str, ...], spec: JobSpec) -> bool:
+        """Could the present nodes hold the job, with every running job gone, under one of `flavors` (quota of a
+        model's flavor runs the job on that model)? Asked by placement's fit; kept until the inventory changes.
+        Before any node has registered the inventory is not known (quota alone, as in a test of its rules): it could."""
+        if not self.inventory.cluster.nodes:
+            return True
+        for flavor in flavors:
+            narrowed = spec if flavor == ANY or spec.gpu_models == (flavor,) else msgspec.structs.replace(
+                spec, gpu_models=(flavor,))
+            if self.inventory.could_hold(narrowed):
+                return True
+        return False
 
     def _recount(self) -> None:
         counts: dict[str, int] = {}

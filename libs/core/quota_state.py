@@ -28,6 +28,7 @@ class QuotaJob:
     flavors_version: int = -1
     # Reserved: placement placed it; the last deferral placement told it while it was not (placement's word).
     placed: bool = False
+    model: str = ""  # the GPU model placement placed it on ("" not placed): the flavor that covers it follows it
     placement_code: str = ""
     placed_while_pending: bool = False  # placed before placement read that its quota went back
     timeouts: int = 0  # how often its reservation went back unplaced (its backoff doubles each time)
@@ -54,8 +55,8 @@ class Pass:
     within: dict[tuple[str, int, tuple[str, ...]], bool] = field(default_factory=dict)
     over_budget: dict[str, bool] = field(default_factory=dict)
     fair: dict[str, tuple[float, ...]] = field(default_factory=dict)  # queue -> its fair-share key
-    # (queue, demand, flavors) -> _quota_reason's answer
-    reasons: dict[tuple[str, int, tuple[str, ...]], tuple[str, str, int]] = field(default_factory=dict)
+    # (queue, demand, flavors, could a node present hold it) -> _quota_reason's answer
+    reasons: dict[tuple[str, int, tuple[str, ...], bool], tuple[str, str, int]] = field(default_factory=dict)
     # (queue, priority) -> the smallest demand waiting at that level
     smallest: dict[tuple[str, int], int] = field(default_factory=dict)
     # (queue, flavor) -> what is left of its nominal quota, and its room (see QuotaBook)

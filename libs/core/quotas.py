@@ -65,6 +65,27 @@ def flavor_matches(flavor: str, spec: JobSpec) -> bool:
     return flavor == ANY or not spec.gpu_models or flavor in spec.gpu_models
 
 
+def reservation_model(flavor: str, placed_model: str, spec: JobSpec | None) -> str:
+    """The GPU model a reservation is for: the model its job was placed on, else its flavor's model, else the
+    one model the job asks for; "" when unknown (any model)."""
+    if placed_model:
+        return placed_model
+    if flavor != ANY:
+        return flavor
+    return spec.gpu_models[0] if spec is not None and len(spec.gpu_models) == 1 else ""
+
+
+def charged_flavor(limits: dict[str, Limits], flavor: str, model: str) -> str:
+    """The flavor a reservation charged to `flavor`, for GPU model `model` ("" unknown), is charged to under its
+    queue's current flavors (`limits`): its own while the queue still has it; else the flavor of its model,
+    else "*" (it covers every model); else, no flavor covering it, where it is (it still binds there)."""
+    if flavor in limits:
+        return flavor
+    if model and model in limits:
+        return model
+    return ANY if ANY in limits else flavor
+
+
 def check_tree(queues: dict[str, QueueSpec], candidate: QueueSpec) -> str | None:
     """Why `candidate` cannot join the tree (unknown parent, a cycle, bad limits), or None."""
     if candidate.flavors and (candidate.nominal_gpus is not None or candidate.borrowing_limit_gpus is not None
@@ -364,6 +385,17 @@ class QuotaBook:
         if lim is not None and cohort:
             g = lim.guaranteed
             self.pool_used[(cohort, flavor)] += max(0, after - g) - max(0, before - g)
+
+    def recharge(self, queue: str, flavor: str, model: str, milli: int, over_budget: bool = False) -> str:
+        """A reservation of the queue follows the queue's current flavors (after a policy change): its usage moves
+        to the flavor that covers it now (charged_flavor), which is returned. Every fold of reservations (the
+        quota and preemption deciders, the guarantee checker) moves them through here, so that a lender can
+        always reclaim what a queue borrows, whichever flavor its policy names."""
+        target = charged_flavor(self.limits.get(queue, {}), flavor, model)
+        if target != flavor:
+            self.add(queue, flavor, -milli, over_budget)
+            self.add(queue, target, milli, over_budget)
+        return target
 
     def _add_to_subtrees(self, queue: str, flavor: str, milli: int) -> None:
         for ancestor in self.bounds.get(queue, ()):

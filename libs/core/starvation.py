@@ -9,8 +9,18 @@ the running jobs' declared ends free enough for it. Another job is then held bac
      its own queue's nominal quota), or GPUs on a node that could hold the starving job,
   4. and with it in place the starving job would no longer fit at its shadow time (it leaves no room).
 A starving job that could never fit, not even with every running job gone, holds nobody: it is no starving
-job at all (`find_shadow` answers None). When the running jobs do not say when they end, the start is unknown
+job at all (`find_shadow` answers None). For GPUs that is judged on the present inventory, by placement's fit:
+the registered nodes neither lost nor cordoned, their healthy GPUs, every dimension placement checks, asked of
+an empty copy of it (`EmptyInventory`; quota through libs/core/quota_fleet.py `Fleet.could_place`, as well as
+of its quota), so a job no node present could hold is no starving job for either, until a node that could hold
+it is back.
+When the running jobs do not say when they end, the start is unknown
 and nobody backfills, but rules 3 and 4 still apply.
+
+Who starves: the longest-waiting job past the limit that the present inventory could hold with every running
+job gone (`longest_waiting`, asked of an `EmptyInventory`), so that a job no node could hold neither holds
+anybody nor keeps the next-oldest job, which could run, from being the starving job. Quota and placement pick
+it by this one rule, each over its own waiting jobs ordered by wait, stopping at the first that could fit.
 """
 
 from __future__ import annotations
@@ -19,8 +29,19 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from contracts import JobSpec, ReplicaPlacement
+from contracts import (
+    EventBase,
+    GpuHealthChanged,
+    JobSpec,
+    NodeCordoned,
+    NodeLost,
+    NodeRegistered,
+    NodeUncordoned,
+    ReplicaPlacement,
+)
 from libs.core.cluster import Cluster
+from libs.core.fit import fits, placement_shape
+from libs.core.scoring import DEFAULT_POLICY
 
 UNKNOWN_START = float("inf")  # the shadow time when the running jobs do not declare when they end
 # Placement's word to the starving job itself: capacity is held for it (quota then keeps its reservation).
@@ -42,6 +63,52 @@ class Starving:
 class Shadow(Generic[T]):
     at: float  # UNKNOWN_START when the jobs that must end do not declare when
     ending: tuple[T, ...]  # the running jobs that end by then (with declared ends), in end order
+
+
+class EmptyInventory:
+    """The present nodes as placement would see them with every running job gone: registered, neither lost nor
+    cordoned, their healthy GPUs. Could they hold a request? Answered by placement's own fit, kept per request
+    shape until the inventory changes (a node event), so that asking it of every waiting job costs a lookup."""
+
+    def __init__(self) -> None:
+        self.cluster = Cluster()
+        self.version = 0  # bumps whenever the inventory changes: answers kept per version go stale
+        self._answers: dict[tuple[object, ...], bool] = {}  # request shape -> could the inventory hold it
+
+    def evolve(self, event: EventBase) -> None:
+        match event:
+            case NodeRegistered():
+                self.cluster.register(event.node)
+            case NodeLost():
+                self.cluster.set_online(event.node, False)
+            case NodeCordoned() | NodeUncordoned():
+                self.cluster.cordon(event.node, isinstance(event, NodeCordoned))
+            case GpuHealthChanged():
+                self.cluster.set_gpu_health(event.node, event.index, event.healthy)
+            case _:
+                return
+        self.version += 1
+        self._answers.clear()
+
+    def could_hold(self, spec: JobSpec) -> bool:
+        key = placement_shape(spec, DEFAULT_POLICY)
+        able = self._answers.get(key)
+        if able is None:
+            able = self._answers[key] = fits(self.cluster, spec)
+        return able
+
+
+def longest_waiting(waits: Iterable[tuple[float, T]], now: float, limit: float, may_starve: Callable[[T], bool]
+                    ) -> T | None:
+    """The starving job: of `waits` ((since, job), longest waiting first), the first past the limit that
+    `may_starve` (the present inventory could hold it with every running job gone, and what else the caller
+    asks). None when none: the walk stops at the first job not yet past the limit."""
+    for since, item in waits:
+        if now - since < limit:
+            return None
+        if may_starve(item):
+            return item
+    return None
 
 
 def backfills(duration_s: float | None, now: float, shadow: float) -> bool:

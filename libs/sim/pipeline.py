@@ -8,6 +8,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from contracts import (
     ClockTick,
@@ -15,6 +16,7 @@ from contracts import (
     JobEvicted,
     JobFailed,
     JobFinished,
+    JobPlaced,
     JobStarted,
 )
 from libs.core.admission import AdmissionDecider
@@ -35,6 +37,21 @@ IDLE_LIMIT_S = 300.0
 # when the job does not run then.
 SCRIPT = "script"
 SCRIPTED = (JobFinished, JobFailed, JobEvicted)
+# A scripted report may be about an earlier run of its job: its `run` then names the run by the job's
+# placements, "#1" for its first (a world input cannot know the placement ids the deciders will make). The
+# executor reports it naming that run's placement: a late report of a run that is over.
+PLACEMENT_REF = "#"
+
+
+def placement_ref(number: int) -> str:
+    """The `run` of a scripted report about the job's `number`-th run (1: its first)."""
+    return f"{PLACEMENT_REF}{number}"
+
+
+def placement_number(run: str) -> int | None:
+    """The run a scripted report's `run` names, counted from 1; None: the job's current run."""
+    digits = run.removeprefix(PLACEMENT_REF)
+    return int(digits) if run.startswith(PLACEMENT_REF) and digits.isdigit() and int(digits) >= 1 else None
 
 
 @dataclass(order=True)
@@ -52,6 +69,7 @@ class VirtualExecutor:
         self.book = ExecutorBook()
         self.pending: dict[str, Run] = {}  # finish event id -> its run
         self.stopping: dict[str, Run] = {}  # scheduled stop (eviction) id -> its run
+        self.placements: dict[str, dict[str, None]] = {}  # job -> the ids of its placements, one per run, in order
 
     @property
     def running(self) -> dict[str, Run]:
@@ -61,6 +79,8 @@ class VirtualExecutor:
         """Reports due now; later ones (finishes) go to the schedule."""
         if isinstance(event, REPORTS) and event.source == EXECUTOR:
             return []  # its own report, already applied
+        if isinstance(event, JobPlaced):
+            self.placements.setdefault(event.job_id, {})[event.id] = None
         reports = self.book.react(event, event.ts)
         for report in reports:
             run = self.book.runs.get(getattr(report, "job_id", ""))
@@ -92,6 +112,13 @@ class VirtualExecutor:
         does not run now."""
         book = self.book
         run = book.runs.get(event.job_id)
+        number = placement_number(event.run)
+        if number is not None:
+            placed = list(self.placements.get(event.job_id, {}))
+            if number > len(placed):
+                return []  # the job has not run that often: there is no such run to report on
+            if run is None or run.run_id != placed[number - 1]:
+                return [self._late(event, placed[number - 1])]
         if run is None:
             return []
         if isinstance(event, JobEvicted):
@@ -103,6 +130,15 @@ class VirtualExecutor:
             return [book.report(JobFailed, run, "failed", event.ts, exit_code=event.exit_code,
                                 reason=event.reason or "exit_code")]
         return [book.report(JobFinished, run, "finished", event.ts)]
+
+    def _late(self, event: JobFinished | JobFailed | JobEvicted, run_id: str) -> EventBase:
+        """The executor's report, read now, of the job's run `run_id`, which is over: as the report it would
+        have made then, with an id of its own (the scripted event's) so that it is a message of its own."""
+        fields: dict[str, Any] = ({"exit_code": event.exit_code, "reason": event.reason or "exit_code"}
+                                  if isinstance(event, JobFailed) else
+                                  {"reason": event.reason or "evicted"} if isinstance(event, JobEvicted) else {})
+        return type(event)(id=derived_id(EXECUTOR, run_id, "late", event.id), ts=event.ts, source=EXECUTOR,
+                           correlation_id=event.job_id, job_id=event.job_id, run=run_id, **fields)
 
 
 @dataclass

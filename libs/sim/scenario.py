@@ -47,8 +47,8 @@ from libs.nodes.sim import (
 )
 from libs.runtime.policy_file import PolicyFile, PolicyFileError, load_policy, policy_changes, tree_order
 from libs.sim.guarantee_check import ViolationLike, check_all
-from libs.sim.pipeline import SCRIPT, VirtualWorld
-from libs.sim.scenario_model import NodeEntry, Scenario, ScenarioError, Settings, Step
+from libs.sim.pipeline import SCRIPT, VirtualWorld, placement_ref
+from libs.sim.scenario_model import NodeEntry, Report, Scenario, ScenarioError, Settings, Step
 
 SOURCE = "scenario"
 
@@ -142,13 +142,20 @@ def step_inputs(step: Step, eid: str, start: float, version: int = 1) -> list[Ev
         case "settings":
             return make(SchedulingSettingsChanged, settings=value, version=version)
         case "finish":
-            return make(JobFinished, SCRIPT, job_id=value)
+            if isinstance(value, str):
+                return make(JobFinished, SCRIPT, job_id=value)
+            return make(JobFinished, SCRIPT, job_id=value.job, run=run_of(value))
         case "fail":
             return make(JobFailed, SCRIPT, job_id=value.job, exit_code=value.exit_code,
-                        reason=value.reason or "exit_code")
+                        reason=value.reason or "exit_code", run=run_of(value))
         case "evict":
-            return make(JobEvicted, SCRIPT, job_id=value.job, reason=value.reason or "evicted")
+            return make(JobEvicted, SCRIPT, job_id=value.job, reason=value.reason or "evicted", run=run_of(value))
     return []  # tick
+
+
+def run_of(report: Report) -> str:
+    """The `run` of a scripted report: the run the scenario names, by the job's placements ("": its current)."""
+    return "" if report.run is None else placement_ref(report.run)
 
 
 POLICY_STEPS = ("queue", "priority_classes", "settings")

@@ -6,7 +6,7 @@ seconds of virtual time from the scenario's start."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import yaml
@@ -65,10 +65,18 @@ class Submit(JobSpec, frozen=True, kw_only=True, omit_defaults=True, forbid_unkn
         return JobSpec(**{f: getattr(self, f) for f in JobSpec.__struct_fields__})
 
 
-class Ended(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
-    """A running job's process exits (fail: with a non-zero code) or its executor stops it (evict)."""
+class Report(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """An executor's report about a job's run. `run` names the run by the job's placements, counted from 1
+    (1: its first run): a report naming a run that is over is a late one (a slow agent's, an executor's after
+    its restart), which must change nothing. None: the job's current run."""
 
     job: str
+    run: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+class Ended(Report, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """A running job's process exits (fail: with a non-zero code) or its executor stops it (evict)."""
+
     exit_code: int = 1
     reason: str = ""
 
@@ -95,7 +103,7 @@ class Step(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid
     queue: QueueSpec | None = None  # a queue created or changed: its whole new spec
     priority_classes: list[PriorityClass] | None = None
     settings: SchedulingSettings | None = None
-    finish: str | None = None  # a running job's process exits with 0
+    finish: str | Report | None = None  # a running job's process exits with 0 (the job's id, or a Report)
     fail: Ended | None = None
     evict: Ended | None = None
     tick: float | None = None  # nothing but clock ticks for this many seconds

@@ -32,6 +32,7 @@ from contracts import (
     SubmitJob,
 )
 from libs.core.policy import DEFAULT_PRIORITY_CLASSES
+from libs.sim.pipeline import placement_number
 from libs.sim.scenario import node_spec
 from libs.sim.scenario_model import (
     Cluster,
@@ -39,6 +40,7 @@ from libs.sim.scenario_model import (
     Expect,
     GpuHealth,
     NodeEntry,
+    Report,
     Scenario,
     ScenarioError,
     Settings,
@@ -94,13 +96,26 @@ def step_of(event: EventBase, at: float) -> Step:
         case SchedulingSettingsChanged():
             return Step(at=at, settings=event.settings)
         case JobFinished():
-            return Step(at=at, finish=event.job_id)
+            run = run_number(event)
+            return Step(at=at, finish=event.job_id if run is None else Report(job=event.job_id, run=run))
         case JobFailed():
-            return Step(at=at, fail=Ended(job=event.job_id, exit_code=event.exit_code,
+            return Step(at=at, fail=Ended(job=event.job_id, exit_code=event.exit_code, run=run_number(event),
                                           reason="" if event.reason == "exit_code" else event.reason))
         case JobEvicted():
-            return Step(at=at, evict=Ended(job=event.job_id, reason="" if event.reason == "evicted" else event.reason))
+            return Step(at=at, evict=Ended(job=event.job_id, run=run_number(event),
+                                           reason="" if event.reason == "evicted" else event.reason))
     raise ScenarioError(f"a scenario cannot say {type(event).__name__} ({event.id})")
+
+
+def run_number(event: JobFinished | JobFailed | JobEvicted) -> int | None:
+    """The run a scripted report names, counted by the job's placements; None: its current run. A report
+    naming a placement by its id belongs to a recorded log's executor, not to the world's inputs."""
+    if not event.run:
+        return None
+    number = placement_number(event.run)
+    if number is None:
+        raise ScenarioError(f"a scenario names a run by the job's placements, not by id ({event.id}: {event.run})")
+    return number
 
 
 def scenario_of(inputs: Sequence[EventBase], settings: Settings | None = None, until: float | None = None,

@@ -17,7 +17,7 @@ FAMILY = {
     "insufficient_gpus": "capacity", "no_model_match": "capacity", "insufficient_cpu_memory": "capacity",
     "fragmentation": "fragmentation", "topology": "topology", "gang": "gang",
     "reserved_for_preemptor": "protected_for_preemptor", "held_for_preemptor": "protected_for_preemptor",
-    "parent_quota_exhausted": "queue_quota", "nominal_quota_only": "queue_quota",
+    "parent_quota_exhausted": "queue_quota", "nominal_quota_only": "queue_quota", "no_node_could_hold": "no_node",
 }
 
 
@@ -86,6 +86,10 @@ def explain(job: JobView, queue: QueueView | None, queue_running: list[JobView],
         # Its queue can never hold it as its quota is now: only a change of that quota helps.
         out.unblock.append(f"raise queue {queue.name}'s quota (nominal or borrowing limit) so that it can hold "
                            f"{_gpus(demand)}; until then it waits without holding back other jobs")
+    elif family == "no_node":
+        # Even an empty cluster could not hold it: no running job ending helps, only the inventory changing.
+        out.unblock.append("a node that could hold it (registered, healthy, not cordoned) joins or comes back; until "
+                           "then no quota or capacity is held for it, however long it waits")
     elif family == "placement_timeout":
         out.unblock.append("no node could hold it while its quota was reserved, so the quota went back: after its "
                            "backoff it takes quota again, and runs once a node can hold it")

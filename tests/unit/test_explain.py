@@ -53,6 +53,10 @@ RUNNING = [job("r1", "running", "running", gpus=4, started=900.0, duration=300.0
     pytest.param(job("p", phase="reserved", reason="reserved_for_preemptor"), "protected_for_preemptor",
                  ["1 GPU of any model free when r2 end at about 1970-01-01T00:17:30Z"], 1050.0,
                  id="capacity held for a preemptor"),
+    pytest.param(job("p", reason="no_node_could_hold", gpus=16, shortfall=16000), "no_node",
+                 ["a node that could hold it (registered, healthy, not cordoned) joins or comes back; until then no "
+                  "quota or capacity is held for it, however long it waits"], None,
+                 id="no node present could hold it: no running job ending helps"),
 ])
 def test_a_pending_job_is_explained(view: JobView, code: str, unblock: list[str], start: float | None) -> None:
     answer = explain(view, QUEUE, RUNNING, RUNNING, NODES, NOW)

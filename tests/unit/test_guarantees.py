@@ -19,6 +19,7 @@ from contracts import (
     JobPlaced,
     JobSpec,
     JobSubmitted,
+    NodeLost,
     NodeRegistered,
     NodeSpec,
     PlacementDeferred,
@@ -250,6 +251,25 @@ def test_a_reason_that_is_not_true_breaks_waiting_reason_true() -> None:
     assert "user_limit" in found[0].detail
 
 
+def no_node_could_hold(*, lost: bool) -> Log:
+    """`big` (8 GPUs) told no node could hold it: n could, unless it is lost; m's job holds 2 of the 8 GPUs of
+    quota, so big waits for quota either way."""
+    log = Log().nodes(node("n", gpus=8), node("m", gpus=4)).queues(QueueSpec(name="q", team="q", nominal_gpus=8))
+    if lost:
+        log.add(NodeLost, node="n", reason="gone")
+    log.running("r", spec(gpus=2), on("m", 0, 1)).admitted("big", spec(gpus=8))
+    return log.add(QuotaDeferred, source="quota", job_id="big", queue="q", code="no_node_could_hold",
+                   message="no node present could hold it").ticks(until=1_010.0)
+
+
+def test_a_job_told_no_node_could_hold_it_while_one_could_breaks_waiting_reason_true() -> None:
+    found = check_liveness(no_node_could_hold(lost=False).events)
+    assert ids(found) == {"waiting_reason_true"} and found[0].jobs == ("big",)
+    assert "no_node_could_hold" in found[0].detail and "a node present could hold it" in found[0].detail
+    # With n lost no node present could: the reason is true.
+    assert check_liveness(no_node_could_hold(lost=True).events) == []
+
+
 def test_a_job_waiting_while_quota_and_gpus_are_idle_breaks_no_idle_while_fitting_waits() -> None:
     log = Log().nodes(node("n", gpus=8)).queues(QueueSpec(name="q", team="q", nominal_gpus=8))
     log.admitted("a", spec(gpus=2))
@@ -291,6 +311,33 @@ def test_no_reclaim_is_owed_while_every_borrower_would_fall_below_its_nominal() 
     log.add(QuotaDeferred, source="quota", job_id="p", queue="a", code="quota_lent_out", message="lent")
     log.ticks(until=1_300.0)
     assert check_liveness(log.events) == []
+
+
+def user_limited_lender() -> Log:
+    """Lender's user u1 holds its limit (1 GPU) and waits with a second job; a borrower holds the rest."""
+    log = Log().nodes(node("n", gpus=4))
+    log.queues(QueueSpec(name="lender", team="lender", nominal_gpus=4, cohort="c", reclaim_after_s=10.0,
+                         user_max_gpus=1),
+               QueueSpec(name="borrower", team="borrower", nominal_gpus=0, cohort="c"))
+    log.running("mine", spec("lender", user="u1"), on("n", 0))
+    log.running("b", spec("borrower", gpus=3), on("n", 1, 2, 3)).admitted("held", spec("lender", user="u1"))
+    return log.add(QuotaDeferred, source="quota", job_id="held", queue="lender", code="user_limit",
+                   message="user u1 already holds 1 GPUs in queue lender (limit 1)")
+
+
+def test_no_reclaim_is_owed_to_a_job_its_user_limit_holds() -> None:
+    # Evicting the borrower would not let `held` run: it waits for its user's other job, not for quota.
+    log = user_limited_lender().ticks(until=1_300.0)
+    assert check_liveness(log.events) == []
+
+
+def test_lent_quota_not_reclaimed_for_a_job_behind_one_its_user_limit_holds_breaks_reclaim_within_bound() -> None:
+    # Another user's job of the lender waits for the lent quota and no reclaim comes: still a hole.
+    log = user_limited_lender().admitted("l", spec("lender", user="u2"))
+    log.add(QuotaDeferred, source="quota", job_id="l", queue="lender", code="quota_lent_out", message="lent")
+    log.ticks(until=1_300.0)
+    found = check_liveness(log.events)
+    assert ids(found) == {"reclaim_within_bound"} and "l" in found[0].jobs
 
 
 def test_lent_quota_reclaimed_in_time_keeps_reclaim_within_bound() -> None:

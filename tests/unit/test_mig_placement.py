@@ -5,15 +5,19 @@ accounting alike."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from contracts import GpuSpec, JobFinished, JobPlaced, JobSpec, NodeSpec, QuotaReserved
+from contracts import GpuSpec, JobFinished, JobPlaced, JobSpec, NodeSpec, PlacementDeferred, QuotaReserved
 from libs.core.cluster import Cluster
 from libs.core.fit import Placer, Shortfall
 from libs.core.ledger import requested_gpus
 from libs.core.mig_profiles import compute_slices, instance_milli, lookup, memory_slices, product
 from libs.core.placement import PlacementDecider
 from libs.core.policy import demand_milli
+from libs.sim.scenario import run_scenario
+from libs.sim.scenario_model import load_scenario
 from tests.unit.builders import EventFeed, job, of, pipeline, queue
 
 A100_40, A100_80, H100_80, H200_141 = 40_960, 81_920, 81_559, 143_771
@@ -177,3 +181,54 @@ def test_quota_placement_and_accounting_charge_an_instance_the_same_share() -> N
     # A third does not fit the quota. None runs yet (no executor here): the demand counts each at its share.
     assert of(feed.submit("mig-3", job(mig_profile="3g.40gb")), QuotaReserved) == []
     assert feed.ledger.demand()["all"] == pytest.approx(3 * 0.428)
+
+
+# --- the reason a job finds no GPU of its kind --------------------------------------------------------------
+
+def test_a_healthy_gpu_in_mig_mode_is_not_called_unhealthy() -> None:
+    c, placer = placer_on(gpu_node("m", mig=True, gpus=2))
+    c.set_gpu_health("m", 1, False)
+    for request, kind in ((spec(gpus=1), "whole GPUs"), (spec(gpus=1, gpu_milli=500), "a fraction")):
+        result = placer.place_gang(request)
+        assert isinstance(result, Shortfall) and result.code == "no_model_match"
+        assert result.message == f"no GPU of any model takes {kind}: 1 unhealthy, 1 MIG-enabled (MIG profiles only)"
+
+
+def test_a_gpu_still_held_by_mig_instances_is_named_so() -> None:
+    c, placer = placer_on(gpu_node("g", mig=True))
+    assert not isinstance(placer.place_gang(spec(mig_profile="1g.10gb")), Shortfall)
+    c.register(gpu_node("g", mig=False))  # MIG turned off while its instance runs
+    result = placer.place_gang(spec(gpus=1))
+    assert isinstance(result, Shortfall) and result.code == "no_model_match"
+    assert result.message == "no GPU of any model takes whole GPUs: 1 held by MIG instances"
+
+
+def test_a_mig_request_says_no_gpu_has_mig_enabled() -> None:
+    c, placer = placer_on(gpu_node("w", mig=False, gpus=2), gpu_node("m", mig=True))
+    c.set_gpu_health("m", 0, False)
+    result = placer.place_gang(spec(mig_profile="1g.10gb"))
+    assert isinstance(result, Shortfall) and result.code == "no_model_match"
+    assert result.message == "no GPU of any model offers MIG profile 1g.10gb: 1 unhealthy, 2 without MIG enabled"
+    c.set_gpu_health("m", 0, True)
+    result = placer.place_gang(spec(mig_profile="1g.5gb", gpu_models=("A100",)))  # not in an 80 GB A100's table
+    assert isinstance(result, Shortfall)
+    assert result.message == ("no GPU of A100 offers MIG profile 1g.5gb: 2 without MIG enabled, "
+                              "1 MIG-enabled without 1g.5gb")
+
+
+def test_no_gpu_of_the_models_in_service_is_said_as_such() -> None:
+    c, placer = placer_on(gpu_node("m", mig=True))
+    c.set_online("m", False)
+    for request in (spec(gpus=1), spec(mig_profile="1g.10gb")):
+        result = placer.place_gang(request)
+        assert isinstance(result, Shortfall) and result.message == "no GPU of any model on a node in service"
+
+
+def test_the_pipeline_tells_waiting_jobs_mig_mode_not_ill_health() -> None:
+    scenarios = Path(__file__).resolve().parents[1] / "scenarios"
+    run = run_scenario(load_scenario(scenarios / "no-gpu-reason-names-mig-mode.yaml"), scenarios)
+    told = {e.job_id: e.message for _, e in run.log if isinstance(e, PlacementDeferred) and e.code == "no_model_match"}
+    assert told == {"whole": "no GPU of any model takes whole GPUs: 1 MIG-enabled (MIG profiles only)",
+                    "frac": "no GPU of any model takes a fraction: 1 MIG-enabled (MIG profiles only)",
+                    "slice": "no GPU of any model offers MIG profile 1g.10gb: 1 without MIG enabled"}
+    assert run.violations == [] and run.unmet == []

@@ -6,6 +6,8 @@ every placement the preemption decider sees is one the real deciders made.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 import pytest
 
@@ -23,7 +25,11 @@ from contracts import (
 )
 from libs.core.policy import DEFAULT_PRIORITY_CLASSES
 from libs.core.preemption import PreemptionDecider, Running, Simulation
+from libs.sim.scenario import run_scenario
+from libs.sim.scenario_model import load_scenario
 from tests.unit.builders import EventFeed, brief, job, kinds, node, of, pipeline, queue
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
 
 def running(job_id: str, demand: int) -> Running:
@@ -297,3 +303,14 @@ def test_a_victim_never_preempts_its_preemptor_back() -> None:
     out = feed.send(PriorityClassesChanged, classes=classes, version=5)
     out += feed.send(ClockTick)
     assert of(out, PreemptionDecided) == []
+
+
+def test_a_cancelled_preemptor_evicts_nothing_more_and_its_leaving_victim_frees_room_for_the_next() -> None:
+    run = run_scenario(load_scenario(SCENARIOS / "cancelled-preemptor-evicts-nothing-more.yaml"), SCENARIOS)
+    events = [e for _, e in run.log]
+    decided = [(e.preemptor_id, [v.job_id for v in e.victims]) for e in events if isinstance(e, PreemptionDecided)]
+    assert decided == [("p", ["v2", "v1"])]  # once, before the cancel; p2 waits for v2's room, evicting nobody
+    # The stop of v2 left with the decision: it still comes, after the cancel, as the executor ordered it.
+    evicted = [(e.job_id, e.ts - events[0].ts) for e in events if isinstance(e, JobEvicted) and e.job_id != "p"]
+    assert evicted == [("v1", 100.0), ("v2", 120.0)]
+    assert run.violations == [] and run.unmet == []

@@ -20,12 +20,20 @@ from contracts import (
     JobFinished,
     JobPlaced,
     JobStarted,
+    NodeRegistered,
+    PlacementDeferred,
     PreemptionDecided,
+    QueuePolicyChanged,
     QueueSpec,
+    QuotaReleased,
     QuotaReserved,
+    ReplicaPlacement,
 )
 from libs.core.quota import QuotaDecider
-from tests.unit.builders import EventFeed, Job, brief, kinds, node, of, pipeline
+from libs.core.quota_reclaim import RECLAIMED_UNPLACED
+from libs.core.quotas import Limits, charged_flavor, reservation_model
+from libs.core.starvation import CAPACITY_HELD
+from tests.unit.builders import EventFeed, Job, brief, kinds, node, of, pipeline, spec_of
 from tests.unit.quota_builders import DAY, D, on, outcome, q, quota, reserved, run, settings, wait
 
 # --- borrowing ----------------------------------------------------------------------------------------------
@@ -472,3 +480,93 @@ def test_an_over_budget_job_does_not_reclaim_quota_it_could_not_use() -> None:
     start(feed, "m1", on("m", 2))  # borrows a's idle 2
     decisions = feed.submit("over", on("a", 1))
     assert victims(decisions) == []
+
+
+# --- lent quota back from borrowers that hold no capacity ---------------------------------------------------
+
+def unplaced_borrowers(code: str = "insufficient_gpus") -> EventFeed:
+    """Queue a (nominal 2) lends it all to b (nominal 0): b1 then b2 borrow 1 each; placement places neither."""
+    feed = quota(q("a", 2), q("b", 0))
+    feed.send(NodeRegistered, node=node("n1", gpus=2))
+    run(feed, ("b1", on("b", 1)), ("b2", on("b", 1)))
+    for job_id in ("b1", "b2"):
+        feed.send(PlacementDeferred, job_id=job_id, code=code, message="no node holds it")
+    return feed
+
+
+def test_a_lender_gets_quota_back_at_once_from_the_newest_unplaced_borrower_only_as_far_as_it_needs() -> None:
+    feed = unplaced_borrowers()
+    decisions = feed.admit("a1", on("a", 1))
+    assert [(r.job_id, r.reason) for r in of(decisions, QuotaReleased)] == [("b2", RECLAIMED_UNPLACED)]
+    assert reserved(decisions) == ["a1"]
+    assert outcome(decisions, "b2") == ("deferred", "cohort_quota_exhausted")
+    # b2 waits again, and does not take back what a's next job needs: b1 gives the rest back.
+    decisions = feed.admit("a2", on("a", 1))
+    assert [r.job_id for r in of(decisions, QuotaReleased)] == ["b1"]
+    assert reserved(decisions) == ["a2"]
+
+
+def test_an_unplaced_borrower_placement_holds_capacity_for_keeps_its_quota() -> None:
+    feed = unplaced_borrowers(code=CAPACITY_HELD)
+    decisions = feed.admit("a1", on("a", 1))
+    assert of(decisions, QuotaReleased) == []
+    assert outcome(decisions, "a1") == ("deferred", "quota_lent_out")
+
+
+def test_a_placed_borrower_keeps_its_quota_for_a_reclaim_to_take() -> None:
+    feed = unplaced_borrowers()
+    for job_id in ("b1", "b2"):
+        feed.send(JobPlaced, job_id=job_id, placements=(
+            ReplicaPlacement(replica=0, node="n1", gpu_indices=(0,), gpu_milli=1000),))
+    decisions = feed.admit("a1", on("a", 1))
+    assert of(decisions, QuotaReleased) == []
+    assert outcome(decisions, "a1") == ("deferred", "quota_lent_out")
+
+
+# --- usage follows the queue's current flavors --------------------------------------------------------------
+
+@pytest.mark.parametrize(("flavor", "model", "limits", "expected"), [
+    pytest.param("H100", "H100", ("H100", "A100"), "H100", id="a flavor the queue still has keeps its usage"),
+    pytest.param("*", "H100", ("H100",), "H100", id="from any model to the flavor of the model it runs on"),
+    pytest.param("H100", "H100", ("*",), "*", id="from a model's flavor to any model"),
+    pytest.param("*", "", ("H100",), "*", id="a model unknown: no flavor of one model covers it, it stays"),
+    pytest.param("A100", "A100", ("H100",), "A100", id="no flavor covers its model: it stays where it is"),
+    pytest.param("A100", "A100", (), "A100", id="a queue without quota: it stays where it is"),
+])
+def test_a_reservation_is_charged_to_the_flavor_that_covers_its_model(flavor: str, model: str,
+                                                                      limits: tuple[str, ...], expected: str) -> None:
+    assert charged_flavor({f: Limits(nominal=1000, borrow=None, lend=1000) for f in limits}, flavor, model) == expected
+
+
+def test_a_reservation_is_for_the_model_it_was_placed_on_else_its_flavors_else_the_one_its_job_asks() -> None:
+    spec = spec_of(on("a", 1, gpu_models=("H100",)))
+    assert reservation_model("*", "A100", spec) == "A100"
+    assert reservation_model("H100", "", None) == "H100"
+    assert reservation_model("*", "", spec) == "H100"
+    assert reservation_model("*", "", spec_of(on("a", 1))) == ""
+
+
+def test_a_queue_switched_from_any_model_to_a_models_flavor_borrows_what_its_running_job_holds() -> None:
+    feed = quota(q("a", cohort="c", flavors=(FlavorQuota(model="H100", nominal_gpus=2),)), q("b", 1))
+    run(feed, ("b1", on("b", 1)))
+    feed.send(JobPlaced, job_id="b1", placements=(
+        ReplicaPlacement(replica=0, node="n1", gpu_indices=(0,), gpu_milli=1000, model="H100"),))
+    feed.send(QueuePolicyChanged, queue=q("b", cohort="c", flavors=(FlavorQuota(model="H100", nominal_gpus=0),)),
+              version=3)
+    book = next(d for d in feed.deciders if isinstance(d, QuotaDecider)).book
+    assert (book.usage("b", "*"), book.usage("b", "H100"), book.borrowed("b", "H100")) == (0, 1000, 1000)
+    assert book.room("a", "H100") == 1000  # a lends the GPU b1 holds: a reclaim can take it back
+    assert outcome(feed.admit("a1", on("a", 2)), "a1") == ("deferred", "quota_lent_out")
+
+
+def test_a_reclaim_takes_back_what_a_queue_borrows_after_its_flavors_changed() -> None:
+    feed = pipeline()
+    settings(feed)
+    feed.queues(q("a", cohort="c", reclaim_after_s=0, flavors=(FlavorQuota(model="H100", nominal_gpus=2),)),
+                q("b", 1))
+    feed.nodes(node("n1", 2, model="H100"))
+    start(feed, "b1", on("b", 1))
+    feed.send(QueuePolicyChanged, queue=q("b", cohort="c", flavors=(FlavorQuota(model="H100", nominal_gpus=0),)),
+              version=3)
+    assert victims(feed.submit("a1", on("a", 2))) == [("reclaim", "b1", "b", "reclaim")]
+    assert ("JobPlaced", "a1") in brief(feed.send(JobEvicted, job_id="b1", reason="preempted"))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts import JobFailed, JobFinished, JobPlaced, QueuePolicyChanged, SubmitJob
+from contracts import JobEvicted, JobFailed, JobFinished, JobPlaced, QueuePolicyChanged, SubmitJob
 from libs.cli.main import main
 from libs.sim.scenario import job_outcomes, run_scenario, scenario_end, scenario_inputs
 from libs.sim.scenario_model import ScenarioError, parse_scenario
@@ -19,11 +19,6 @@ from libs.sim.scenario_write import write_scenario
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 # Scenario files that fail today, each for a hole in the deciders (file stem -> the hole).
 KNOWN_HOLES = {
-    "starving-job-without-a-node-holds-idle-gpus": "held_for_starving_job: a starving job that no node present can "
-                                                   "hold (its only fitting node lost) holds later jobs of its queue "
-                                                   "while GPUs sit idle",
-    "reclaim-owed-to-job-held-by-user-limit": "reclaim_within_bound: the checker owes a reclaim to a job that waits "
-                                              "for its user's limit, which no reclaim would let run",
 }
 
 
@@ -127,6 +122,57 @@ def test_written_scenario_makes_the_same_inputs_and_run(tmp_path: Path) -> None:
     assert scenario_inputs(again) == inputs
     assert scenario_end(again) == scenario_end(scenario)
     assert [e for _, e in run_scenario(again).log] == [e for _, e in run_scenario(scenario).log]
+
+
+LATE = """
+name: late
+settings: {tick_s: 5, quiet_s: 60}
+queues: [{name: a, team: a, nominal_gpus: 1}]
+cluster: {nodes: [{name: n0, gpus: 1}, {name: n1, gpus: 1}]}
+events:
+  - {at: 0, submit: {job: j, team: a, queue: a, gpus: 1}}
+  - {at: 5, evict: {job: j, reason: node_pressure}}
+  - {at: 10, finish: {job: j, run: 1}}
+  - {at: 11, fail: {job: j, run: 1, exit_code: 3}}
+  - {at: 12, evict: {job: j, run: 2}}
+  - {at: 13, finish: j}
+"""
+
+
+def test_a_report_may_name_the_run_it_is_about() -> None:
+    scenario = parse_scenario(LATE)
+    finish, fail, evict, current = (s.action()[1] for s in scenario.events[2:])
+    assert (finish.job, finish.run, fail.run, fail.exit_code, evict.run, current) == ("j", 1, 1, 3, 2, "j")
+    inputs = scenario_inputs(scenario)
+    assert [e.run for e in inputs if isinstance(e, JobFinished | JobFailed | JobEvicted)] == ["", "#1", "#1", "#2",
+                                                                                               ""]
+    # Written back, each report names the same run.
+    again = parse_scenario(write_scenario(inputs, settings=scenario.settings))
+    assert again.events == scenario.events and scenario_inputs(again) == inputs
+    # A recorded executor's report names its run by the placement's id, which no scenario can say.
+    recorded = JobFinished(id="r", ts=inputs[-1].ts, source="node-agent", job_id="j", run="a-placement-id")
+    with pytest.raises(ScenarioError, match="by the job's placements"):
+        write_scenario([*inputs, recorded], settings=scenario.settings)
+
+
+def test_a_late_report_of_an_earlier_run_changes_nothing() -> None:
+    run = run_scenario(parse_scenario(LATE))
+    placed = [e.id for _, e in run.log if isinstance(e, JobPlaced)]
+    reports = [(type(e).__name__, e.run == placed[0], e.ts - run.scenario.settings.start) for _, e in run.log
+               if isinstance(e, JobFinished | JobFailed | JobEvicted)]
+    # j evicted at 5 runs again (its second run); the late finish and failure name its first run, and the
+    # eviction at 12 its second (current) run, which it ends; the finish at 13 finds it on its third.
+    assert len(placed) == 3
+    assert reports == [("JobEvicted", True, 5.0), ("JobFinished", True, 10.0), ("JobFailed", True, 11.0),
+                       ("JobEvicted", False, 12.0), ("JobFinished", False, 13.0)]
+    assert job_outcomes(run.log)["j"].state == "succeeded" and run.violations == []
+
+
+@pytest.mark.parametrize("text", ["events: [{at: 1, finish: {job: j, run: 0}}]",
+                                  "events: [{at: 1, fail: {job: j, run: first}}]"])
+def test_a_run_is_named_by_its_count_from_one(text: str) -> None:
+    with pytest.raises(ScenarioError, match="run"):
+        parse_scenario(text)
 
 
 def test_inputs_from_elsewhere_are_written_as_timed_events() -> None:

@@ -157,17 +157,15 @@ def waiting_lenders(world: World, queue: str, flavor: str) -> list[str]:
 
 
 def lent_out_while_waiting(world: World, queue: str, flavor: str) -> bool:
-    """Does the queue's smallest waiting job fit its nominal quota of the flavor, but not the room its cohort
-    leaves it? Then borrowers hold the part of its quota it waits for."""
+    """Does the queue's smallest waiting job that the flavor could serve fit its nominal quota of the flavor,
+    but not the room its cohort leaves it? Then borrowers hold the part of its quota it waits for. The job is
+    found as quota finds it for the same question (`_lent_out`): jobs held by their user's limit or backing off
+    wait for neither, so they hold no borrower back."""
     book = world.quota.book
-    levels = world.quota.pending.get(queue)
-    if not levels or flavor not in book.limits.get(queue, {}) or _over_budget(world, queue):
+    if not world.quota.pending.get(queue) or flavor not in book.limits.get(queue, {}) or _over_budget(world, queue):
         return False
-    demands = [d for prio in levels for d in world.quota.demands.get((queue, prio), {})]
-    if not demands:
-        return False
-    smallest = min(demands)
-    return book.nominal_left(queue, flavor) >= smallest > book.room(queue, flavor)
+    smallest = world.quota._smallest_servable(queue, [flavor], world.now).get(flavor)
+    return smallest is not None and book.nominal_left(queue, flavor) >= smallest > book.room(queue, flavor)
 
 
 def reclaim_due(world: World, queue: str, flavor: str) -> bool:
@@ -186,15 +184,19 @@ def reclaim_due(world: World, queue: str, flavor: str) -> bool:
 
 def first_waiting(world: World, queue: str) -> str | None:
     """The queue's first job waiting for quota: the smallest of its highest waiting priority (jobs below it
-    wait behind it by the queue's own order; jobs backing off, after a failure or after their reservation went back
-    unplaced, wait for time, not quota)."""
+    wait behind it by the queue's own order). Jobs that quota would not serve whatever room the queue had wait
+    for something else, and are no job's turn: those backing off (after a failure, or after their reservation
+    went back unplaced) wait for time, those held by their user's limit for that user's jobs to end (the jobs
+    quota's `_smallest_servable` leaves out; preemption stops counting them as waiting on their USER_LIMIT
+    deferral, so jobs of lower priority are not behind them)."""
     levels = world.quota.pending.get(queue)
     if not levels:
         return None
     backing_off, requeued, now = world.quota.backing_off, world.quota.requeued, world.now
     for prio in sorted(levels, reverse=True):
         waiting = [(world.quota.jobs[j].demand, j) for keys in levels[prio].values() for _, j in keys
-                   if backing_off.get(j, 0.0) <= now and requeued.get(j, 0.0) <= now]
+                   if backing_off.get(j, 0.0) <= now and requeued.get(j, 0.0) <= now
+                   and not user_limit_hold(world, j, world.quota.jobs[j].spec)]
         if waiting:
             return min(waiting)[1]
     return None

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import bisect
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from contracts import JobSpec, PreemptionDecided, QueuePolicyChanged, QuotaReleased, QuotaReserved
+from contracts import JobPlaced, JobSpec, PreemptionDecided, QueuePolicyChanged, QuotaReleased, QuotaReserved
 from libs.audit.guarantees.violation import (
     LENDING_LIMIT,
     NOMINAL_PROTECTED,
@@ -21,7 +21,7 @@ from libs.audit.guarantees.violation import (
     Violation,
     gpus,
 )
-from libs.core.quotas import ANY, UNLIMITED, Limits, QuotaBook
+from libs.core.quotas import ANY, UNLIMITED, Limits, QuotaBook, reservation_model
 
 UNBOUNDED = sys.maxsize
 
@@ -32,6 +32,7 @@ class Held:
     flavor: str
     milli: int
     over_budget: bool
+    model: str = ""  # the GPU model it is for (libs/core/quotas.py reservation_model): its flavor follows it
 
 
 def _gpus(milli: int) -> str:
@@ -63,14 +64,36 @@ class QuotaLimits:
         """Apply the policy events logged up to `trigger_seq` (the decision's trigger)."""
         applied = False
         while self.policy and self.policy[0][0] <= trigger_seq:
-            self.book.set_queue(self.policy.pop(0)[1].queue)
+            at, event = self.policy.pop(0)
+            self.book.set_queue(event.queue)
+            self._recharge(event.queue.name, at)
             applied = True
         if applied:
             self._recount_subtrees()
 
-    def reserved(self, seq: int, event: QuotaReserved) -> list[Violation]:
+    def _recharge(self, queue: str, at: int) -> None:
+        """The queue's reservations follow its current flavors, through the core's own QuotaBook.recharge (as the
+        quota decider moves them), from the policy event's sequence `at` on."""
+        for job, held in list(self.held.items()):
+            if held.queue != queue:
+                continue
+            target = self.book.recharge(queue, held.flavor, held.model, held.milli, held.over_budget)
+            if target != held.flavor:
+                self.held[job] = replace(held, flavor=target)
+                self._record(queue, held.flavor, at)
+                self._record(queue, target, at)
+
+    def placed(self, event: JobPlaced) -> None:
+        """The job's reservation is for the model it was placed on from now on."""
+        held = self.held.get(event.job_id)
+        model = next((r.model for r in event.placements if r.model), "")
+        if held is not None and model:
+            self.held[event.job_id] = replace(held, model=model)
+
+    def reserved(self, seq: int, event: QuotaReserved, spec: JobSpec | None = None) -> list[Violation]:
         self.bind_policy(event.trigger_seq or seq)
-        held = Held(event.queue, event.flavor or ANY, event.gpu_milli, event.over_budget)
+        flavor = event.flavor or ANY
+        held = Held(event.queue, flavor, event.gpu_milli, event.over_budget, reservation_model(flavor, "", spec))
         borrowed_before = self.book.pool_used.get((self.book.cohort.get(held.queue, ""), held.flavor), 0)
         if event.job_id in self.held:  # reserved twice: the second replaces the first
             self._take(event.job_id, -1)
@@ -183,16 +206,20 @@ class QuotaLimits:
             key = (ancestor, held.flavor)
             self.subtree[key] = self.subtree.get(key, 0) + sign * held.milli
 
-    def _record(self, queue: str, flavor: str) -> None:
-        """What a reclaim could take from the queue's flavor now: its usage within quota, less victims leaving."""
+    def _record(self, queue: str, flavor: str, at: int | None = None) -> None:
+        """What a reclaim could take from the queue's flavor now: its usage within quota, less victims leaving;
+        as of sequence `at` (a policy event bound late), else the one being folded."""
         leaving = sum(h.milli for j, h in self.held.items() if j in self.leaving
                       and (h.queue, h.flavor) == (queue, flavor) and not h.over_budget)
         history = self.takeable.setdefault((queue, flavor), [])
         value = self.book.used.get((queue, flavor), 0) - leaving
-        if history and history[-1][0] == self.seq:
-            history[-1] = (self.seq, value)
+        seq = self.seq if at is None else at
+        if history:
+            seq = max(seq, history[-1][0])  # the history stays in order
+        if history and history[-1][0] == seq:
+            history[-1] = (seq, value)
         else:
-            history.append((self.seq, value))
+            history.append((seq, value))
 
     def _takeable_at(self, queue: str, flavor: str, seq: int) -> int:
         """What the queue's flavor held as of `seq` (its last change at or before it; 0 before any)."""

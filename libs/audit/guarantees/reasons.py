@@ -30,6 +30,19 @@ def _negate(hold: Callable[[World, str, JobSpec], str], what: str) -> Claim:
     return claim
 
 
+def _no_node_could_hold(world: World, job_id: str, job: JobState) -> str:
+    """`no_node_could_hold`: no node present (registered, neither lost nor cordoned, its healthy GPUs) could hold
+    the job under any flavor it may use, even with every running job gone. Asked of the inventory the quota
+    decider's state folds from the log's node events, by placement's fit (quota_fleet, starvation.EmptyInventory)."""
+    held = world.quota.jobs.get(job_id)
+    fleet = world.quota.fleet
+    if held is None or not fleet.inventory.cluster.nodes:
+        return ""  # no node at all: none could hold it
+    if not world.quota._inventory_could_hold(held):
+        return ""
+    return "a node present could hold it once the running jobs are gone"
+
+
 def _not_fitting(world: World, job_id: str, job: JobState) -> str:
     return "it fits the cluster's free capacity" if holds.fits_now(world, job.spec, job.flavor) else ""
 
@@ -42,6 +55,7 @@ QUOTA_CLAIMS: dict[str, Claim] = {
     quota.RETRY_BACKOFF: _negate(holds.backoff_hold, "its retry backoff is over"),
     quota.HELD_FOR_STARVING_JOB: _negate(holds.starving_quota_hold, "no job of its cohort waits past the "
                                                                      "starvation limit"),
+    quota.NO_NODE_COULD_HOLD: _no_node_could_hold,
     quota_nomination.HELD_FOR_PREEMPTOR: _negate(holds.nominee_quota_hold, "no preemptor waiting for quota would "
                                                                             "be left without room by it"),
 }

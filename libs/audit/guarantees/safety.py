@@ -59,11 +59,12 @@ def check_safety(events: Sequence[tuple[int, EventBase]]) -> list[Violation]:
             case JobPlaced():
                 spec = specs.get(event.job_id)
                 out.extend(capacity.place(seq, event, spec))
+                quota.placed(event)
                 out.extend(gang_violations(seq, event, spec, capacity.cluster))
             case JobFinished() | JobFailed() | JobEvicted():
                 capacity.release(event.job_id)
             case QuotaReserved():
-                out.extend(quota.reserved(seq, event))
+                out.extend(quota.reserved(seq, event, specs.get(event.job_id)))
             case QuotaReleased():
                 quota.released(event)
             case PreemptionDecided():

@@ -25,6 +25,7 @@ from contracts import (
     NodeUncordoned,
     PlacementDeferred,
     PreemptionDecided,
+    QueuePolicyChanged,
     QuotaDeferred,
     QuotaReleased,
     QuotaReserved,
@@ -32,6 +33,7 @@ from contracts import (
 )
 from libs.audit.guarantees.capacity import Capacity
 from libs.core.quota import PLACEMENT_TIMEOUT, QuotaDecider
+from libs.core.quota_reclaim import RECLAIMED_UNPLACED
 from libs.core.quotas import ANY
 from libs.core.runs import CurrentRuns
 
@@ -128,9 +130,11 @@ class World:
                         self._enter(event.job_id, QUOTA, event.ts)
                     else:
                         self._end(event.job_id, event.reason, event.ts)
-                elif job is not None and job.phase == PLACEMENT and event.reason == PLACEMENT_TIMEOUT:
-                    # No node held it in time: it waits for quota again, and what placement said of it
-                    # before is no reason for this wait (quota tells the new one).
+                elif job is not None and job.phase == PLACEMENT and event.reason in (PLACEMENT_TIMEOUT,
+                                                                                   RECLAIMED_UNPLACED):
+                    # No node held it in time, or its lender took the quota back before one did: it waits for
+                    # quota again, and what placement said of it before is no reason for this wait (quota tells
+                    # the new one).
                     self._enter(event.job_id, QUOTA, event.ts)
             case JobCancelled():
                 job = self.jobs.get(event.job_id)
@@ -145,6 +149,12 @@ class World:
                 self._end(event.job_id, f"rejected ({event.code})", event.ts)
             case PreemptionDecided():
                 self.nominated[event.preemptor_id] = event.ts
+            case QueuePolicyChanged():
+                # The queue's reservations follow its current flavors, as the quota decider moved them.
+                for job_id in self.quota.reserved.get(event.queue.name, {}):
+                    job = self.jobs.get(job_id)
+                    if job is not None:
+                        job.flavor = self.quota.jobs[job_id].flavor
 
     def _cluster(self, event: EventBase) -> None:
         cluster = self.capacity.cluster
