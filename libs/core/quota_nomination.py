@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from libs.core.quota_fit import flavors_of
 from libs.core.quota_starvation import reservation_effect
 from libs.core.quota_state import QuotaJob
 from libs.core.quotas import ANY
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from libs.core.quota import QuotaDecider
 
 HELD_FOR_PREEMPTOR = "held_for_preemptor"
+# A preemptor's claim on the quota its victims free lapses after this long (as placement's nomination).
+NOMINATION_TTL_S = 120.0
 
 
 def nominees(d: QuotaDecider, group: list[str], now: float) -> list[QuotaJob]:
@@ -67,7 +70,7 @@ def holding_nominee(d: QuotaDecider, waiting: list[QuotaJob], job: QuotaJob, fla
         key = (nominee.job_id, job.queue, flavor, job.demand, over_budget)
         held = effects.get(key) if effects is not None else None
         if held is None:
-            takes_its_room, leaves_it_room = reservation_effect(d.book, nominee, d._flavors(nominee) or (ANY,), (),
+            takes_its_room, leaves_it_room = reservation_effect(d.book, nominee, flavors_of(d, nominee) or (ANY,), (),
                                                                 job, flavor, over_budget)
             held = takes_its_room and not leaves_it_room
             if effects is not None:

@@ -1,4 +1,7 @@
-"""The order of a queue's waiting jobs, walked once per scheduling pass."""
+"""The fair order: across the queues of a scheduling pass, which queue's head goes next (its order key: a
+nominated preemptor first, then jobs within their queue's nominal quota, then the queue furthest below its
+fair share level by level down the queue tree, then priority, arrival and id), and inside a queue the order
+of its waiting jobs, walked once per pass."""
 
 from __future__ import annotations
 
@@ -6,11 +9,63 @@ import heapq
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from libs.core.quota_fit import entitled, flavors_of, over_budget
 from libs.core.quota_nomination import in_queue
-from libs.core.quota_state import QuotaJob
+from libs.core.quota_state import Pass, QuotaJob
 
 if TYPE_CHECKING:
     from libs.core.quota import QuotaDecider
+
+
+def fair_share(d: QuotaDecider, queue: str, now: float) -> float:
+    """Weighted (decayed) usage relative to nominal quota: 1.0 is exactly the queue's share."""
+    spec = d.policy.queues.get(queue)
+    half_life = d.policy.settings.fair_share_half_life_s
+    used = subtree_used(d, queue, now, half_life)
+    nominal = max(d.book.nominal_of(queue), 1)
+    return used / nominal / (spec.weight if spec is not None else 1.0)
+
+
+def subtree_used(d: QuotaDecider, queue: str, now: float, half_life: float) -> float:
+    current = d.queue_used.get(queue, 0)
+    decayed = d.decayed.get(queue)
+    own = (current + decayed.value(current, now, half_life)) / 2 if decayed is not None else current / 2
+    return own + sum(subtree_used(d, c, now, half_life) for c in d.book.children.get(queue, ()))
+
+
+def fair_key(d: QuotaDecider, queue: str, now: float) -> tuple[float, ...]:
+    """The queue's fair shares level by level, from the root of its tree down to it."""
+    path = [queue]
+    while (parent := d.policy.queues[path[-1]].parent if path[-1] in d.policy.queues else ""):
+        path.append(parent)
+    return tuple(fair_share(d, q, now) for q in reversed(path))
+
+
+def order_key(d: QuotaDecider, job: QuotaJob, p: Pass) -> tuple[object, ...]:
+    """A job that preempted others goes first: the quota its victims free is its. A queue whose head
+    must borrow still ranks as entitled when a smaller job of the head's priority fits its nominal
+    quota: that job comes right after the head fails, and quota freed for it (say by a reclaim) must not
+    go to a borrower meanwhile."""
+    key = p.keys.get(job.job_id)
+    if key is None:
+        key = p.keys[job.job_id] = (job.job_id not in d.nominated,
+                                    not (entitled(d, job, p) or level_entitled(d, job, p)),
+                                    pass_fair_key(d, job.queue, p), -job.priority, job.arrival, job.job_id)
+    return key
+
+
+def pass_fair_key(d: QuotaDecider, queue: str, p: Pass) -> tuple[float, ...]:
+    key = p.fair.get(queue)
+    if key is None:
+        key = p.fair[queue] = fair_key(d, queue, p.now)
+    return key
+
+
+def level_entitled(d: QuotaDecider, job: QuotaJob, p: Pass) -> bool:
+    if over_budget(d, job.queue, p) or not d.book.governed(job.queue):
+        return False
+    smallest = min(d.demands.get((job.queue, job.priority), {job.demand: 0}))
+    return any(d.book.nominal_left(job.queue, f) >= smallest for f in flavors_of(d, job))
 
 
 class Order:

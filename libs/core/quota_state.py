@@ -23,7 +23,7 @@ class QuotaJob:
     flavor: str = ANY
     reserved_at: float = 0.0
     over_budget: bool = False
-    # The flavors this job may use (see QuotaDecider._flavors), as of flavors epoch `flavors_version`.
+    # The flavors this job may use (see quota_fit.flavors_of), as of flavors epoch `flavors_version`.
     flavors: tuple[str, ...] = ()
     flavors_version: int = -1
     # Reserved: placement placed it; the last deferral placement told it while it was not (placement's word).
@@ -55,7 +55,7 @@ class Pass:
     within: dict[tuple[str, int, tuple[str, ...]], bool] = field(default_factory=dict)
     over_budget: dict[str, bool] = field(default_factory=dict)
     fair: dict[str, tuple[float, ...]] = field(default_factory=dict)  # queue -> its fair-share key
-    # (queue, demand, flavors, could a node present hold it) -> _quota_reason's answer
+    # (queue, demand, flavors, could a node present hold it) -> quota_reasons.quota_reason's answer
     reasons: dict[tuple[str, int, tuple[str, ...], bool], tuple[str, str, int]] = field(default_factory=dict)
     # (queue, priority) -> the smallest demand waiting at that level
     smallest: dict[tuple[str, int], int] = field(default_factory=dict)

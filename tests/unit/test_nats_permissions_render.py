@@ -53,12 +53,14 @@ def _published_in(path: Path) -> set[type[EventBase]]:
 
 
 def _core_service(path: Path) -> str | None:
-    """A decider module's SERVICE, the source of its decisions."""
+    """A decider module's SERVICE, the source of its decisions; a module named after a decider's module
+    (`quota_reserve.py` beside `quota.py`) is a part of that decider."""
     for node in ast.parse(path.read_text()).body:
         if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SERVICE" for t in node.targets)
                 and isinstance(node.value, ast.Constant)):
             return str(node.value.value)
-    return None
+    owner = path.with_name(path.stem.split("_")[0] + ".py")
+    return _core_service(owner) if owner != path and owner.exists() else None
 
 
 def _scanned(user: str) -> set[type[EventBase]]:

@@ -13,6 +13,7 @@ from libs.audit.guarantees.world import PLACEMENT, QUOTA, JobState, World
 from libs.core.fit import fits
 from libs.core.policy import demand_milli
 from libs.core.quota import NOMINATION_TTL_S
+from libs.core.quota_fit import smallest_servable
 from libs.core.quota_nomination import holding_nominee, nominees
 from libs.core.quotas import ANY
 
@@ -141,7 +142,7 @@ def nominee_quota_hold(world: World, job_id: str, spec: JobSpec) -> str:
 
 def lender_waits(world: World, spec: JobSpec, flavor: str) -> bool:
     """Must the job borrow `flavor`, while another queue of its cohort under its nominal quota waits for the
-    part of it that is lent out? Then the quota decider lets no borrower grow (see _lent_out)."""
+    part of it that is lent out? Then the quota decider lets no borrower grow (see quota_reclaim.lent_out)."""
     book = world.quota.book
     if book.nominal_left(spec.queue, flavor) >= demand_milli(spec):
         return False
@@ -159,12 +160,12 @@ def waiting_lenders(world: World, queue: str, flavor: str) -> list[str]:
 def lent_out_while_waiting(world: World, queue: str, flavor: str) -> bool:
     """Does the queue's smallest waiting job that the flavor could serve fit its nominal quota of the flavor,
     but not the room its cohort leaves it? Then borrowers hold the part of its quota it waits for. The job is
-    found as quota finds it for the same question (`_lent_out`): jobs held by their user's limit or backing off
-    wait for neither, so they hold no borrower back."""
+    found as quota finds it for the same question (`quota_reclaim.lent_out`): jobs held by their user's limit
+    or backing off wait for neither, so they hold no borrower back."""
     book = world.quota.book
     if not world.quota.pending.get(queue) or flavor not in book.limits.get(queue, {}) or _over_budget(world, queue):
         return False
-    smallest = world.quota._smallest_servable(queue, [flavor], world.now).get(flavor)
+    smallest = smallest_servable(world.quota, queue, [flavor], world.now).get(flavor)
     return smallest is not None and book.nominal_left(queue, flavor) >= smallest > book.room(queue, flavor)
 
 
@@ -187,7 +188,7 @@ def first_waiting(world: World, queue: str) -> str | None:
     wait behind it by the queue's own order). Jobs that quota would not serve whatever room the queue had wait
     for something else, and are no job's turn: those backing off (after a failure, or after their reservation
     went back unplaced) wait for time, those held by their user's limit for that user's jobs to end (the jobs
-    quota's `_smallest_servable` leaves out; preemption stops counting them as waiting on their USER_LIMIT
+    quota's `smallest_servable` leaves out; preemption stops counting them as waiting on their USER_LIMIT
     deferral, so jobs of lower priority are not behind them)."""
     levels = world.quota.pending.get(queue)
     if not levels:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from contracts import JobSpec
 from libs.audit.guarantees import holds
 from libs.audit.guarantees.world import PLACEMENT, QUOTA, JobState, World
-from libs.core import placement, quota, quota_nomination
+from libs.core import placement, quota, quota_fit, quota_nomination
 from libs.core.fit import FRAGMENTATION, GANG, INSUFFICIENT_CPU_MEMORY, INSUFFICIENT_GPUS, NO_MODEL_MATCH, TOPOLOGY
 
 Claim = Callable[[World, str, JobState], str]  # "" when the claim is true, else why it is not
@@ -38,7 +38,7 @@ def _no_node_could_hold(world: World, job_id: str, job: JobState) -> str:
     fleet = world.quota.fleet
     if held is None or not fleet.inventory.cluster.nodes:
         return ""  # no node at all: none could hold it
-    if not world.quota._inventory_could_hold(held):
+    if not quota_fit.could_hold(world.quota, held):
         return ""
     return "a node present could hold it once the running jobs are gone"
 

@@ -1,0 +1,128 @@
+"""The scheduling pass over a group of queues (a cohort, or a queue without one): first what holds for the whole
+pass (the nominated preemptors, the starving job, the flavors lent out, the lent quota that unplaced borrowers
+give back), then, repeatedly, the best head among the queues by the fair order is tried, until no queue has a
+job worth trying. Finding a queue's next head skips, and tells why once, the jobs backing off, the jobs held
+behind a job of higher priority, and those at least as large as a job of the same flavors that already failed
+this pass (quota only shrinks during a pass)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from libs.core.decider import Decisions
+from libs.core.quota_fit import flavors_of
+from libs.core.quota_nomination import nominees
+from libs.core.quota_order import Order, order_key
+from libs.core.quota_reasons import (
+    BACKING_OFF,
+    BEHIND_HIGHER_PRIORITY,
+    RETRY_BACKOFF,
+    WAITING_FOR_QUOTA,
+    defer,
+    quota_reason,
+    tell_new,
+    tells,
+)
+from libs.core.quota_reclaim import lent_out, reclaim_unplaced
+from libs.core.quota_reserve import try_reserve, usable_flavors
+from libs.core.quota_starvation import find_starving
+from libs.core.quota_state import Pass, QuotaJob
+
+if TYPE_CHECKING:
+    from libs.core.quota import QuotaDecider
+
+
+def schedule(d: QuotaDecider, group: list[str], now: float, out: Decisions) -> None:
+    p = Pass(now=now)
+    p.nominees = nominees(d, group, now)
+    find_starving(d, group, p)
+    lent_out(d, group, p)
+    given_back = reclaim_unplaced(d, group, p, out) if d.unplaced and d._may_give_back_unplaced else []
+    run_pass(d, group, p, out)
+    for job in given_back:
+        if job.state == "pending" and job.job_id not in d.deferred:
+            tell_new(d, job, now, out)  # back in its queue, and not reached by the pass
+
+
+def run_pass(d: QuotaDecider, group: list[str], p: Pass, out: Decisions) -> None:
+    orders = {q: Order(d, q) for q in group if d.pending.get(q)}
+    if len(orders) == 1:  # one queue waits: its own order is the pass's
+        ((queue, order),) = orders.items()
+        while (head := next_head(d, queue, order, p, out)) is not None:
+            if try_reserve(d, head, p, out):
+                p.reserved()
+        return
+    heads: dict[str, QuotaJob] = {}
+    while orders:
+        for q in list(orders):
+            if q not in heads:
+                head = next_head(d, q, orders[q], p, out)
+                if head is None:
+                    del orders[q]
+                else:
+                    heads[q] = head
+        if not heads:
+            break
+        # One head: nothing to compare (the order key has no effect but caching).
+        best = next(iter(heads.values())) if len(heads) == 1 else min(heads.values(), key=lambda j: order_key(d, j, p))
+        del heads[best.queue]
+        if try_reserve(d, best, p, out):
+            p.reserved()
+
+
+def next_head(d: QuotaDecider, queue: str, order: Order, p: Pass, out: Decisions) -> QuotaJob | None:
+    """The next job of the queue worth trying; jobs that cannot fit are told why (once) on the way."""
+    backing_off = d.backing_off
+    requeued = d.requeued
+    # None of these changes while the queue's next head is looked for (only trying a head does).
+    held = p.held_below.get(queue)
+    held_all = p.held_all.get(queue)
+    failures = p.failed
+    deferred = d.deferred
+    version = d.flavors_epoch
+    waiting_for_quota = WAITING_FOR_QUOTA
+    # The last flavors (interned: see quota_fit.flavors_of) and level seen, with what the pass knows of them.
+    seen_flavors: tuple[str, ...] | None = None
+    seen_failed: int | None = None
+    seen_level = -1
+    level_skips = False
+    for job in order.walk:
+        if backing_off or requeued:
+            backoffs = backing_off if job.job_id in backing_off else requeued
+            not_before = backoffs.get(job.job_id)
+            if not_before is not None:
+                if not_before > p.now:
+                    if deferred.get(job.job_id) not in BACKING_OFF:
+                        defer(d, job, RETRY_BACKOFF, f"it failed and runs again after {not_before:.0f}", 0, out)
+                    continue
+                del backoffs[job.job_id]
+        if held is not None and ((held_all is not None and job.priority < held_all)
+                                 or not usable_flavors(d, job, p)):
+            if held_all is not None and job.priority < held_all and deferred.get(job.job_id) in WAITING_FOR_QUOTA:
+                return None  # everything after it is of lower priority still, held in every flavor, and told
+            if tells(d, job, BEHIND_HIGHER_PRIORITY):
+                defer(d, job, BEHIND_HIGHER_PRIORITY, f"a job of higher priority waits for queue {queue}'s quota first",
+                      0, out)
+            continue
+        if failures:
+            flavors = job.flavors if job.flavors_version == version else flavors_of(d, job)
+            if flavors is not seen_flavors:
+                seen_flavors, seen_failed, seen_level = flavors, failures.get((queue, flavors)), -1
+            failed = seen_failed
+            if failed is not None and job.demand >= failed:
+                if deferred.get(job.job_id) in waiting_for_quota:
+                    if job.priority != seen_level:
+                        seen_level = job.priority
+                        level = (queue, seen_level)
+                        smallest = p.smallest.get(level)
+                        if smallest is None:
+                            smallest = p.smallest[level] = min(d.demands[level])
+                        # Nothing of this level is smaller or asks for other models: skip the level.
+                        level_skips = failed <= smallest and len(d.models[level]) == 1
+                    if level_skips:
+                        order.skip_level()
+                    continue
+                defer(d, job, *quota_reason(d, job, p), out)
+                continue
+        return job
+    return None
