@@ -16,6 +16,7 @@ def quota_violations(events: Iterable[EventBase]) -> list[str]:
     book = QuotaBook()
     held: dict[str, tuple[str, str, int, bool]] = {}  # job id -> (queue, flavor, milli, over budget)
     models: dict[str, str] = {}  # job id -> the GPU model its reservation is for (reservation_model)
+    placed_unheld: dict[str, str] = {}  # job id -> the model it was placed on holding no reservation
     specs: dict[str, JobSpec] = {}
     position: dict[str, int] = {}
     policy: list[tuple[int, QueuePolicyChanged]] = []  # not yet applied
@@ -28,6 +29,10 @@ def quota_violations(events: Iterable[EventBase]) -> list[str]:
             specs[e.job_id] = e.spec
         elif isinstance(e, JobPlaced) and e.job_id in held:
             models[e.job_id] = next((r.model for r in e.placements if r.model), "") or models.get(e.job_id, "")
+            queue, key, milli, over = held[e.job_id]
+            held[e.job_id] = (queue, book.recharge_placed(queue, key, models[e.job_id], milli, over), milli, over)
+        elif isinstance(e, JobPlaced):  # placed as its quota went back: its next reservation is for that model
+            placed_unheld[e.job_id] = next((r.model for r in e.placements if r.model), "")
         elif isinstance(e, QuotaReserved):
             trigger = position.get(e.causation_id, i)
             while policy and policy[0][0] <= trigger:
@@ -35,7 +40,7 @@ def quota_violations(events: Iterable[EventBase]) -> list[str]:
             key = e.flavor or ANY
             book.add(e.queue, key, e.gpu_milli, e.over_budget)
             held[e.job_id] = (e.queue, key, e.gpu_milli, e.over_budget)
-            models[e.job_id] = reservation_model(key, "", specs.get(e.job_id))
+            models[e.job_id] = reservation_model(key, placed_unheld.pop(e.job_id, ""), specs.get(e.job_id))
             broken = book.violations(e.queue, key)
             if broken:
                 out.append(f"{e.job_id} ({e.id}): {'; '.join(broken)}")

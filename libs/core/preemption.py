@@ -126,6 +126,7 @@ class PreemptionDecider:
             case JobPlaced():
                 s.unwait(event.job_id)
                 self._placed += 1
+                self._recharge_placed(event)
                 s.run(self._run_of(event))
                 self.cluster.allocate(event.placements)
             case JobSubmitted():
@@ -193,6 +194,18 @@ class PreemptionDecider:
                 s.reserved[job_id] = (held_queue, target, milli, over_budget)
                 if run is not None:
                     run.flavor = target
+
+    def _recharge_placed(self, event: JobPlaced) -> None:
+        """Its model now known, a reservation charged to a flavor its queue no longer has follows it (as quota's
+        does, QuotaBook.recharge_placed): its run is then indexed under the flavor a reclaim looks in."""
+        held = self.s.reserved.get(event.job_id)
+        if held is None:
+            return
+        queue, flavor, milli, over_budget = held
+        model = next((r.model for r in event.placements if r.model), "")
+        target = self.book.recharge_placed(queue, flavor, model, milli, over_budget)
+        if target != flavor:
+            self.s.reserved[event.job_id] = (queue, target, milli, over_budget)
 
     def _run_of(self, event: JobPlaced) -> Running:
         s = self.s

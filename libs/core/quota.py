@@ -8,24 +8,23 @@ changes. It repeatedly takes the best head among the cohort's queues:
   3. priority, then arrival, then id.
 Inside a queue the order is priority, then the user holding the fewest GPUs in that queue, then arrival.
 
-A job that does not get quota holds back the jobs of lower priority in its queue, in the flavors it could use
-(so quota freed for it, e.g. by preemption, is not taken by the jobs it displaced); jobs of its own priority
-may use what is left, and lower ones any other flavor. While a queue under its nominal quota waits for quota of
-a flavor lent to borrowers, with a job that quota could serve (not one held by its own user limit), no borrower
-of that flavor grows, and borrowers of it reserved but holding no capacity give it back at once
-(libs/core/quota_reclaim.py). A queue's reservations follow its flavors when its policy changes
-(QuotaBook.recharge). A job that cannot be preempted (its class says so) uses only its queue's own nominal
-quota, never borrowed quota: its lender could never get that back. A parent queue's quota bounds its whole
-subtree (QuotaBook.parent_room). A preemptor whose victims were chosen comes first and holds the quota they
-free until it is reserved or its nomination lapses (libs/core/quota_nomination.py). A job waiting longer than
-the starvation limit gets the quota it could use held for it (libs/core/starvation.py: the rule placement
-shares). A job its queue can no longer hold at all (its quota was lowered, or its flavor removed) is told so
-and waits holding nothing; so does one no node present could hold, even with every running job gone (it holds
-no job below it, freezes no borrower, and nobody reclaims for it), though it still takes quota that is free.
-Per-user limits and GPU-hour budgets (charged for run time: libs/core/budgets.py) are checked per job. A
-reservation that placement has not placed within the settings' placement timeout goes back, and its job waits
-again after a backoff. Each waiting job gets one QuotaDeferred per reason, which the preemption service uses to
-reclaim quota.
+A job that does not get quota holds back the jobs of lower priority in its queue, in the flavors it could use (so
+quota freed for it, e.g. by preemption, is not taken by the jobs it displaced); jobs of its own priority may use
+what is left, and lower ones any other flavor. While a queue under its nominal quota waits for quota of a flavor
+lent to borrowers, with a job that quota could serve (not one held by its own user limit), no borrower of that
+flavor grows (libs/core/quota_reclaim.py). A queue's reservations follow its flavors when its policy
+changes (QuotaBook.recharge). A job that cannot be preempted (its class says so) uses only its queue's own nominal
+quota, never borrowed quota: its lender could never get that back. A parent queue's quota bounds its whole subtree
+(QuotaBook.parent_room). A preemptor whose victims were chosen comes first and holds the quota they free until it
+is reserved or its nomination lapses (libs/core/quota_nomination.py). A job waiting longer than the starvation
+limit gets the quota it could use held for it (libs/core/starvation.py: the rule placement shares). A job its
+queue can no longer hold at all (its quota was lowered, or its flavor removed) is told so and waits holding
+nothing; so does one no node present could hold, even with every running job gone, told so as nodes go, shrink (a
+node registering again smaller, or with MIG on) or lose GPUs (it holds no job below it, freezes no borrower, and
+nobody reclaims for it), though it still takes quota that is free. Per-user limits and GPU-hour budgets (charged
+for run time: libs/core/budgets.py) are checked per job. A reservation that placement has not placed within the
+settings' placement timeout goes back, and its job waits again after a backoff. Each waiting job gets one
+QuotaDeferred per reason, which the preemption service uses to reclaim quota.
 
 The decider's parts, one job each: quota_fold (the fold of inputs and decisions into its state), quota_pass
 (the scheduling pass), quota_reserve (trying one job), quota_order (the fair order), quota_fit (where a job
@@ -95,7 +94,6 @@ from libs.core.quota_reasons import (
     tell_new,
     tell_no_node,
 )
-from libs.core.quota_reclaim import RECLAIMED_UNPLACED, lenders_of_unplaced
 from libs.core.quota_state import QuotaJob
 from libs.core.quota_timeout import (
     PLACEMENT_BACKOFF_MAX_S,
@@ -130,7 +128,6 @@ __all__ = [
     "PREEMPTION_MAY_HELP",
     "QUEUE_QUOTA_EXHAUSTED",
     "QUOTA_LENT_OUT",
-    "RECLAIMED_UNPLACED",
     "RETRY_BACKOFF",
     "SERVICE",
     "USER_LIMIT",
@@ -143,9 +140,6 @@ __all__ = [
 SERVICE = "quota"
 # Capacity that may let a job placement could not place go: the wait after a placement timeout ends on these.
 _CAPACITY_GREW = (NodeRegistered, NodeUncordoned, GpuHealthChanged)
-# Inputs on which placement may place waiting jobs at once: quota gives back no unplaced borrower's reservation
-# on them (placement may be placing it right then); the next clock tick does (quota_reclaim.lenders_of_unplaced).
-_CAPACITY_FREED = (JobFinished, JobFailed, JobEvicted, *_CAPACITY_GREW)
 
 
 class QuotaDecider:
@@ -196,7 +190,6 @@ class QuotaDecider:
         # preemptor -> (when its victims were chosen, their job ids): its placement timeout waits for them to leave
         self.victims_of: dict[str, tuple[float, tuple[str, ...]]] = {}
         self._left_waiting: str | None = None
-        self._may_give_back_unplaced = True  # False while reacting to an input on which placement may place
         self._lapsed: list[str] = []  # the queues of nominations this clock tick let lapse, for react
         self._backoffs_ended: list[str] = []  # the queues of jobs whose placement backoff new capacity ended
         # (queue, demand, flavors) -> could the queue ever hold that much (quota_fit.could_ever_fit), at policy version
@@ -248,7 +241,6 @@ class QuotaDecider:
         out = Decisions(SERVICE, trigger, self.evolve, self.chain)
         now = event.ts
         left_waiting = self._left_waiting  # read first: folding our own decisions resets it
-        self._may_give_back_unplaced = not isinstance(event, _CAPACITY_FREED)
         lapsed = self._lapsed
         backoffs_ended = self._backoffs_ended
         placed_while_pending = self._placed_while_pending
@@ -269,11 +261,13 @@ class QuotaDecider:
             case NodeRegistered() | NodeUncordoned() | GpuHealthChanged():
                 # Also the queues of jobs no node could hold: a node that can may be back, and they may
                 # starve again (their reason is told anew by the pass).
-                grew = {*backoffs_ended, *(self.jobs[j].queue for j in self.no_node_deferred if j in self.jobs)}
-                if isinstance(event, GpuHealthChanged) and not event.healthy:
-                    grew.update(tell_no_node(self, out))
-                for group in groups(self) if grew else ():
-                    if not grew.isdisjoint(group):
+                changed = {*backoffs_ended, *(self.jobs[j].queue for j in self.no_node_deferred if j in self.jobs)}
+                if isinstance(event, NodeRegistered) or (isinstance(event, GpuHealthChanged) and not event.healthy):
+                    # Capacity may have shrunk too: a GPU turned sick, or a node registered again smaller
+                    # (fewer GPUs, MIG on), so a waiting job no node could hold any more holds nobody now.
+                    changed.update(tell_no_node(self, out))
+                for group in groups(self) if changed else ():
+                    if not changed.isdisjoint(group):
                         schedule(self, group, now, out)
             case NodeLost() | NodeCordoned():
                 shrank = tell_no_node(self, out)
@@ -289,7 +283,6 @@ class QuotaDecider:
                 waiting = {self.jobs[j].queue for j in self.budget_deferred}
                 waiting.update(lapsed)
                 waiting.update(give_back_unplaced(self, now, out))
-                waiting.update(lenders_of_unplaced(self))
                 for backoffs in (self.backing_off, self.requeued):
                     waiting.update(self.jobs[j].queue for j, t in backoffs.items() if t <= now and j in self.jobs)
                 for group in groups(self) if waiting else ():

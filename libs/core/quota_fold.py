@@ -38,7 +38,6 @@ from libs.core.quota_fit import could_hold
 from libs.core.quota_fleet import FLEET_EVENTS
 from libs.core.quota_nomination import NOMINATION_TTL_S
 from libs.core.quota_reasons import BUDGET_WAITS, NO_NODE_COULD_HOLD
-from libs.core.quota_reclaim import RECLAIMED_UNPLACED
 from libs.core.quota_state import QuotaJob
 from libs.core.quota_timeout import PLACEMENT_TIMEOUT, end_placement_backoffs, placement_backoff_s
 from libs.core.quotas import ANY, reservation_model
@@ -142,16 +141,15 @@ def released(d: QuotaDecider, event: QuotaReleased) -> None:
     d.reserved[job.queue].pop(job.job_id, None)
     d.unplaced.pop(job.job_id, None)
     use(d, job, -1, event.ts)
+    # Its run, if any, is over: a next reservation is for the model its next placement finds, as the other
+    # folds of reservations (the preemption decider, the checker) see it.
+    job.model = ""
     if event.reason == PLACEMENT_TIMEOUT:
         # Back to its queue in its place in line, its wait toward starvation going on (it never
         # ran), after a backoff that doubles each time.
         job.timeouts += 1
         job.timed_out_flavor = job.flavor
         d.requeued[job.job_id] = event.ts + placement_backoff_s(job.timeouts)
-        enqueue(d, job)
-    elif event.reason == RECLAIMED_UNPLACED:
-        # Its lender took the quota back before any node held it: back in line at once, its wait
-        # going on (it never ran); the lender-first rule keeps it from borrowing meanwhile.
         enqueue(d, job)
     elif event.reason in ("evicted", "retry"):
         # Back to its queue with its original arrival (its place in line); its wait toward
@@ -270,6 +268,8 @@ def placement_report(d: QuotaDecider, event: JobPlaced | JobStarted | PlacementD
             if job.state == "reserved":
                 job.placed, job.placement_code = True, ""
                 d.unplaced.pop(job.job_id, None)
+                # Now its model is known: charged to a flavor its queue no longer has, it moves to its model's.
+                job.flavor = d.book.recharge_placed(job.queue, job.flavor, job.model, job.demand, job.over_budget)
             else:  # placed before placement read that its quota went back: react takes the quota again
                 job.placed_while_pending = True
                 d._placed_while_pending = job.job_id

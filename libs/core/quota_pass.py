@@ -20,10 +20,9 @@ from libs.core.quota_reasons import (
     WAITING_FOR_QUOTA,
     defer,
     quota_reason,
-    tell_new,
     tells,
 )
-from libs.core.quota_reclaim import lent_out, reclaim_unplaced
+from libs.core.quota_reclaim import lent_out
 from libs.core.quota_reserve import try_reserve, usable_flavors
 from libs.core.quota_starvation import find_starving
 from libs.core.quota_state import Pass, QuotaJob
@@ -37,11 +36,7 @@ def schedule(d: QuotaDecider, group: list[str], now: float, out: Decisions) -> N
     p.nominees = nominees(d, group, now)
     find_starving(d, group, p)
     lent_out(d, group, p)
-    given_back = reclaim_unplaced(d, group, p, out) if d.unplaced and d._may_give_back_unplaced else []
     run_pass(d, group, p, out)
-    for job in given_back:
-        if job.state == "pending" and job.job_id not in d.deferred:
-            tell_new(d, job, now, out)  # back in its queue, and not reached by the pass
 
 
 def run_pass(d: QuotaDecider, group: list[str], p: Pass, out: Decisions) -> None:

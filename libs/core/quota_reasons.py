@@ -93,8 +93,10 @@ def reason(d: QuotaDecider, job: QuotaJob) -> tuple[str, str, int]:
                 f"leaves {parent_room / 1000:g} GPUs; the job needs {job.demand / 1000:g}",
                 job.demand - parent_room)
     if used + job.demand <= nominal:
-        return (QUOTA_LENT_OUT, f"{where} is under its nominal quota but {shortfall / 1000:g} GPUs of it are "
-                f"lent to other queues of its cohort", shortfall)
+        # What of its own nominal quota the cohort does not leave it: the part lent out (not the shortfall).
+        lent = max(0, book.nominal_left(job.queue, flavor) - room)
+        return (QUOTA_LENT_OUT, f"{where} is under its nominal quota but {lent / 1000:g} GPUs of it are lent to "
+                f"other queues of its cohort; the job needs {job.demand / 1000:g}", shortfall)
     return (COHORT_QUOTA_EXHAUSTED, f"{where} must borrow {shortfall / 1000:g} more GPUs and its cohort has "
             "no idle quota to lend", shortfall)
 
@@ -127,9 +129,10 @@ def defer(d: QuotaDecider, job: QuotaJob, code: str, message: str, shortfall: in
 
 
 def tell_no_node(d: QuotaDecider, out: Decisions) -> set[str]:
-    """Nodes went (lost, cordoned, a GPU sick): a job waiting for quota that no node present could hold any
-    more is told so (preemption then stops acting for it), and holds nobody from now on. The queues of the
-    jobs that may have held others (those waiting for quota, or for idle quota over budget), for a pass."""
+    """Nodes went or shrank (lost, cordoned, a GPU sick, registered again smaller or with MIG on): a job waiting
+    for quota that no node present could hold any more is told so (preemption then stops acting for it), and
+    holds nobody from now on. The queues of the jobs that may have held others (those waiting for quota, or for
+    idle quota over budget), for a pass."""
     queues: set[str] = set()
     for job_id, code in list(d.deferred.items()):
         job = d.jobs.get(job_id)

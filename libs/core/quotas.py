@@ -397,6 +397,16 @@ class QuotaBook:
             self.add(queue, target, milli, over_budget)
         return target
 
+    def recharge_placed(self, queue: str, flavor: str, placed_model: str, milli: int,
+                        over_budget: bool = False) -> str:
+        """A reservation of the queue was placed on GPU model `placed_model`: one charged to a flavor the queue
+        no longer has (a policy change found no model for it: unplaced, its job asks for any model) moves to
+        the flavor that covers that model now, which is returned; one charged to a flavor the queue has stays.
+        Every fold of placements runs it, so that what the queue borrows stays where a lender can reclaim it."""
+        if not placed_model or flavor in self.limits.get(queue, {}):
+            return flavor
+        return self.recharge(queue, flavor, placed_model, milli, over_budget)
+
     def _add_to_subtrees(self, queue: str, flavor: str, milli: int) -> None:
         for ancestor in self.bounds.get(queue, ()):
             key = (ancestor, flavor)

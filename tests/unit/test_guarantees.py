@@ -279,6 +279,24 @@ def test_a_job_waiting_while_quota_and_gpus_are_idle_breaks_no_idle_while_fittin
     assert ids(found) == {"no_idle_while_fitting_waits"} and found[0].jobs == ("a",)
 
 
+@pytest.mark.parametrize("lost", [False, True])
+def test_a_job_held_behind_one_no_node_could_hold_breaks_no_idle_while_fitting_waits(lost: bool) -> None:
+    """`big` (urgent, 8 GPUs) waits for quota (r holds 2 of 8) and `low` waits behind it: rightly while n could
+    hold big, wrongly once n is gone (a job no node present could hold holds nobody)."""
+    log = Log().nodes(node("n", gpus=8), node("m", gpus=4)).queues(QueueSpec(name="q", team="q", nominal_gpus=8))
+    log.running("r", spec(gpus=2), on("m", 0, 1)).admitted("big", spec(gpus=8, priority="urgent"))
+    log.add(QuotaDeferred, source="quota", job_id="big", queue="q", code="queue_quota_exhausted", message="full")
+    log.admitted("low", spec(gpus=1))
+    log.add(QuotaDeferred, source="quota", job_id="low", queue="q", code="behind_higher_priority", message="big")
+    if lost:
+        log.add(NodeLost, node="n", reason="gone")
+    found = check_liveness(log.ticks(until=1_010.0).events)
+    if lost:
+        assert ids(found) == {"no_idle_while_fitting_waits"} and found[0].jobs == ("low",)
+    else:
+        assert found == []
+
+
 def test_a_reserved_job_that_fits_but_is_not_placed_breaks_no_idle_while_fitting_waits() -> None:
     log = Log().nodes(node("n", gpus=8)).queues(QueueSpec(name="q", team="q", nominal_gpus=8))
     log.reserved("a", spec(gpus=2))

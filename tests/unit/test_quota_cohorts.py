@@ -25,14 +25,13 @@ from contracts import (
     PreemptionDecided,
     QueuePolicyChanged,
     QueueSpec,
+    QuotaDeferred,
     QuotaReleased,
     QuotaReserved,
     ReplicaPlacement,
 )
 from libs.core.quota import QuotaDecider
-from libs.core.quota_reclaim import RECLAIMED_UNPLACED
-from libs.core.quotas import Limits, charged_flavor, reservation_model
-from libs.core.starvation import CAPACITY_HELD
+from libs.core.quotas import Limits, QuotaBook, charged_flavor, reservation_model
 from tests.unit.builders import EventFeed, Job, brief, kinds, node, of, pipeline, spec_of
 from tests.unit.quota_builders import DAY, D, on, outcome, q, quota, reserved, run, settings, wait
 
@@ -482,7 +481,7 @@ def test_an_over_budget_job_does_not_reclaim_quota_it_could_not_use() -> None:
     assert victims(decisions) == []
 
 
-# --- lent quota back from borrowers that hold no capacity ---------------------------------------------------
+# --- quota lent to borrowers waiting for a place -----------------------------------------------------------
 
 def unplaced_borrowers(code: str = "insufficient_gpus") -> EventFeed:
     """Queue a (nominal 2) lends it all to b (nominal 0): b1 then b2 borrow 1 each; placement places neither."""
@@ -494,23 +493,24 @@ def unplaced_borrowers(code: str = "insufficient_gpus") -> EventFeed:
     return feed
 
 
-def test_a_lender_gets_quota_back_at_once_from_the_newest_unplaced_borrower_only_as_far_as_it_needs() -> None:
+def test_an_unplaced_borrower_keeps_its_quota_until_its_placement_timeout() -> None:
+    """Quota cannot know whether placement is placing the borrower right then (a job placed after its quota
+    went back takes it again whatever the lender holds by then): the lender waits, no borrower grows, and the
+    placement timeout gives the quota back."""
     feed = unplaced_borrowers()
-    decisions = feed.admit("a1", on("a", 1))
-    assert [(r.job_id, r.reason) for r in of(decisions, QuotaReleased)] == [("b2", RECLAIMED_UNPLACED)]
-    assert reserved(decisions) == ["a1"]
-    assert outcome(decisions, "b2") == ("deferred", "cohort_quota_exhausted")
-    # b2 waits again, and does not take back what a's next job needs: b1 gives the rest back.
-    decisions = feed.admit("a2", on("a", 1))
-    assert [r.job_id for r in of(decisions, QuotaReleased)] == ["b1"]
-    assert reserved(decisions) == ["a2"]
-
-
-def test_an_unplaced_borrower_placement_holds_capacity_for_keeps_its_quota() -> None:
-    feed = unplaced_borrowers(code=CAPACITY_HELD)
     decisions = feed.admit("a1", on("a", 1))
     assert of(decisions, QuotaReleased) == []
     assert outcome(decisions, "a1") == ("deferred", "quota_lent_out")
+
+
+def test_a_lender_told_its_quota_is_lent_out_hears_how_much_is_lent() -> None:
+    feed = unplaced_borrowers()
+    for job_id in ("b1", "b2"):
+        feed.send(JobPlaced, job_id=job_id, placements=(
+            ReplicaPlacement(replica=0, node="n1", gpu_indices=(0,), gpu_milli=1000),))
+    told = [d for d in of(feed.admit("a1", on("a", 1)), QuotaDeferred) if d.job_id == "a1"]
+    assert [(d.code, d.shortfall_milli) for d in told] == [("quota_lent_out", 1000)]
+    assert "2 GPUs of it are lent" in told[0].message
 
 
 def test_a_placed_borrower_keeps_its_quota_for_a_reclaim_to_take() -> None:
@@ -570,3 +570,62 @@ def test_a_reclaim_takes_back_what_a_queue_borrows_after_its_flavors_changed() -
               version=3)
     assert victims(feed.submit("a1", on("a", 2))) == [("reclaim", "b1", "b", "reclaim")]
     assert ("JobPlaced", "a1") in brief(feed.send(JobEvicted, job_id="b1", reason="preempted"))
+
+
+@pytest.mark.parametrize(("flavor", "placed_model", "expected"), [
+    pytest.param("*", "H100", "H100", id="charged to a flavor its queue no longer has: to its placed model's"),
+    pytest.param("H100", "H100", "H100", id="a flavor its queue still has keeps its usage"),
+    pytest.param("*", "", "*", id="placed on no known model: it stays"),
+    pytest.param("*", "A100", "*", id="no flavor covers its placed model: it stays where it is"),
+])
+def test_a_placed_reservation_charged_to_a_flavor_its_queue_no_longer_has_follows_its_placed_model(
+        flavor: str, placed_model: str, expected: str) -> None:
+    book = QuotaBook()
+    book.set_queues([q("b", cohort="c", flavors=(FlavorQuota(model="H100", nominal_gpus=0),))])
+    book.add("b", flavor, 1000)
+    assert book.recharge_placed("b", flavor, placed_model, 1000) == expected
+    assert book.usage("b", expected) == 1000
+
+
+def test_an_any_model_reservation_switched_while_unplaced_is_charged_to_the_model_it_is_placed_on() -> None:
+    feed = quota(q("a", cohort="c", flavors=(FlavorQuota(model="H100", nominal_gpus=2),)), q("b", 1))
+    run(feed, ("b1", on("b", 1)))
+    feed.send(QueuePolicyChanged, queue=q("b", cohort="c", flavors=(FlavorQuota(model="H100", nominal_gpus=0),)),
+              version=3)
+    book = next(d for d in feed.deciders if isinstance(d, QuotaDecider)).book
+    assert book.usage("b", "*") == 1000  # unplaced, any model: no model to charge it to yet
+    feed.send(JobPlaced, job_id="b1", placements=(
+        ReplicaPlacement(replica=0, node="n1", gpu_indices=(0,), gpu_milli=1000, model="H100"),))
+    assert (book.usage("b", "*"), book.usage("b", "H100"), book.borrowed("b", "H100")) == (0, 1000, 1000)
+    assert book.room("a", "H100") == 1000  # a lends the GPU b1 holds: a reclaim can take it back
+    assert outcome(feed.admit("a1", on("a", 2)), "a1") == ("deferred", "quota_lent_out")
+
+
+def test_a_reclaim_takes_back_what_a_borrower_switched_while_unplaced_holds_once_placed() -> None:
+    feed = pipeline()
+    settings(feed)
+    feed.queues(q("a", cohort="c", reclaim_after_s=0, flavors=(FlavorQuota(model="H100", nominal_gpus=2),)),
+                q("b", 1))
+    feed.nodes(node("n1", 2, model="H100"))
+    start(feed, "x", on("a", 2))
+    assert "JobPlaced" not in kinds(feed.submit("b1", on("b", 1)))
+    feed.send(QueuePolicyChanged, queue=q("b", cohort="c", flavors=(FlavorQuota(model="H100", nominal_gpus=0),)),
+              version=3)
+    assert ("JobPlaced", "b1") in brief(feed.send(JobFinished, job_id="x"))
+    assert victims(feed.submit("a1", on("a", 2))) == [("reclaim", "b1", "b", "reclaim")]
+
+
+def test_a_reservation_made_again_after_an_eviction_is_not_charged_by_the_model_its_last_run_had() -> None:
+    feed = quota(q("a", cohort="c", flavors=(FlavorQuota(model="H100", nominal_gpus=2),)), q("b", 1))
+    run(feed, ("b1", on("b", 1)))
+    feed.send(JobPlaced, job_id="b1", placements=(
+        ReplicaPlacement(replica=0, node="n1", gpu_indices=(0,), gpu_milli=1000, model="H100"),))
+    assert reserved(feed.send(JobEvicted, job_id="b1", reason="node_pressure")) == ["b1"]  # back in line, again
+    feed.send(QueuePolicyChanged, queue=q("b", cohort="c", flavors=(FlavorQuota(model="H100", nominal_gpus=0),
+                                                                    FlavorQuota(model="A100", nominal_gpus=1))),
+              version=3)
+    book = next(d for d in feed.deciders if isinstance(d, QuotaDecider)).book
+    assert (book.usage("b", "*"), book.usage("b", "H100")) == (1000, 0)  # unplaced: no model yet
+    feed.send(JobPlaced, job_id="b1", placements=(
+        ReplicaPlacement(replica=0, node="n2", gpu_indices=(0,), gpu_milli=1000, model="A100"),))
+    assert (book.usage("b", "*"), book.usage("b", "A100")) == (0, 1000)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from contracts import (
     ClockTick,
     GpuHealthChanged,
@@ -154,6 +156,24 @@ def test_a_job_whose_only_node_goes_is_told_so_and_lets_what_it_held_go() -> Non
         "deferred", "queue_quota_exhausted")
     assert outcome(feed.admit("low", on("a", 1)), "low") == ("deferred", "behind_higher_priority")
     decisions = feed.send(NodeLost, node="n0", reason="gone")
+    assert outcome(decisions, "urgent") == ("deferred", NO_NODE_COULD_HOLD)
+    assert outcome(decisions, "low") == ("reserved", 0, "")
+
+
+@pytest.mark.parametrize("again", [
+    pytest.param(_spec("n0", 4), id="with fewer GPUs"),
+    pytest.param(NodeSpec(name="n0", gpus=tuple(GpuSpec(index=i, model="A100", mig_enabled=True) for i in range(8))),
+                 id="with MIG on"),
+])
+def test_a_job_whose_only_node_registers_again_too_small_is_told_so_and_lets_what_it_held_go(again: NodeSpec
+                                                                                              ) -> None:
+    feed = _two_nodes(q("a", 8, cohort=""))
+    run(feed, ("r1", on("a", 2)))
+    assert outcome(feed.admit("urgent", on("a", 8, priority="urgent")), "urgent") == (
+        "deferred", "queue_quota_exhausted")
+    assert outcome(feed.admit("low", on("a", 1)), "low") == ("deferred", "behind_higher_priority")
+    # A registration is no growth only: n0 is back, but no node present could hold urgent now.
+    decisions = feed.send(NodeRegistered, node=again)
     assert outcome(decisions, "urgent") == ("deferred", NO_NODE_COULD_HOLD)
     assert outcome(decisions, "low") == ("reserved", 0, "")
 

@@ -6,6 +6,8 @@ Each hold answers with a sentence (why the job waits) or "" (it does not hold th
 
 from __future__ import annotations
 
+import heapq
+
 import msgspec
 
 from contracts import JobSpec
@@ -13,9 +15,11 @@ from libs.audit.guarantees.world import PLACEMENT, QUOTA, JobState, World
 from libs.core.fit import fits
 from libs.core.policy import demand_milli
 from libs.core.quota import NOMINATION_TTL_S
-from libs.core.quota_fit import smallest_servable
+from libs.core.quota_fit import could_hold, smallest_servable
 from libs.core.quota_nomination import holding_nominee, nominees
+from libs.core.quota_starvation import may_starve
 from libs.core.quotas import ANY
+from libs.core.starvation import longest_waiting
 
 
 def _gpus(milli: int) -> str:
@@ -97,28 +101,39 @@ def budget_hold(world: World, job_id: str, spec: JobSpec) -> str:
 
 
 def higher_priority_hold(world: World, job_id: str, spec: JobSpec) -> str:
+    """A job of higher priority of the queue waits for quota first: one a node present could hold (one none
+    could hold holds nobody, as quota_reserve.hold_below has it)."""
     levels = world.quota.pending.get(spec.queue, {})
-    higher = [p for p, users in levels.items() if p > priority(world, spec) and users]
-    return f"jobs of higher priority wait for queue {spec.queue}'s quota first" if higher else ""
+    mine = priority(world, spec)
+    for prio, users in levels.items():
+        if prio > mine and any(_holdable(world, j) for keys in users.values() for _, j in keys):
+            return f"jobs of higher priority wait for queue {spec.queue}'s quota first"
+    return ""
+
+
+def _holdable(world: World, job_id: str) -> bool:
+    """Could a node present hold the quota decider's job with every running job gone (quota_fit.could_hold)?"""
+    job = world.quota.jobs.get(job_id)
+    return job is not None and could_hold(world.quota, job)
 
 
 def starving_quota_hold(world: World, job_id: str, spec: JobSpec) -> str:
-    """Some other job of the cohort has waited past the starvation limit: quota is held for it."""
-    limit = world.quota.policy.settings.starvation_after_s
+    """Another job of the cohort is its starving job: the longest waiting past the starvation limit that may
+    starve (the decider's own rule, quota_starvation.may_starve: one no node present could hold is none, and
+    holds nobody). Quota is held for it."""
+    quota = world.quota
+    limit = quota.policy.settings.starvation_after_s
     if limit is None:
         return ""
-    book = world.quota.book
+    book = quota.book
     cohort = book.cohort.get(spec.queue, "")
     group = book.members.get(cohort, [spec.queue]) if cohort else [spec.queue]
-    mine = priority(world, spec)
-    for queue in group:
-        for since, _, other in world.quota.by_wait_in.get(queue, []):
-            if world.now - since < limit:
-                break
-            held = world.quota.jobs.get(other)
-            if other != job_id and held is not None and held.priority >= mine:
-                return f"quota is held for job {other}, waiting since {since:.0f}"
-    return ""
+    waits = heapq.merge(*(quota.by_wait_in.get(queue, []) for queue in group))
+    oldest = longest_waiting(((since, (since, quota.jobs[other])) for since, _, other in waits if other in quota.jobs),
+                             world.now, limit, lambda item: may_starve(quota, item[1]))
+    if oldest is None or oldest[1].job_id == job_id or oldest[1].priority < priority(world, spec):
+        return ""
+    return f"quota is held for job {oldest[1].job_id}, waiting since {oldest[0]:.0f}"
 
 
 def nominee_quota_hold(world: World, job_id: str, spec: JobSpec) -> str:
@@ -229,8 +244,9 @@ def starving_placement_hold(world: World, job_id: str, spec: JobSpec) -> str:
     for other in sorted(world.placing):
         job = world.jobs[other]
         since = job.since if job.place_wait_since is None else job.place_wait_since
+        # (one no node present could hold is no starving job: placement holds nothing for it)
         if (other != job_id and job.phase == PLACEMENT and world.now - since >= limit
-                and priority(world, job.spec) >= mine):
+                and priority(world, job.spec) >= mine and world.quota.fleet.could_place((job.flavor,), job.spec)):
             return f"capacity is held for job {other}, waiting for a place since {since:.0f}"
     return ""
 

@@ -54,6 +54,9 @@ class QuotaLimits:
     # the decider knew), not after jobs that ended meanwhile (a live log decides later than it triggers).
     seq: int = 0
     takeable: dict[tuple[str, str], list[tuple[int, int]]] = field(default_factory=dict)
+    # Jobs placed while holding no reservation (placed as their quota went back): the model their next
+    # reservation is for, as the quota decider keeps it.
+    placed_unheld: dict[str, str] = field(default_factory=dict)
 
     # --- folding -----------------------------------------------------------------------------------
 
@@ -84,16 +87,28 @@ class QuotaLimits:
                 self._record(queue, target, at)
 
     def placed(self, event: JobPlaced) -> None:
-        """The job's reservation is for the model it was placed on from now on."""
+        """The job's reservation is for the model it was placed on from now on; charged to a flavor its queue no
+        longer has, it moves to that model's, through the core's own QuotaBook.recharge_placed."""
         held = self.held.get(event.job_id)
         model = next((r.model for r in event.placements if r.model), "")
-        if held is not None and model:
-            self.held[event.job_id] = replace(held, model=model)
+        if held is None:
+            if model:
+                self.placed_unheld[event.job_id] = model
+            return
+        if not model:
+            return
+        target = self.book.recharge_placed(held.queue, held.flavor, model, held.milli, held.over_budget)
+        self.held[event.job_id] = replace(held, model=model, flavor=target)
+        if target != held.flavor:
+            self._record(held.queue, held.flavor)
+            self._record(held.queue, target)
+            self._recount_subtrees()
 
     def reserved(self, seq: int, event: QuotaReserved, spec: JobSpec | None = None) -> list[Violation]:
         self.bind_policy(event.trigger_seq or seq)
         flavor = event.flavor or ANY
-        held = Held(event.queue, flavor, event.gpu_milli, event.over_budget, reservation_model(flavor, "", spec))
+        placed = self.placed_unheld.pop(event.job_id, "")
+        held = Held(event.queue, flavor, event.gpu_milli, event.over_budget, reservation_model(flavor, placed, spec))
         borrowed_before = self.book.pool_used.get((self.book.cohort.get(held.queue, ""), held.flavor), 0)
         if event.job_id in self.held:  # reserved twice: the second replaces the first
             self._take(event.job_id, -1)
@@ -110,6 +125,7 @@ class QuotaLimits:
             self.leaving.pop(event.job_id, None)
             self._record(held.queue, held.flavor)
         self.leaving.pop(event.job_id, None)
+        self.placed_unheld.pop(event.job_id, None)
 
     def preemption(self, seq: int, event: PreemptionDecided, specs: dict[str, JobSpec]) -> list[Violation]:
         """A reclaim takes from borrowers only: every queue it evicts from stays at or above its nominal."""

@@ -1,9 +1,9 @@
 """A queue under its nominal quota with pending work gets the quota it lent back within a bound: its reclaim
-grace (`reclaim_after_s`), plus the longest protection its running borrowers have from eviction (their class's
-minimum runtime still to run and the checkpoint grace they get when told to stop; a borrower whose quota is
-reserved but which holds no capacity gives it back at once, libs/core/quota_reclaim.py), plus what the
-settings and budgets allow on purpose (a job about to end is left to end; an eviction budget defers evictions
-to its next window), plus two clock ticks (decisions happen on ticks).
+grace (`reclaim_after_s`), plus the longest protection its borrowers have from eviction (their class's minimum
+runtime still to run and the checkpoint grace they get when told to stop; for a borrower whose quota is
+reserved but which is not placed, the rest of the placement timeout after which it gives its quota back),
+plus what the settings and budgets allow on purpose (a job about to end is left to end; an eviction budget
+defers evictions to its next window), plus two clock ticks (decisions happen on ticks).
 
 Watched on every clock tick. An episode of a (queue, flavor) begins when first seen: the queue's first
 waiting job (of its highest waiting priority: the jobs below wait behind it by the queue's own order; never one
@@ -87,6 +87,12 @@ class ReclaimWatch:
             borrower = policy.queues.get(job.spec.queue)
             if borrower is not None and borrower.eviction_budget_gpus is not None:
                 budget_window = max(budget_window, borrower.eviction_window_s)
+        # A borrower reserved but not placed cannot be evicted; it gives its quota back once placement has
+        # not placed it for the settings' placement timeout (when there is one).
+        timeout = getattr(policy.settings, "placement_timeout_s", None)
+        if timeout is not None:
+            for _, job in borrowers(world, queue, flavor, PLACEMENT):
+                protection = max(protection, max(0.0, job.since + timeout - start))
         ending = policy.settings.preempt_min_remaining_s
         bound = grace + protection + ending + budget_window
         why = (f"reclaim_after {grace:g} s + borrowers' protection {protection:g} s + about-to-end {ending:g} s"

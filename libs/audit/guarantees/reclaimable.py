@@ -6,34 +6,26 @@ must wait for it to end.
 Tried on the checker's own world, always undone: every borrower job that may go (jobs admitted over budget,
 and of each borrowing queue its smallest jobs while the queue stays at or above its nominal) is taken out of
 quota and capacity together; a reclaim could serve the lender if its first waiting job then has room in its
-queue and fits the free capacity. Non-preemptible borrowers keep the bound owed: they hold the quota against
-the guarantee, and the violation says so. So do borrowers reserved but holding no capacity, whose quota the
-quota decider gives back at once (asked through the decider's own `releasable_unplaced`); borrowers waiting
-for a place that hold capacity (placement keeps it for them, or their victims are leaving) owe nothing until
-they run."""
+queue and fits the free capacity. Non-preemptible borrowers and borrowers waiting for a place keep the bound
+owed: they hold the quota against the guarantee (one waiting for a place gives it back at its placement
+timeout, which the bound allows), and the violation says so."""
 
 from __future__ import annotations
 
 from libs.audit.guarantees.holds import first_waiting, fits_now
 from libs.audit.guarantees.world import PLACEMENT, RUNNING, JobState, World
 from libs.core.policy import demand_milli
-from libs.core.quota_reclaim import releasable_unplaced
 
 
 def reclaimable(world: World, queue: str, flavor: str) -> bool:
-    first = first_waiting(world, queue)
-    if first is not None and releasable_unplaced(world.quota, queue, flavor, world.quota.jobs[first].demand):
-        return True  # borrowers that hold no capacity give quota back at once (libs/core/quota_reclaim.py)
     running = borrowers(world, queue, flavor)
-    if not running and borrowers(world, queue, flavor, PLACEMENT):
-        # The borrowers hold capacity placement keeps for them, or their victims are still leaving: no reclaim
-        # serves the lender before they run (then a reclaim may evict them).
-        return False
+    if borrowers(world, queue, flavor, PLACEMENT):
+        return True
+    first = first_waiting(world, queue)
     if not running:
         # Nobody borrows: a shortfall is owed, unless the queue's parent's quota, held by queues within their
         # own nominal, is what leaves it no room (no reclaim could serve it: a child's nominal is guaranteed only
         # as far as its parent's quota reaches).
-        first = first_waiting(world, queue)
         return first is None or world.quota.book.parent_room(queue, flavor) >= world.quota.jobs[first].demand
     if any(not world.quota.policy.preemptible(job.spec) for _, job in running):
         return True

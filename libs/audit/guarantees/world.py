@@ -33,7 +33,6 @@ from contracts import (
 )
 from libs.audit.guarantees.capacity import Capacity
 from libs.core.quota import PLACEMENT_TIMEOUT, QuotaDecider
-from libs.core.quota_reclaim import RECLAIMED_UNPLACED
 from libs.core.quotas import ANY
 from libs.core.runs import CurrentRuns
 
@@ -130,11 +129,9 @@ class World:
                         self._enter(event.job_id, QUOTA, event.ts)
                     else:
                         self._end(event.job_id, event.reason, event.ts)
-                elif job is not None and job.phase == PLACEMENT and event.reason in (PLACEMENT_TIMEOUT,
-                                                                                   RECLAIMED_UNPLACED):
-                    # No node held it in time, or its lender took the quota back before one did: it waits for
-                    # quota again, and what placement said of it before is no reason for this wait (quota tells
-                    # the new one).
+                elif job is not None and job.phase == PLACEMENT and event.reason == PLACEMENT_TIMEOUT:
+                    # No node held it in time: it waits for quota again, and what placement said of it
+                    # before is no reason for this wait (quota tells the new one).
                     self._enter(event.job_id, QUOTA, event.ts)
             case JobCancelled():
                 job = self.jobs.get(event.job_id)
