@@ -119,8 +119,10 @@ class PreemptionDecider:
                 s.reserved[event.job_id] = (event.queue, flavor, event.gpu_milli, event.over_budget)
                 self.book.add(event.queue, flavor, event.gpu_milli, event.over_budget)
                 s.unwait(event.job_id)
+                s.ended.pop(event.job_id, None)
             case QuotaReleased():
                 held_quota = s.reserved.pop(event.job_id, None)
+                s.ended.pop(event.job_id, None)
                 if held_quota is not None:
                     self.book.add(held_quota[0], held_quota[1], -held_quota[2], held_quota[3])
             case JobPlaced():
@@ -243,6 +245,8 @@ class PreemptionDecider:
         if run is not None:
             s.unindex_running(run)
             self.cluster.release(run.placements)
+            if job_id in s.reserved:
+                s.ended[job_id] = None
         preemptor = s.victim_of.pop(job_id, None)
         if preemptor is not None:
             left = [v for v in s.in_flight.get(preemptor, []) if v != job_id]

@@ -44,6 +44,9 @@ class Simulation:
         self.now = now
         self._settled: list[UsageChange] = []
         self._smallest: dict[str, dict[str, int]] = {}  # flavor -> queue -> smallest waiting demand
+        # (queue, flavor) -> what preemptors still waiting for quota claim there: room they will take, not
+        # quota their queue holds, so never quota a reclaim could count as borrowed.
+        self._claims: dict[tuple[str, str], int] = {}
 
     # --- the world the decided evictions leave --------------------------------------------------------
 
@@ -58,7 +61,13 @@ class Simulation:
             spec = s.specs.get(preemptor)
             if spec is None or preemptor == self.job_id or preemptor in s.reserved or preemptor in s.running:
                 continue
-            changes.append((spec.queue, self._claimed_flavor(preemptor, spec), demand_milli(spec), False))
+            flavor = self._claimed_flavor(preemptor, spec)
+            changes.append((spec.queue, flavor, demand_milli(spec), False))
+            self._claims[(spec.queue, flavor)] = self._claims.get((spec.queue, flavor), 0) + demand_milli(spec)
+        for job in sorted(s.ended):  # runs over whose quota is not released yet: that quota is leaving
+            held = s.reserved.get(job)
+            if held is not None:
+                changes.append((held[0], held[1], -held[2], held[3]))
         for queue, flavor, milli, over_budget in changes:
             book.add(queue, flavor, milli, over_budget)
         self._settled = changes
@@ -118,8 +127,9 @@ class Simulation:
 
     def gives_back_only_borrowed(self, c: Running) -> bool:
         """A reclaim takes from another queue only quota it borrows, never any of its nominal quota."""
-        return c.queue == self.spec.queue or self.d.book.gives_back_only_borrowed(c.queue, c.flavor, c.demand,
-                                                                                  c.over_budget)
+        claimed = 0 if c.over_budget else self._claims.get((c.queue, c.flavor), 0)
+        return c.queue == self.spec.queue or self.d.book.gives_back_only_borrowed(c.queue, c.flavor,
+                                                                                  c.demand + claimed, c.over_budget)
 
     def fits(self, flavor: str) -> bool:
         """Would placement find the preemptor room now (on GPUs of `flavor`)?"""

@@ -69,6 +69,9 @@ class PreemptionState:
     # queue -> priority -> how many of its jobs wait for quota at that priority
     waiting_priorities: dict[str, dict[int, int]] = field(default_factory=dict)
     cancelled: dict[str, None] = field(default_factory=dict)
+    # Jobs whose run is over (finished, failed, evicted) while quota still holds their reservation: quota
+    # releases it as it reads the report, so it is leaving its queue.
+    ended: dict[str, None] = field(default_factory=dict)
     # victim -> the jobs it was evicted for: a victim never preempts any of its preemptors back.
     preempted_by: dict[str, dict[str, None]] = field(default_factory=dict)
     # queue -> [(when, GPUs in thousandths)] chosen for eviction, for the blast-radius budget.

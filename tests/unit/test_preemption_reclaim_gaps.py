@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from contracts import JobEvicted, JobPlaced, PlacementDeferred, PreemptionDecided, QueueSpec
-from tests.unit.builders import EventFeed, job, node, of, pipeline
+from tests.unit.builders import EventFeed, job, node, of, pipeline, spec_of
 
 T0 = 1_000.0
 
@@ -76,3 +76,43 @@ def test_a_second_preemptor_does_not_count_on_the_node_freed_for_the_first() -> 
     assert len(set(freed)) == 1, f"{second.preemptor_id}'s victims are on {freed}: no node is freed for it"
     assert not [d for d in of(feed.log, PlacementDeferred) if d.job_id.startswith("b-")]
     assert {p.job_id for p in of(feed.log, JobPlaced)} >= {"b-0", "b-1"}
+
+
+def test_a_run_over_whose_quota_is_not_released_yet_counts_as_leaving_its_queue() -> None:
+    """On the bus quota may release an evicted job's reservation after preemption has read a lender's deferral:
+    in that window the job's quota is leaving its queue, not borrowed by it, so a reclaim must not take a job
+    of that queue as if it borrowed (it would leave the queue below its nominal quota)."""
+    from contracts import (
+        JobAdmitted,
+        JobStarted,
+        JobSubmitted,
+        QuotaDeferred,
+        QuotaReleased,
+        QuotaReserved,
+        ReplicaPlacement,
+    )
+    from libs.core.preemption import PreemptionDecider
+
+    feed = EventFeed(PreemptionDecider(), t0=T0)
+    feed.queues(QueueSpec(name="org", team="org"),
+                QueueSpec(name="a", team="a", parent="org", nominal_gpus=2, reclaim_after_s=0.0),
+                QueueSpec(name="b", team="b", parent="org", nominal_gpus=2, reclaim_after_s=0.0))
+    feed.nodes(node("n0", 4))
+    for gpu, (job_id, queue) in enumerate([("a1", "a"), ("a2", "a"), ("a3", "a"), ("b1", "b")]):
+        spec = spec_of(job(queue, queue).gpus(1).priority("batch"))
+        feed.send(JobSubmitted, job_id=job_id, spec=spec)
+        feed.send(JobAdmitted, job_id=job_id, queue=queue)
+        feed.send(QuotaReserved, job_id=job_id, queue=queue, gpu_milli=1000)
+        feed.send(JobPlaced, job_id=job_id, placements=(
+            ReplicaPlacement(replica=0, node="n0", gpu_indices=(gpu,), gpu_milli=1000),))
+        feed.send(JobStarted, job_id=job_id)
+    # a2 is evicted; quota has not released its reservation yet when b2's deferral arrives.
+    feed.at(T0 + 10).send(JobEvicted, job_id="a2", reason="preempted")
+    spec = spec_of(job("b", "b").gpus(1).priority("batch"))
+    feed.send(JobSubmitted, job_id="b2", spec=spec)
+    feed.send(JobAdmitted, job_id="b2", queue="b")
+    decisions = feed.send(QuotaDeferred, job_id="b2", queue="b", code="quota_lent_out", message="lent",
+                          shortfall_milli=1000)
+    decisions += feed.send(QuotaReleased, job_id="a2", queue="a", gpu_milli=1000, reason="evicted")
+    # a holds 2 of its nominal 2 once a2's quota is gone: nothing of a's is taken.
+    assert of(decisions, PreemptionDecided) == []
