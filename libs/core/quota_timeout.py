@@ -2,7 +2,8 @@
 has not placed it within the settings' placement timeout, its quota is released (PLACEMENT_TIMEOUT) and the job
 waits again, in its place in line, for a backoff that doubles with each timeout, so that an unplaceable job does
 not take and give back quota at every tick; capacity that grows ends the backoff at once. Kept are jobs
-placement holds capacity for (they starve there) and preemptors whose victims are still leaving. A job that
+placement holds capacity for (they starve there), unless they borrow quota a lender waits for, and preemptors
+whose victims are still leaving. A job that
 placement placed just as its quota went back takes that quota again."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import TYPE_CHECKING
 from contracts import QuotaReleased, QuotaReserved
 from libs.core.decider import Decisions
 from libs.core.quota_reasons import PLACEMENT_TIMED_OUT, defer
-from libs.core.quota_state import QuotaJob
+from libs.core.quota_reclaim import lender_waits
+from libs.core.quota_state import Pass, QuotaJob
 from libs.core.quotas import flavor_name
 from libs.core.starvation import CAPACITY_HELD
 
@@ -33,15 +35,17 @@ def placement_backoff_s(timeouts: int) -> float:
 
 def give_back_unplaced(d: QuotaDecider, now: float, out: Decisions) -> list[str]:
     """Release the reservations placement deferred and has not placed within the placement timeout, unless
-    placement holds capacity for the job (it starves there) or the job's preemption victims are still leaving
-    (a checkpoint may take longer than the timeout: the room they free is the job's); the queues that got
+    placement holds capacity for the job (it starves there; but not against a lender waiting for the quota it
+    borrows: the lender's nominal quota comes first) or the job's preemption victims are still leaving (a
+    checkpoint may take longer than the timeout: the room they free is the job's); the queues that got
     quota back."""
     timeout = d.policy.settings.placement_timeout_s
     if timeout is None or not d.unplaced:
         return []
+    p = Pass(now=now)
     expired = [job for j in d.unplaced if (job := d.jobs[j]).placement_code
-               and job.placement_code != CAPACITY_HELD and now - job.reserved_at >= timeout
-               and not victims_leaving(d, j)]
+               and now - job.reserved_at >= timeout and not victims_leaving(d, j)
+               and (job.placement_code != CAPACITY_HELD or lender_waits(d, job, p))]
     for job in expired:
         out.emit(QuotaReleased, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue,
                  gpu_milli=job.demand, reason=PLACEMENT_TIMEOUT)
