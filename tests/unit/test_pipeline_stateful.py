@@ -34,8 +34,28 @@ from libs.core.quotas import check_tree
 from libs.sim.executor import SIM_EXIT_CODES
 from libs.sim.guarantee_check import ViolationLike, check_liveness, check_safety
 from libs.sim.pipeline import VirtualWorld
-from libs.sim.scenario import POLICY_STEPS, StepIds, apply_input, header_inputs, node_spec, step_inputs
-from libs.sim.scenario_model import Cluster, Ended, Expect, NodeEntry, Scenario, Settings, Step, Submit
+from libs.sim.scenario import (
+    POLICY_STEPS,
+    StepIds,
+    apply_input,
+    header_inputs,
+    node_spec,
+    run_scenario,
+    scenario_inputs,
+    step_inputs,
+)
+from libs.sim.scenario_model import (
+    Cluster,
+    Ended,
+    Expect,
+    NodeEntry,
+    Report,
+    Scenario,
+    Settings,
+    Step,
+    Submit,
+    parse_scenario,
+)
 from libs.sim.scenario_write import node_entry, write_scenario
 
 SETTINGS = Settings(tick_s=5.0, quiet_s=600.0, preempt_min_remaining_s=0.0, starvation_after_s=120.0)
@@ -175,6 +195,19 @@ def changed_queue(queue: QueueSpec, change: str, model: str) -> QueueSpec:
     return replace(queue, reclaim_after_s=5.0)
 
 
+REPORT_KINDS = ("finish", "fail", "fail_retryable", "evict")
+
+
+def report_step(how: str, job: str, run: int | None = None) -> Step:
+    """An executor's report of one of REPORT_KINDS about the job's run `run` (None: its current run)."""
+    match how:
+        case "finish":
+            return Step(finish=job if run is None else Report(job=job, run=run))
+        case "fail" | "fail_retryable":
+            return Step(fail=Ended(job=job, run=run, exit_code=1 if how == "fail" else 137))
+    return Step(evict=Ended(job=job, run=run, reason="node_pressure"))
+
+
 # --- the machine ----------------------------------------------------------------------------------------------
 
 
@@ -231,16 +264,21 @@ class PipelineMachine(RuleBasedStateMachine):
 
     def write(self, name: str, why: str) -> None:
         path = COUNTEREXAMPLE_DIR / f"{name}.yaml"
-        text = write_scenario(self.inputs, path, settings=SETTINGS, until=self.now, name=name,
+        note(f"scenario written to {path}:\n{self.scenario(path, name, why)}")
+
+    def scenario(self, path: Path, name: str, why: str) -> str:
+        """The sequence so far as a scenario file at `path` (its clock runs on to now); its text."""
+        return write_scenario(self.inputs, path, settings=SETTINGS, until=self.now, name=name,
                               description=f"found by tests/unit/test_pipeline_stateful.py: {why}",
                               expect=Expect(violations=[]))
-        note(f"scenario written to {path}:\n{text}")
 
     # --- the world ------------------------------------------------------------------------------------
 
     @initialize(data=st.data(), n_nodes=st.integers(1, 3), queue_specs=queues())
     def start(self, data: st.DataObject, n_nodes: int, queue_specs: list[QueueSpec]) -> None:
-        entries = [data.draw(node_entries(name)) for name in NODES[:n_nodes]]
+        self.begin([data.draw(node_entries(name)) for name in NODES[:n_nodes]], queue_specs)
+
+    def begin(self, entries: list[NodeEntry], queue_specs: list[QueueSpec]) -> None:
         self.nodes = {e.name: e for e in entries}
         self.queues = {q.name: q for q in queue_specs}
         header = Scenario(settings=SETTINGS, cluster=Cluster(nodes=entries), queues=queue_specs)
@@ -262,14 +300,21 @@ class PipelineMachine(RuleBasedStateMachine):
         self.act(Step(cancel=data.draw(st.sampled_from(self.jobs))), gap)
 
     @precondition(lambda self: bool(self.world.executor.running))
-    @rule(data=st.data(), how=st.sampled_from(["finish", "fail", "fail_retryable", "evict"]),
-          gap=st.sampled_from(GAPS))
+    @rule(data=st.data(), how=st.sampled_from(REPORT_KINDS), gap=st.sampled_from(GAPS))
     def end_run(self, data: st.DataObject, how: str, gap: float) -> None:
-        job = data.draw(st.sampled_from(self.running()))
-        step = {"finish": Step(finish=job), "fail": Step(fail=Ended(job=job, exit_code=1)),
-                "fail_retryable": Step(fail=Ended(job=job, exit_code=137)),
-                "evict": Step(evict=Ended(job=job, reason="node_pressure"))}[how]
-        self.act(step, gap)
+        self.act(report_step(how, data.draw(st.sampled_from(self.running()))), gap)
+
+    @precondition(lambda self: bool(self.jobs))
+    @rule(data=st.data(), how=st.sampled_from(REPORT_KINDS), gap=st.sampled_from(GAPS))
+    def late_report(self, data: st.DataObject, how: str, gap: float) -> None:
+        """An executor's report read late (a slow agent's, an executor's after its restart), naming a run by
+        the job's placements: an earlier run of a job placed again, which must change nothing of its current
+        run; its current run; or one it has not had (yet), which does nothing."""
+        placements = self.world.executor.placements
+        placed_again = [j for j in self.jobs if len(placements.get(j, ())) >= 2]
+        job = data.draw(st.sampled_from(placed_again or self.jobs))
+        run = data.draw(st.integers(1, len(placements.get(job, ())) + 1))  # shrinks towards the first run
+        self.act(report_step(how, job, run), gap)
 
     @precondition(lambda self: bool(set(self.nodes) - self.lost))
     @rule(data=st.data(), gap=st.sampled_from(GAPS))
@@ -337,3 +382,24 @@ PipelineMachine.TestCase.settings = settings(
     max_examples=EXAMPLES, stateful_step_count=30, deadline=None, derandomize=True, database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
 TestPipelineStateful = PipelineMachine.TestCase
+
+
+def test_a_late_report_writes_out_as_the_same_run(tmp_path: Path) -> None:
+    """A sequence with late reports (as a shrunk counterexample has them) is written as a scenario file that
+    names each report's run, and the file runs again as the machine ran, event for event."""
+    machine = PipelineMachine()
+    machine.begin([NodeEntry(name="n0", gpus=1), NodeEntry(name="n1", gpus=1)],
+                  [QueueSpec(name="a", team="a", nominal_gpus=2)])
+    machine.act(Step(submit=Submit(job="j00", team="a", queue="a", gpus=1)), 5.0)
+    machine.act(report_step("evict", "j00"), 5.0)  # back to its queue, and placed again
+    assert len(machine.world.executor.placements["j00"]) == 2
+    for how, run in [("finish", 1), ("fail_retryable", 1), ("evict", 1), ("fail", 3)]:  # 3: no such run yet
+        machine.act(report_step(how, "j00", run), 5.0)
+    assert machine.running() == ["j00"]
+    text = machine.scenario(tmp_path / "late.yaml", "late", "late reports")
+    again = parse_scenario((tmp_path / "late.yaml").read_text())
+    assert text.count("run: 1") == 3 and "run: 3" in text
+    assert scenario_inputs(again) == machine.inputs
+    machine.teardown()  # the quiet period the written file ends with, and liveness
+    replay = run_scenario(again)
+    assert [e for _, e in replay.log] == [e for _, e in machine.world.log] and replay.passed

@@ -68,8 +68,14 @@ def quota_hold(world: World, job_id: str, job: JobState) -> str:
 
 
 def backoff_hold(world: World, job_id: str, spec: JobSpec) -> str:
-    not_before = world.quota.backing_off.get(job_id)
-    return f"it backs off after a failure until {not_before:.0f}" if not_before and not_before > world.now else ""
+    """A job waits out its backoff: after a failure, or after its reservation went back at a placement timeout."""
+    failed = world.quota.backing_off.get(job_id)
+    if failed and failed > world.now:
+        return f"it backs off after a failure until {failed:.0f}"
+    timed_out = world.quota.requeued.get(job_id)
+    if timed_out and timed_out > world.now:
+        return f"it backs off after a placement timeout until {timed_out:.0f}"
+    return ""
 
 
 def user_limit_hold(world: World, job_id: str, spec: JobSpec) -> str:
