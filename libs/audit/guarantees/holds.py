@@ -46,7 +46,10 @@ def quota_flavors_with_room(world: World, spec: JobSpec) -> list[str]:
     demand = demand_milli(spec)
     over = _over_budget(world, spec.queue)
     borrows = world.quota.policy.preemptible(spec)  # a job that cannot be preempted never borrows
-    return [f for f in book.flavors_for(spec.queue, spec)
+    # Of a model no present node could hold the job on, while another could, quota gives no flavor (the
+    # decider's own narrowing, quota_fit.flavors_of): room there is no room the job could use.
+    flavors = world.quota.fleet.servable(tuple(book.flavors_for(spec.queue, spec)), spec, demand)
+    return [f for f in flavors
             if (book.borrow_only_room(spec.queue, f) if over else book.room(spec.queue, f) if borrows
                 else book.room_within_nominal(spec.queue, f)) >= demand]
 
