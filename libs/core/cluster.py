@@ -10,7 +10,17 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from contracts import GpuSpec, NodeSpec, ReplicaPlacement
+from contracts import (
+    EventBase,
+    GpuHealthChanged,
+    GpuSpec,
+    NodeCordoned,
+    NodeLost,
+    NodeRegistered,
+    NodeSpec,
+    NodeUncordoned,
+    ReplicaPlacement,
+)
 from libs.core.mig_profiles import COMPUTE_SLICES, MigProduct, compute_slices, product
 
 FULL = 1000  # thousandths of a GPU
@@ -184,6 +194,22 @@ class Cluster:
     def _touch(self, name: str) -> None:
         for changed in self._watchers.values():
             changed[name] = None
+
+    def apply_node_event(self, event: EventBase) -> bool:
+        """Fold an inventory event (a node registered, lost, cordoned or uncordoned, a GPU's health); False for
+        any other event."""
+        match event:
+            case NodeRegistered():
+                self.register(event.node)
+            case NodeLost():
+                self.set_online(event.node, False)
+            case NodeCordoned() | NodeUncordoned():
+                self.cordon(event.node, isinstance(event, NodeCordoned))
+            case GpuHealthChanged():
+                self.set_gpu_health(event.node, event.index, event.healthy)
+            case _:
+                return False
+        return True
 
     def register(self, spec: NodeSpec) -> None:
         """(Re)register a node: capacity comes from the spec, current use is kept, GPU by GPU (a GPU the spec

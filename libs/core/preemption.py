@@ -167,14 +167,8 @@ class PreemptionDecider:
                     s.cancelled[event.job_id] = None  # still holds its GPUs until its executor stops it
                 else:
                     self._gone(event.job_id, final=True)
-            case NodeRegistered():
-                self.cluster.register(event.node)
-            case NodeLost():
-                self.cluster.set_online(event.node, False)
-            case NodeCordoned() | NodeUncordoned():
-                self.cluster.cordon(event.node, isinstance(event, NodeCordoned))
-            case GpuHealthChanged():
-                self.cluster.set_gpu_health(event.node, event.index, event.healthy)
+            case NodeRegistered() | NodeLost() | NodeCordoned() | NodeUncordoned() | GpuHealthChanged():
+                self.cluster.apply_node_event(event)
             case _ if self.policy.apply(event):
                 if isinstance(event, PriorityClassesChanged):
                     s.rerank(self.policy)

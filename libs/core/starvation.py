@@ -31,12 +31,7 @@ from typing import Generic, TypeVar
 
 from contracts import (
     EventBase,
-    GpuHealthChanged,
     JobSpec,
-    NodeCordoned,
-    NodeLost,
-    NodeRegistered,
-    NodeUncordoned,
     ReplicaPlacement,
 )
 from libs.core.cluster import Cluster
@@ -76,17 +71,8 @@ class EmptyInventory:
         self._answers: dict[tuple[object, ...], bool] = {}  # request shape -> could the inventory hold it
 
     def evolve(self, event: EventBase) -> None:
-        match event:
-            case NodeRegistered():
-                self.cluster.register(event.node)
-            case NodeLost():
-                self.cluster.set_online(event.node, False)
-            case NodeCordoned() | NodeUncordoned():
-                self.cluster.cordon(event.node, isinstance(event, NodeCordoned))
-            case GpuHealthChanged():
-                self.cluster.set_gpu_health(event.node, event.index, event.healthy)
-            case _:
-                return
+        if not self.cluster.apply_node_event(event):
+            return
         self.version += 1
         self._answers.clear()
 
