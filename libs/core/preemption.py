@@ -3,8 +3,9 @@
 Triggered when quota or placement defers a job for a reason eviction can cure, and re-considered on clock
 ticks. Two kinds of victims:
   - reclaim (libs/core/reclaim.py): a queue under its nominal quota takes back quota its cohort lent to
-    borrowers, once the queue's reclaim grace has passed. Only what they borrow: a reclaim never takes a
-    queue below its nominal quota.
+    borrowers, once the queue's reclaim grace has passed, and a job holding quota within its nominal takes
+    back the GPUs borrowers of the cohort hold (of any flavor) when it finds none. Only what they borrow: a
+    reclaim never takes a queue below its nominal quota.
   - within the queue: jobs of lower priority in the preemptor's own queue.
 Jobs of non-preemptible classes, jobs that have not yet run their class's minimum runtime, and jobs expected
 to end within the settings' preempt_min_remaining_s anyway are never victims (quota lets a job that cannot be
@@ -63,7 +64,7 @@ from libs.core.preemption_sim import Simulation
 from libs.core.preemption_state import PLACEMENT, PreemptionState, Running, Waiting
 from libs.core.quota import WAITING_FOR_QUOTA
 from libs.core.quotas import ANY, QuotaBook, reservation_model
-from libs.core.reclaim import borrowers, reclaim_victims
+from libs.core.reclaim import borrowers, placement_victims, reclaim_victims
 from libs.core.retries import RetryBook
 from libs.core.runs import CurrentRuns
 
@@ -388,7 +389,7 @@ class PreemptionDecider:
         """Could an eviction serve the job now? Only a waiting job, not already waiting for its victims to
         leave, nor running; and only with candidates: without any there is nobody to evict, so no simulation
         is set up. No job of the queue running at a lower priority: no candidate within the queue; no cohort
-        either (or waiting for placement): no borrower to reclaim from."""
+        either: no borrower to reclaim from."""
         s = self.s
         spec = s.specs.get(job_id)
         waiting = s.waiting.get(job_id)
@@ -397,27 +398,28 @@ class PreemptionDecider:
         running, prio = s.running_priorities.get(spec.queue), self.policy.priority_of(spec)
         if running is not None and min(running, default=prio) < prio:
             return True
-        return waiting.code != PLACEMENT and bool(self.book.cohort.get(spec.queue, ""))
+        return bool(self.book.cohort.get(spec.queue, ""))
 
     def _consider(self, job_id: str, now: float, out: Decisions) -> None:
         if not self._may_evict_for(job_id):
             return
         s = self.s
         spec, waiting = s.specs[job_id], s.waiting[job_id]
+        queue = self.policy.queues.get(spec.queue)
+        grace_over = now >= waiting.since + (queue.reclaim_after_s if queue is not None else 0.0)
         if waiting.code == PLACEMENT:  # it holds its quota: only room on the GPUs is missing
+            held = s.reserved.get(job_id)
+            flavor = held[1] if held is not None else ANY
             cands = self.candidates(spec, job_id, now)
-            if cands:
-                held = s.reserved.get(job_id)
-                flavor = held[1] if held is not None else ANY
-                with self._simulation(spec, job_id, now) as sim:
-                    victims = sim.choose(cands, lambda: sim.fits(flavor))
-                self._decide(job_id, victims, out)
+            with self._simulation(spec, job_id, now) as sim:
+                victims = sim.choose(cands, lambda: sim.fits(flavor)) if cands else []
+                if not victims and grace_over and held is not None:
+                    victims = placement_victims(self, sim, held, job_id)
+            self._decide(job_id, victims, out)
             return
         if self._behind_higher_priority(job_id, spec):
             return
         flavors = self.book.flavors_for(spec.queue, spec) or [ANY]
-        queue = self.policy.queues.get(spec.queue)
-        grace_over = now >= waiting.since + (queue.reclaim_after_s if queue is not None else 0.0)
         with self._simulation(spec, job_id, now) as sim:
             victims = reclaim_victims(self, sim, flavors, job_id) if grace_over else []
             cands = [] if victims else self.candidates(spec, job_id, now)

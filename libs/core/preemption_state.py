@@ -80,8 +80,8 @@ class PreemptionState:
     # queue (of the job's spec) -> [(-priority, job id)] sorted: the queue's first waiting job, fast;
     heads: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     head_of: dict[str, tuple[str, tuple[int, str]]] = field(default_factory=dict)
-    # queue -> [(waiting since, job id)] sorted, of the jobs waiting for quota whose reclaim grace has not
-    # been checked yet.
+    # queue -> [(waiting since, job id)] sorted, of the waiting jobs (for quota or placement) whose reclaim
+    # grace has not been checked yet.
     grace: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
     grace_of: dict[str, tuple[str, tuple[float, str]]] = field(default_factory=dict)
     # `running` by queue (each queue's victim candidates, without scanning every running job).
@@ -106,10 +106,10 @@ class PreemptionState:
         head = (-priority, job_id)
         self.head_of[job_id] = (queue, head)
         bisect.insort(self.heads.setdefault(queue, []), head)
+        entry = (since, job_id)  # a job waiting for placement may reclaim GPUs too (reclaim.placement_victims)
+        self.grace_of[job_id] = (queue, entry)
+        bisect.insort(self.grace.setdefault(queue, []), entry)
         if code != PLACEMENT:
-            entry = (since, job_id)
-            self.grace_of[job_id] = (queue, entry)
-            bisect.insort(self.grace.setdefault(queue, []), entry)
             prios = self.waiting_priorities.setdefault(queue, {})
             prios[priority] = prios.get(priority, 0) + 1
 

@@ -52,7 +52,7 @@ def give_back_unplaced(d: QuotaDecider, now: float, out: Decisions) -> list[str]
         again = d.requeued.get(job.job_id, now)
         defer(d, job, PLACEMENT_TIMED_OUT, f"no node could hold it within {timeout:g} s of its quota "
               f"reservation (placement: {job.placement_code or 'deferred'}); its quota went back and it "
-              f"waits again from {again:.0f}", 0, out)
+              f"may be reserved again {max(0.0, again - now):.0f} s from now", 0, out)
     return [job.queue for job in expired]
 
 

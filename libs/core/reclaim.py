@@ -6,6 +6,11 @@ their nominal quota, and only as far as they borrow (a reclaim never takes a que
 jobs admitted over budget (borrowed outright), and, if the queue itself is above its nominal, its own jobs of
 lower priority. A victim set is chosen only if the job would then fit its nominal quota, get its room in the
 cohort by quota's rules and be placed (see preemption_sim); the flavors are tried in the queue's order.
+
+A job that holds quota within its queue's nominal but finds no GPUs (it waits for placement) may reclaim too:
+the GPUs its guaranteed quota stands for may be held by borrowers of another flavor of the cohort (a queue of
+any model, "*", borrowing beside a queue of one model's quota: the book keeps the two flavors' pools apart, the
+GPUs do not). It takes borrowers of any flavor, only as far as they borrow, until it would be placed.
 """
 
 from __future__ import annotations
@@ -36,6 +41,24 @@ def borrowers(d: PreemptionDecider, preemptor: JobSpec, flavor: str, now: float,
              and d.eligible(r, now, preemptor_id, reclaim=True)]
     cands.sort(key=lambda r: r.victim_key(now))
     return cands
+
+
+def placement_victims(d: PreemptionDecider, sim: Simulation, held: tuple[str, str, int, bool], preemptor_id: str
+                      ) -> list[Running]:
+    """The borrowers (of any flavor) to evict so that a job holding `held` quota within its queue's nominal
+    is placed; [] when it borrows or none would do."""
+    queue, flavor, _, over_budget = held
+    lim = d.book.limits.get(queue, {}).get(flavor)
+    cohort = d.book.cohort.get(queue, "")
+    if over_budget or lim is None or not cohort or d.book.used.get((queue, flavor), 0) > lim.nominal:
+        return []
+    book, now = d.book, sim.now
+    others = [r for q in book.members[cohort] if q != queue for r in d.s.by_queue.get(q, {}).values()
+              if (r.over_budget or book.borrowed(q, r.flavor) > 0) and d.eligible(r, now, preemptor_id, reclaim=True)]
+    if not others:
+        return []
+    others.sort(key=lambda r: r.victim_key(now))
+    return sim.choose(others, lambda: sim.fits(flavor), sim.gives_back_only_borrowed, reclaim=True)
 
 
 def reclaim_victims(d: PreemptionDecider, sim: Simulation, flavors: list[str], preemptor_id: str) -> list[Running]:

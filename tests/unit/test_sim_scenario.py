@@ -18,11 +18,7 @@ from libs.sim.scenario_write import write_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 # Scenario files that fail today, each for a hole in the deciders (file stem -> the hole).
-KNOWN_HOLES: dict[str, str] = {
-    "any-model-flavor-beside-model-flavor-hides-borrowed-gpus": "a queue's any-model (*) quota beside another "
-        "queue's H100 quota in one cohort: the book promises the H100 lender GPUs a * borrower holds, and no "
-        "reclaim finds that borrower",
-}
+KNOWN_HOLES: dict[str, str] = {}
 
 
 def scenario_files() -> list[object]:
