@@ -7,6 +7,8 @@ Changes are additive only: new optional fields with defaults, new event types. O
 from contracts.events import (
     ALL_EVENT_TYPES,
     COMMAND_TYPES,
+    RUNTIME_LIMIT,
+    RUNTIME_LIMIT_EXIT_CODE,
     AuditCheckpoint,
     CancelJob,
     ClockTick,
@@ -50,6 +52,8 @@ from contracts.events import (
     subject_for_type,
 )
 from contracts.model import (
+    RECLAIM,
+    WITHIN_QUEUE_PRIORITY,
     Autoscaling,
     FlavorQuota,
     GpuSpec,
@@ -66,6 +70,10 @@ from contracts.model import (
 __all__ = [
     "ALL_EVENT_TYPES",
     "COMMAND_TYPES",
+    "RECLAIM",
+    "RUNTIME_LIMIT",
+    "RUNTIME_LIMIT_EXIT_CODE",
+    "WITHIN_QUEUE_PRIORITY",
     "AuditCheckpoint",
     "Autoscaling",
     "CancelJob",

@@ -236,6 +236,14 @@ class JobFinished(EventBase, frozen=True, kw_only=True):
     exit_code: int = 0
 
 
+# JobFailed's reason and exit code when the executor stopped the run at its spec's `max_runtime_s`, as Slurm
+# ends a job at its time limit (state TIMEOUT): the job ran out of the time it declared, not into a broken
+# machine, so the failure is final and never retried. 124 is the exit status of `timeout(1)` for the same
+# thing; being below 128 it does not read as "killed by a signal" (which retries).
+RUNTIME_LIMIT: Final = "runtime_limit"
+RUNTIME_LIMIT_EXIT_CODE: Final = 124
+
+
 class JobFailed(EventBase, frozen=True, kw_only=True):
     job_id: str
     run: str = ""

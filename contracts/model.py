@@ -31,8 +31,13 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, for
     memory_mib: int = 0
     # Allowed GPU models; empty means any model.
     gpu_models: tuple[str, ...] = ()
-    # Declared runtime: the simulated executor runs the job this long; estimates use it.
+    # The user's estimate of the job's runtime: what the deciders believe (backfill, shadows, ETAs; see
+    # `libs.core.policy.declared_runtime`). The simulated executor runs a job this long unless its
+    # `sim/runtime-s` label says how long it really runs. Not enforced.
     duration_s: float | None = None
+    # A declared limit, enforced: an executor stops a run at this many seconds of wall time (per run, as
+    # Slurm's time limit) and reports it failed with reason RUNTIME_LIMIT, never retried. Without an
+    # estimate the deciders believe the job runs this long. Neither set: nothing is declared.
     max_runtime_s: float | None = None
     command: tuple[str, ...] = ()
     labels: dict[str, str] = {}
@@ -206,6 +211,12 @@ class ReplicaPlacement(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     # MIG slices taken on each listed GPU (MIG requests only).
     mig_slices: int = 0
     rdma_nics: int = 0
+
+
+# A Victim's reason: its queue gives back quota it borrows (a reclaim), or it makes way for a job of higher
+# priority of its own queue.
+RECLAIM = "reclaim"
+WITHIN_QUEUE_PRIORITY = "within_queue_priority"
 
 
 class Victim(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

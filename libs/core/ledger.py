@@ -34,7 +34,7 @@ from contracts import (
 from contracts.model import JobSpec
 from contracts.views import FlavorUsage, JobView, NodeView, QueueView, TeamUsage
 from libs.core.cluster import FULL, Cluster
-from libs.core.policy import PolicyBook, replica_milli
+from libs.core.policy import PolicyBook, declared_runtime, replica_milli
 from libs.core.quota import QuotaDecider
 from libs.core.retries import RetryBook
 from libs.core.runs import CurrentRuns
@@ -55,7 +55,8 @@ LONG_JOB_S = 3600.0
 
 def is_long(view: JobView) -> bool:
     """A job declaring an hour or more of runtime: interruptions hurt these most."""
-    return view.spec is not None and view.spec.duration_s is not None and view.spec.duration_s >= LONG_JOB_S
+    runtime = None if view.spec is None else declared_runtime(view.spec)
+    return runtime is not None and runtime >= LONG_JOB_S
 
 
 def requested_gpus(spec: JobSpec) -> float:

@@ -4,8 +4,9 @@ Capacity is taken at JobPlaced and given back only when an executor reports the 
 failed or evicted): between those two facts the GPUs are the job's, whatever else happens.
 
 A preemptor is "nominated" when its victims are chosen: until it is placed (or the nomination expires on
-the log's clock), a job of lower priority is placed only where it leaves the preemptor room to fit once
-its victims are gone, so the capacity freed for it is not taken by the jobs it displaced.
+the log's clock), a job of lower priority (for a reclaim: also any job of another queue) is placed only where
+it leaves the preemptor room to fit once its victims are gone, so the capacity freed for it is not taken by
+the jobs it displaced.
 
 A job that has waited for capacity longer than the settings' starvation limit gets capacity held the same
 way, by the starvation rule quota shares (libs/core/starvation.py, EASY backfill): a job of no higher priority
@@ -26,6 +27,7 @@ from collections.abc import Iterable, Iterator
 import msgspec
 
 from contracts import (
+    RECLAIM,
     ClockTick,
     EventBase,
     GpuHealthChanged,
@@ -52,7 +54,7 @@ from contracts import (
 from libs.core.cluster import Cluster
 from libs.core.decider import Chain, Decisions, Trigger
 from libs.core.fit import NO_MODEL_MATCH, Placer, Shortfall, placement_shape
-from libs.core.policy import PolicyBook, demand_milli
+from libs.core.policy import PolicyBook, declared_runtime, demand_milli
 from libs.core.retries import RetryBook
 from libs.core.runs import CurrentRuns
 from libs.core.scoring import DEFAULT_POLICY
@@ -71,6 +73,9 @@ from libs.core.starvation import (
 SERVICE = "placement"
 RESERVED_FOR_PREEMPTOR = "reserved_for_preemptor"
 HELD_FOR_STARVING_JOB = "held_for_starving_job"
+# Deferral codes that name something other than too few free GPUs: a job told one is tried again even when
+# the free GPUs cannot hold it, so that it is told the reason that holds now.
+_TOLD_ELSE = (NO_MODEL_MATCH, RESERVED_FOR_PREEMPTOR, HELD_FOR_STARVING_JOB)
 # Ties between equally good nodes go to the first in one fixed pseudo-random node order: the same order
 # for every job consolidates work (random ties per job scatter it: 89.6 % vs 95.3 % allocated under FGD).
 NODE_ORDER_SALT = 0
@@ -101,11 +106,12 @@ class PlacementDecider:
         self.waiting: dict[str, WaitKey] = {}
         self.placed: dict[str, tuple[ReplicaPlacement, ...]] = {}
         self.deferred: dict[str, str] = {}
-        # preemptor -> (its priority, its victims, when it was nominated)
-        self.nominated: dict[str, tuple[int, tuple[str, ...], float]] = {}
+        # preemptor -> (its priority, its victims, when it was nominated, whether it reclaims)
+        self.nominated: dict[str, tuple[int, tuple[str, ...], float, bool]] = {}
         self.cancelled: dict[str, None] = {}
         self._order = 0
         self.lapsed = False  # did the last tick end a nomination?
+        self.held_back_free = False  # was a nominee placed since the last tick (so its hold ended)?
         self.waiting_since: dict[str, float] = {}  # job -> when its quota was reserved
         self.ends: dict[str, float] = {}  # placed job -> its declared end
         # The job capacity is held for after waiting too long: (job, priority, shadow time, the running jobs
@@ -173,14 +179,16 @@ class PlacementDecider:
                 self.waiting.pop(event.job_id, None)
                 self.waiting_since.pop(event.job_id, None)
                 self.deferred.pop(event.job_id, None)
-                self.nominated.pop(event.job_id, None)
+                if self.nominated.pop(event.job_id, None) is not None:
+                    self.held_back_free = True  # the jobs its nomination held back wait for other reasons now
                 self.placed[event.job_id] = event.placements
                 if self._allocated != event.job_id:  # else: our own decision, allocated when taken (_try_place)
                     self.cluster.allocate(event.placements)
                 self.generation += 1
                 placed_spec = self.specs.get(event.job_id)
-                if placed_spec is not None and placed_spec.duration_s is not None:
-                    self.ends[event.job_id] = event.ts + placed_spec.duration_s
+                runtime = None if placed_spec is None else declared_runtime(placed_spec)
+                if runtime is not None:
+                    self.ends[event.job_id] = event.ts + runtime
                 if placed_spec is not None and placed_spec.service:
                     self.service_nodes.setdefault(placed_spec.service, {})[event.job_id] = tuple(
                         p.node for p in event.placements)
@@ -212,7 +220,8 @@ class PlacementDecider:
                 lapsed = [j for j, n in self.nominated.items() if event.ts - n[2] > NOMINATION_TTL_S]
                 for job_id in lapsed:
                     del self.nominated[job_id]
-                self.lapsed = bool(lapsed)
+                self.lapsed = bool(lapsed) or self.held_back_free
+                self.held_back_free = False
             case PlacementDeferred():
                 self.deferred[event.job_id] = event.code
             case QuotaReleased() if event.job_id in self.waiting:
@@ -224,7 +233,11 @@ class PlacementDecider:
                     self.starving = None
             case PreemptionDecided() if event.preemptor_id in self.specs:
                 prio = self.policy.priority_of(self.specs[event.preemptor_id])
-                self.nominated[event.preemptor_id] = (prio, tuple(v.job_id for v in event.victims), event.ts)
+                # A reclaim's preemptor holds its room against every other queue's job too: the GPUs it
+                # takes back are its queue's nominal quota, not the borrowers' to take again.
+                reclaim = any(v.reason == RECLAIM for v in event.victims)
+                self.nominated[event.preemptor_id] = (prio, tuple(v.job_id for v in event.victims), event.ts,
+                                                      reclaim)
             case JobCancelled():
                 self.waiting.pop(event.job_id, None)
                 self.waiting_since.pop(event.job_id, None)
@@ -267,7 +280,7 @@ class PlacementDecider:
             case ClockTick():
                 before = self.starving
                 self._find_starving(event.ts)
-                if before != self.starving:
+                if before != self.starving or self.lapsed:  # (a hold that ended may have kept it from being told)
                     self._tell_starving(before, out)
                 if self.lapsed or before != self.starving:
                     self._place_waiting(out)  # a hold lapsed or moved: what it held back may go now
@@ -281,9 +294,10 @@ class PlacementDecider:
         try:
             for key in sorted(self.waiting.values()):
                 job_id = key[2]
-                # ... unless it was told no GPU of its models is there: the inventory may have changed, and the
-                # reason it waits is then another (too few free), which it is told.
-                if demand_milli(self.specs[job_id]) > free and self.deferred.get(job_id) != NO_MODEL_MATCH:
+                # ... unless it was told no GPU of its models is there, or that capacity is held for another
+                # job: the inventory or the hold may have changed, and the reason it waits is then another (too
+                # few free), which it is told.
+                if demand_milli(self.specs[job_id]) > free and self.deferred.get(job_id) not in _TOLD_ELSE:
                     continue
                 if self._try_place(job_id, out):
                     free -= demand_milli(self.specs[job_id])
@@ -326,7 +340,9 @@ class PlacementDecider:
             return False
         # place_gang allocated on the live cluster to try; JobPlaced's evolve allocates for the record.
         blocked = self._starves_nominee(job_id, spec)
-        held_for = (None if blocked is not None
+        # A nominee takes the room its victims freed: no starving job holds that against it (its eviction
+        # would be for nothing), as the nominee's hold binds the starving job (_starves_nominee).
+        held_for = (None if blocked is not None or job_id in self.nominated
                     else self._starves_starving(job_id, spec, result, out.trigger.event.ts))
         if held_for is None and blocked is None:
             # Placed: the tentative allocation stands as JobPlaced's (giving it back for its evolve to take it
@@ -361,14 +377,16 @@ class PlacementDecider:
         return self.placer.place_apart(spec, avoid, policy, salt=NODE_ORDER_SALT)
 
     def _starves_nominee(self, job_id: str, spec: JobSpec) -> str | None:
-        """With `job_id` tentatively allocated: the first nominated preemptor of higher priority that would
-        no longer fit once its victims are gone, or None."""
+        """With `job_id` tentatively allocated: the first nominated preemptor of higher priority (or, for a
+        reclaim, of another queue) that would no longer fit once its victims are gone, or None."""
         if not self.nominated:
             return None
         prio = self.policy.priority_of(spec)
         for nominee in sorted(self.nominated):
-            nprio, victims, _ = self.nominated[nominee]
-            if nominee == job_id or nprio <= prio or nominee not in self.specs:
+            nprio, victims, _, reclaim = self.nominated[nominee]
+            if nominee == job_id or nominee not in self.specs:
+                continue
+            if nprio <= prio and not (reclaim and self.specs[nominee].queue != spec.queue):
                 continue
             leaving = [self.placed[v] for v in victims if v in self.placed]
             for p in leaving:
@@ -428,7 +446,9 @@ class PlacementDecider:
         """The starving job changed: the new one is told capacity is held for it (so quota keeps its
         reservation), the one before, still waiting, why it waits again."""
         current = self.starving
-        if current is not None and self.deferred.get(current[0]) != CAPACITY_HELD:
+        # (one a preemptor's hold keeps waiting is told so, and told this once the nominations are over)
+        held_back = current is not None and self.deferred.get(current[0]) == RESERVED_FOR_PREEMPTOR and self.nominated
+        if current is not None and self.deferred.get(current[0]) != CAPACITY_HELD and not held_back:
             start = "once running jobs end (they do not say when)" if current[2] == UNKNOWN_START else (
                 f"by {current[2]:.0f}")
             out.emit(PlacementDeferred, correlation_id=current[0], job_id=current[0], code=CAPACITY_HELD,
@@ -449,7 +469,7 @@ class PlacementDecider:
             return None
         starving, prio, shadow, ending = self.starving
         rule = Starving(job_id=starving, priority=prio, shadow=shadow)
-        held = holds(rule, job_id, self.policy.priority_of(spec), spec.duration_s, now,
+        held = holds(rule, job_id, self.policy.priority_of(spec), declared_runtime(spec), now,
                      lambda: self._room_effect(tentative, starving, ending))
         return starving if held else None
 

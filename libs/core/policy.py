@@ -69,6 +69,17 @@ class PolicyBook:
         return cls.min_runtime_s if cls else 0.0
 
 
+def declared_runtime(spec: JobSpec) -> float | None:
+    """How long the deciders (and the views) believe a job runs, from what its user declared, never from how
+    long it really runs: its estimate (`duration_s`), else its limit (`max_runtime_s`, which the executor
+    enforces), else None (nothing declared: it may run forever). An estimate beyond the limit is capped at
+    the limit, since the executor stops the run there. Every "how long will it run" in the deciders reads this."""
+    estimate, limit = spec.duration_s, spec.max_runtime_s
+    if estimate is None:
+        return limit
+    return estimate if limit is None else min(estimate, limit)
+
+
 def replica_milli(spec: JobSpec) -> int:
     """GPU demand of one replica, in thousandths of a GPU: a MIG instance its profile's share (the one figure
     placement allocates and accounting counts), else its fraction or whole GPUs."""

@@ -32,6 +32,8 @@ from collections.abc import Iterable
 import msgspec
 
 from contracts import (
+    RECLAIM,
+    WITHIN_QUEUE_PRIORITY,
     ClockTick,
     EventBase,
     GpuHealthChanged,
@@ -59,7 +61,7 @@ from contracts import (
 )
 from libs.core.cluster import Cluster
 from libs.core.decider import Chain, Decisions, Trigger
-from libs.core.policy import PolicyBook, demand_milli
+from libs.core.policy import PolicyBook, declared_runtime, demand_milli
 from libs.core.preemption_sim import Simulation
 from libs.core.preemption_state import PLACEMENT, PreemptionState, Running, Waiting
 from libs.core.quota import WAITING_FOR_QUOTA
@@ -67,14 +69,13 @@ from libs.core.quotas import ANY, QuotaBook, reservation_model
 from libs.core.reclaim import borrowers, placement_victims, reclaim_victims
 from libs.core.retries import RetryBook
 from libs.core.runs import CurrentRuns
+from libs.core.starvation import CAPACITY_HELD
 
 __all__ = ["PLACEMENT", "RECLAIM", "SERVICE", "WITHIN_QUEUE_PRIORITY", "PreemptionDecider", "PreemptionState",
            "Running", "Simulation", "Waiting"]
 
 SERVICE = "preemption"
 _DEFERRALS = (QuotaDeferred, PlacementDeferred)
-WITHIN_QUEUE_PRIORITY = "within_queue_priority"
-RECLAIM = "reclaim"
 
 
 class PreemptionDecider:
@@ -118,16 +119,21 @@ class PreemptionDecider:
             case QuotaReserved():
                 flavor = event.flavor or ANY
                 s.reserved[event.job_id] = (event.queue, flavor, event.gpu_milli, event.over_budget)
+                s.reserved_at[event.job_id] = event.ts
+                s.capacity_held.pop(event.job_id, None)
                 self.book.add(event.queue, flavor, event.gpu_milli, event.over_budget)
                 s.unwait(event.job_id)
                 s.ended.pop(event.job_id, None)
             case QuotaReleased():
                 held_quota = s.reserved.pop(event.job_id, None)
+                s.reserved_at.pop(event.job_id, None)
+                s.capacity_held.pop(event.job_id, None)
                 s.ended.pop(event.job_id, None)
                 if held_quota is not None:
                     self.book.add(held_quota[0], held_quota[1], -held_quota[2], held_quota[3])
             case JobPlaced():
                 s.unwait(event.job_id)
+                s.pending_since.pop(event.job_id, None)
                 self._placed += 1
                 self._recharge_placed(event)
                 s.run(self._run_of(event))
@@ -141,13 +147,18 @@ class PreemptionDecider:
                     s.index(event.job_id, event.spec.queue, self.policy.priority_of(event.spec), grace)
                 else:
                     s.specs[event.job_id] = event.spec
+                s.pending_since.setdefault(event.job_id, event.ts)
             case JobFinished() | JobFailed() | JobEvicted():
                 again = isinstance(event, JobEvicted) or (
                     isinstance(event, JobFailed)
                     and self.retries.on_failed(event, s.specs.get(event.job_id), self.policy) is not None)
-                self._gone(event.job_id, final=not again or event.job_id in s.cancelled)
+                self._gone(event.job_id, not again or event.job_id in s.cancelled, event.ts)
             case PlacementDeferred():
                 self._wait(event.job_id, PLACEMENT, event.ts)
+                if event.code == CAPACITY_HELD:
+                    s.capacity_held[event.job_id] = None
+                else:
+                    s.capacity_held.pop(event.job_id, None)
             case QuotaDeferred():
                 if event.code in WAITING_FOR_QUOTA:
                     self._wait(event.job_id, event.code, event.ts)
@@ -167,7 +178,7 @@ class PreemptionDecider:
                 if event.job_id in s.running:
                     s.cancelled[event.job_id] = None  # still holds its GPUs until its executor stops it
                 else:
-                    self._gone(event.job_id, final=True)
+                    self._gone(event.job_id, True, event.ts)
             case NodeRegistered() | NodeLost() | NodeCordoned() | NodeUncordoned() | GpuHealthChanged():
                 self.cluster.apply_node_event(event)
             case _ if self.policy.apply(event):
@@ -218,7 +229,7 @@ class PreemptionDecider:
                        demand=demand_milli(spec), started=event.ts, placements=event.placements,
                        flavor=flavor, over_budget=over_budget,
                        min_runtime_s=self.policy.min_runtime_s(spec), placed_order=self._placed,
-                       ends_at=None if spec.duration_s is None else event.ts + spec.duration_s,
+                       ends_at=None if (runtime := declared_runtime(spec)) is None else event.ts + runtime,
                        checkpoints_on_stop=spec.checkpoint_interval_s is not None)
 
     def _wait(self, job_id: str, code: str, now: float) -> None:
@@ -233,9 +244,12 @@ class PreemptionDecider:
         prios = self.s.waiting_priorities.get(spec.queue, {})
         return bool(prios) and max(prios) > self.policy.priority_of(spec)
 
-    def _gone(self, job_id: str, final: bool) -> None:
+    def _gone(self, job_id: str, final: bool, now: float) -> None:
         s = self.s
         s.unwait(job_id)
+        s.capacity_held.pop(job_id, None)
+        if job_id in s.running:
+            s.pending_since[job_id] = now  # it waits to run again from here (if it does)
         run = s.running.pop(job_id, None)
         if run is not None:
             s.unindex_running(run)
@@ -250,6 +264,7 @@ class PreemptionDecider:
             else:
                 s.in_flight.pop(preemptor, None)
         if final:
+            s.pending_since.pop(job_id, None)
             s.specs.pop(job_id, None)
             s.in_flight.pop(job_id, None)
             s.cancelled.pop(job_id, None)
@@ -408,6 +423,8 @@ class PreemptionDecider:
         queue = self.policy.queues.get(spec.queue)
         grace_over = now >= waiting.since + (queue.reclaim_after_s if queue is not None else 0.0)
         if waiting.code == PLACEMENT:  # it holds its quota: only room on the GPUs is missing
+            if self._giving_back(job_id, now):
+                return  # quota gives its reservation back now: what an eviction freed would go to others
             held = s.reserved.get(job_id)
             flavor = held[1] if held is not None else ANY
             cands = self.candidates(spec, job_id, now)
@@ -431,6 +448,14 @@ class PreemptionDecider:
 
                 victims = sim.choose(cands, admitted_and_placed, placed=lambda: any(sim.fits(f) for f in flavors))
         self._decide(job_id, victims, out)
+
+    def _giving_back(self, job_id: str, now: float) -> bool:
+        """Is the job's placement timeout over, so that quota gives its reservation back (as quota_timeout does:
+        unless capacity is held for it)? It is reserved again later, and may evict then."""
+        timeout = self.policy.settings.placement_timeout_s
+        reserved_at = self.s.reserved_at.get(job_id)
+        return (timeout is not None and reserved_at is not None and now - reserved_at >= timeout
+                and job_id not in self.s.capacity_held)
 
     def _simulation(self, spec: JobSpec, job_id: str, now: float) -> Simulation:
         s = self.s

@@ -66,6 +66,12 @@ class PreemptionState:
     in_flight: dict[str, list[str]] = field(default_factory=dict)
     victim_of: dict[str, str] = field(default_factory=dict)
     waiting: dict[str, Waiting] = field(default_factory=dict)
+    # job -> since when it waits to run (its submission, or the end of its last run when it runs again): a
+    # reclaim grace counts from there, whatever reservations came and went meanwhile.
+    pending_since: dict[str, float] = field(default_factory=dict)
+    # job -> when quota reserved it (for its placement timeout); jobs placement told capacity is held for.
+    reserved_at: dict[str, float] = field(default_factory=dict)
+    capacity_held: dict[str, None] = field(default_factory=dict)
     # queue -> priority -> how many of its jobs wait for quota at that priority
     waiting_priorities: dict[str, dict[int, int]] = field(default_factory=dict)
     cancelled: dict[str, None] = field(default_factory=dict)
@@ -96,11 +102,11 @@ class PreemptionState:
     # --- waiting jobs ----------------------------------------------------------------------------
 
     def wait(self, job_id: str, queue: str, priority: int, code: str, now: float) -> None:
-        """The job waits (again) with `code`; a job already waiting keeps its `since`."""
+        """The job waits (again) with `code`, since it began waiting to run (`pending_since`)."""
         held = self.waiting.get(job_id)
         if held is not None:
             self.unwait(job_id)
-        since = held.since if held is not None else now
+        since = held.since if held is not None else self.pending_since.get(job_id, now)
         self.waiting[job_id] = Waiting(code, since, False, queue, priority)
         # index(), inline: the head and (for quota) grace indexes, then the waiting priorities.
         head = (-priority, job_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING
 
+from libs.core.policy import declared_runtime
 from libs.core.quota_fit import could_ever_fit, could_hold, flavors_of
 from libs.core.quota_reasons import WAITING_OR_HELD
 from libs.core.quota_state import Pass, QuotaJob
@@ -35,9 +36,9 @@ def reservations_shadow(book: QuotaBook, starving: QuotaJob, flavors: tuple[str,
                         now: float) -> Shadow[QuotaJob] | None:
     """When the starving job's quota (of `flavors`) frees up, by the declared runtimes of the reservations
     `holding` it; None when it would not fit even with all of them gone."""
-    declared = sorted(((j.reserved_at + j.spec.duration_s, j.job_id), j) for j in holding
-                      if j.spec.duration_s is not None)
-    return find_shadow(now, [(end, j) for (end, _), j in declared], [j for j in holding if j.spec.duration_s is None],
+    runtimes = [(declared_runtime(j.spec), j) for j in holding]
+    declared = sorted(((j.reserved_at + runtime, j.job_id), j) for runtime, j in runtimes if runtime is not None)
+    return find_shadow(now, [(end, j) for (end, _), j in declared], [j for runtime, j in runtimes if runtime is None],
                        release=lambda j: _release(book, j), restore=lambda j: _restore(book, j),
                        fits=lambda: _fits(book, starving, flavors))
 
@@ -99,7 +100,7 @@ def held_for_starving(d: QuotaDecider, job: QuotaJob, flavor: str, nominal_left:
     starving = p.starving
     if starving is None or (job.queue != starving.queue and not over_budget and job.demand <= nominal_left):
         return False
-    return holds(p.rule, job.job_id, job.priority, job.spec.duration_s, p.now,
+    return holds(p.rule, job.job_id, job.priority, declared_runtime(job.spec), p.now,
                  lambda: room_effect(d, job, flavor, over_budget, p))
 
 

@@ -3,21 +3,25 @@ to the same facts (the job's spec, its class, how often it has failed), so all a
 
 A failure is retryable when its exit code says the job was killed rather than wrong (128 and above: a
 signal, e.g. 137 for the OOM killer) or is one the job lists as retryable, or when the executor names an
-infrastructure reason (a lost node, a failed GPU). Retries back off exponentially from the class's
-`retry_backoff_s`, up to its `max_retries`.
+infrastructure reason (a lost node, a failed GPU). A run its executor stopped at the job's `max_runtime_s`
+(reason RUNTIME_LIMIT) is never retried, whatever its exit code: the job ran out of the time it declared (Slurm's
+TIMEOUT), no fault of the infrastructure. Retries back off exponentially from the class's `retry_backoff_s`, up to its
+`max_retries`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from contracts import JobFailed, JobSpec
+from contracts import RUNTIME_LIMIT, JobFailed, JobSpec
 from libs.core.policy import PolicyBook
 
 INFRASTRUCTURE_REASONS = frozenset({"node_lost", "gpu_unhealthy", "gpu_xid", "executor_lost"})
 
 
 def retryable(spec: JobSpec, exit_code: int, reason: str) -> bool:
+    if reason == RUNTIME_LIMIT:
+        return False
     return exit_code >= 128 or exit_code in spec.retry_exit_codes or reason in INFRASTRUCTURE_REASONS
 
 

@@ -97,18 +97,19 @@ def longest_waiting(waits: Iterable[tuple[float, T]], now: float, limit: float, 
     return None
 
 
-def backfills(duration_s: float | None, now: float, shadow: float) -> bool:
-    """Does a job of this declared runtime, started now, end before the starving job could start?"""
-    return duration_s is not None and shadow != UNKNOWN_START and now + duration_s <= shadow
+def backfills(runtime_s: float | None, now: float, shadow: float) -> bool:
+    """Does a job of this declared runtime (`policy.declared_runtime`), started now, end before the starving
+    job could start?"""
+    return runtime_s is not None and shadow != UNKNOWN_START and now + runtime_s <= shadow
 
 
-def holds(starving: Starving | None, job_id: str, priority: int, duration_s: float | None, now: float,
+def holds(starving: Starving | None, job_id: str, priority: int, runtime_s: float | None, now: float,
           effect: Callable[[], RoomEffect]) -> bool:
     """Must the job wait for the starving job? `effect` answers rules 3 and 4 (see the module doc) for the
     job's tentative share; it is asked last, as it is the costly part."""
     if starving is None or job_id == starving.job_id or priority > starving.priority:
         return False
-    if backfills(duration_s, now, starving.shadow):
+    if backfills(runtime_s, now, starving.shadow):
         return False
     takes_usable_room, leaves_its_room = effect()
     return takes_usable_room and not leaves_its_room

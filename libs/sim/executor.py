@@ -1,5 +1,7 @@
 """What a simulated executor knows and reports, whatever its clock: placed jobs start at once and finish
-after their declared duration, preempted and cancelled ones are evicted. A job that checkpoints
+after their actual runtime (the `sim/runtime-s` label, else their declared `duration_s`, else never), unless
+their `max_runtime_s` stops them first (reported failed, reason RUNTIME_LIMIT); preempted and cancelled ones
+are evicted. A job that checkpoints
 (`checkpoint_interval_s`) saves its state when told to stop, so its next run resumes with that progress; one
 that does not loses its run. The node-telemetry service drives
 it with the wall clock; the virtual-time pipeline with its own. Report ids derive from the placement they
@@ -7,11 +9,14 @@ belong to, so a report made twice (after a restart) is one message."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from contracts import (
+    RUNTIME_LIMIT,
+    RUNTIME_LIMIT_EXIT_CODE,
     EventBase,
     GpuHealthChanged,
     JobCancelled,
@@ -40,6 +45,11 @@ SOURCE = "sim-executor"
 SIM_EXIT_CODES = "sim/exit-codes"
 # A job label: how long (seconds) the simulated job takes to write its checkpoint once told to stop.
 SIM_CHECKPOINT_S = "sim/checkpoint-s"
+# A job label: how long (seconds of the job's work) the simulated job really runs, whatever its user declared
+# (`duration_s` is an estimate, `max_runtime_s` a limit). A property of the simulated world, like the two
+# above: the executor reads it, no decider or view does (tests/unit/test_sim_runtime.py checks). Without it
+# the job runs its `duration_s`, and without that until it is stopped.
+SIM_RUNTIME_S = "sim/runtime-s"
 # Why a run stops when its node registers again without one of the run's GPUs.
 GPU_REMOVED = "gpu_removed"
 # Why a run stops when its node registers again with a spec it no longer fits (model, MIG mode, capacity).
@@ -51,7 +61,7 @@ REPORTS = (JobStarted, JobReady, JobFinished, JobFailed, JobEvicted, JobCheckpoi
 class Run:
     job_id: str
     run_id: str  # the JobPlaced event id: one run per placement
-    duration: float | None
+    duration: float | None  # the job's actual runtime (seconds of work); None: until stopped
     started_at: float | None = None
     done_before: float = 0.0  # seconds of work saved by earlier runs (resumed from a checkpoint)
     checkpoint_every: float | None = None
@@ -65,11 +75,21 @@ class Run:
     placements: tuple[ReplicaPlacement, ...] = ()
     gpu_models: tuple[str, ...] = ()  # models its job allows; empty: any
     mig_profile: str = ""
+    # The job's max_runtime_s: this run is stopped after that long. Per run, as Slurm's time limit: a run
+    # resumed from a checkpoint gets the whole limit again, the progress it resumes with does not count.
+    limit: float | None = None
 
     def ends_at(self, time_scale: float = 1.0) -> float | None:
-        if self.duration is None or self.started_at is None:
-            return None  # runs until cancelled or evicted
-        return self.started_at + max(0.0, self.duration - self.done_before) / time_scale
+        """When the run ends by itself or at its limit; None: it runs until cancelled or evicted."""
+        if self.started_at is None:
+            return None
+        natural = None if self.duration is None else max(0.0, self.duration - self.done_before)
+        runs = self.limit if self.at_limit() else natural
+        return None if runs is None else self.started_at + runs / time_scale
+
+    def at_limit(self) -> bool:
+        """Does its runtime limit stop this run before its work is done?"""
+        return self.limit is not None and (self.duration is None or self.duration - self.done_before > self.limit)
 
     def progress(self, now: float, time_scale: float = 1.0) -> float:
         """Seconds of the job's work done by `now`, this run included."""
@@ -77,10 +97,20 @@ class Run:
         return self.done_before + ran
 
 
+def seconds_label(text: str) -> float | None:
+    """A label's number of seconds (finite, >= 0); None when it holds none."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
 class ExecutorBook:
     def __init__(self, time_scale: float = 1.0) -> None:
         self.time_scale = time_scale
-        self.durations: dict[str, float | None] = {}
+        self.durations: dict[str, float | None] = {}  # job -> its actual runtime (see SIM_RUNTIME_S)
+        self.limits: dict[str, float | None] = {}  # job -> its max_runtime_s
         self.checkpoint_every: dict[str, float | None] = {}
         self.saved: dict[str, float] = {}  # job -> progress of its last checkpoint
         self.runs: dict[str, Run] = {}
@@ -114,7 +144,9 @@ class ExecutorBook:
             return
         match event:
             case JobSubmitted():
-                self.durations[event.job_id] = event.spec.duration_s
+                actual = seconds_label(event.spec.labels.get(SIM_RUNTIME_S, ""))
+                self.durations[event.job_id] = event.spec.duration_s if actual is None else actual
+                self.limits[event.job_id] = event.spec.max_runtime_s
                 self.checkpoint_every[event.job_id] = event.spec.checkpoint_interval_s
                 self.priority[event.job_id] = event.spec.priority
                 self.needs[event.job_id] = (event.spec.gpu_models, event.spec.mig_profile)
@@ -135,7 +167,8 @@ class ExecutorBook:
                                               gpu_memory_mib=event.placements[0].gpu_memory_mib
                                               if event.placements else 0,
                                               checkpoint_write_s=self.write_s.get(event.job_id, 0.0),
-                                              placed_at=event.ts, placements=tuple(event.placements))
+                                              placed_at=event.ts, placements=tuple(event.placements),
+                                              limit=self.limits.get(event.job_id))
                 models, profile = self.needs.get(event.job_id, ((), ""))
                 self.runs[event.job_id].gpu_models, self.runs[event.job_id].mig_profile = models, profile
             case PriorityClassesChanged():
@@ -162,6 +195,7 @@ class ExecutorBook:
                     self.ended_runs[event.job_id] = self.ended_runs.get(event.job_id, 0) + 1
                 if not isinstance(event, JobEvicted) or event.job_id in self.cancelled:
                     self.durations.pop(event.job_id, None)
+                    self.limits.pop(event.job_id, None)
                     self.checkpoint_every.pop(event.job_id, None)
                     self.saved.pop(event.job_id, None)
                     self.cancelled.pop(event.job_id, None)
@@ -270,13 +304,16 @@ class ExecutorBook:
         return self.stop(run, "grace_expired", now)
 
     def finish(self, run: Run, now: float) -> EventBase | None:
-        """The run's time is up: its JobFinished (or, as scripted, JobFailed), unless it was stopped (or
-        replaced) meanwhile."""
+        """The run's time is up: its JobFinished (or, as scripted, JobFailed; or JobFailed for its runtime
+        limit, if that came first), unless it was stopped (or replaced) meanwhile."""
         if self.runs.get(run.job_id) is not run:
             return None
         del self.runs[run.job_id]
         ended = self.ended_runs.get(run.job_id, 0)
         self.ended_runs[run.job_id] = ended + 1  # its own report is not folded back: count it here
+        if run.at_limit():  # stopped at its max_runtime_s, as Slurm's TIMEOUT: final, never retried
+            self.saved.pop(run.job_id, None)
+            return self.report(JobFailed, run, "failed", now, exit_code=RUNTIME_LIMIT_EXIT_CODE, reason=RUNTIME_LIMIT)
         plan = self.exit_plan.get(run.job_id, [])
         code = plan[ended] if ended < len(plan) else 0
         if code != 0:

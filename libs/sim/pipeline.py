@@ -1,7 +1,7 @@
 """The whole platform in virtual time, in one process: the four deciders read one in-memory log in order
-(as their consumers read the stream), a simulated executor runs placed jobs for their declared durations,
-and clock ticks advance. Same decision code as the services; no bus, no wall clock. Used by what-if and to
-make large realistic logs."""
+(as their consumers read the stream), a simulated executor runs placed jobs for their actual runtimes (see
+libs/sim/executor.py: up to their max_runtime_s), and clock ticks advance. Same decision code as the
+services; no bus, no wall clock. Used by what-if and to make large realistic logs."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from contracts.views import Explanation, JobView, NodeView, QueueView, Reason
+from libs.core.policy import declared_runtime
 
 FULL = 1000
 FAMILY = {
@@ -34,9 +35,10 @@ def held_milli(job: JobView) -> int:
 
 
 def expected_end(job: JobView, now: float) -> float | None:
-    if job.started_at is None or job.spec is None or job.spec.duration_s is None:
+    runtime = None if job.spec is None else declared_runtime(job.spec)
+    if job.started_at is None or runtime is None:
         return None
-    return max(now, job.started_at + job.spec.duration_s)
+    return max(now, job.started_at + runtime)
 
 
 def _release_schedule(running: Iterable[JobView], now: float) -> list[tuple[float, int, str]]:
@@ -95,7 +97,7 @@ def explain(job: JobView, queue: QueueView | None, queue_running: list[JobView],
                            "backoff it takes quota again, and runs once a node can hold it")
     elif family == "starvation_reservation":
         out.unblock.append("the job that has waited longest in the cohort starts; short jobs that end before "
-                           "it could start still go (declare duration_s)")
+                           "it could start still go (declare duration_s or max_runtime_s)")
     elif family in ("capacity", "fragmentation", "gang", "topology", "protected_for_preemptor", "starving"):
         _explain_capacity(out, job, cluster_running, nodes, demand, now)
     elif job.phase in ("preempting", "evicted"):

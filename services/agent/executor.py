@@ -3,8 +3,10 @@
 One process per replica placed here, in a session of its own (so a stop signal reaches its children),
 with `CUDA_VISIBLE_DEVICES` set to its GPUs and the share and memory limit of a shared GPU in the
 environment. Stopping sends SIGTERM, waits the job's priority-class grace (the job checkpoints meanwhile),
-then SIGKILL. The agent hosting replica 0 (the leader) reports the start and the end; any agent reports a
-failure or an eviction, under ids derived from the run so that the server keeps one.
+then SIGKILL. A job declaring `max_runtime_s` is stopped the same way once its processes have run that long
+(per run, as Slurm's time limit) and reported failed with reason RUNTIME_LIMIT. The agent hosting replica 0
+(the leader) reports the start and the end; any agent reports a failure or an eviction, under ids derived
+from the run so that the server keeps one.
 
 What runs here is a fold of the log (JobPlaced on this node, not yet ended); after a restart, runs the log
 still holds but that have no process any more are reported evicted, so they run again elsewhere.
@@ -26,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from contracts import (
+    RUNTIME_LIMIT,
+    RUNTIME_LIMIT_EXIT_CODE,
     EventBase,
     GpuHealthChanged,
     JobCancelled,
@@ -84,6 +88,7 @@ class LocalRun:
     ready_file: Path | None = None  # a replica that signals its readiness: the file it creates
     ready_reported: bool = False
     kill_timer: asyncio.TimerHandle | None = None
+    limit_timer: asyncio.TimerHandle | None = None  # its max_runtime_s running out
     placed_at: float = 0.0  # its JobPlaced's time
     pieces: tuple[ReplicaPlacement, ...] = ()  # its placements on this node
 
@@ -317,6 +322,8 @@ class ProcessExecutor:
                                            correlation_id=run.job_id, job_id=run.job_id, run=run.run_id, exit_code=127,
                                            reason=f"spawn_failed: {err.strerror or err}")])
             return
+        if spec.max_runtime_s is not None:  # wall time of this run, from its processes' start
+            run.limit_timer = asyncio.get_running_loop().call_later(spec.max_runtime_s, self._time_out, run)
         if run.leader:
             started: list[EventBase] = [JobStarted(id=report_id(run.run_id, "started"), ts=time.time(),
                                                    source=self.source, correlation_id=run.job_id, job_id=run.job_id,
@@ -337,10 +344,17 @@ class ProcessExecutor:
             if rep.exit_code != 0 and not run.stop_reason:
                 self._kill(run, signal.SIGKILL)  # a gang cannot go on with a replica gone
             return
-        if run.kill_timer is not None:
-            run.kill_timer.cancel()
+        for timer in (run.kill_timer, run.limit_timer):
+            if timer is not None:
+                timer.cancel()
         if self.placed.get(run.job_id) is not run:
             return  # the log ended it already (another reporter): nothing to say
+        if run.stop_reason == RUNTIME_LIMIT:  # stopped at its limit: a final failure, not an eviction
+            self._forget(run)
+            await self._publish([JobFailed(id=report_id(run.run_id, "failed"), ts=time.time(), source=self.source,
+                                           correlation_id=run.job_id, job_id=run.job_id, run=run.run_id,
+                                           exit_code=RUNTIME_LIMIT_EXIT_CODE, reason=RUNTIME_LIMIT)])
+            return
         if run.stop_reason:
             self._report_end(run, run.stop_reason)
             return
@@ -366,6 +380,15 @@ class ProcessExecutor:
             self._report_end(run, reason)
         elif run.alive():
             self._signal(run, self.grace_of(run) if grace is None else grace, reason)
+
+    def _time_out(self, run: LocalRun) -> None:
+        """The run's max_runtime_s is up: stopped as a preemption victim is (SIGTERM, SIGKILL after its
+        class's grace), unless it ended or was told to stop meanwhile; `_wait` reports it."""
+        run.limit_timer = None
+        if self.placed.get(run.job_id) is not run or run.stop_reason or not run.alive():
+            return
+        run.stop_reason = RUNTIME_LIMIT
+        self._signal(run, self.grace_of(run), RUNTIME_LIMIT)
 
     def _signal(self, run: LocalRun, grace: float, reason: str) -> None:
         log.info("%s: stopping %s (%s), SIGKILL in %gs", self.node, run.job_id, reason, grace)

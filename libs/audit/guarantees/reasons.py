@@ -62,8 +62,8 @@ QUOTA_CLAIMS: dict[str, Claim] = {
 PLACEMENT_CLAIMS: dict[str, Claim] = {
     **dict.fromkeys((NO_MODEL_MATCH, INSUFFICIENT_GPUS, FRAGMENTATION, INSUFFICIENT_CPU_MEMORY, TOPOLOGY, GANG),
                     _not_fitting),
-    placement.RESERVED_FOR_PREEMPTOR: _negate(holds.nomination_hold, "no preemptor of higher priority holds "
-                                                                      "capacity"),
+    placement.RESERVED_FOR_PREEMPTOR: _negate(holds.nomination_hold, "no preemptor of higher priority (nor a "
+                                                                      "reclaim of another queue) holds capacity"),
     placement.HELD_FOR_STARVING_JOB: _negate(holds.starving_placement_hold, "no job waits for a place past the "
                                                                              "starvation limit"),
 }

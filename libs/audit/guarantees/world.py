@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from contracts import (
+    RECLAIM,
     EventBase,
     GpuHealthChanged,
     JobAdmitted,
@@ -69,6 +70,9 @@ class World:
     jobs: dict[str, JobState] = field(default_factory=dict)
     # preemptor -> when its victims were chosen
     nominated: dict[str, float] = field(default_factory=dict)
+    # nominated preemptors whose victims include another queue's (a reclaim): they hold their room against
+    # every other queue's jobs, not only against lower priorities
+    reclaiming: dict[str, None] = field(default_factory=dict)
     # Jobs whose quota is reserved and which wait for a place (an index of `jobs`: there are few of them).
     placing: dict[str, None] = field(default_factory=dict)
     now: float = 0.0
@@ -113,6 +117,7 @@ class World:
                 if placed is not None:
                     placed.place_wait_since = None
                 self.nominated.pop(event.job_id, None)
+                self.reclaiming.pop(event.job_id, None)
             case JobFinished():
                 self._end(event.job_id, "finished", event.ts)
             case JobFailed() | JobEvicted():
@@ -136,6 +141,7 @@ class World:
             case JobCancelled():
                 job = self.jobs.get(event.job_id)
                 self.nominated.pop(event.job_id, None)
+                self.reclaiming.pop(event.job_id, None)
                 if job is not None:
                     job.cancelled = True
                     if job.phase != RUNNING:
@@ -146,6 +152,10 @@ class World:
                 self._end(event.job_id, f"rejected ({event.code})", event.ts)
             case PreemptionDecided():
                 self.nominated[event.preemptor_id] = event.ts
+                if any(v.reason == RECLAIM for v in event.victims):
+                    self.reclaiming[event.preemptor_id] = None
+                else:
+                    self.reclaiming.pop(event.preemptor_id, None)
             case QueuePolicyChanged():
                 # The queue's reservations follow its current flavors, as the quota decider moved them.
                 for job_id in self.quota.reserved.get(event.queue.name, {}):
