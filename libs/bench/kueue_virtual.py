@@ -18,7 +18,7 @@ from libs.core.inventory import InventoryBook
 from libs.core.policy import PolicyBook
 from libs.nodes.sim import load_cluster_csv
 from libs.runtime.policy_file import load_policy, policy_changes
-from libs.sim.pipeline import run_virtual
+from libs.sim.pipeline import VirtualRun, run_virtual
 
 START = 1_800_000_000.0  # any fixed instant: virtual time
 
@@ -44,5 +44,15 @@ def run_virtual_bench(generator: Path, scale: float = 1.0, gpus_per_node: int = 
     # In virtual time an event happens at its own timestamp: that is the clock the figures use.
     result = compute_metrics([(seq, e.ts, e) for seq, e in run.log])
     result.update(mode="virtual", scale=scale, gpus_per_node=gpus_per_node, replica_gpus=replica_gpus,
-                  **guarantee_figures(run.log))
+                  **decision_cost(run), **guarantee_figures(run.log))
     return result
+
+
+def decision_cost(run: VirtualRun) -> dict[str, Any]:
+    """Seconds per decider (folding every input it reads and deciding), decisions made, and the cost of one
+    decision: all deciders' seconds over all their decisions."""
+    decisions = sum(run.decisions.values())
+    seconds = sum(run.seconds.values())
+    return {"decider_s": {name: round(t, 2) for name, t in run.seconds.items()}, "decisions": decisions,
+            "decisions_per_s": round(decisions / seconds) if seconds else 0,
+            "us_per_decision": round(seconds / decisions * 1e6, 1) if decisions else 0.0}

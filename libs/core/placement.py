@@ -54,7 +54,7 @@ from contracts import (
 from libs.core.cluster import Cluster
 from libs.core.decider import Chain, Decisions, Trigger
 from libs.core.fit import NO_MODEL_MATCH, Placer, Shortfall, placement_shape
-from libs.core.policy import PolicyBook, declared_runtime, demand_milli
+from libs.core.policy import PolicyBook, declared_runtime, demand_milli, runtime_bound
 from libs.core.retries import RetryBook
 from libs.core.runs import CurrentRuns
 from libs.core.scoring import DEFAULT_POLICY
@@ -179,8 +179,7 @@ class PlacementDecider:
                 self.waiting.pop(event.job_id, None)
                 self.waiting_since.pop(event.job_id, None)
                 self.deferred.pop(event.job_id, None)
-                if self.nominated.pop(event.job_id, None) is not None:
-                    self.held_back_free = True  # the jobs its nomination held back wait for other reasons now
+                self._end_nomination(event.job_id)
                 self.placed[event.job_id] = event.placements
                 if self._allocated != event.job_id:  # else: our own decision, allocated when taken (_try_place)
                     self.cluster.allocate(event.placements)
@@ -210,14 +209,16 @@ class PlacementDecider:
                     self.specs.pop(event.job_id, None)
                     self.submitted.pop(event.job_id, None)
                     self.cancelled.pop(event.job_id, None)
-                    self.nominated.pop(event.job_id, None)
+                    self._end_nomination(event.job_id)
                     # Over for good, even if a report came while its quota was reserved again (an executor's
                     # late word on an earlier run): nothing of it waits any more.
                     self.waiting.pop(event.job_id, None)
                     self.waiting_since.pop(event.job_id, None)
                     self.deferred.pop(event.job_id, None)
             case ClockTick():
-                lapsed = [j for j, n in self.nominated.items() if event.ts - n[2] > NOMINATION_TTL_S]
+                # (never while a victim still leaves: a checkpoint may take longer; the room is the nominee's)
+                lapsed = [j for j, n in self.nominated.items()
+                          if event.ts - n[2] > NOMINATION_TTL_S and not any(v in self.placed for v in n[1])]
                 for job_id in lapsed:
                     del self.nominated[job_id]
                 self.lapsed = bool(lapsed) or self.held_back_free
@@ -228,7 +229,7 @@ class PlacementDecider:
                 # Its quota went back before it was placed: it is placed only once quota reserves it again.
                 self.waiting.pop(event.job_id)
                 self.deferred.pop(event.job_id, None)
-                self.nominated.pop(event.job_id, None)
+                self._end_nomination(event.job_id)
                 if self.starving is not None and self.starving[0] == event.job_id:
                     self.starving = None
             case PreemptionDecided() if event.preemptor_id in self.specs:
@@ -242,7 +243,7 @@ class PlacementDecider:
                 self.waiting.pop(event.job_id, None)
                 self.waiting_since.pop(event.job_id, None)
                 self.deferred.pop(event.job_id, None)
-                self.nominated.pop(event.job_id, None)
+                self._end_nomination(event.job_id)
                 if event.job_id in self.placed:
                     self.cancelled[event.job_id] = None  # its executor will report it gone
                 else:
@@ -339,10 +340,12 @@ class PlacementDecider:
                          message=result.message, shortfall_milli=result.shortfall_milli)
             return False
         # place_gang allocated on the live cluster to try; JobPlaced's evolve allocates for the record.
-        blocked = self._starves_nominee(job_id, spec)
-        # A nominee takes the room its victims freed: no starving job holds that against it (its eviction
-        # would be for nothing), as the nominee's hold binds the starving job (_starves_nominee).
-        held_for = (None if blocked is not None or job_id in self.nominated
+        blocked = self._starves_nominee(job_id, spec, result)
+        # A reclaim's nominee takes the room its victims freed: no starving job holds that against it (the room
+        # is its queue's nominal quota, and its eviction would be for nothing), as its hold binds the starving
+        # job (_starves_nominee). Another nominee is held like any job of its priority.
+        nomination = self.nominated.get(job_id)
+        held_for = (None if blocked is not None or (nomination is not None and nomination[3])
                     else self._starves_starving(job_id, spec, result, out.trigger.event.ts))
         if held_for is None and blocked is None:
             # Placed: the tentative allocation stands as JobPlaced's (giving it back for its evolve to take it
@@ -376,15 +379,19 @@ class PlacementDecider:
         avoid = sorted({node for nodes in others.values() for node in nodes})
         return self.placer.place_apart(spec, avoid, policy, salt=NODE_ORDER_SALT)
 
-    def _starves_nominee(self, job_id: str, spec: JobSpec) -> str | None:
-        """With `job_id` tentatively allocated: the first nominated preemptor of higher priority (or, for a
-        reclaim, of another queue) that would no longer fit once its victims are gone, or None."""
+    def _starves_nominee(self, job_id: str, spec: JobSpec, tentative: tuple[ReplicaPlacement, ...]) -> str | None:
+        """With `job_id` tentatively allocated (at `tentative`): the first nominated preemptor of higher priority
+        (or, for a reclaim, of another queue) that would fit once its victims are gone, but no longer beside
+        the job, or None. Among nominees the earlier nomination goes first: a later one never holds it back."""
         if not self.nominated:
             return None
         prio = self.policy.priority_of(spec)
+        mine = self.nominated.get(job_id)
         for nominee in sorted(self.nominated):
-            nprio, victims, _, reclaim = self.nominated[nominee]
+            nprio, victims, at, reclaim = self.nominated[nominee]
             if nominee == job_id or nominee not in self.specs:
+                continue
+            if mine is not None and (at, nominee) > (mine[2], job_id):
                 continue
             if nprio <= prio and not (reclaim and self.specs[nominee].queue != spec.queue):
                 continue
@@ -392,13 +399,28 @@ class PlacementDecider:
             for p in leaving:
                 self.cluster.release(p)
             try:
-                ok = self.placer.fits(self.specs[nominee])
+                held_back = not self.placer.fits(self.specs[nominee]) and self._fits_without(tentative, nominee)
             finally:
                 for p in leaving:
                     self.cluster.allocate(p)
-            if not ok:
+            if held_back:
                 return nominee
         return None
+
+    def _fits_without(self, tentative: tuple[ReplicaPlacement, ...], job_id: str) -> bool:
+        """Would the (nominated) job fit with the tentative allocation given back, so that it is what keeps the
+        nominee out (one that does not fit anyway holds nothing)?"""
+        self.cluster.release(tentative)
+        try:
+            return self.placer.fits(self.specs[job_id])
+        finally:
+            self.cluster.allocate(tentative)
+
+    def _end_nomination(self, job_id: str) -> None:
+        """The job's nomination is over (it is placed, gone, or its quota went back): the jobs it held back wait
+        for other reasons now, and are told so at the next tick."""
+        if self.nominated.pop(job_id, None) is not None:
+            self.held_back_free = True
 
     def _find_starving(self, now: float) -> None:
         """On a tick: the starving job, by the rule quota shares (starvation.longest_waiting): the job waiting
@@ -469,7 +491,7 @@ class PlacementDecider:
             return None
         starving, prio, shadow, ending = self.starving
         rule = Starving(job_id=starving, priority=prio, shadow=shadow)
-        held = holds(rule, job_id, self.policy.priority_of(spec), declared_runtime(spec), now,
+        held = holds(rule, job_id, self.policy.priority_of(spec), runtime_bound(spec), now,
                      lambda: self._room_effect(tentative, starving, ending))
         return starving if held else None
 

@@ -80,6 +80,13 @@ def declared_runtime(spec: JobSpec) -> float | None:
     return estimate if limit is None else min(estimate, limit)
 
 
+def runtime_bound(spec: JobSpec) -> float | None:
+    """The longest a job can run, as the platform enforces it (its `max_runtime_s`), else None: what a rule
+    that must not be wrong (a job let run ahead of a starving one only if it ends before that one could start)
+    may trust; an estimate only informs."""
+    return spec.max_runtime_s
+
+
 def replica_milli(spec: JobSpec) -> int:
     """GPU demand of one replica, in thousandths of a GPU: a MIG instance its profile's share (the one figure
     placement allocates and accounting counts), else its fraction or whole GPUs."""

@@ -62,9 +62,10 @@ from contracts import (
 from libs.core.cluster import Cluster
 from libs.core.decider import Chain, Decisions, Trigger
 from libs.core.policy import PolicyBook, declared_runtime, demand_milli
-from libs.core.preemption_sim import Simulation
+from libs.core.preemption_sim import Simulation, smallest_waiting
 from libs.core.preemption_state import PLACEMENT, PreemptionState, Running, Waiting
 from libs.core.quota import WAITING_FOR_QUOTA
+from libs.core.quota_reasons import PLACEMENT_TIMED_OUT
 from libs.core.quotas import ANY, QuotaBook, reservation_model
 from libs.core.reclaim import borrowers, placement_victims, reclaim_victims
 from libs.core.retries import RetryBook
@@ -104,10 +105,7 @@ class PreemptionDecider:
     def evolve(self, event: EventBase) -> None:
         if type(event) is QuotaDeferred:  # by far the most frequent input: straight to its case below
             self.changed = True
-            if event.code in WAITING_FOR_QUOTA:
-                self._wait(event.job_id, event.code, event.ts)
-            else:
-                self.s.unwait(event.job_id)
+            self._quota_deferred(event)
             return
         if isinstance(event, ClockTick):  # no case below names it, and it is no policy event
             self._forget_old_evictions(event.ts)
@@ -147,12 +145,11 @@ class PreemptionDecider:
                     s.index(event.job_id, event.spec.queue, self.policy.priority_of(event.spec), grace)
                 else:
                     s.specs[event.job_id] = event.spec
-                s.pending_since.setdefault(event.job_id, event.ts)
             case JobFinished() | JobFailed() | JobEvicted():
                 again = isinstance(event, JobEvicted) or (
                     isinstance(event, JobFailed)
                     and self.retries.on_failed(event, s.specs.get(event.job_id), self.policy) is not None)
-                self._gone(event.job_id, not again or event.job_id in s.cancelled, event.ts)
+                self._gone(event.job_id, final=not again or event.job_id in s.cancelled)
             case PlacementDeferred():
                 self._wait(event.job_id, PLACEMENT, event.ts)
                 if event.code == CAPACITY_HELD:
@@ -160,10 +157,7 @@ class PreemptionDecider:
                 else:
                     s.capacity_held.pop(event.job_id, None)
             case QuotaDeferred():
-                if event.code in WAITING_FOR_QUOTA:
-                    self._wait(event.job_id, event.code, event.ts)
-                else:
-                    s.unwait(event.job_id)
+                self._quota_deferred(event)
             case JobCheckpointed() if event.job_id in s.running:
                 s.running[event.job_id].last_checkpoint = event.ts
             case PreemptionDecided():
@@ -178,7 +172,7 @@ class PreemptionDecider:
                 if event.job_id in s.running:
                     s.cancelled[event.job_id] = None  # still holds its GPUs until its executor stops it
                 else:
-                    self._gone(event.job_id, True, event.ts)
+                    self._gone(event.job_id, final=True)
             case NodeRegistered() | NodeLost() | NodeCordoned() | NodeUncordoned() | GpuHealthChanged():
                 self.cluster.apply_node_event(event)
             case _ if self.policy.apply(event):
@@ -232,10 +226,19 @@ class PreemptionDecider:
                        ends_at=None if (runtime := declared_runtime(spec)) is None else event.ts + runtime,
                        checkpoints_on_stop=spec.checkpoint_interval_s is not None)
 
+    def _quota_deferred(self, event: QuotaDeferred) -> None:
+        if event.code in WAITING_FOR_QUOTA:
+            self._wait(event.job_id, event.code, event.ts)
+            return
+        self.s.unwait(event.job_id)
+        if event.code != PLACEMENT_TIMED_OUT:  # held for another reason (its user's limit, a budget, a
+            self.s.pending_since.pop(event.job_id, None)  # failure's backoff): no reclaim grace runs meanwhile
+
     def _wait(self, job_id: str, code: str, now: float) -> None:
         spec = self.s.specs.get(job_id)
         if spec is None:
             return  # a deferral logged after the job ended (decisions are published after later inputs)
+        self.s.pending_since.setdefault(job_id, now)
         self.s.wait(job_id, spec.queue, self.policy.priority_of(spec), code, now)
 
     def _behind_higher_priority(self, job_id: str, spec: JobSpec) -> bool:
@@ -244,12 +247,11 @@ class PreemptionDecider:
         prios = self.s.waiting_priorities.get(spec.queue, {})
         return bool(prios) and max(prios) > self.policy.priority_of(spec)
 
-    def _gone(self, job_id: str, final: bool, now: float) -> None:
+    def _gone(self, job_id: str, final: bool) -> None:
         s = self.s
         s.unwait(job_id)
         s.capacity_held.pop(job_id, None)
-        if job_id in s.running:
-            s.pending_since[job_id] = now  # it waits to run again from here (if it does)
+        s.pending_since.pop(job_id, None)
         run = s.running.pop(job_id, None)
         if run is not None:
             s.unindex_running(run)
@@ -264,7 +266,6 @@ class PreemptionDecider:
             else:
                 s.in_flight.pop(preemptor, None)
         if final:
-            s.pending_since.pop(job_id, None)
             s.specs.pop(job_id, None)
             s.in_flight.pop(job_id, None)
             s.cancelled.pop(job_id, None)
@@ -287,7 +288,7 @@ class PreemptionDecider:
             unprotected = self.s.unprotected(event.ts)
             if self.changed or due or unprotected:
                 self.changed = False
-                jobs = self._heads_of_queues() + due + self._could_evict_in(unprotected)
+                jobs = self._heads_of_queues() + self._placement_waiters() + due + self._could_evict_in(unprotected)
                 for job_id in dict.fromkeys(jobs):
                     self._consider(job_id, event.ts, out)
         else:
@@ -336,6 +337,11 @@ class PreemptionDecider:
                     break
         return heads
 
+    def _placement_waiters(self) -> list[str]:
+        """The jobs holding quota that wait for a place (few: placement places most at once), in id order: any
+        of them may reclaim GPUs from borrowers, wherever it stands in its queue (reclaim.placement_victims)."""
+        return sorted(j for j, w in self.s.waiting.items() if w.code == PLACEMENT and j not in self.s.in_flight)
+
     def _may_reclaim(self, job_id: str) -> bool:
         """Does the waiting job wait for quota and fit its queue's nominal quota of some flavor it may use?"""
         spec, waiting = self.s.specs.get(job_id), self.s.waiting.get(job_id)
@@ -360,7 +366,9 @@ class PreemptionDecider:
         its preemptibility, through a policy change after it started, and the lender is owed that quota back."""
         return ((r.preemptible or reclaim) and r.job_id not in self.s.victim_of and r.job_id not in self.s.cancelled
                 and now - r.started >= r.min_runtime_s
-                and (r.ends_at is None or r.ends_at - now > self.policy.settings.preempt_min_remaining_s)
+                # (one past its declared end overran its estimate: nobody knows when it ends)
+                and (r.ends_at is None or r.ends_at <= now
+                     or r.ends_at - now > self.policy.settings.preempt_min_remaining_s)
                 and r.job_id not in self.s.preempted_by.get(preemptor_id, {})  # never one's preemptor back
                 and preemptor_id not in self.s.preempted_by.get(r.job_id, {}))  # nor the same victim twice
 
@@ -454,8 +462,23 @@ class PreemptionDecider:
         unless capacity is held for it)? It is reserved again later, and may evict then."""
         timeout = self.policy.settings.placement_timeout_s
         reserved_at = self.s.reserved_at.get(job_id)
-        return (timeout is not None and reserved_at is not None and now - reserved_at >= timeout
-                and job_id not in self.s.capacity_held)
+        if timeout is None or reserved_at is None or now - reserved_at < timeout:
+            return False
+        return job_id not in self.s.capacity_held or self._lender_waits(job_id)
+
+    def _lender_waits(self, job_id: str) -> bool:
+        """Does another queue of the job's cohort wait for quota it lent, of the flavor the job borrows (as
+        quota_reclaim.lender_waits asks)? Then quota gives a starving borrower's reservation back all the same."""
+        held = self.s.reserved.get(job_id)
+        if held is None:
+            return False
+        queue, flavor, _, over_budget = held
+        cohort = self.book.cohort.get(queue, "")
+        if not cohort or (not over_budget and self.book.borrowed(queue, flavor) <= 0):
+            return False
+        smallest = smallest_waiting(self.s, flavor)
+        return any(q != queue and q in smallest and self.book.waits_for_lent_quota(q, flavor, smallest[q])
+                   for q in self.book.members[cohort])
 
     def _simulation(self, spec: JobSpec, job_id: str, now: float) -> Simulation:
         s = self.s

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from contracts import JobSpec
-from libs.core.fit import fits
+from contracts import JobSpec, ReplicaPlacement
+from libs.core.fit import Shortfall, fits, place_gang
 from libs.core.policy import demand_milli
-from libs.core.preemption_state import PLACEMENT, Running
+from libs.core.preemption_state import PLACEMENT, PreemptionState, Running
 from libs.core.quotas import ANY, flavor_matches
 from libs.core.victim_sets import choose_victims
 
@@ -132,17 +132,47 @@ class Simulation:
                                                                                   c.demand + claimed, c.over_budget)
 
     def fits(self, flavor: str) -> bool:
-        """Would placement find the preemptor room now (on GPUs of `flavor`)?"""
-        spec = self.spec if flavor == ANY else msgspec.structs.replace(self.spec, gpu_models=(flavor,))
-        gone = self.leaving + self.applied
+        """Would placement find the preemptor room now (on GPUs of `flavor`), beside the room of the other
+        preemptors whose victims are leaving (each placed, in id order, where its victims leave)?"""
+        spec = _on_flavor(self.spec, flavor)
         cluster = self.d.cluster
-        for v in gone:
+        for v in self.leaving:
+            cluster.release(v.placements)
+        claims = self._place_claims()  # before its own victims leave: their room is the preemptor's
+        for v in self.applied:
             cluster.release(v.placements)
         try:
             return fits(cluster, spec)
         finally:
-            for v in gone:
+            for v in self.applied:
                 cluster.allocate(v.placements)
+            for victims, placed in reversed(claims):
+                cluster.release(placed)
+                for v in victims:
+                    cluster.allocate(v.placements)
+            for v in self.leaving:
+                cluster.allocate(v.placements)
+
+    def _place_claims(self) -> list[tuple[list[Running], tuple[ReplicaPlacement, ...]]]:
+        """Place, for the simulation, every other preemptor not running yet on the room its victims leave (and
+        any free room it needs besides): two preemptors never count on the same free GPUs."""
+        s, cluster = self.d.s, self.d.cluster
+        claims: list[tuple[list[Running], tuple[ReplicaPlacement, ...]]] = []
+        for preemptor in sorted(s.in_flight):
+            spec = s.specs.get(preemptor)
+            if preemptor == self.job_id or spec is None or preemptor in s.running:
+                continue
+            held = s.reserved.get(preemptor)
+            victims = [s.running[v] for v in s.in_flight[preemptor] if v in s.running]
+            for v in victims:
+                cluster.release(v.placements)
+            placed = place_gang(cluster, _on_flavor(spec, held[1] if held is not None else ANY))
+            if isinstance(placed, Shortfall):
+                for v in victims:
+                    cluster.allocate(v.placements)
+                continue
+            claims.append((victims, placed))
+        return claims
 
     def within_nominal(self, flavor: str) -> bool:
         """Would the preemptor fit its queue's nominal quota of the flavor (a reclaim borrows nothing)?"""
@@ -179,14 +209,25 @@ class Simulation:
         Waiting does not change during a simulation: found once per flavor."""
         smallest = self._smallest.get(flavor)
         if smallest is None:
-            s = self.d.s
-            smallest = self._smallest[flavor] = {}
-            for job_id, w in s.waiting.items():
-                spec = s.specs.get(job_id)
-                if w.code == PLACEMENT or spec is None or not flavor_matches(flavor, spec) or (
-                        job_id in s.in_flight and job_id not in s.reserved):
-                    continue
-                milli = demand_milli(spec)
-                if milli < smallest.get(spec.queue, milli + 1):
-                    smallest[spec.queue] = milli
+            smallest = self._smallest[flavor] = smallest_waiting(self.d.s, flavor)
         return smallest
+
+
+def smallest_waiting(s: PreemptionState, flavor: str) -> dict[str, int]:
+    """Per queue, the smallest job waiting for quota that the flavor could serve, preemptors whose claim the
+    book holds excepted (see Simulation._smallest_waiting)."""
+    smallest: dict[str, int] = {}
+    for job_id, w in s.waiting.items():
+        spec = s.specs.get(job_id)
+        if w.code == PLACEMENT or spec is None or not flavor_matches(flavor, spec) or (
+                job_id in s.in_flight and job_id not in s.reserved):
+            continue
+        milli = demand_milli(spec)
+        if milli < smallest.get(spec.queue, milli + 1):
+            smallest[spec.queue] = milli
+    return smallest
+
+
+def _on_flavor(spec: JobSpec, flavor: str) -> JobSpec:
+    """The job as placement runs it in a flavor: on that flavor's GPU model alone (any model: as it asks)."""
+    return spec if flavor == ANY else msgspec.structs.replace(spec, gpu_models=(flavor,))

@@ -66,8 +66,8 @@ class PreemptionState:
     in_flight: dict[str, list[str]] = field(default_factory=dict)
     victim_of: dict[str, str] = field(default_factory=dict)
     waiting: dict[str, Waiting] = field(default_factory=dict)
-    # job -> since when it waits to run (its submission, or the end of its last run when it runs again): a
-    # reclaim grace counts from there, whatever reservations came and went meanwhile.
+    # job -> since when it waits for quota or GPUs (held by nothing else: not its user's limit, a budget or a
+    # failure's backoff): a reclaim grace counts from there, whatever reservations came and went meanwhile.
     pending_since: dict[str, float] = field(default_factory=dict)
     # job -> when quota reserved it (for its placement timeout); jobs placement told capacity is held for.
     reserved_at: dict[str, float] = field(default_factory=dict)

@@ -106,7 +106,8 @@ def fold(d: QuotaDecider, event: EventBase) -> None:
         case QuotaDeferred():
             note_deferred(d, event)
         case PreemptionDecided() if event.preemptor_id in d.jobs:
-            d.nominated[event.preemptor_id] = event.ts
+            if d.jobs[event.preemptor_id].state == "pending":  # (one holding its quota already waits for GPUs)
+                d.nominated[event.preemptor_id] = event.ts
             d.victims_of[event.preemptor_id] = (event.ts, tuple(v.job_id for v in event.victims))
         case NodeRegistered() | NodeUncordoned() | GpuHealthChanged():
             if not isinstance(event, GpuHealthChanged) or event.healthy:

@@ -7,6 +7,7 @@ this pass (quota only shrinks during a pass)."""
 
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING
 
 from libs.core.decider import Decisions
@@ -47,22 +48,38 @@ def run_pass(d: QuotaDecider, group: list[str], p: Pass, out: Decisions) -> None
             if try_reserve(d, head, p, out):
                 p.reserved()
         return
+    # The queues' heads in a heap by order key. A reservation changes the keys of its own queue's jobs only
+    # (its usage, so its fair share and what is left of its nominal quota), unless the queue is in a tree: a
+    # parent's fair share is part of every sibling's key, and then every head's key is taken again. An entry
+    # whose key is no longer its queue's (`current`) is stale and skipped.
+    heap: list[tuple[tuple[object, ...], str]] = []
     heads: dict[str, QuotaJob] = {}
-    while orders:
-        for q in list(orders):
-            if q not in heads:
-                head = next_head(d, q, orders[q], p, out)
-                if head is None:
-                    del orders[q]
-                else:
-                    heads[q] = head
-        if not heads:
-            break
-        # One head: nothing to compare (the order key has no effect but caching).
-        best = next(iter(heads.values())) if len(heads) == 1 else min(heads.values(), key=lambda j: order_key(d, j, p))
-        del heads[best.queue]
+    current: dict[str, tuple[object, ...]] = {}
+
+    def enter(q: str) -> None:
+        head = next_head(d, q, orders[q], p, out)
+        if head is None:
+            del orders[q]
+            return
+        heads[q] = head
+        current[q] = order_key(d, head, p)
+        heapq.heappush(heap, (current[q], q))
+
+    for q in list(orders):
+        enter(q)
+    while heap:
+        key, q = heapq.heappop(heap)
+        if current.get(q) != key:
+            continue
+        best = heads.pop(q)
+        del current[q]
         if try_reserve(d, best, p, out):
             p.reserved()
+            in_tree = d.policy.queues.get(q) is not None and bool(d.policy.queues[q].parent)
+            for other in list(heads) if in_tree else ():
+                current[other] = order_key(d, heads[other], p)
+                heapq.heappush(heap, (current[other], other))
+        enter(q)
 
 
 def next_head(d: QuotaDecider, queue: str, order: Order, p: Pass, out: Decisions) -> QuotaJob | None:

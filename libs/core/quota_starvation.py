@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING
 
-from libs.core.policy import declared_runtime
+from libs.core.policy import declared_runtime, runtime_bound
 from libs.core.quota_fit import could_ever_fit, could_hold, flavors_of
 from libs.core.quota_reasons import WAITING_OR_HELD
 from libs.core.quota_state import Pass, QuotaJob
@@ -100,7 +100,7 @@ def held_for_starving(d: QuotaDecider, job: QuotaJob, flavor: str, nominal_left:
     starving = p.starving
     if starving is None or (job.queue != starving.queue and not over_budget and job.demand <= nominal_left):
         return False
-    return holds(p.rule, job.job_id, job.priority, declared_runtime(job.spec), p.now,
+    return holds(p.rule, job.job_id, job.priority, runtime_bound(job.spec), p.now,
                  lambda: room_effect(d, job, flavor, over_budget, p))
 
 

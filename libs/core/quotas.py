@@ -19,6 +19,7 @@ All amounts are in thousandths of a GPU.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -172,7 +173,49 @@ class QuotaBook:
         return out
 
     def set_queue(self, spec: QueueSpec) -> None:
-        self.set_queues([*(q for n, q in self.queues.items() if n != spec.name), spec])
+        """One queue added or changed, in time independent of the number of queues where the tree's shape
+        stays (same parent, still governed or not, no queue naming it as parent before it existed): its
+        limits, its cohort's membership and its cohort's pool change; anything else rebuilds the book."""
+        name = spec.name
+        old = self.queues.get(name)
+        limits = {f.model: _limits(f) for f in flavor_quotas(spec)}
+        reshaped = (old is None and name in self.children) or (old is not None and old.parent != spec.parent) or (
+            bool(limits) != bool(self.limits.get(name)) and name in self.children)
+        if reshaped:
+            self.set_queues([*(q for n, q in self.queues.items() if n != name), spec])
+            return
+        if old is not None:
+            self._pool_share(name, -1)
+            cohort = self.cohort[name]
+            if cohort:
+                self.members[cohort].remove(name)
+                if not self.members[cohort]:
+                    del self.members[cohort]
+        else:
+            if spec.parent:
+                bisect.insort(self.children.setdefault(spec.parent, []), name)
+        self.queues[name] = spec
+        self.limits[name] = limits
+        cohort = self.cohort[name] = spec.cohort or spec.parent
+        if cohort:
+            bisect.insort(self.members.setdefault(cohort, []), name)
+        if old is None:
+            self.bounds[name] = tuple(a for a in self._ancestors(name) if self.limits.get(a))
+        self._pool_share(name, 1)
+
+    def _pool_share(self, name: str, sign: int) -> None:
+        """Add (sign 1) or take away (-1) the queue's part of its cohort's pool: what it lends, and what of
+        the pool its usage draws on."""
+        cohort = self.cohort.get(name, "")
+        if not cohort:
+            return
+        for flavor, lim in self.limits[name].items():
+            key = (cohort, flavor)
+            self.pool[key] = self.pool.get(key, 0) + sign * lim.lend
+            self.pool_used[key] = self.pool_used.get(key, 0) + sign * (
+                self.over.get((name, flavor), 0) + max(0, self.used.get((name, flavor), 0) - lim.guaranteed))
+            if sign < 0 and not any(flavor in self.limits[q] for q in self.members[cohort] if q != name):
+                del self.pool[key], self.pool_used[key]  # no queue of the cohort has the flavor any more
 
     def _recount(self) -> None:
         self.pool, self.pool_used = {}, {}

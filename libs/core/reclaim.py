@@ -57,8 +57,25 @@ def placement_victims(d: PreemptionDecider, sim: Simulation, held: tuple[str, st
               if (r.over_budget or book.borrowed(q, r.flavor) > 0) and d.eligible(r, now, preemptor_id, reclaim=True)]
     if not others:
         return []
-    others.sort(key=lambda r: r.victim_key(now))
-    return sim.choose(others, lambda: sim.fits(flavor), sim.gives_back_only_borrowed, reclaim=True)
+
+    def tier(r: Running) -> int:
+        """0: a borrower of the queue's own pool; 1: of a flavor no other queue lends; 2: of another lender's
+        pool, taken last (it would hand GPUs that lender counts on to this queue instead)."""
+        if r.flavor == flavor:
+            return 0
+        mine = book.limits[queue].get(r.flavor)
+        return 2 if book.pool.get((cohort, r.flavor), 0) - (mine.lend if mine is not None else 0) > 0 else 1
+
+    tried: list[Running] = []
+    for level in range(3):
+        tier_of_level = [r for r in others if tier(r) == level]
+        if not tier_of_level:
+            continue
+        tried = sorted([*tried, *tier_of_level], key=lambda r: r.victim_key(now))
+        victims = sim.choose(tried, lambda: sim.fits(flavor), sim.gives_back_only_borrowed, reclaim=True)
+        if victims:
+            return victims
+    return []
 
 
 def reclaim_victims(d: PreemptionDecider, sim: Simulation, flavors: list[str], preemptor_id: str) -> list[Running]:

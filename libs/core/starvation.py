@@ -98,8 +98,8 @@ def longest_waiting(waits: Iterable[tuple[float, T]], now: float, limit: float, 
 
 
 def backfills(runtime_s: float | None, now: float, shadow: float) -> bool:
-    """Does a job of this declared runtime (`policy.declared_runtime`), started now, end before the starving
-    job could start?"""
+    """Is a job that runs at most `runtime_s` (`policy.runtime_bound`: a limit the executor enforces, never an
+    estimate, which may be wrong), started now, sure to end before the starving job could start?"""
     return runtime_s is not None and shadow != UNKNOWN_START and now + runtime_s <= shadow
 
 

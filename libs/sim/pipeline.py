@@ -8,6 +8,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any
 
 from contracts import (
@@ -145,6 +146,9 @@ class VirtualExecutor:
 class VirtualRun:
     log: list[tuple[int, EventBase]]
     end: float
+    # Seconds each decider spent folding and deciding, and the decisions it made: the cost of a decision.
+    seconds: dict[str, float] = field(default_factory=dict)
+    decisions: dict[str, int] = field(default_factory=dict)
 
 
 class VirtualWorld:
@@ -165,6 +169,8 @@ class VirtualWorld:
         self.now = 0.0 if start is None else start
         self.next_tick = 0.0 if start is None else (start // tick_s + 1) * tick_s
         self.idle_since: float | None = None  # nothing scheduled or running, yet jobs wait: for how long?
+        self.seconds: dict[str, float] = {d.name: 0.0 for d in self.deciders}
+        self.decisions: dict[str, int] = {d.name: 0 for d in self.deciders}
 
     def schedule(self, event: EventBase) -> None:
         self.counter += 1
@@ -194,7 +200,11 @@ class VirtualWorld:
             cursor += 1
             for decider, accepted in zip(self.deciders, self.accepts, strict=True):
                 if isinstance(event, accepted):
-                    for d in run_decider(decider, event, seq):
+                    began = perf_counter()
+                    decided = run_decider(decider, event, seq)
+                    self.seconds[decider.name] += perf_counter() - began
+                    self.decisions[decider.name] += len(decided)
+                    for d in decided:
                         self.append(d)
             for report in self.executor.react(event):
                 self.append(report)
@@ -260,7 +270,7 @@ def run_virtual(inputs: Iterable[EventBase], tick_s: float = 5.0, horizon_s: flo
     world = VirtualWorld(tick_s)
     world.feed(inputs)
     if not world.heap:
-        return VirtualRun(world.log, 0.0)
+        return VirtualRun(world.log, 0.0, world.seconds, world.decisions)
     world.begin()
     start = world.now
     while world.busy():
@@ -269,7 +279,7 @@ def run_virtual(inputs: Iterable[EventBase], tick_s: float = 5.0, horizon_s: flo
                 break
         elif progress is not None and len(world.log) % 1000 < 20:
             progress(len(world.log))
-    return VirtualRun(world.log, world.now)
+    return VirtualRun(world.log, world.now, world.seconds, world.decisions)
 
 
 def world_inputs(log: Iterable[tuple[int, EventBase]]) -> list[EventBase]:

@@ -317,8 +317,10 @@ def test_an_over_budget_job_that_cannot_run_does_not_stop_others_borrowing_its_q
                  id="past the limit a later job of equal priority without a runtime is held for the big one"),
     pytest.param(700, on("q", 1, duration_s=3000), ("deferred", "held_for_starving_job"),
                  id="one that would end after the big job could start is held"),
-    pytest.param(700, on("q", 1, duration_s=1000), ("reserved", 0, ""),
+    pytest.param(700, on("q", 1, max_runtime_s=1000), ("reserved", 0, ""),
                  id="one that ends before the big job could start backfills"),
+    pytest.param(700, on("q", 1, duration_s=1000), ("deferred", "held_for_starving_job"),
+                 id="one only estimated to end before the big job could start is held"),
     pytest.param(700, on("q", 1).priority("urgent"), ("reserved", 0, ""),
                  id="a job of higher priority is not held"),
 ])
