@@ -366,11 +366,15 @@ class PreemptionDecider:
         its preemptibility, through a policy change after it started, and the lender is owed that quota back."""
         return ((r.preemptible or reclaim) and r.job_id not in self.s.victim_of and r.job_id not in self.s.cancelled
                 and now - r.started >= r.min_runtime_s
-                # (one past its declared end overran its estimate: nobody knows when it ends)
-                and (r.ends_at is None or r.ends_at <= now
-                     or r.ends_at - now > self.policy.settings.preempt_min_remaining_s)
+                and not self._about_to_end(r, now)
                 and r.job_id not in self.s.preempted_by.get(preemptor_id, {})  # never one's preemptor back
                 and preemptor_id not in self.s.preempted_by.get(r.job_id, {}))  # nor the same victim twice
+
+    def _about_to_end(self, r: Running, now: float) -> bool:
+        """Will the job end within preempt_min_remaining_s by its declared runtime? One that has run past its
+        declared end for longer than that overran its estimate: nobody knows when it ends."""
+        window = self.policy.settings.preempt_min_remaining_s
+        return r.ends_at is not None and -window <= r.ends_at - now <= window
 
     def _forget_old_evictions(self, now: float) -> None:
         """Evictions older than their queue's budget window no longer count: where a budget caps them, the
