@@ -65,7 +65,7 @@ from libs.core.policy import PolicyBook, declared_runtime, demand_milli
 from libs.core.preemption_sim import Simulation, smallest_waiting
 from libs.core.preemption_state import PLACEMENT, PreemptionState, Running, Waiting
 from libs.core.quota import WAITING_FOR_QUOTA
-from libs.core.quota_reasons import PLACEMENT_TIMED_OUT
+from libs.core.quota_reasons import BUDGET_WAITS, RETRY_BACKOFF, USER_LIMIT
 from libs.core.quotas import ANY, QuotaBook, reservation_model
 from libs.core.reclaim import borrowers, placement_victims, reclaim_victims
 from libs.core.retries import RetryBook
@@ -76,6 +76,9 @@ __all__ = ["PLACEMENT", "RECLAIM", "SERVICE", "WITHIN_QUEUE_PRIORITY", "Preempti
            "Running", "Simulation", "Waiting"]
 
 SERVICE = "preemption"
+# Quota deferrals of a job held by its own circumstances, not by others' use of quota or GPUs: its reclaim
+# grace starts again once it waits for quota again.
+HELD_BY_ITS_OWN = BUDGET_WAITS | {USER_LIMIT, RETRY_BACKOFF}
 _DEFERRALS = (QuotaDeferred, PlacementDeferred)
 
 
@@ -231,8 +234,8 @@ class PreemptionDecider:
             self._wait(event.job_id, event.code, event.ts)
             return
         self.s.unwait(event.job_id)
-        if event.code != PLACEMENT_TIMED_OUT:  # held for another reason (its user's limit, a budget, a
-            self.s.pending_since.pop(event.job_id, None)  # failure's backoff): no reclaim grace runs meanwhile
+        if event.code in HELD_BY_ITS_OWN:  # its user's limit, a budget, a failure's backoff: no reclaim could
+            self.s.pending_since.pop(event.job_id, None)  # serve it, so no reclaim grace runs meanwhile
 
     def _wait(self, job_id: str, code: str, now: float) -> None:
         spec = self.s.specs.get(job_id)
