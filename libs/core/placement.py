@@ -249,20 +249,8 @@ class PlacementDecider:
                 else:
                     self.specs.pop(event.job_id, None)
                     self.submitted.pop(event.job_id, None)
-            case NodeRegistered():
-                self.cluster.register(event.node)
-                self.inventory.evolve(event)
-                self.generation += 1
-            case NodeLost():
-                self.cluster.set_online(event.node, False)
-                self.inventory.evolve(event)
-                self.generation += 1
-            case NodeCordoned() | NodeUncordoned():
-                self.cluster.cordon(event.node, isinstance(event, NodeCordoned))
-                self.inventory.evolve(event)
-                self.generation += 1
-            case GpuHealthChanged():
-                self.cluster.set_gpu_health(event.node, event.index, event.healthy)
+            case NodeRegistered() | NodeLost() | NodeCordoned() | NodeUncordoned() | GpuHealthChanged():
+                self.cluster.apply_node_event(event)
                 self.inventory.evolve(event)
                 self.generation += 1
             case _ if self.policy.apply(event):

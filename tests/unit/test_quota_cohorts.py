@@ -406,6 +406,12 @@ def start(feed: EventFeed, job_id: str, j: Job) -> None:
     assert kinds(feed.submit(job_id, j))[-1] == "JobPlaced", job_id
 
 
+def b_switches_to_h100(feed: EventFeed) -> None:
+    """Queue b's quota becomes quota of H100 GPUs, nominal 0 (it borrows whatever it holds)."""
+    feed.send(QueuePolicyChanged, queue=q("b", cohort="c", flavors=(FlavorQuota(model="H100", nominal_gpus=0),)),
+              version=3)
+
+
 def victims(decisions: list[EventBase]) -> list[tuple[str, str, str, str]]:
     """(code, victim, its queue, reason) per PreemptionDecided."""
     return [(d.code, v.job_id, v.queue, v.reason) for d in of(decisions, PreemptionDecided) for v in d.victims]
@@ -553,8 +559,7 @@ def test_a_queue_switched_from_any_model_to_a_models_flavor_borrows_what_its_run
     run(feed, ("b1", on("b", 1)))
     feed.send(JobPlaced, job_id="b1", placements=(
         ReplicaPlacement(replica=0, node="n1", gpu_indices=(0,), gpu_milli=1000, model="H100"),))
-    feed.send(QueuePolicyChanged, queue=q("b", cohort="c", flavors=(FlavorQuota(model="H100", nominal_gpus=0),)),
-              version=3)
+    b_switches_to_h100(feed)
     book = next(d for d in feed.deciders if isinstance(d, QuotaDecider)).book
     assert (book.usage("b", "*"), book.usage("b", "H100"), book.borrowed("b", "H100")) == (0, 1000, 1000)
     assert book.room("a", "H100") == 1000  # a lends the GPU b1 holds: a reclaim can take it back
@@ -568,8 +573,7 @@ def test_a_reclaim_takes_back_what_a_queue_borrows_after_its_flavors_changed() -
                 q("b", 1))
     feed.nodes(node("n1", 2, model="H100"))
     start(feed, "b1", on("b", 1))
-    feed.send(QueuePolicyChanged, queue=q("b", cohort="c", flavors=(FlavorQuota(model="H100", nominal_gpus=0),)),
-              version=3)
+    b_switches_to_h100(feed)
     assert victims(feed.submit("a1", on("a", 2))) == [("reclaim", "b1", "b", "reclaim")]
     assert ("JobPlaced", "a1") in brief(feed.send(JobEvicted, job_id="b1", reason="preempted"))
 
@@ -592,8 +596,7 @@ def test_a_placed_reservation_charged_to_a_flavor_its_queue_no_longer_has_follow
 def test_an_any_model_reservation_switched_while_unplaced_is_charged_to_the_model_it_is_placed_on() -> None:
     feed = quota(q("a", cohort="c", flavors=(FlavorQuota(model="H100", nominal_gpus=2),)), q("b", 1))
     run(feed, ("b1", on("b", 1)))
-    feed.send(QueuePolicyChanged, queue=q("b", cohort="c", flavors=(FlavorQuota(model="H100", nominal_gpus=0),)),
-              version=3)
+    b_switches_to_h100(feed)
     book = next(d for d in feed.deciders if isinstance(d, QuotaDecider)).book
     assert book.usage("b", "*") == 1000  # unplaced, any model: no model to charge it to yet
     feed.send(JobPlaced, job_id="b1", placements=(
@@ -611,8 +614,7 @@ def test_a_reclaim_takes_back_what_a_borrower_switched_while_unplaced_holds_once
     feed.nodes(node("n1", 2, model="H100"))
     start(feed, "x", on("a", 2))
     assert "JobPlaced" not in kinds(feed.submit("b1", on("b", 1)))
-    feed.send(QueuePolicyChanged, queue=q("b", cohort="c", flavors=(FlavorQuota(model="H100", nominal_gpus=0),)),
-              version=3)
+    b_switches_to_h100(feed)
     assert ("JobPlaced", "b1") in brief(feed.send(JobFinished, job_id="x"))
     assert victims(feed.submit("a1", on("a", 2))) == [("reclaim", "b1", "b", "reclaim")]
 

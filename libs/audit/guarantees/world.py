@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from contracts import (
     RECLAIM,
     EventBase,
-    GpuHealthChanged,
     JobAdmitted,
     JobCancelled,
     JobEvicted,
@@ -20,10 +19,6 @@ from contracts import (
     JobRejected,
     JobSpec,
     JobSubmitted,
-    NodeCordoned,
-    NodeLost,
-    NodeRegistered,
-    NodeUncordoned,
     PlacementDeferred,
     PreemptionDecided,
     QueuePolicyChanged,
@@ -171,14 +166,8 @@ class World:
                 self.capacity.place(0, event, job.spec if job is not None else None)
             case JobFinished() | JobFailed() | JobEvicted():
                 self.capacity.release(event.job_id)
-            case NodeRegistered():
-                self.capacity.register(event.node)
-            case NodeLost():
-                cluster.set_online(event.node, False)
-            case NodeCordoned() | NodeUncordoned():
-                cluster.cordon(event.node, isinstance(event, NodeCordoned))
-            case GpuHealthChanged():
-                cluster.set_gpu_health(event.node, event.index, event.healthy)
+            case _:
+                cluster.apply_node_event(event)
 
     def _enter(self, job_id: str, phase: str, ts: float, only_from: tuple[str, ...] = ()) -> JobState | None:
         job = self.jobs.get(job_id)
