@@ -63,7 +63,7 @@ from libs.core.cluster import Cluster
 from libs.core.decider import Chain, Decisions, Trigger
 from libs.core.policy import PolicyBook, declared_runtime, demand_milli
 from libs.core.preemption_sim import Simulation, smallest_waiting
-from libs.core.preemption_state import PLACEMENT, PreemptionState, Running, Waiting
+from libs.core.preemption_state import OVERRUN_S, PLACEMENT, PreemptionState, Running, Waiting
 from libs.core.quota import WAITING_FOR_QUOTA
 from libs.core.quota_reasons import BUDGET_WAITS, RETRY_BACKOFF, USER_LIMIT
 from libs.core.quotas import ANY, QuotaBook, reservation_model
@@ -343,7 +343,7 @@ class PreemptionDecider:
     def _placement_waiters(self) -> list[str]:
         """The jobs holding quota that wait for a place (few: placement places most at once), in id order: any
         of them may reclaim GPUs from borrowers, wherever it stands in its queue (reclaim.placement_victims)."""
-        return sorted(j for j, w in self.s.waiting.items() if w.code == PLACEMENT and j not in self.s.in_flight)
+        return sorted(j for j in self.s.placing if j not in self.s.in_flight)
 
     def _may_reclaim(self, job_id: str) -> bool:
         """Does the waiting job wait for quota and fit its queue's nominal quota of some flavor it may use?"""
@@ -374,10 +374,10 @@ class PreemptionDecider:
                 and preemptor_id not in self.s.preempted_by.get(r.job_id, {}))  # nor the same victim twice
 
     def _about_to_end(self, r: Running, now: float) -> bool:
-        """Will the job end within preempt_min_remaining_s by its declared runtime? One that has run past its
-        declared end for longer than that overran its estimate: nobody knows when it ends."""
-        window = self.policy.settings.preempt_min_remaining_s
-        return r.ends_at is not None and -window <= r.ends_at - now <= window
+        """Will the job end within preempt_min_remaining_s by its declared runtime? One still running OVERRUN_S
+        past its declared end overran its estimate: nobody knows when it ends (a tick then looks again:
+        PreemptionState.unprotected)."""
+        return r.ends_at is not None and -OVERRUN_S < r.ends_at - now <= self.policy.settings.preempt_min_remaining_s
 
     def _forget_old_evictions(self, now: float) -> None:
         """Evictions older than their queue's budget window no longer count: where a budget caps them, the
@@ -443,9 +443,12 @@ class PreemptionDecider:
             held = s.reserved.get(job_id)
             flavor = held[1] if held is not None else ANY
             cands = self.candidates(spec, job_id, now)
+            reclaims = grace_over and held is not None
+            if not (cands or reclaims):
+                return
             with self._simulation(spec, job_id, now) as sim:
                 victims = sim.choose(cands, lambda: sim.fits(flavor)) if cands else []
-                if not victims and grace_over and held is not None:
+                if not victims and reclaims and held is not None:
                     victims = placement_victims(self, sim, held, job_id)
             self._decide(job_id, victims, out)
             return

@@ -11,6 +11,9 @@ from contracts import JobSpec, ReplicaPlacement
 from libs.core.policy import PolicyBook
 from libs.core.quotas import ANY
 
+# A job still running this long after its declared end has overrun its estimate (its executor's report of
+# an end on time would have come by then): it is no longer about to end.
+OVERRUN_S = 1.0
 PLACEMENT = "placement"  # the waiting code of a job deferred by placement (it holds its quota)
 
 
@@ -66,6 +69,7 @@ class PreemptionState:
     in_flight: dict[str, list[str]] = field(default_factory=dict)
     victim_of: dict[str, str] = field(default_factory=dict)
     waiting: dict[str, Waiting] = field(default_factory=dict)
+    placing: dict[str, None] = field(default_factory=dict)  # the waiting jobs that wait for placement
     # job -> since when it waits for quota or GPUs (held by nothing else: not its user's limit, a budget or a
     # failure's backoff): a reclaim grace counts from there, whatever reservations came and went meanwhile.
     pending_since: dict[str, float] = field(default_factory=dict)
@@ -108,6 +112,8 @@ class PreemptionState:
             self.unwait(job_id)
         since = held.since if held is not None else self.pending_since.get(job_id, now)
         self.waiting[job_id] = Waiting(code, since, False, queue, priority)
+        if code == PLACEMENT:
+            self.placing[job_id] = None
         # index(), inline: the head and (for quota) grace indexes, then the waiting priorities.
         head = (-priority, job_id)
         self.head_of[job_id] = (queue, head)
@@ -150,6 +156,7 @@ class PreemptionState:
         held = self.waiting.pop(job_id, None)
         if held is None:
             return
+        self.placing.pop(job_id, None)
         self.unindex(job_id)
         if held.code != PLACEMENT:
             prios = self.waiting_priorities[held.queue]
@@ -196,6 +203,8 @@ class PreemptionState:
         prios[run.priority] = prios.get(run.priority, 0) + 1
         if run.min_runtime_s > 0:
             heapq.heappush(self.protected_until, (run.started + run.min_runtime_s, run.job_id))
+        if run.ends_at is not None:  # still running then, it overran its estimate: no longer about to end
+            heapq.heappush(self.protected_until, (run.ends_at + OVERRUN_S, run.job_id))
 
     def unindex_running(self, run: Running) -> None:
         jobs = self.by_queue[run.queue]
@@ -210,8 +219,9 @@ class PreemptionState:
                 del self.running_priorities[run.queue]
 
     def unprotected(self, now: float) -> list[str]:
-        """The queues (sorted) of running jobs whose minimum runtime ended by `now` since last asked, and of
-        queues whose eviction budget grew back: new victims may be found there."""
+        """The queues (sorted) of running jobs whose minimum runtime ended, or that overran their declared end,
+        by `now` since last asked, and of queues whose eviction budget grew back: new victims may be found
+        there."""
         queues = dict(self.budget_freed)
         self.budget_freed = {}
         heap = self.protected_until
