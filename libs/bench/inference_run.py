@@ -45,6 +45,7 @@ class InferenceBenchOptions:
     report_every_s: float = 0.25
     seed: int = 1
     data: Path | None = None
+    declare: str = "oracle"  # what each training job tells the deciders of its runtime (libs/sim/declare.py)
 
 
 def run_inference_bench(opts: InferenceBenchOptions, progress: ProgressFn | None = None) -> dict[str, Any]:
@@ -64,7 +65,7 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
         progress(0.0, "waiting for the cluster")
         await wait_for_policy_and_nodes(bus, QUEUES, scenario.NODES, classes=False)
         cpu_before = cpu_seconds(sup, servers)
-        backlog = scenario.training_backlog(opts.seed)
+        backlog = scenario.training_backlog(opts.seed, declare=opts.declare)
         now = time.time()
         await bus.publish([SubmitJob(id=derived_id(SOURCE, "submit", job_id), ts=now, source=SOURCE,
                                      correlation_id=job_id, job_id=job_id, spec=spec)
@@ -103,7 +104,8 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
     audit = replay([(seq, data) for seq, _, data in raw], handled=handled)
     figures.update(decisions_checked=audit.decisions_checked, replay_mismatches=len(audit.mismatches),
                    **guarantee_figures([(seq, decode(data)) for seq, _, data in raw]))
-    figures.update(mode="real", time_scale=opts.time_scale, seed=opts.seed, wall_s=round(end - start, 1),
+    figures.update(mode="real", time_scale=opts.time_scale, declare=opts.declare, seed=opts.seed,
+                   wall_s=round(end - start, 1),
                    training_jobs=len(backlog), load_reports=reports * len(plans), events=len(raw),
                    cpu_s={k: round(cpu_after.get(k, 0.0) - v, 1) for k, v in sorted(cpu_before.items())})
     return figures

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from contracts import Autoscaling, JobSpec, NodeSpec, ServiceSpec
 from libs.nodes.sim import parse_cluster_csv
+from libs.sim.declare import declared
 
 DAY_S = 86_400.0
 NODES = 8
@@ -106,18 +107,22 @@ def services(time_scale: float) -> list[ServicePlan]:
     ]
 
 
-def training_backlog(seed: int, gpu_hours: float = 3 * TOTAL_GPUS * 24) -> list[JobSpec]:
+def training_backlog(seed: int, gpu_hours: float = 3 * TOTAL_GPUS * 24, declare: str = "oracle") -> list[JobSpec]:
     """Preemptible, checkpointing training jobs worth `gpu_hours` (day time): more than the day can run, so
-    whatever the services leave idle has takers."""
+    whatever the services leave idle has takers. Each declares its runtime exactly (`oracle`) or as `declare`
+    says (libs/sim/declare.py)."""
     rng = random.Random(seed)
     jobs: list[JobSpec] = []
     total = 0.0
     while total < gpu_hours:
         gpus = rng.choice((1, 1, 1, 2, 2, 4))
         hours = rng.uniform(1.0, 6.0)
-        jobs.append(JobSpec(team=TRAINING_TEAM, queue=TRAINING, priority="training", gpus=gpus,
-                            cpu_milli=8000 * gpus, memory_mib=65536 * gpus, duration_s=round(hours * 3600, 1),
-                            checkpoint_interval_s=900.0, name=f"train-{len(jobs)}"))
+        spec = JobSpec(team=TRAINING_TEAM, queue=TRAINING, priority="training", gpus=gpus, cpu_milli=8000 * gpus,
+                       memory_mib=65536 * gpus, duration_s=round(hours * 3600, 1), checkpoint_interval_s=900.0,
+                       name=f"train-{len(jobs)}")
+        if declare != "oracle" and spec.duration_s is not None:
+            spec = declared(spec, spec.duration_s, declare, seed, key=spec.name)
+        jobs.append(spec)
         total += gpus * hours
     return jobs
 

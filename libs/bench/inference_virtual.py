@@ -20,11 +20,11 @@ from libs.sim.pipeline import run_virtual
 START = 1_800_000_000.0  # any fixed instant: virtual time
 
 
-def day_inputs(seed: int, report_period_s: float = 60.0) -> list[EventBase]:
+def day_inputs(seed: int, report_period_s: float = 60.0, declare: str = "oracle") -> list[EventBase]:
     """Inventory, policy, the training backlog, the services and every load report of the day."""
     inputs: list[EventBase] = list(InventoryBook().changes(scenario.nodes(), now=START - 10))
     inputs += policy_changes(PolicyBook(), parse_policy(scenario.policy_toml(1.0)), version=1, now=START - 5)
-    for i, spec in enumerate(scenario.training_backlog(seed)):
+    for i, spec in enumerate(scenario.training_backlog(seed, declare=declare)):
         job_id = job_id_for_key(spec.team, f"inference-bench-{seed}-{i}")
         inputs.append(SubmitJob(id=f"submit-{job_id}", ts=START - 1, source="bench", job_id=job_id, spec=spec))
     plans = scenario.services(time_scale=1.0)
@@ -40,10 +40,10 @@ def day_inputs(seed: int, report_period_s: float = 60.0) -> list[EventBase]:
 
 
 def run_day(seed: int = 1, report_period_s: float = 60.0, tick_s: float = 30.0,
-            progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    run = run_virtual(day_inputs(seed, report_period_s), tick_s=tick_s, horizon_s=scenario.DAY_S,
+            progress: Callable[[int], None] | None = None, declare: str = "oracle") -> dict[str, Any]:
+    run = run_virtual(day_inputs(seed, report_period_s, declare), tick_s=tick_s, horizon_s=scenario.DAY_S,
                       progress=progress)
     result = compute_metrics((e for _, e in run.log), START, START + scenario.DAY_S, scenario.TOTAL_GPUS,
                              time_scale=1.0, batch_queue=scenario.TRAINING)
-    result.update(mode="virtual", seed=seed, events=len(run.log), **guarantee_figures(run.log))
+    result.update(mode="virtual", declare=declare, seed=seed, events=len(run.log), **guarantee_figures(run.log))
     return result

@@ -62,6 +62,7 @@ class BenchOptions:
     gpus_per_node: int = GPUS_PER_NODE
     # GPUs per replica of a request larger than a node (see gang_shape).
     replica_gpus: int = 1
+    declare: str = "oracle"  # what each job tells the deciders of its runtime (libs/sim/declare.py)
 
 
 @dataclass(slots=True)
@@ -92,7 +93,7 @@ def run_bench(opts: BenchOptions, progress: ProgressFn | None = None) -> dict[st
     if opts.scale <= 0 or opts.gpus_per_node < 1:
         raise ValueError("--scale must be > 0 and --gpus-per-node >= 1")
     queues = load_scenario(opts.generator, opts.scale)
-    jobs = plan_jobs(queues, opts.gpus_per_node, opts.replica_gpus)
+    jobs = plan_jobs(queues, opts.gpus_per_node, opts.replica_gpus, opts.declare)
     with bench_platform(opts.data, "bench", policy_toml(queues), cluster_csv(queues, opts.gpus_per_node),
                         SERVICE_ENV) as run:
         result = asyncio.run(_drive(BusConfig(url=run.env["NATS_URL"], stream=STREAM), run.sup, run.servers, jobs,
@@ -103,6 +104,7 @@ def run_bench(opts: BenchOptions, progress: ProgressFn | None = None) -> dict[st
     result["scale"] = opts.scale
     result["gpus_per_node"] = opts.gpus_per_node
     result["replica_gpus"] = opts.replica_gpus
+    result["declare"] = opts.declare
     return result
 
 

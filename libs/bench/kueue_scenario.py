@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from contracts import JobSpec
+from libs.sim.declare import declared
 
 # Where the job's Kueue workload class travels, so the metrics need nothing but the log.
 CLASS_LABEL = "kueue-class"
@@ -135,9 +136,11 @@ def priority_class(priority: int) -> str:
     return f"p{priority}"
 
 
-def plan_jobs(queues: list[QueueDef], gpus_per_node: int = GPUS_PER_NODE, replica_gpus: int = 1) -> list[PlannedJob]:
+def plan_jobs(queues: list[QueueDef], gpus_per_node: int = GPUS_PER_NODE, replica_gpus: int = 1,
+              declare: str = "oracle") -> list[PlannedJob]:
     """Workload k of each class of a workloadsSet is created k * creationIntervalMs after the start, in
-    every queue; sorted by time (then queue order, as created)."""
+    every queue; sorted by time (then queue order, as created). Each runs its class's runtime; it declares it
+    exactly (`oracle`, as Kueue's scenario does) or as `declare` says (libs/sim/declare.py)."""
     jobs: list[PlannedJob] = []
     for q in queues:
         for s_index, ws in enumerate(q.workloads_sets):
@@ -148,6 +151,8 @@ def plan_jobs(queues: list[QueueDef], gpus_per_node: int = GPUS_PER_NODE, replic
                     spec = JobSpec(team=q.name, queue=q.name, name=job_id, priority=priority_class(w.priority),
                                    replicas=replicas, gpus=gpus, duration_s=w.runtime_ms / 1000,
                                    labels={CLASS_LABEL: w.name})
+                    if declare != "oracle":
+                        spec = declared(spec, w.runtime_ms / 1000, declare, seed=1, key=job_id)
                     jobs.append(PlannedJob(at_ms=k * ws.interval_ms, job_id=job_id, workload_class=w.name, spec=spec))
     jobs.sort(key=lambda j: j.at_ms)  # stable: queue order within an instant
     return jobs

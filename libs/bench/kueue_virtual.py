@@ -23,8 +23,11 @@ from libs.sim.pipeline import VirtualRun, run_virtual
 START = 1_800_000_000.0  # any fixed instant: virtual time
 
 
-def scenario_inputs(generator: Path, scale: float, gpus_per_node: int, replica_gpus: int) -> list[EventBase]:
-    """Inventory, policy and every submission at its scheduled instant: the world's inputs."""
+def scenario_inputs(generator: Path, scale: float, gpus_per_node: int, replica_gpus: int,
+                    declare: str = "oracle") -> list[EventBase]:
+    """Inventory, policy and every submission at its scheduled instant: the world's inputs. Kueue's workloads
+    run their declared runtime exactly (`oracle`); `declare` tells the deciders something else instead
+    (libs/sim/declare.py) while each job still runs that long."""
     queues = load_scenario(generator, scale)
     with tempfile.TemporaryDirectory(prefix="gpusched-virtual-") as tmp:
         policy, cluster = Path(tmp) / "policy.toml", Path(tmp) / "cluster.csv"
@@ -33,17 +36,18 @@ def scenario_inputs(generator: Path, scale: float, gpus_per_node: int, replica_g
         inputs: list[EventBase] = list(InventoryBook().changes(load_cluster_csv(cluster), now=START - 10))
         inputs += policy_changes(PolicyBook(), load_policy(policy), version=1, now=START - 5)
     inputs += [SubmitJob(id=f"bench-{j.job_id}", ts=START + j.at_ms / 1000, source="bench", job_id=j.job_id,
-                         spec=j.spec) for j in plan_jobs(queues, gpus_per_node, replica_gpus)]
+                         spec=j.spec) for j in plan_jobs(queues, gpus_per_node, replica_gpus, declare)]
     return inputs
 
 
 def run_virtual_bench(generator: Path, scale: float = 1.0, gpus_per_node: int = 8, replica_gpus: int = 1,
-                      tick_s: float = 1.0, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    run = run_virtual(scenario_inputs(generator, scale, gpus_per_node, replica_gpus), tick_s=tick_s,
+                      tick_s: float = 1.0, progress: Callable[[int], None] | None = None,
+                      declare: str = "oracle") -> dict[str, Any]:
+    run = run_virtual(scenario_inputs(generator, scale, gpus_per_node, replica_gpus, declare), tick_s=tick_s,
                       progress=progress)
     # In virtual time an event happens at its own timestamp: that is the clock the figures use.
     result = compute_metrics([(seq, e.ts, e) for seq, e in run.log])
-    result.update(mode="virtual", scale=scale, gpus_per_node=gpus_per_node, replica_gpus=replica_gpus,
+    result.update(mode="virtual", declare=declare, scale=scale, gpus_per_node=gpus_per_node, replica_gpus=replica_gpus,
                   **decision_cost(run), **guarantee_figures(run.log))
     return result
 

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from libs.cli.output import add_json_flag
 from libs.runtime.settings import REPO_ROOT
+from libs.sim.declare import DECLARATIONS
 
 console = Console(stderr=True)
 # Read in place from the shared data next to the repository; never copied into it.
@@ -30,7 +31,7 @@ def cmd_kueue_baseline(args: argparse.Namespace) -> None:
         return
     opts = BenchOptions(generator=Path(args.generator), scale=args.scale, timeout_s=args.timeout,
                         data=Path(args.data) if args.data else None, gpus_per_node=args.gpus_per_node,
-                        replica_gpus=args.replica_gpus)
+                        replica_gpus=args.replica_gpus, declare=args.declare)
     if not opts.generator.exists():
         raise FileNotFoundError(f"generator {opts.generator} not found (--generator PATH)")
     signal.signal(signal.SIGTERM, _interrupt)  # stop the platform and its servers on SIGTERM too
@@ -123,11 +124,11 @@ def cmd_inference(args: argparse.Namespace) -> None:
 
     if args.virtual:
         with console.status("a day through the deciders in virtual time"):
-            result = run_day(seed=args.seed)
+            result = run_day(seed=args.seed, declare=args.declare)
         _report(args, result, inference_table, failed=failed(result))
         return
     opts = InferenceBenchOptions(time_scale=args.time_scale, report_every_s=args.report_every, seed=args.seed,
-                                 data=Path(args.data) if args.data else None)
+                                 data=Path(args.data) if args.data else None, declare=args.declare)
     signal.signal(signal.SIGTERM, _interrupt)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
@@ -223,7 +224,7 @@ def _virtual(args: argparse.Namespace) -> None:
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         task = progress.add_task("deciding in virtual time", total=None)
         result = run_virtual_bench(generator, args.scale, args.gpus_per_node, args.replica_gpus,
-                                   progress=lambda n: progress.update(task, completed=n))
+                                   progress=lambda n: progress.update(task, completed=n), declare=args.declare)
     readme = generator.parent / "README.md"
     result["kueue"] = published_figures(readme.read_text()) if readme.exists() else {}
     result["timed_out"] = False
@@ -308,6 +309,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                         "piece, as any quota unit does in Kueue's node-less test; 0: shaped as on real nodes)")
     p.add_argument("--virtual", action="store_true",
                    help="the deciders alone in virtual time (no bus, zero-latency pipeline): what the rules achieve")
+    p.add_argument("--declare", choices=DECLARATIONS, default="oracle",
+                   help="what each job tells the deciders of its runtime (libs/sim/declare.py); it runs its "
+                        "scenario runtime whatever it declares (default: oracle, the exact runtime, as Kueue's)")
     add_json_flag(p)
     p.set_defaults(func=cmd_kueue_baseline)
     p = bsub.add_parser("executor", help="one node agent runs many short one-GPU jobs as processes (vs Slurm)")
@@ -336,6 +340,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-scale", type=float, default=720.0, help="day seconds per wall second (720: a day in 2 min)")
     p.add_argument("--report-every", type=float, default=0.25, help="wall seconds between a service's load reports")
     p.add_argument("--seed", type=int, default=1, help="the training backlog's shapes and lengths")
+    p.add_argument("--declare", choices=DECLARATIONS, default="oracle",
+                   help="what each training job tells the deciders of its runtime (libs/sim/declare.py); it runs its "
+                        "planned runtime whatever it declares (default: oracle, the exact runtime)")
     p.add_argument("--virtual", action="store_true",
                    help="the deciders alone in virtual time (no bus, zero-latency pipeline): what the rules achieve")
     p.add_argument("--data", help="keep NATS, Redis and the service logs here (default: a temporary folder)")

@@ -174,10 +174,11 @@ class Simulation:
             claims.append((victims, placed))
         return claims
 
-    def within_nominal(self, flavor: str) -> bool:
-        """Would the preemptor fit its queue's nominal quota of the flavor (a reclaim borrows nothing)?"""
+    def within_nominal(self, flavor: str, freed: int = 0) -> bool:
+        """Would the preemptor fit its queue's nominal quota of the flavor (a reclaim borrows nothing), with
+        `freed` more of the queue's usage gone?"""
         lim = self.d.book.limits.get(self.spec.queue, {}).get(flavor)
-        return lim is not None and self.d.book.usage(self.spec.queue, flavor) + self.demand <= lim.nominal
+        return lim is not None and self.d.book.usage(self.spec.queue, flavor) - freed + self.demand <= lim.nominal
 
     def admits(self, flavor: str) -> bool:
         """Would quota reserve the preemptor in this flavor now? Its queue and cohort must have room for it,

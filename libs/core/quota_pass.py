@@ -24,7 +24,7 @@ from libs.core.quota_reasons import (
     tells,
 )
 from libs.core.quota_reclaim import lent_out
-from libs.core.quota_reserve import try_reserve, usable_flavors
+from libs.core.quota_reserve import held_like_another, try_reserve, usable_flavors
 from libs.core.quota_starvation import find_starving
 from libs.core.quota_state import Pass, QuotaJob
 
@@ -136,5 +136,7 @@ def next_head(d: QuotaDecider, queue: str, order: Order, p: Pass, out: Decisions
                     continue
                 defer(d, job, *quota_reason(d, job, p), out)
                 continue
+        if p.held_for_starving and held_like_another(d, job, p):
+            continue
         return job
     return None

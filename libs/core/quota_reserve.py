@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from contracts import QuotaReserved
 from libs.core.decider import Decisions
+from libs.core.policy import runtime_bound
 from libs.core.quota_fit import could_ever_fit, could_hold, entitled, flavors_of, may_borrow, over_budget, quota_left
 from libs.core.quota_nomination import HELD_FOR_PREEMPTOR, NOMINATION_TTL_S, holding_nominee
 from libs.core.quota_reasons import (
@@ -94,6 +95,8 @@ def try_reserve(d: QuotaDecider, job: QuotaJob, p: Pass, out: Decisions) -> bool
         return False
     if held_for_starving_job:
         starving = p.starving
+        if runtime_bound(job.spec) is None:
+            p.held_for_starving[starving_key(d, job)] = (p.holds, len(p.no_borrowing))
         if starving is not None and d.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB:
             if not p.held_message:
                 p.held_message = (f"quota is held for job {starving.job_id}, waiting since {starving.since:.0f}; "
@@ -147,8 +150,29 @@ def usable_flavors(d: QuotaDecider, job: QuotaJob, p: Pass) -> tuple[str, ...]:
     return tuple(f for f in flavors if held.get(f, job.priority) <= job.priority)
 
 
+def starving_key(d: QuotaDecider, job: QuotaJob) -> tuple[str, int, int, tuple[str, ...], bool]:
+    """What decides whether a job without a runtime limit is held for the starving job, besides the pass."""
+    return (job.queue, job.priority, job.demand, flavors_of(d, job), may_borrow(d, job))
+
+
+def held_like_another(d: QuotaDecider, job: QuotaJob, p: Pass) -> bool:
+    """Would trying the job only hold it for the starving job again, as it was told already? So when a job of its
+    key (starving_key) was held that way this pass with the same holds, no reservation since, and the job, not
+    the starving job itself, has no runtime limit and no user limit binding it: its rooms, usable flavors and the
+    rule's effect are then those the other job met, flavor by flavor."""
+    seen = p.held_for_starving.get(starving_key(d, job))
+    if seen is None or seen != (p.holds, len(p.no_borrowing)) or d.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB:
+        return False
+    if p.starving is None or job.job_id == p.starving.job_id or runtime_bound(job.spec) is not None:
+        return False
+    queue = d.policy.queues.get(job.queue)
+    limit = queue.user_max_gpus if queue is not None else None
+    return limit is None or d.user_used.get((job.queue, job.user), 0) + job.demand <= limit * 1000
+
+
 def hold_below(d: QuotaDecider, job: QuotaJob, p: Pass) -> None:
     """The job did not get quota: lower jobs of its queue wait behind it in the flavors it could use."""
+    p.holds += 1
     held = p.held_below.setdefault(job.queue, {})
     for f in flavors_of(d, job) if d.book.governed(job.queue) else (ANY,):
         if held.get(f, job.priority) <= job.priority:

@@ -20,12 +20,32 @@ if TYPE_CHECKING:
     from libs.core.quota import QuotaDecider
 
 
-def _release(book: QuotaBook, job: QuotaJob) -> None:
-    book.add(job.queue, job.flavor, -job.demand, job.over_budget)
+# A reservation's usage as the book counts it: (queue, flavor, milli, over budget).
+Charge = tuple[str, str, int, bool]
 
 
-def _restore(book: QuotaBook, job: QuotaJob) -> None:
-    book.add(job.queue, job.flavor, job.demand, job.over_budget)
+def _charge(item: QuotaJob | Charge) -> Charge:
+    return (item.queue, item.flavor, item.demand, item.over_budget) if isinstance(item, QuotaJob) else item
+
+
+def _release(book: QuotaBook, item: QuotaJob | Charge) -> None:
+    queue, flavor, milli, over_budget = _charge(item)
+    book.add(queue, flavor, -milli, over_budget)
+
+
+def _restore(book: QuotaBook, item: QuotaJob | Charge) -> None:
+    queue, flavor, milli, over_budget = _charge(item)
+    book.add(queue, flavor, milli, over_budget)
+
+
+def _summed(jobs: list[QuotaJob]) -> list[Charge]:
+    """The jobs' usage summed per (queue, flavor, over budget): the book adds up changes exactly, so releasing
+    the sums is releasing the jobs, in one change per queue rather than one per job."""
+    sums: dict[tuple[str, str, bool], int] = {}
+    for j in jobs:
+        key = (j.queue, j.flavor, j.over_budget)
+        sums[key] = sums.get(key, 0) + j.demand
+    return [(queue, flavor, milli, over) for (queue, flavor, over), milli in sums.items()]
 
 
 def _fits(book: QuotaBook, starving: QuotaJob, flavors: tuple[str, ...]) -> bool:
@@ -38,7 +58,8 @@ def reservations_shadow(book: QuotaBook, starving: QuotaJob, flavors: tuple[str,
     `holding` it; None when it would not fit even with all of them gone."""
     runtimes = [(declared_runtime(j.spec), j) for j in holding]
     declared = sorted(((j.reserved_at + runtime, j.job_id), j) for runtime, j in runtimes if runtime is not None)
-    return find_shadow(now, [(end, j) for (end, _), j in declared], [j for runtime, j in runtimes if runtime is None],
+    undeclared = _summed([j for runtime, j in runtimes if runtime is None])
+    return find_shadow(now, [(end, j) for (end, _), j in declared], undeclared,
                        release=lambda j: _release(book, j), restore=lambda j: _restore(book, j),
                        fits=lambda: _fits(book, starving, flavors))
 

@@ -67,8 +67,15 @@ class Pass:
     # (preemptor, queue, flavor, demand, over budget) whether such a reservation would leave it without room.
     nominees: list[QuotaJob] = field(default_factory=list)
     nominee_effects: dict[tuple[str, str, str, int, bool], bool] = field(default_factory=dict)
+    # Jobs held for the starving job in every flavor they had room in, by (queue, priority, demand, flavors, may
+    # borrow), with the pass's `holds` count and the size of `no_borrowing` then: another job of that key with
+    # no runtime limit, told so already, would be held the same way while neither changed (quota_pass.next_head).
+    held_for_starving: dict[tuple[str, int, int, tuple[str, ...], bool], tuple[int, int]] = field(
+        default_factory=dict)
+    holds: int = 0  # bumps whenever `held_below` grows
 
     def reserved(self) -> None:
+        self.held_for_starving.clear()
         self.keys.clear()
         self.within.clear()
         self.over_budget.clear()

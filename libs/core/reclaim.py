@@ -78,6 +78,13 @@ def placement_victims(d: PreemptionDecider, sim: Simulation, held: tuple[str, st
     return []
 
 
+def could_fit_nominal(sim: Simulation, flavor: str, own: list[Running]) -> bool:
+    """Could the preemptor fit its queue's nominal quota of the flavor with some victims gone? Only evicting the
+    queue's own jobs (`own`) brings its usage down: if it would not fit with all of them gone, no victim set is
+    enough, and the search, which would try set after set to find that out, is skipped."""
+    return sim.within_nominal(flavor, freed=sum(r.demand for r in own))
+
+
 def reclaim_victims(d: PreemptionDecider, sim: Simulation, flavors: list[str], preemptor_id: str) -> list[Running]:
     """The victims of the first flavor a reclaim can serve the preemptor in; [] when none can."""
     spec, now = sim.spec, sim.now
@@ -85,11 +92,13 @@ def reclaim_victims(d: PreemptionDecider, sim: Simulation, flavors: list[str], p
         lim = d.book.limits.get(spec.queue, {}).get(flavor)
         if lim is None or sim.demand > lim.nominal:
             continue
+        # The queue's own jobs come after the borrowers': needed only where the queue is above its nominal.
+        own = [r for r in d.candidates(spec, preemptor_id, now) if r.flavor == flavor]
+        if not could_fit_nominal(sim, flavor, own):
+            continue
         others = borrowers(d, spec, flavor, now, preemptor_id)
         if not others:
             continue
-        # The queue's own jobs come after the borrowers': needed only where the queue is above its nominal.
-        own = [r for r in d.candidates(spec, preemptor_id, now) if r.flavor == flavor]
 
         def reclaimed(flavor: str = flavor) -> bool:
             return sim.within_nominal(flavor) and sim.admits(flavor) and sim.fits(flavor)

@@ -43,6 +43,7 @@ UNKNOWN_START = float("inf")  # the shadow time when the running jobs do not dec
 CAPACITY_HELD = "capacity_held_for_it"
 
 T = TypeVar("T")
+U = TypeVar("U")
 # (does the job take room the starving job could use?, does the starving job still fit beside it?)
 RoomEffect = tuple[bool, bool]
 
@@ -115,29 +116,32 @@ def holds(starving: Starving | None, job_id: str, priority: int, runtime_s: floa
     return takes_usable_room and not leaves_its_room
 
 
-def find_shadow(now: float, declared: Sequence[tuple[float, T]], undeclared: Iterable[T],
-                release: Callable[[T], None], restore: Callable[[T], None], fits: Callable[[], bool]
+def find_shadow(now: float, declared: Sequence[tuple[float, T]], undeclared: Iterable[U],
+                release: Callable[[T | U], None], restore: Callable[[T | U], None], fits: Callable[[], bool]
                 ) -> Shadow[T] | None:
     """When the starving job could start (now, if it fits already): release the running jobs in declared-end
     order until it fits.
     If the declared ends never free enough, the start is unknown, unless it would not fit even with the
-    undeclared jobs gone too: then it can never fit (None). Everything released is restored before returning."""
-    released: list[T] = []
+    undeclared jobs gone too: then it can never fit (None). Everything released is restored before returning.
+    (The undeclared ones are released all together, so a caller may pass them summed up.)"""
+    ending: list[T] = []
+    rest: list[U] = []
     try:
         if fits():
             return Shadow(at=now, ending=())
         for end, item in declared:
             release(item)
-            released.append(item)
+            ending.append(item)
             if fits():
-                return Shadow(at=end, ending=tuple(released))
-        ending = tuple(released)
-        for item in undeclared:
-            release(item)
-            released.append(item)
-        return Shadow(at=UNKNOWN_START, ending=ending) if fits() else None
+                return Shadow(at=end, ending=tuple(ending))
+        for other in undeclared:
+            release(other)
+            rest.append(other)
+        return Shadow(at=UNKNOWN_START, ending=tuple(ending)) if fits() else None
     finally:
-        for item in reversed(released):
+        for other in reversed(rest):
+            restore(other)
+        for item in reversed(ending):
             restore(item)
 
 

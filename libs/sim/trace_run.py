@@ -16,13 +16,8 @@ cost a reclaim has: the work since that checkpoint (`JobOutcome.lost_gpu_s`).
 A job of more GPUs than a node (8) is a gang of replicas, each as large as divides both the job and the node
 (16 -> 2 x 8, 12 -> 3 x 4, 24 -> 3 x 8; libs/bench/kueue_scenario.gang_shape): the GPU count is the trace's.
 
-What the scheduler is told of a job's runtime (`declare`): the simulated executor always runs it for its
-actual runtime (label `sim/runtime-s`); `oracle` also declares that as `duration_s` (the user's estimate);
-`none` declares nothing; `noisy` declares a limit `max_runtime_s` = runtime x factor, the factor uniform in
-[1, 1 + NOISY_F] per job (seeded): the "f-model" of user runtime estimates in the backfilling literature
-(Mu'alem & Feitelson, IEEE TPDS 12(6), 2001; Tsafrir & Feitelson, "The dynamics of backfilling", IPDPS 2006,
-which also shows real estimates are modal, a few round values, so this is the kind model of them). f = 3:
-limits from 1x to 4x the runtime, 2.5x on average; never under the runtime, so no job hits its limit.
+What the scheduler is told of a job's runtime (`declare`): none, oracle or noisy, as libs/sim/declare.py makes
+them; the simulated executor always runs a job for its actual runtime.
 
 A job that can never fit its set-up (more GPUs than its team's quota when partitioned, than the cluster when
 shared) is not submitted: it is `rejected`.
@@ -34,7 +29,6 @@ makes two months 88k ticks instead of a million.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
@@ -58,7 +52,7 @@ from contracts.model import GpuSpec, NodeSpec
 from libs.bench.kueue_scenario import gang_shape
 from libs.core.policy import DEFAULT_PRIORITY_CLASSES
 from libs.sim import executor as sim_executor
-from libs.sim.executor import SIM_RUNTIME_S
+from libs.sim.declare import check_declaration, declared
 from libs.sim.pipeline import VirtualWorld
 from libs.sim.trace_outcome import JobOutcome, TraceJob
 
@@ -69,14 +63,12 @@ NODE_MEMORY_MIB = 786_432
 TRACE_TICK_S = 60.0
 PRIORITY = "batch"
 CHECKPOINT_INTERVAL_S = 1800.0
-NOISY_F = 3.0
 RECLAIM_AFTER_S = 600.0
 COHORT = "cluster"
 # With nothing else left, the run goes on this long past the last submission plus the longest runtime.
 TAIL_S = 7 * 86400.0
 
 POOLS = ("partitioned", "shared")
-DECLARATIONS = ("none", "oracle", "noisy")
 TEXTBOOK_POLICIES = ("fifo", "sjf", "srtf")
 PREEMPTED = ("preempted", "grace_expired")
 
@@ -113,8 +105,7 @@ def platform_name(pool: str, declare: str) -> str:
 def parse_setups(setups: list[str], declares: list[str]) -> list[Setup]:
     """`partitioned`/`shared` once per declaration, `<policy>-<pool>` as they are; ValueError for unknown."""
     for d in declares:
-        if d not in DECLARATIONS:
-            raise ValueError(f"unknown declaration {d!r}: use {', '.join(DECLARATIONS)}")
+        check_declaration(d)
     out: list[Setup] = []
     for name in setups:
         if name in POOLS:
@@ -148,17 +139,10 @@ def fits(job: TraceJob, pool: str, team_nodes: dict[str, int], gpus_per_node: in
 
 def job_spec(job: TraceJob, declare: str, seed: int) -> JobSpec:
     replicas, per = gang_shape(job.gpus, GPUS_PER_NODE, replica_gpus=0)
-    duration: float | None = None
-    limit: float | None = None
-    if declare == "oracle":
-        duration = job.runtime_s
-    elif declare == "noisy":
-        factor = random.Random(f"{seed}/{job.job_id}").uniform(1.0, 1.0 + NOISY_F)
-        limit = round(job.runtime_s * factor, 3)
-    labels = {SIM_RUNTIME_S: repr(float(job.runtime_s)), sim_executor.SIM_CHECKPOINT_S: f"{_grace_s() + 1:g}"}
-    return JobSpec(team=job.team, queue=job.team, name=job.job_id, priority=PRIORITY, replicas=replicas, gpus=per,
-                   duration_s=duration, max_runtime_s=limit, checkpoint_interval_s=CHECKPOINT_INTERVAL_S,
-                   labels=labels)
+    spec = JobSpec(team=job.team, queue=job.team, name=job.job_id, priority=PRIORITY, replicas=replicas, gpus=per,
+                   checkpoint_interval_s=CHECKPOINT_INTERVAL_S,
+                   labels={sim_executor.SIM_CHECKPOINT_S: f"{_grace_s() + 1:g}"})
+    return declared(spec, job.runtime_s, declare, seed, key=job.job_id)
 
 
 def cluster_nodes(team_nodes: dict[str, int]) -> list[NodeSpec]:

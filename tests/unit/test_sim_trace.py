@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from libs.cli.main import main
+from libs.sim.declare import NOISY_F
+from libs.sim.executor import SIM_RUNTIME_S
 from libs.sim.trace_metrics import bounded_slowdown, busy_in_window, figures, team_delays
 from libs.sim.trace_model import TraceError, parse_time, read_teams, read_trace
 from libs.sim.trace_outcome import JobOutcome, TraceJob
 from libs.sim.trace_run import (
     CHECKPOINT_INTERVAL_S,
-    NOISY_F,
-    SIM_RUNTIME_S,
     Setup,
     job_spec,
     needs_baseline,

@@ -1,0 +1,102 @@
+"""The deciders' shortcuts change what a decision costs, never what it is: a random loaded trace through every
+set-up gives the same log, byte for byte, with each shortcut switched off.
+
+- quota skips a job the starving job would hold again, as it holds one of the same key (quota_pass.next_head,
+  quota_reserve.held_like_another);
+- quota releases the reservations without a declared end summed per queue when it looks for the starving job's
+  shadow (quota_starvation._summed);
+- preemption skips the victim search of a reclaim whose queue could not fit its nominal quota even with all its
+  own candidates gone (reclaim.could_fit_nominal).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import msgspec
+import pytest
+
+from libs.core import quota_pass, quota_starvation, reclaim
+from libs.core.quota_state import QuotaJob
+from libs.sim.pipeline import VirtualWorld
+from libs.sim.trace_outcome import TraceJob
+from libs.sim.trace_run import Setup, world_inputs
+
+TEAMS = {"a": 1, "b": 2, "c": 1}  # nodes of 8 GPUs: 32 GPUs
+
+
+def loaded_trace(seed: int, jobs: int = 160) -> list[TraceJob]:
+    """More work than the cluster holds, of mixed sizes (gangs too), one team far above its share."""
+    rng = random.Random(seed)
+    out = []
+    t = 0.0
+    for i in range(jobs):
+        t += rng.expovariate(1 / 40.0)
+        team = rng.choice("aaabbc")
+        out.append(TraceJob(job_id=f"j{i:04d}", team=team, submit_s=round(t, 1),
+                            runtime_s=round(rng.uniform(60, 4000), 1), gpus=rng.choice((1, 1, 1, 2, 4, 8, 16))))
+    return out
+
+
+def log_bytes(jobs: list[TraceJob], setup: Setup) -> list[bytes]:
+    inputs, _ = world_inputs(jobs, TEAMS, setup, seed=3, reclaim_after_s=300.0)
+    world = VirtualWorld(60.0)
+    world.feed(inputs)
+    world.begin()
+    while world.busy():
+        world.step()
+    return [msgspec.json.encode(e) for _, e in world.log]
+
+
+def no_shortcuts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quota_pass, "held_like_another", lambda d, job, p: False)
+
+    def one_by_one(jobs: list[QuotaJob]) -> list[QuotaJob]:
+        return jobs
+
+    monkeypatch.setattr(quota_starvation, "_summed", one_by_one)
+    monkeypatch.setattr(reclaim, "could_fit_nominal", lambda sim, flavor, own: True)
+
+
+@pytest.mark.parametrize("pool", ["partitioned", "shared"])
+@pytest.mark.parametrize("declare", ["none", "noisy"])
+def test_shortcuts_decide_as_the_long_way(monkeypatch: pytest.MonkeyPatch, pool: str, declare: str) -> None:
+    jobs = loaded_trace(seed=7)
+    setup = Setup(pool, "platform", pool, declare)
+    taken: dict[str, int] = {"held": 0, "summed": 0, "no_reclaim": 0}
+    with monkeypatch.context() as m:
+        count_shortcuts(m, taken)
+        fast = log_bytes(jobs, setup)
+    with monkeypatch.context() as m:
+        no_shortcuts(m)
+        slow = log_bytes(jobs, setup)
+    assert len(fast) > 1000  # a loaded run: many jobs wait, some starve, reclaims are tried
+    assert fast == slow
+    # Each shortcut was taken where it can be: skipping held jobs and summing need jobs without a runtime
+    # limit, a reclaim a cohort.
+    assert (taken["summed"] > 0 and taken["held"] > 0) or declare == "noisy"
+    assert taken["no_reclaim"] > 0 or pool == "partitioned"
+
+
+def count_shortcuts(monkeypatch: pytest.MonkeyPatch, taken: dict[str, int]) -> None:
+    held, summed, could = quota_pass.held_like_another, quota_starvation._summed, reclaim.could_fit_nominal
+
+    def counted_held(*args: Any) -> bool:
+        answer = held(*args)
+        taken["held"] += answer
+        return answer
+
+    def counted_summed(jobs: list[QuotaJob]) -> list[quota_starvation.Charge]:
+        sums = summed(jobs)
+        taken["summed"] += len(sums) < len(jobs)
+        return sums
+
+    def counted_could(*args: Any) -> bool:
+        answer = could(*args)
+        taken["no_reclaim"] += not answer
+        return answer
+
+    monkeypatch.setattr(quota_pass, "held_like_another", counted_held)
+    monkeypatch.setattr(quota_starvation, "_summed", counted_summed)
+    monkeypatch.setattr(reclaim, "could_fit_nominal", counted_could)
