@@ -52,6 +52,7 @@ from contracts.events import (
     subject_for_type,
 )
 from contracts.model import (
+    LEAST_ATTAINED_SERVICE,
     RECLAIM,
     WITHIN_QUEUE_PRIORITY,
     Autoscaling,
@@ -70,6 +71,7 @@ from contracts.model import (
 __all__ = [
     "ALL_EVENT_TYPES",
     "COMMAND_TYPES",
+    "LEAST_ATTAINED_SERVICE",
     "RECLAIM",
     "RUNTIME_LIMIT",
     "RUNTIME_LIMIT_EXIT_CODE",

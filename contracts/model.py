@@ -162,6 +162,10 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, f
     # Blast radius: at most this many of the queue's GPUs are chosen for eviction per window. None: no cap.
     eviction_budget_gpus: int | None = None
     eviction_window_s: float = 3600.0
+    # Least attained service inside the queue (as Tiresias): a job that has held more than this many GPU-hours
+    # (over all its runs) waits behind the queue's jobs of its priority that have held less, and may be
+    # preempted for them (through the checkpoint handshake). None: by priority and arrival only.
+    las_threshold_gpu_hours: float | None = None
 
 
 class SchedulingSettings(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -213,10 +217,12 @@ class ReplicaPlacement(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     rdma_nics: int = 0
 
 
-# A Victim's reason: its queue gives back quota it borrows (a reclaim), or it makes way for a job of higher
-# priority of its own queue.
+# A Victim's reason: its queue gives back quota it borrows (a reclaim), it makes way for a job of higher
+# priority of its own queue, or (a queue of least attained service) for a job of its priority that has held
+# less GPU time than the queue's threshold, where it has held more.
 RECLAIM = "reclaim"
 WITHIN_QUEUE_PRIORITY = "within_queue_priority"
+LEAST_ATTAINED_SERVICE = "least_attained_service"
 
 
 class Victim(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -16,9 +16,11 @@ QUEUE_FLAGS = {  # flag -> QueueSpec field
     "borrowing_limit": "borrowing_limit_gpus", "lending_limit": "lending_limit_gpus", "weight": "weight",
     "placement_policy": "placement_policy", "budget_gpu_hours": "budget_gpu_hours", "budget_period": "budget_period",
     "over_budget": "over_budget", "user_max_gpus": "user_max_gpus", "reclaim_after": "reclaim_after_s",
+    "las_threshold_gpu_hours": "las_threshold_gpu_hours",
 }
 # The flags whose value may be "none" (the field unset: no limit); elsewhere "none" is just a string.
-NULLABLE_FLAGS = frozenset({"nominal", "borrowing_limit", "lending_limit", "user_max_gpus", "budget_gpu_hours"})
+NULLABLE_FLAGS = frozenset({"nominal", "borrowing_limit", "lending_limit", "user_max_gpus", "budget_gpu_hours",
+                            "las_threshold_gpu_hours"})
 SHORTHAND_FLAGS = ("nominal", "borrowing_limit", "lending_limit")  # the single any-model flavor's fields
 
 
@@ -163,5 +165,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--over-budget", choices=["borrow", "wait"])
     p.add_argument("--user-max-gpus", type=_int_or_none)
     p.add_argument("--reclaim-after", type=float, help="seconds before borrowers are preempted to reclaim")
+    p.add_argument("--las-threshold-gpu-hours", type=_float_or_none,
+                   help="least attained service: a job past this many GPU-hours waits behind, and may be preempted "
+                        "for, the queue's jobs of its priority below it ('none': off)")
     add_json_flag(p)  # after the queue's name; `gpusched queue --json set ...` works too (see libs/cli/output.py)
     p.set_defaults(func=cmd_queue_set)

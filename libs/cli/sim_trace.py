@@ -135,6 +135,15 @@ def print_tables(result: dict[str, Any]) -> None:
             cells.append(_fmt(t["mean_queueing_delay_s"], "s") + ("" if ratio is None else f" ({ratio:g}x)"))
         teams.add_row(team, str(nodes), *cells)
     out.print(teams)
+    told = {name: f["mean_wait_by_reason_s"] for name, f in result["setups"].items() if f["mean_wait_by_reason_s"]}
+    if told:
+        why = Table(title="mean queueing delay by why jobs waited (the reason last told)")
+        why.add_column("reason")
+        for name in told:
+            why.add_column(name, justify="right")
+        for reason in dict.fromkeys(r for parts in told.values() for r in parts):
+            why.add_row(reason, *(_fmt(parts.get(reason, 0.0), "s") for parts in told.values()))
+        out.print(why)
 
 
 def cmd_trace(args: argparse.Namespace) -> None:
@@ -172,7 +181,8 @@ def add_parser(ssub: argparse._SubParsersAction) -> None:
     p.add_argument("--end", help="window end, exclusive (default: past the last submission)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply each team's nodes (rounded up, at least 1)")
     p.add_argument("--setups", default=DEFAULT_SETUPS,
-                   help="comma-separated: partitioned, shared, fifo|sjf|srtf-partitioned|shared")
+                   help="comma-separated: partitioned, shared (-las: least attained service in each team's queue), "
+                        "fifo|sjf|srtf-partitioned|shared")
     p.add_argument("--declare", default="none", help="what jobs tell the platform's set-ups of their runtime, "
                                                      "comma-separated: none, oracle (duration_s = runtime), noisy "
                                                      "(max_runtime_s = runtime x U[1, 4]); textbook set-ups know "

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator
 import msgspec
 
 from contracts import (
+    LEAST_ATTAINED_SERVICE,
     RECLAIM,
     ClockTick,
     EventBase,
@@ -107,7 +108,8 @@ class PlacementDecider:
         self.placed: dict[str, tuple[ReplicaPlacement, ...]] = {}
         self.deferred: dict[str, str] = {}
         # preemptor -> (its priority, its victims, when it was nominated, whether it reclaims)
-        self.nominated: dict[str, tuple[int, tuple[str, ...], float, bool]] = {}
+        # preemptor -> (priority, victims, when, a reclaim?, least attained service?)
+        self.nominated: dict[str, tuple[int, tuple[str, ...], float, bool, bool]] = {}
         self.cancelled: dict[str, None] = {}
         self._order = 0
         self.lapsed = False  # did the last tick end a nomination?
@@ -238,7 +240,7 @@ class PlacementDecider:
                 # takes back are its queue's nominal quota, not the borrowers' to take again.
                 reclaim = any(v.reason == RECLAIM for v in event.victims)
                 self.nominated[event.preemptor_id] = (prio, tuple(v.job_id for v in event.victims), event.ts,
-                                                      reclaim)
+                                                      reclaim, event.code == LEAST_ATTAINED_SERVICE)
             case JobCancelled():
                 self.waiting.pop(event.job_id, None)
                 self.waiting_since.pop(event.job_id, None)
@@ -331,9 +333,11 @@ class PlacementDecider:
         blocked = self._starves_nominee(job_id, spec, result)
         # A reclaim's nominee takes the room its victims freed: no starving job holds that against it (the room
         # is its queue's nominal quota, and its eviction would be for nothing), as its hold binds the starving
-        # job (_starves_nominee). Another nominee is held like any job of its priority.
+        # job (_starves_nominee); so does a nominee of least attained service (its victims, of its own queue
+        # and priority, left for it, and quota holds their quota for it alone). Another nominee is held like any
+        # job of its priority.
         nomination = self.nominated.get(job_id)
-        held_for = (None if blocked is not None or (nomination is not None and nomination[3])
+        held_for = (None if blocked is not None or (nomination is not None and (nomination[3] or nomination[4]))
                     else self._starves_starving(job_id, spec, result, out.trigger.event.ts))
         if held_for is None and blocked is None:
             # Placed: the tentative allocation stands as JobPlaced's (giving it back for its evolve to take it
@@ -376,7 +380,7 @@ class PlacementDecider:
         prio = self.policy.priority_of(spec)
         mine = self.nominated.get(job_id)
         for nominee in sorted(self.nominated):
-            nprio, victims, at, reclaim = self.nominated[nominee]
+            nprio, victims, at, reclaim, _ = self.nominated[nominee]
             if nominee == job_id or nominee not in self.specs:
                 continue
             if mine is not None and (at, nominee) > (mine[2], job_id):

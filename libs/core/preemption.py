@@ -27,11 +27,13 @@ grace plus the longest minimum runtime that protects them (and the tick after).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 
 import msgspec
 
 from contracts import (
+    LEAST_ATTAINED_SERVICE,
     RECLAIM,
     WITHIN_QUEUE_PRIORITY,
     ClockTick,
@@ -59,8 +61,10 @@ from contracts import (
     SchedulingSettingsChanged,
     Victim,
 )
+from libs.core.attained import threshold_milli_s
 from libs.core.cluster import Cluster
 from libs.core.decider import Chain, Decisions, Trigger
+from libs.core.fit import placement_shape
 from libs.core.policy import PolicyBook, declared_runtime, demand_milli
 from libs.core.preemption_sim import Simulation, smallest_waiting
 from libs.core.preemption_state import OVERRUN_S, PLACEMENT, PreemptionState, Running, Waiting
@@ -137,7 +141,10 @@ class PreemptionDecider:
                 s.pending_since.pop(event.job_id, None)
                 self._placed += 1
                 self._recharge_placed(event)
-                s.run(self._run_of(event))
+                run = self._run_of(event)
+                s.run(run)
+                s.attained.started(run.job_id, run.started, run.demand)
+                self._watch_service(run)
                 self.cluster.allocate(event.placements)
             case JobSubmitted():
                 waiting = s.waiting.get(event.job_id)
@@ -152,6 +159,7 @@ class PreemptionDecider:
                 again = isinstance(event, JobEvicted) or (
                     isinstance(event, JobFailed)
                     and self.retries.on_failed(event, s.specs.get(event.job_id), self.policy) is not None)
+                s.attained.stopped(event.job_id, event.ts)
                 self._gone(event.job_id, final=not again or event.job_id in s.cancelled)
             case PlacementDeferred():
                 self._wait(event.job_id, PLACEMENT, event.ts)
@@ -183,6 +191,8 @@ class PreemptionDecider:
                     s.rerank(self.policy)
                 elif isinstance(event, QueuePolicyChanged):
                     self._recharge(event.queue.name)
+                    for run in self.s.by_queue.get(event.queue.name, {}).values():
+                        self._watch_service(run)  # (ordering by least attained service, maybe from now on)
 
     def _recharge(self, queue: str) -> None:
         """The queue's reservations follow its current flavors, as quota's do (QuotaBook.recharge), and so do
@@ -269,6 +279,7 @@ class PreemptionDecider:
             else:
                 s.in_flight.pop(preemptor, None)
         if final:
+            s.attained.forget(job_id)
             s.specs.pop(job_id, None)
             s.in_flight.pop(job_id, None)
             s.cancelled.pop(job_id, None)
@@ -292,11 +303,37 @@ class PreemptionDecider:
             if self.changed or due or unprotected:
                 self.changed = False
                 jobs = self._heads_of_queues() + self._placement_waiters() + due + self._could_evict_in(unprotected)
+                # Waiting jobs alike to the deciders (alike_key) find victims alike: once one found none, with
+                # nothing decided since, the others would not either (a queue of many alike jobs waits often).
+                came_to_nothing: set[tuple[object, ...]] = set()
+                preemptors = {p for ps in self.s.preempted_by.values() for p in ps}
                 for job_id in dict.fromkeys(jobs):
+                    key = self._alike_key(job_id, event.ts, preemptors)
+                    if key is not None and key in came_to_nothing:
+                        continue
+                    decided = len(out.out)
                     self._consider(job_id, event.ts, out)
+                    if len(out.out) != decided:
+                        came_to_nothing.clear()
+                    elif key is not None:
+                        came_to_nothing.add(key)
         else:
             return []  # nothing else is reacted to
         return out.out
+
+    def _alike_key(self, job_id: str, now: float, preemptors: set[str]) -> tuple[object, ...] | None:
+        """What `_consider` reads of a job waiting for quota besides its id: its queue, class, request (as
+        placement sees it), whether its reclaim grace is over and whether it is below its queue's LAS threshold.
+        None for one whose id matters too: a preemptor or a victim of earlier evictions (never each other's
+        victims again), one waiting for placement (its own reservation and timeout), one not waiting."""
+        s = self.s
+        spec, waiting = s.specs.get(job_id), s.waiting.get(job_id)
+        if spec is None or waiting is None or waiting.code == PLACEMENT or job_id in preemptors or (
+                job_id in s.preempted_by):
+            return None
+        queue = self.policy.queues.get(spec.queue)
+        grace_over = now >= waiting.since + (queue.reclaim_after_s if queue is not None else 0.0)
+        return (spec.queue, placement_shape(spec, ""), grace_over, self._las_level(spec.queue, job_id, now) is None)
 
     def _grace_ends(self, now: float) -> list[str]:
         """The waiting jobs whose reclaim grace has run out since they were last considered (so reclaim may
@@ -405,12 +442,34 @@ class PreemptionDecider:
         return spec.eviction_budget_gpus * 1000 - recent
 
     def candidates(self, preemptor: JobSpec, preemptor_id: str, now: float) -> list[Running]:
-        """Jobs of the preemptor's queue with a lower priority, in victim order."""
+        """Jobs of the preemptor's queue with a lower priority, in victim order; in a queue of least attained
+        service (libs/core/attained.py), also those of its priority above the threshold while it is not."""
         prio = self.policy.priority_of(preemptor)
+        las = self._las_level(preemptor.queue, preemptor_id, now)
+        attained = self.s.attained
         cands = [r for r in self.s.by_queue.get(preemptor.queue, {}).values()
-                 if r.priority < prio and r.job_id != preemptor_id and self.eligible(r, now, preemptor_id)]
+                 if (r.priority < prio or (las is not None and r.priority == prio and attained.of(r.job_id, now) > las))
+                 and r.job_id != preemptor_id and self.eligible(r, now, preemptor_id)]
         cands.sort(key=lambda r: r.victim_key(now))
         return cands
+
+    def _las_level(self, queue: str, job_id: str, now: float) -> float | None:
+        """The queue's LAS threshold when the job has held no more than it (so it may preempt jobs of its
+        priority that have held more); None otherwise."""
+        threshold = threshold_milli_s(self.policy.queues.get(queue))
+        if threshold is None or self.s.attained.of(job_id, now) > threshold:
+            return None
+        return threshold
+
+    def _watch_service(self, run: Running) -> None:
+        """In a queue of least attained service, a tick looks again once the run passes the threshold: the
+        queue's waiting jobs may then preempt it (PreemptionState.unprotected)."""
+        threshold = threshold_milli_s(self.policy.queues.get(run.queue))
+        if threshold is None:
+            return
+        at = self.s.attained.crosses_at(run.job_id, threshold)
+        if at is not None:
+            heapq.heappush(self.s.protected_until, (at, run.job_id))
 
     def borrowers(self, preemptor: JobSpec, flavor: str, now: float, preemptor_id: str = "") -> list[Running]:
         return borrowers(self, preemptor, flavor, now, preemptor_id)
@@ -428,6 +487,8 @@ class PreemptionDecider:
         running, prio = s.running_priorities.get(spec.queue), self.policy.priority_of(spec)
         if running is not None and min(running, default=prio) < prio:
             return True
+        if running and threshold_milli_s(self.policy.queues.get(spec.queue)) is not None:
+            return True  # least attained service: jobs of its own priority may be candidates
         return bool(self.book.cohort.get(spec.queue, ""))
 
     def _consider(self, job_id: str, now: float, out: Decisions) -> None:
@@ -507,12 +568,21 @@ class PreemptionDecider:
             return
         spec = self.s.specs[job_id]
         now = out.trigger.event.ts
-        code = RECLAIM if any(v.queue != spec.queue for v in victims) else WITHIN_QUEUE_PRIORITY
+        prio = self.policy.priority_of(spec)
+
+        def why(v: Running) -> str:
+            if v.queue != spec.queue:
+                return RECLAIM
+            return WITHIN_QUEUE_PRIORITY if v.priority < prio else LEAST_ATTAINED_SERVICE
+
+        reasons = [why(v) for v in victims]
+        # The decision's code: the first of reclaim, priority, least attained service that one victim has.
+        code = next(c for c in (RECLAIM, WITHIN_QUEUE_PRIORITY, LEAST_ATTAINED_SERVICE) if c in reasons)
         out.emit(PreemptionDecided, correlation_id=job_id, preemptor_id=job_id, code=code,
                  victims=tuple(Victim(job_id=v.job_id, queue=v.queue, priority=v.priority, gpu_milli=v.demand,
-                                      reason=RECLAIM if v.queue != spec.queue else WITHIN_QUEUE_PRIORITY,
-                                      lost_gpu_seconds=round(v.lost(now) / 1000, 3), started_at=v.started)
-                               for v in victims))
+                                      reason=reason, lost_gpu_seconds=round(v.lost(now) / 1000, 3),
+                                      started_at=v.started)
+                               for v, reason in zip(victims, reasons, strict=True)))
 
     def snapshot(self) -> bytes:
         return msgspec.json.encode({"running": sorted(self.s.running), "in_flight": self.s.in_flight,

@@ -8,6 +8,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from contracts import JobSpec, ReplicaPlacement
+from libs.core.attained import AttainedService
 from libs.core.policy import PolicyBook
 from libs.core.quotas import ANY
 
@@ -102,6 +103,8 @@ class PreemptionState:
     # running job's minimum runtime ends, job id), and the queues whose eviction budget grew back since.
     protected_until: list[tuple[float, str]] = field(default_factory=list)
     budget_freed: dict[str, None] = field(default_factory=dict)
+    # GPU time each job held over its runs: a queue of least attained service evicts by it (libs/core/attained.py)
+    attained: AttainedService = field(default_factory=AttainedService)
 
     # --- waiting jobs ----------------------------------------------------------------------------
 

@@ -61,6 +61,7 @@ from contracts import (
     QuotaReleased,
     SchedulingSettingsChanged,
 )
+from libs.core.attained import AttainedService
 from libs.core.budgets import BudgetBook
 from libs.core.decider import Chain, Decisions, Trigger
 from libs.core.fairness import DecayedUsage
@@ -166,6 +167,7 @@ class QuotaDecider:
         self.user_used: dict[tuple[str, str], int] = {}
         self.decayed: dict[str, DecayedUsage] = {}
         self.budgets = BudgetBook()
+        self.attained = AttainedService()  # GPU time each job held over its runs (least attained service)
         # Reserved jobs placement has not placed yet (in reservation order): the placement timeout looks at these.
         self.unplaced: dict[str, None] = {}
         self._placed_while_pending: str | None = None  # the job whose JobPlaced, just folded, found it waiting
@@ -187,6 +189,9 @@ class QuotaDecider:
         self.requeued: dict[str, float] = {}
         # preemptor -> when its victims were chosen: quota they free goes to it first (until it lapses)
         self.nominated: dict[str, float] = {}
+        # The preemptors whose victims were chosen by least attained service (of their queue and priority): no
+        # starving job holds the quota those free against them (quota_starvation.held_for_starving).
+        self.las_nominated: dict[str, None] = {}
         # preemptor -> (when its victims were chosen, their job ids): its placement timeout waits for them to leave
         self.victims_of: dict[str, tuple[float, tuple[str, ...]]] = {}
         self._left_waiting: str | None = None

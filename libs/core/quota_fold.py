@@ -11,6 +11,7 @@ import bisect
 from typing import TYPE_CHECKING
 
 from contracts import (
+    LEAST_ATTAINED_SERVICE,
     ClockTick,
     EventBase,
     GpuHealthChanged,
@@ -32,6 +33,7 @@ from contracts import (
     QuotaReleased,
     QuotaReserved,
 )
+from libs.core.attained import DEMOTED, threshold_milli_s
 from libs.core.fairness import DecayedUsage
 from libs.core.policy import demand_milli
 from libs.core.quota_fit import could_hold
@@ -108,6 +110,10 @@ def fold(d: QuotaDecider, event: EventBase) -> None:
         case PreemptionDecided() if event.preemptor_id in d.jobs:
             if d.jobs[event.preemptor_id].state == "pending":  # (one holding its quota already waits for GPUs)
                 d.nominated[event.preemptor_id] = event.ts
+            if event.code == LEAST_ATTAINED_SERVICE:
+                d.las_nominated[event.preemptor_id] = None
+            else:
+                d.las_nominated.pop(event.preemptor_id, None)
             d.victims_of[event.preemptor_id] = (event.ts, tuple(v.job_id for v in event.victims))
         case NodeRegistered() | NodeUncordoned() | GpuHealthChanged():
             if not isinstance(event, GpuHealthChanged) or event.healthy:
@@ -131,6 +137,7 @@ def fold(d: QuotaDecider, event: EventBase) -> None:
                 rerank(d)
             elif isinstance(event, QueuePolicyChanged):
                 recharge(d, event.queue.name)
+                relevel(d, event.queue.name)
 
 
 def released(d: QuotaDecider, event: QuotaReleased) -> None:
@@ -167,6 +174,9 @@ def released(d: QuotaDecider, event: QuotaReleased) -> None:
 
 def enqueue(d: QuotaDecider, job: QuotaJob) -> None:
     job.state = "pending"
+    las = threshold_milli_s(d.policy.queues.get(job.queue))
+    if las is not None and job.arrival < DEMOTED and d.attained.held.get(job.job_id, 0.0) > las:
+        job.arrival += DEMOTED  # least attained service: behind every job of its priority that held less
     users = d.pending.setdefault(job.queue, {}).setdefault(job.priority, {})
     bisect.insort(users.setdefault(job.user, []), (job.arrival, job.job_id))
     demands = d.demands.setdefault((job.queue, job.priority), {})
@@ -233,6 +243,19 @@ def rerank(d: QuotaDecider) -> None:
             job.priority = priority
 
 
+def relevel(d: QuotaDecider, queue: str) -> None:
+    """The queue's policy changed: its waiting jobs take their place by least attained service anew (demoted
+    when it orders so and they held more than its threshold, in arrival order when it does not)."""
+    las = threshold_milli_s(d.policy.queues.get(queue))
+    jobs = [d.jobs[j] for users in d.pending.get(queue, {}).values() for keys in users.values() for _, j in keys]
+    for job in jobs:
+        demoted = las is not None and d.attained.held.get(job.job_id, 0.0) > las
+        if demoted != (job.arrival >= DEMOTED):
+            dequeue(d, job)
+            job.arrival += DEMOTED if demoted else -DEMOTED
+            enqueue(d, job)
+
+
 def use(d: QuotaDecider, job: QuotaJob, sign: int, now: float) -> None:
     """Usage of the job's queue, user and flavor changes by its demand."""
     half_life = d.policy.settings.fair_share_half_life_s
@@ -264,6 +287,7 @@ def placement_report(d: QuotaDecider, event: JobPlaced | JobStarted | PlacementD
             if job.state == "reserved" and not job.placed:
                 job.placement_code = event.code
         case JobPlaced():
+            d.attained.started(job.job_id, event.ts, job.demand)
             d.budgets.placed(job.job_id, event.placements)
             job.model = next((r.model for r in event.placements if r.model), "")
             if job.state == "reserved":
@@ -277,6 +301,7 @@ def placement_report(d: QuotaDecider, event: JobPlaced | JobStarted | PlacementD
         case JobStarted():
             d.budgets.started(job.job_id, job.queue, job.demand / 1000, event.ts, budget_period(d, job.queue))
         case _:
+            d.attained.stopped(job.job_id, event.ts)
             d.budgets.stopped(job.job_id, event.ts, budget_period(d, job.queue))
 
 
@@ -305,6 +330,8 @@ def end(d: QuotaDecider, job_id: str) -> None:
     d.budget_deferred.pop(job_id, None)
     d.no_node_deferred.pop(job_id, None)
     d.nominated.pop(job_id, None)
+    d.attained.forget(job_id)
+    d.las_nominated.pop(job_id, None)
     d.victims_of.pop(job_id, None)
     d.backing_off.pop(job_id, None)
     d.requeued.pop(job_id, None)

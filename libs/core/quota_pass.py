@@ -43,6 +43,7 @@ def schedule(d: QuotaDecider, group: list[str], now: float, out: Decisions) -> N
 def run_pass(d: QuotaDecider, group: list[str], p: Pass, out: Decisions) -> None:
     orders = {q: Order(d, q) for q in group if d.pending.get(q)}
     if len(orders) == 1:  # one queue waits: its own order is the pass's
+        p.one_queue = True
         ((queue, order),) = orders.items()
         while (head := next_head(d, queue, order, p, out)) is not None:
             if try_reserve(d, head, p, out):

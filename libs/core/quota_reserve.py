@@ -95,7 +95,7 @@ def try_reserve(d: QuotaDecider, job: QuotaJob, p: Pass, out: Decisions) -> bool
         return False
     if held_for_starving_job:
         starving = p.starving
-        if runtime_bound(job.spec) is None:
+        if p.one_queue and runtime_bound(job.spec) is None:
             p.held_for_starving[starving_key(d, job)] = (p.holds, len(p.no_borrowing))
         if starving is not None and d.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB:
             if not p.held_message:
@@ -156,14 +156,17 @@ def starving_key(d: QuotaDecider, job: QuotaJob) -> tuple[str, int, int, tuple[s
 
 
 def held_like_another(d: QuotaDecider, job: QuotaJob, p: Pass) -> bool:
-    """Would trying the job only hold it for the starving job again, as it was told already? So when a job of its
-    key (starving_key) was held that way this pass with the same holds, no reservation since, and the job, not
-    the starving job itself, has no runtime limit and no user limit binding it: its rooms, usable flavors and the
-    rule's effect are then those the other job met, flavor by flavor."""
+    """Would trying the job only hold it for the starving job again, as it was told already? So when, in a pass
+    over one queue (where the job would be tried right now), a job of its key (starving_key) was held that way
+    with the same holds and no reservation since, and the job, neither the starving job nor a nominated
+    preemptor, has no runtime limit and no user limit binding it: its rooms, usable flavors and the rule's
+    effect are then those the other job met, flavor by flavor. (In a pass over several queues another queue's
+    head may be tried, and reserved, between the two: there the job is tried.)"""
     seen = p.held_for_starving.get(starving_key(d, job))
     if seen is None or seen != (p.holds, len(p.no_borrowing)) or d.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB:
         return False
-    if p.starving is None or job.job_id == p.starving.job_id or runtime_bound(job.spec) is not None:
+    if (p.starving is None or job.job_id == p.starving.job_id or job.job_id in d.nominated
+            or runtime_bound(job.spec) is not None):
         return False
     queue = d.policy.queues.get(job.queue)
     limit = queue.user_max_gpus if queue is not None else None

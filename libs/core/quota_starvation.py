@@ -121,6 +121,10 @@ def held_for_starving(d: QuotaDecider, job: QuotaJob, flavor: str, nominal_left:
     starving = p.starving
     if starving is None or (job.queue != starving.queue and not over_budget and job.demand <= nominal_left):
         return False
+    if job.job_id in d.las_nominated and job.job_id in d.nominated:
+        # Its victims, of its own queue and priority, leave for it: held for the starving job, which its
+        # nomination holds in turn, they would have been evicted for nothing (placement exempts it alike).
+        return False
     return holds(p.rule, job.job_id, job.priority, runtime_bound(job.spec), p.now,
                  lambda: room_effect(d, job, flavor, over_budget, p))
 

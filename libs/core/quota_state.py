@@ -67,9 +67,11 @@ class Pass:
     # (preemptor, queue, flavor, demand, over budget) whether such a reservation would leave it without room.
     nominees: list[QuotaJob] = field(default_factory=list)
     nominee_effects: dict[tuple[str, str, str, int, bool], bool] = field(default_factory=dict)
-    # Jobs held for the starving job in every flavor they had room in, by (queue, priority, demand, flavors, may
-    # borrow), with the pass's `holds` count and the size of `no_borrowing` then: another job of that key with
-    # no runtime limit, told so already, would be held the same way while neither changed (quota_pass.next_head).
+    # A pass over one queue (its jobs are tried one after the other, nothing between them): then the jobs held
+    # for the starving job in every flavor they had room in, by (queue, priority, demand, flavors, may borrow),
+    # with the pass's `holds` count and the size of `no_borrowing` then: another job of that key with no runtime
+    # limit, told so already, tried next, would be held the same way while neither changed (quota_pass.next_head).
+    one_queue: bool = False
     held_for_starving: dict[tuple[str, int, int, tuple[str, ...], bool], tuple[int, int]] = field(
         default_factory=dict)
     holds: int = 0  # bumps whenever `held_below` grows

@@ -116,6 +116,8 @@ def check_tree(queues: dict[str, QueueSpec], candidate: QueueSpec) -> str | None
         return "eviction_budget_gpus must be >= 0"
     if candidate.eviction_window_s <= 0:
         return "eviction_window_s must be > 0"
+    if candidate.las_threshold_gpu_hours is not None and candidate.las_threshold_gpu_hours <= 0:
+        return "las_threshold_gpu_hours must be > 0"
     parent = candidate.parent
     seen = {candidate.name}
     while parent:

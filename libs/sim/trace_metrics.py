@@ -10,6 +10,7 @@ ran it.
   outcome knows a job's first start and end, not its runs: a job's GPU-time (runtime x GPUs, plus the work its
   preemptions threw away) is spread evenly over [first start, end] (exact for a job never preempted), and a
   job still running at the end of the run is counted busy from its first start on;
+- the mean queueing delay split by why jobs waited (libs/sim/trace_waits.py);
 - per team: jobs, mean queueing delay, and its ratio to the same team's in the baseline set-up (None when
   that is 0 or missing).
 """
@@ -69,6 +70,18 @@ def team_delays(outcomes: Sequence[JobOutcome]) -> dict[str, float | None]:
     return {team: (sum(v) / len(v) if v else None) for team, v in sorted(per.items())}
 
 
+def wait_by_reason(outcomes: Sequence[JobOutcome]) -> dict[str, float]:
+    """The mean queueing delay split by why jobs waited (over the jobs that started), largest part first;
+    empty for a scheduler that tells no reasons."""
+    started = [o for o in outcomes if o.first_start_s is not None and not o.rejected]
+    total: dict[str, float] = {}
+    for o in started:
+        for reason, seconds in o.waited_for.items():
+            total[reason] = total.get(reason, 0.0) + seconds
+    parts = {r: round(s / len(started), 1) for r, s in total.items()}
+    return dict(sorted(((r, s) for r, s in parts.items() if s > 0), key=lambda rs: (-rs[1], rs[0])))
+
+
 def figures(outcomes: Sequence[JobOutcome], cluster_gpus: int, window_s: float,
             baseline: Sequence[JobOutcome] | None = None) -> dict[str, Any]:
     """One set-up's figures; `baseline`: the outcomes its per-team delays are compared with."""
@@ -104,5 +117,6 @@ def figures(outcomes: Sequence[JobOutcome], cluster_gpus: int, window_s: float,
         "makespan_s": round(span, 1),
         "preemptions": sum(o.preemptions for o in jobs),
         "lost_gpu_hours": round(lost / 3600, 2),
+        "mean_wait_by_reason_s": wait_by_reason(jobs),
         "teams": teams,
     }

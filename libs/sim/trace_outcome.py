@@ -3,7 +3,7 @@ virtual time, or a textbook policy): the figures every trace metric is computed 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,3 +32,6 @@ class JobOutcome:
     lost_gpu_s: float = 0.0
     # Stopped at its declared runtime limit before it was done.
     limit_stopped: bool = False
+    # Its queueing delay split by why it waited (the reason the deciders last told it; see trace_run.outcomes):
+    # reason code -> seconds. Empty where the scheduler tells no reasons (textbook policies).
+    waited_for: dict[str, float] = field(default_factory=dict)

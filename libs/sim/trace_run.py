@@ -55,6 +55,7 @@ from libs.sim import executor as sim_executor
 from libs.sim.declare import check_declaration, declared
 from libs.sim.pipeline import VirtualWorld
 from libs.sim.trace_outcome import JobOutcome, TraceJob
+from libs.sim.trace_waits import WaitReasons
 
 GPUS_PER_NODE = 8
 GPU_MODEL = "V100"
@@ -64,6 +65,9 @@ TRACE_TICK_S = 60.0
 PRIORITY = "batch"
 CHECKPOINT_INTERVAL_S = 1800.0
 RECLAIM_AFTER_S = 600.0
+# The `-las` set-ups' threshold: a job that has held more than a GPU-hour waits behind, and may be preempted
+# for, its team's jobs that have held less (Tiresias' first queue boundary is of this order).
+LAS_THRESHOLD_GPU_HOURS = 1.0
 COHORT = "cluster"
 # With nothing else left, the run goes on this long past the last submission plus the longest runtime.
 TAIL_S = 7 * 86400.0
@@ -89,6 +93,7 @@ class Setup:
     policy: str  # "platform", or a TEXTBOOK_POLICIES entry
     pool: str  # "partitioned" or "shared"
     declare: str = ""  # platform set-ups only
+    las: bool = False  # platform set-ups: each team's queue orders by least attained service (libs/core/attained.py)
 
     @property
     def baseline(self) -> str:
@@ -103,17 +108,19 @@ def platform_name(pool: str, declare: str) -> str:
 
 
 def parse_setups(setups: list[str], declares: list[str]) -> list[Setup]:
-    """`partitioned`/`shared` once per declaration, `<policy>-<pool>` as they are; ValueError for unknown."""
+    """`partitioned`/`shared` (and their `-las` forms) once per declaration, `<policy>-<pool>` as they are;
+    ValueError for unknown."""
     for d in declares:
         check_declaration(d)
     out: list[Setup] = []
     for name in setups:
-        if name in POOLS:
-            out += [Setup(platform_name(name, d), "platform", name, d) for d in declares]
+        pool, _, las = name.partition("-")
+        if pool in POOLS and las in ("", "las"):
+            out += [Setup(platform_name(name, d), "platform", pool, d, las=bool(las)) for d in declares]
             continue
         policy, _, pool = name.partition("-")
         if policy not in TEXTBOOK_POLICIES or pool not in POOLS:
-            known = [*POOLS, *(f"{p}-{q}" for p in TEXTBOOK_POLICIES for q in POOLS)]
+            known = [*POOLS, *(f"{p}-las" for p in POOLS), *(f"{p}-{q}" for p in TEXTBOOK_POLICIES for q in POOLS)]
             raise ValueError(f"unknown set-up {name!r}: use {', '.join(known)}")
         out.append(Setup(name, policy, pool))
     seen: dict[str, None] = {}
@@ -162,7 +169,8 @@ def world_inputs(jobs: list[TraceJob], team_nodes: dict[str, int], setup: Setup,
     shared = setup.pool == "shared"
     for team, nodes in sorted(team_nodes.items()):
         queue = QueueSpec(name=team, team=team, nominal_gpus=nodes * GPUS_PER_NODE,
-                          cohort=COHORT if shared else "", reclaim_after_s=reclaim_after_s if shared else 0.0)
+                          cohort=COHORT if shared else "", reclaim_after_s=reclaim_after_s if shared else 0.0,
+                          las_threshold_gpu_hours=LAS_THRESHOLD_GPU_HOURS if setup.las else None)
         inputs.append(QueuePolicyChanged(id=f"trace-queue-{team}", ts=-5.0, source="operator", correlation_id=team,
                                          queue=queue, version=1))
     rejected = [j for j in jobs if not fits(j, setup.pool, team_nodes)]
@@ -184,7 +192,9 @@ def outcomes(log: list[tuple[int, EventBase]], jobs: list[TraceJob], rejected: l
     preemptions: dict[str, int] = {}
     lost: dict[str, float] = {}
     gpus = {j.job_id: j.gpus for j in jobs}
+    waits = WaitReasons({j.job_id: j.submit_s for j in jobs if j.job_id not in refused})
     for _, e in log:
+        waits.fold(e)
         if isinstance(e, JobStarted):
             first.setdefault(e.job_id, e.ts)
             started[e.job_id] = e.ts
@@ -206,7 +216,8 @@ def outcomes(log: list[tuple[int, EventBase]], jobs: list[TraceJob], rejected: l
             saved[e.job_id] = e.progress_s
     return [JobOutcome(job=j, first_start_s=first.get(j.job_id), end_s=end.get(j.job_id),
                        rejected=j.job_id in refused, preemptions=preemptions.get(j.job_id, 0),
-                       lost_gpu_s=lost.get(j.job_id, 0.0), limit_stopped=j.job_id in limit_stopped) for j in jobs]
+                       lost_gpu_s=lost.get(j.job_id, 0.0), limit_stopped=j.job_id in limit_stopped,
+                       waited_for=waits.waited.get(j.job_id, {})) for j in jobs]
 
 
 def horizon_s(jobs: list[TraceJob]) -> float:

@@ -6,24 +6,33 @@ set-up gives the same log, byte for byte, with each shortcut switched off.
 - quota releases the reservations without a declared end summed per queue when it looks for the starving job's
   shadow (quota_starvation._summed);
 - preemption skips the victim search of a reclaim whose queue could not fit its nominal quota even with all its
-  own candidates gone (reclaim.could_fit_nominal).
+  own candidates gone (reclaim.could_fit_nominal);
+- on a tick, preemption considers no waiting job alike to one that found no victims since the last decision
+  (PreemptionDecider._alike_key).
 """
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
 from libs.core import quota_pass, quota_starvation, reclaim
+from libs.core.preemption import PreemptionDecider
 from libs.core.quota_state import QuotaJob
 from libs.sim.pipeline import VirtualWorld
+from libs.sim.scenario import run_scenario
+from libs.sim.scenario_model import load_scenario
 from libs.sim.trace_outcome import TraceJob
 from libs.sim.trace_run import Setup, world_inputs
 
 TEAMS = {"a": 1, "b": 2, "c": 1}  # nodes of 8 GPUs: 32 GPUs
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+# Scenarios where a shortcut once decided otherwise than the long way.
+ONCE_APART = ["held-job-tried-again-after-another-queues-reservation.yaml"]
 
 
 def loaded_trace(seed: int, jobs: int = 160) -> list[TraceJob]:
@@ -57,13 +66,16 @@ def no_shortcuts(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(quota_starvation, "_summed", one_by_one)
     monkeypatch.setattr(reclaim, "could_fit_nominal", lambda sim, flavor, own: True)
+    monkeypatch.setattr(PreemptionDecider, "_alike_key", lambda self, job_id, now, preemptors: None)
 
 
 @pytest.mark.parametrize("pool", ["partitioned", "shared"])
 @pytest.mark.parametrize("declare", ["none", "noisy"])
-def test_shortcuts_decide_as_the_long_way(monkeypatch: pytest.MonkeyPatch, pool: str, declare: str) -> None:
+@pytest.mark.parametrize("las", [False, True])
+def test_shortcuts_decide_as_the_long_way(monkeypatch: pytest.MonkeyPatch, pool: str, declare: str,
+                                          las: bool) -> None:
     jobs = loaded_trace(seed=7)
-    setup = Setup(pool, "platform", pool, declare)
+    setup = Setup(pool, "platform", pool, declare, las=las)
     taken: dict[str, int] = {"held": 0, "summed": 0, "no_reclaim": 0}
     with monkeypatch.context() as m:
         count_shortcuts(m, taken)
@@ -100,3 +112,15 @@ def count_shortcuts(monkeypatch: pytest.MonkeyPatch, taken: dict[str, int]) -> N
     monkeypatch.setattr(quota_pass, "held_like_another", counted_held)
     monkeypatch.setattr(quota_starvation, "_summed", counted_summed)
     monkeypatch.setattr(reclaim, "could_fit_nominal", counted_could)
+
+
+@pytest.mark.parametrize("name", ONCE_APART)
+def test_scenario_decides_as_the_long_way(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """A job held like another in a pass over several queues is tried all the same: another queue's head may
+    be reserved between the two and change what it is told."""
+    scenario = load_scenario(SCENARIOS / name)
+    fast = [msgspec.json.encode(e) for _, e in run_scenario(scenario, SCENARIOS).log]
+    with monkeypatch.context() as m:
+        no_shortcuts(m)
+        slow = [msgspec.json.encode(e) for _, e in run_scenario(scenario, SCENARIOS).log]
+    assert fast == slow
