@@ -5,7 +5,11 @@ The world: each team's share as nodes of 8 GPUs (one pool: a team's quota, not i
 and one leaf queue per team with its share as nominal quota.
 - `partitioned`: no cohort, so nothing is lent: a team waits for its own quota.
 - `shared`: one cohort, so idle quota is lent; a team under its nominal with work waiting reclaims it from
-  borrowers after `reclaim_after_s` (the queue's `reclaim_after_s`).
+  borrowers after `reclaim_after_s` (the queue's `reclaim_after_s`);
+- `pooled`: no team quota at all, one queue of the whole cluster whose users are the teams (its round robin by
+  GPUs held goes team by team): what the shared set-up's guarantees cost, measured against it;
+- `-las` after any of them: each queue orders its jobs by least attained service (libs/core/attained.py), a job
+  that has held more than LAS_THRESHOLD_GPU_HOURS behind, and preempted for, those that have held less.
 
 Every job is of priority class `batch` (preemptible, one class for all so that only quota decides who
 waits), checkpoints every CHECKPOINT_INTERVAL_S (30 min, a common interval for training jobs) and does not
@@ -19,8 +23,8 @@ A job of more GPUs than a node (8) is a gang of replicas, each as large as divid
 What the scheduler is told of a job's runtime (`declare`): none, oracle or noisy, as libs/sim/declare.py makes
 them; the simulated executor always runs a job for its actual runtime.
 
-A job that can never fit its set-up (more GPUs than its team's quota when partitioned, than the cluster when
-shared) is not submitted: it is `rejected`.
+A job that can never fit its set-up (more GPUs than its team's quota when partitioned, than the cluster
+otherwise) is not submitted: it is `rejected`.
 
 Ticks: the pipeline ticks every `tick_s` (5 s for scenarios); a trace of months uses TRACE_TICK_S (60 s), a
 tick that time-driven decisions (reclaim after 600 s, nomination lapses) still see to the minute, and that
@@ -72,7 +76,11 @@ COHORT = "cluster"
 # With nothing else left, the run goes on this long past the last submission plus the longest runtime.
 TAIL_S = 7 * 86400.0
 
-POOLS = ("partitioned", "shared")
+POOLS = ("partitioned", "shared")  # the textbook policies' (their shared pool is one queue for everyone)
+# The platform's: each team's quota its own, lent in one cohort, or no team quota at all (one queue of the whole
+# cluster, teams as its users: what the shared pool costs in fairness, against it)
+PLATFORM_POOLS = (*POOLS, "pooled")
+POOL = "pool"
 TEXTBOOK_POLICIES = ("fifo", "sjf", "srtf")
 PREEMPTED = ("preempted", "grace_expired")
 
@@ -115,12 +123,13 @@ def parse_setups(setups: list[str], declares: list[str]) -> list[Setup]:
     out: list[Setup] = []
     for name in setups:
         pool, _, las = name.partition("-")
-        if pool in POOLS and las in ("", "las"):
+        if pool in PLATFORM_POOLS and las in ("", "las"):
             out += [Setup(platform_name(name, d), "platform", pool, d, las=bool(las)) for d in declares]
             continue
         policy, _, pool = name.partition("-")
         if policy not in TEXTBOOK_POLICIES or pool not in POOLS:
-            known = [*POOLS, *(f"{p}-las" for p in POOLS), *(f"{p}-{q}" for p in TEXTBOOK_POLICIES for q in POOLS)]
+            known = [*PLATFORM_POOLS, *(f"{p}-las" for p in PLATFORM_POOLS),
+                     *(f"{p}-{q}" for p in TEXTBOOK_POLICIES for q in POOLS)]
             raise ValueError(f"unknown set-up {name!r}: use {', '.join(known)}")
         out.append(Setup(name, policy, pool))
     seen: dict[str, None] = {}
@@ -144,10 +153,13 @@ def fits(job: TraceJob, pool: str, team_nodes: dict[str, int], gpus_per_node: in
     return job.gpus <= limit * gpus_per_node
 
 
-def job_spec(job: TraceJob, declare: str, seed: int) -> JobSpec:
+def job_spec(job: TraceJob, declare: str, seed: int, pooled: bool = False) -> JobSpec:
+    """The job as submitted: to its team's queue, or (`pooled`) to the one queue of everyone, as a user named
+    after its team (so that the queue's round robin by GPUs held goes team by team)."""
     replicas, per = gang_shape(job.gpus, GPUS_PER_NODE, replica_gpus=0)
-    spec = JobSpec(team=job.team, queue=job.team, name=job.job_id, priority=PRIORITY, replicas=replicas, gpus=per,
-                   checkpoint_interval_s=CHECKPOINT_INTERVAL_S,
+    team, user = (POOL, job.team) if pooled else (job.team, "")
+    spec = JobSpec(team=team, queue=team, user=user, name=job.job_id, priority=PRIORITY, replicas=replicas,
+                   gpus=per, checkpoint_interval_s=CHECKPOINT_INTERVAL_S,
                    labels={sim_executor.SIM_CHECKPOINT_S: f"{_grace_s() + 1:g}"})
     return declared(spec, job.runtime_s, declare, seed, key=job.job_id)
 
@@ -166,17 +178,19 @@ def world_inputs(jobs: list[TraceJob], team_nodes: dict[str, int], setup: Setup,
     time), and the jobs it could never hold (not submitted)."""
     inputs: list[EventBase] = [NodeRegistered(id=f"trace-node-{n.name}", ts=-10.0, source="node-telemetry",
                                               correlation_id=n.name, node=n) for n in cluster_nodes(team_nodes)]
-    shared = setup.pool == "shared"
-    for team, nodes in sorted(team_nodes.items()):
+    shared, pooled = setup.pool == "shared", setup.pool == "pooled"
+    las = LAS_THRESHOLD_GPU_HOURS if setup.las else None
+    shares = {POOL: sum(team_nodes.values())} if pooled else team_nodes
+    for team, nodes in sorted(shares.items()):
         queue = QueueSpec(name=team, team=team, nominal_gpus=nodes * GPUS_PER_NODE,
                           cohort=COHORT if shared else "", reclaim_after_s=reclaim_after_s if shared else 0.0,
-                          las_threshold_gpu_hours=LAS_THRESHOLD_GPU_HOURS if setup.las else None)
+                          las_threshold_gpu_hours=las)
         inputs.append(QueuePolicyChanged(id=f"trace-queue-{team}", ts=-5.0, source="operator", correlation_id=team,
                                          queue=queue, version=1))
     rejected = [j for j in jobs if not fits(j, setup.pool, team_nodes)]
     refused = {j.job_id for j in rejected}
     inputs += [SubmitJob(id=f"trace-{j.job_id}", ts=j.submit_s, source="trace", job_id=j.job_id,
-                         spec=job_spec(j, setup.declare, seed)) for j in jobs if j.job_id not in refused]
+                         spec=job_spec(j, setup.declare, seed, pooled)) for j in jobs if j.job_id not in refused]
     return inputs, rejected
 
 

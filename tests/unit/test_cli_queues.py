@@ -64,12 +64,12 @@ def test_queue_spec_sets_every_field_its_flags_name() -> None:
     args = set_args("demo", "--team", "t", "--parent", "p", "--cohort", "c", "--nominal", "8", "--borrowing-limit",
                     "1", "--lending-limit", "2", "--weight", "1.5", "--placement-policy", "fgd",
                     "--budget-gpu-hours", "100", "--budget-period", "week", "--over-budget", "wait",
-                    "--user-max-gpus", "4", "--reclaim-after", "30")
+                    "--user-max-gpus", "4", "--reclaim-after", "30", "--las-threshold-gpu-hours", "0.5")
     spec = queue_spec(None, "demo", args)
     assert spec == {"name": "demo", "team": "t", "parent": "p", "cohort": "c", "nominal_gpus": 8,
                     "borrowing_limit_gpus": 1, "lending_limit_gpus": 2, "weight": 1.5, "placement_policy": "fgd",
                     "budget_gpu_hours": 100.0, "budget_period": "week", "over_budget": "wait", "user_max_gpus": 4,
-                    "reclaim_after_s": 30.0}
+                    "reclaim_after_s": 30.0, "las_threshold_gpu_hours": 0.5}
     msgspec.convert(spec, type=QueueSpec)  # what the API will decode
 
 

@@ -8,20 +8,24 @@ from pathlib import Path
 
 import pytest
 
+from contracts import JobStarted, PlacementDeferred, QueuePolicyChanged, QuotaDeferred, QuotaReserved, SubmitJob
 from libs.cli.main import main
 from libs.sim.declare import NOISY_F
 from libs.sim.executor import SIM_RUNTIME_S
-from libs.sim.trace_metrics import bounded_slowdown, busy_in_window, figures, team_delays
+from libs.sim.trace_metrics import bounded_slowdown, busy_in_window, figures, team_delays, wait_by_reason
 from libs.sim.trace_model import TraceError, parse_time, read_teams, read_trace
 from libs.sim.trace_outcome import JobOutcome, TraceJob
 from libs.sim.trace_run import (
     CHECKPOINT_INTERVAL_S,
+    LAS_THRESHOLD_GPU_HOURS,
     Setup,
     job_spec,
     needs_baseline,
     parse_setups,
     run_platform,
+    world_inputs,
 )
+from libs.sim.trace_waits import WaitReasons
 
 PHILLY = """timestamp,duration,num_gpus,gpu_time,cluster
 2017-10-01 00:10:00,600.0,1,600.0,aa
@@ -233,3 +237,42 @@ def test_cli_plot_without_matplotlib_fails_before_running(tmp_path: Path, monkey
     with pytest.raises(SystemExit) as exit_:
         main(["sim", "trace", "--trace", "nowhere.csv", "--teams", "nowhere.csv", "--plot", str(tmp_path / "x.png")])
     assert exit_.value.code == 2 and "matplotlib" in capsys.readouterr().err
+
+
+def test_pooled_and_las_setups() -> None:
+    setups = parse_setups(["pooled", "shared-las", "pooled-las"], ["none"])
+    assert [(s.name, s.pool, s.las) for s in setups] == [
+        ("pooled", "pooled", False), ("shared-las", "shared", True), ("pooled-las", "pooled", True)]
+    assert {s.baseline for s in setups} == {"partitioned"}
+    with pytest.raises(ValueError, match="unknown set-up 'fifo-pooled'"):
+        parse_setups(["fifo-pooled"], ["none"])  # the textbook's shared pool is one queue already
+
+
+def test_pooled_is_one_queue_of_the_cluster_with_teams_as_users() -> None:
+    inputs, rejected = world_inputs(TINY, TEAMS, Setup("pooled-las", "platform", "pooled", "none", las=True))
+    queues = [e.queue for e in inputs if isinstance(e, QueuePolicyChanged)]
+    assert [(q.name, q.nominal_gpus, q.cohort, q.las_threshold_gpu_hours) for q in queues] == [
+        ("pool", 16, "", LAS_THRESHOLD_GPU_HOURS)]
+    specs = {e.job_id: e.spec for e in inputs if isinstance(e, SubmitJob)}
+    assert {(s.queue, s.team, s.user) for s in specs.values()} == {("pool", "pool", "a"), ("pool", "pool", "b")}
+    assert rejected == []  # a3's 16 GPUs fit the cluster
+    out = by_id(run_platform(TINY, TEAMS, Setup("pooled", "platform", "pooled", "none")))
+    assert out["a2"].first_start_s == 10.0 and out["b1"].first_start_s == 1000.0  # no quota of b's to reclaim
+
+
+def test_wait_split_by_the_reason_last_told() -> None:
+    waits = WaitReasons({"j": 0.0, "k": 0.0})
+    for e in (QuotaDeferred(id="1", ts=5.0, source="quota", job_id="j", queue="q", code="cohort_quota_exhausted",
+                            message=""),
+              QuotaReserved(id="2", ts=20.0, source="quota", job_id="j", queue="q", gpu_milli=1000),
+              PlacementDeferred(id="3", ts=25.0, source="placement", job_id="j", code="fragmentation", message=""),
+              JobStarted(id="4", ts=40.0, source="sim-executor", job_id="j"),
+              QuotaDeferred(id="5", ts=50.0, source="quota", job_id="j", queue="q", code="x", message=""),
+              JobStarted(id="6", ts=0.0, source="sim-executor", job_id="k")):
+        waits.fold(e)
+    assert waits.waited == {"j": {"admission": 5.0, "quota:cohort_quota_exhausted": 15.0, "placing": 5.0,
+                                  "placement:fragmentation": 15.0}, "k": {}}
+    started = [outcome("j", "a", 0.0, 10.0, 1, 40.0, 50.0, waited_for=waits.waited["j"]),
+               outcome("k", "a", 0.0, 10.0, 1, 0.0, 10.0)]
+    assert wait_by_reason(started) == {"quota:cohort_quota_exhausted": 7.5, "placement:fragmentation": 7.5,
+                                       "admission": 2.5, "placing": 2.5}
