@@ -373,19 +373,22 @@ class PlacementDecider:
 
     def _starves_nominee(self, job_id: str, spec: JobSpec, tentative: tuple[ReplicaPlacement, ...]) -> str | None:
         """With `job_id` tentatively allocated (at `tentative`): the first nominated preemptor of higher priority
-        (or, for a reclaim, of another queue) that would fit once its victims are gone, but no longer beside
-        the job, or None. Among nominees the earlier nomination goes first: a later one never holds it back."""
+        (or, for a reclaim, of another queue; for least attained service, of its own queue) that would fit once its
+        victims are gone, but no longer beside the job, or None. Among nominees the earlier nomination goes first: a later one never holds it back."""
         if not self.nominated:
             return None
         prio = self.policy.priority_of(spec)
         mine = self.nominated.get(job_id)
         for nominee in sorted(self.nominated):
-            nprio, victims, at, reclaim, _ = self.nominated[nominee]
+            nprio, victims, at, reclaim, las = self.nominated[nominee]
             if nominee == job_id or nominee not in self.specs:
                 continue
             if mine is not None and (at, nominee) > (mine[2], job_id):
                 continue
-            if nprio <= prio and not (reclaim and self.specs[nominee].queue != spec.queue):
+            same_queue = self.specs[nominee].queue == spec.queue
+            # Held back: a job of lower priority; for a reclaim, any job of another queue; for least attained
+            # service, any job of its own queue (its victims, of its priority, would take their GPUs back).
+            if nprio <= prio and not (reclaim and not same_queue) and not (las and same_queue):
                 continue
             leaving = [self.placed[v] for v in victims if v in self.placed]
             for p in leaving:
