@@ -374,7 +374,8 @@ class PlacementDecider:
     def _starves_nominee(self, job_id: str, spec: JobSpec, tentative: tuple[ReplicaPlacement, ...]) -> str | None:
         """With `job_id` tentatively allocated (at `tentative`): the first nominated preemptor of higher priority
         (or, for a reclaim, of another queue; for least attained service, of its own queue) that would fit once its
-        victims are gone, but no longer beside the job, or None. Among nominees the earlier nomination goes first: a later one never holds it back."""
+        victims are gone, but no longer beside the job, or None. Among nominees the earlier nomination goes
+        first: a later one never holds it back."""
         if not self.nominated:
             return None
         prio = self.policy.priority_of(spec)
