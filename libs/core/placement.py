@@ -182,6 +182,7 @@ class PlacementDecider:
                 self.waiting_since.pop(event.job_id, None)
                 self.deferred.pop(event.job_id, None)
                 self._end_nomination(event.job_id)
+                self._left_for_good(event.job_id)
                 self.placed[event.job_id] = event.placements
                 if self._allocated != event.job_id:  # else: our own decision, allocated when taken (_try_place)
                     self.cluster.allocate(event.placements)
@@ -239,8 +240,9 @@ class PlacementDecider:
                 # A reclaim's preemptor holds its room against every other queue's job too: the GPUs it
                 # takes back are its queue's nominal quota, not the borrowers' to take again.
                 reclaim = any(v.reason == RECLAIM for v in event.victims)
+                las = any(v.reason == LEAST_ATTAINED_SERVICE for v in event.victims)
                 self.nominated[event.preemptor_id] = (prio, tuple(v.job_id for v in event.victims), event.ts,
-                                                      reclaim, event.code == LEAST_ATTAINED_SERVICE)
+                                                      reclaim, las)
             case JobCancelled():
                 self.waiting.pop(event.job_id, None)
                 self.waiting_since.pop(event.job_id, None)
@@ -388,8 +390,8 @@ class PlacementDecider:
                 continue
             same_queue = self.specs[nominee].queue == spec.queue
             # Held back: a job of lower priority; for a reclaim, any job of another queue; for least attained
-            # service, any job of its own queue (its victims, of its priority, would take their GPUs back).
-            if nprio <= prio and not (reclaim and not same_queue) and not (las and same_queue):
+            # service, a job of its own queue and priority (its victims would take their GPUs back).
+            if nprio <= prio and not (reclaim and not same_queue) and not (las and same_queue and nprio == prio):
                 continue
             leaving = [self.placed[v] for v in victims if v in self.placed]
             for p in leaving:
@@ -411,6 +413,13 @@ class PlacementDecider:
             return self.placer.fits(self.specs[job_id])
         finally:
             self.cluster.allocate(tentative)
+
+    def _left_for_good(self, job_id: str) -> None:
+        """A victim placed again (elsewhere, or where it left once its preemptor ran) is no longer leaving for its
+        preemptor: its new run neither counts as the preemptor's room nor keeps the nomination from lapsing."""
+        for nominee, (prio, victims, at, reclaim, las) in list(self.nominated.items()):
+            if job_id in victims:
+                self.nominated[nominee] = (prio, tuple(v for v in victims if v != job_id), at, reclaim, las)
 
     def _end_nomination(self, job_id: str) -> None:
         """The job's nomination is over (it is placed, gone, or its quota went back): the jobs it held back wait

@@ -189,8 +189,8 @@ class QuotaDecider:
         self.requeued: dict[str, float] = {}
         # preemptor -> when its victims were chosen: quota they free goes to it first (until it lapses)
         self.nominated: dict[str, float] = {}
-        # The preemptors whose victims were chosen by least attained service (of their queue and priority): no
-        # starving job holds the quota those free against them (quota_starvation.held_for_starving).
+        # The preemptors with a victim chosen by least attained service (of their queue and priority): no
+        # starving job holds the quota their victims free against them (quota_starvation.held_for_starving).
         self.las_nominated: dict[str, None] = {}
         # preemptor -> (when its victims were chosen, their job ids): its placement timeout waits for them to leave
         self.victims_of: dict[str, tuple[float, tuple[str, ...]]] = {}

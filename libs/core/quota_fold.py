@@ -110,7 +110,7 @@ def fold(d: QuotaDecider, event: EventBase) -> None:
         case PreemptionDecided() if event.preemptor_id in d.jobs:
             if d.jobs[event.preemptor_id].state == "pending":  # (one holding its quota already waits for GPUs)
                 d.nominated[event.preemptor_id] = event.ts
-            if event.code == LEAST_ATTAINED_SERVICE:
+            if any(v.reason == LEAST_ATTAINED_SERVICE for v in event.victims):
                 d.las_nominated[event.preemptor_id] = None
             else:
                 d.las_nominated.pop(event.preemptor_id, None)

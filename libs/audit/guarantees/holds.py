@@ -242,7 +242,9 @@ def nomination_hold(world: World, job_id: str, spec: JobSpec) -> str:
         if (preemptor != job_id and other is not None and other.phase in (QUOTA, PLACEMENT)
                 and world.now - at <= NOMINATION_TTL_S
                 and (priority(world, other.spec) > mine
-                     or (preemptor in world.reclaiming and other.spec.queue != spec.queue))):
+                     or (preemptor in world.reclaiming and other.spec.queue != spec.queue)
+                     or (preemptor in world.least_served and other.spec.queue == spec.queue
+                         and priority(world, other.spec) == mine))):
             return f"capacity is held for preemptor {preemptor}, nominated at {at:.0f}"
     return ""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from contracts import (
+    LEAST_ATTAINED_SERVICE,
     RECLAIM,
     EventBase,
     JobAdmitted,
@@ -68,6 +69,9 @@ class World:
     # nominated preemptors whose victims include another queue's (a reclaim): they hold their room against
     # every other queue's jobs, not only against lower priorities
     reclaiming: dict[str, None] = field(default_factory=dict)
+    # nominated preemptors with a victim of least attained service: they hold their room against the jobs of
+    # their own queue and priority too
+    least_served: dict[str, None] = field(default_factory=dict)
     # Jobs whose quota is reserved and which wait for a place (an index of `jobs`: there are few of them).
     placing: dict[str, None] = field(default_factory=dict)
     now: float = 0.0
@@ -113,6 +117,7 @@ class World:
                     placed.place_wait_since = None
                 self.nominated.pop(event.job_id, None)
                 self.reclaiming.pop(event.job_id, None)
+                self.least_served.pop(event.job_id, None)
             case JobFinished():
                 self._end(event.job_id, "finished", event.ts)
             case JobFailed() | JobEvicted():
@@ -137,6 +142,7 @@ class World:
                 job = self.jobs.get(event.job_id)
                 self.nominated.pop(event.job_id, None)
                 self.reclaiming.pop(event.job_id, None)
+                self.least_served.pop(event.job_id, None)
                 if job is not None:
                     job.cancelled = True
                     if job.phase != RUNNING:
@@ -151,6 +157,10 @@ class World:
                     self.reclaiming[event.preemptor_id] = None
                 else:
                     self.reclaiming.pop(event.preemptor_id, None)
+                if any(v.reason == LEAST_ATTAINED_SERVICE for v in event.victims):
+                    self.least_served[event.preemptor_id] = None
+                else:
+                    self.least_served.pop(event.preemptor_id, None)
             case QueuePolicyChanged():
                 # The queue's reservations follow its current flavors, as the quota decider moved them.
                 for job_id in self.quota.reserved.get(event.queue.name, {}):
