@@ -181,8 +181,8 @@ def add_parser(ssub: argparse._SubParsersAction) -> None:
     p.add_argument("--end", help="window end, exclusive (default: past the last submission)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply each team's nodes (rounded up, at least 1)")
     p.add_argument("--setups", default=DEFAULT_SETUPS,
-                   help="comma-separated: partitioned, shared (-las: least attained service in each team's queue), "
-                        "fifo|sjf|srtf-partitioned|shared")
+                   help="comma-separated: partitioned, shared, pooled (one queue, no team quota), each also with -las "
+                        "(least attained service in its queues); fifo|sjf|srtf-partitioned|shared")
     p.add_argument("--declare", default="none", help="what jobs tell the platform's set-ups of their runtime, "
                                                      "comma-separated: none, oracle (duration_s = runtime), noisy "
                                                      "(max_runtime_s = runtime x U[1, 4]); textbook set-ups know "
