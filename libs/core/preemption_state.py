@@ -222,9 +222,9 @@ class PreemptionState:
                 del self.running_priorities[run.queue]
 
     def unprotected(self, now: float) -> list[str]:
-        """The queues (sorted) of running jobs whose minimum runtime ended, or that overran their declared end,
-        by `now` since last asked, and of queues whose eviction budget grew back: new victims may be found
-        there."""
+        """The queues (sorted) of running jobs whose minimum runtime ended, that overran their declared end or
+        (least attained service) passed their queue's threshold, by `now` since last asked, and of queues whose
+        eviction budget grew back: new victims may be found there."""
         queues = dict(self.budget_freed)
         self.budget_freed = {}
         heap = self.protected_until
