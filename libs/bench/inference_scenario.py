@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from contracts import Autoscaling, JobSpec, NodeSpec, ServiceSpec
 from libs.nodes.sim import parse_cluster_csv
-from libs.sim.declare import declared
+from libs.sim.declare import redeclared
 
 DAY_S = 86_400.0
 NODES = 8
@@ -120,9 +120,7 @@ def training_backlog(seed: int, gpu_hours: float = 3 * TOTAL_GPUS * 24, declare:
         spec = JobSpec(team=TRAINING_TEAM, queue=TRAINING, priority="training", gpus=gpus, cpu_milli=8000 * gpus,
                        memory_mib=65536 * gpus, duration_s=round(hours * 3600, 1), checkpoint_interval_s=900.0,
                        name=f"train-{len(jobs)}")
-        if declare != "oracle" and spec.duration_s is not None:
-            spec = declared(spec, spec.duration_s, declare, seed, key=spec.name)
-        jobs.append(spec)
+        jobs.append(redeclared(spec, declare, seed, key=spec.name))
         total += gpus * hours
     return jobs
 

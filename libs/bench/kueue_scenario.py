@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from contracts import JobSpec
-from libs.sim.declare import declared
+from libs.sim.declare import redeclared
 
 # Where the job's Kueue workload class travels, so the metrics need nothing but the log.
 CLASS_LABEL = "kueue-class"
@@ -151,8 +151,7 @@ def plan_jobs(queues: list[QueueDef], gpus_per_node: int = GPUS_PER_NODE, replic
                     spec = JobSpec(team=q.name, queue=q.name, name=job_id, priority=priority_class(w.priority),
                                    replicas=replicas, gpus=gpus, duration_s=w.runtime_ms / 1000,
                                    labels={CLASS_LABEL: w.name})
-                    if declare != "oracle":
-                        spec = declared(spec, w.runtime_ms / 1000, declare, seed=1, key=job_id)
+                    spec = redeclared(spec, declare, seed=1, key=job_id)
                     jobs.append(PlannedJob(at_ms=k * ws.interval_ms, job_id=job_id, workload_class=w.name, spec=spec))
     jobs.sort(key=lambda j: j.at_ms)  # stable: queue order within an instant
     return jobs

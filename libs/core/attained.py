@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from contracts import QueueSpec
+from contracts import LEAST_ATTAINED_SERVICE, PreemptionDecided, QueueSpec
 
 # Added to a waiting job's arrival rank in quota when it is above its queue's threshold: it then comes after
 # every job of its priority that is not, whatever their arrival.
@@ -25,6 +25,13 @@ def threshold_milli_s(spec: QueueSpec | None) -> float | None:
     if spec is None or spec.las_threshold_gpu_hours is None:
         return None
     return spec.las_threshold_gpu_hours * 3600.0 * 1000.0
+
+
+def least_served(event: PreemptionDecided) -> bool:
+    """Has the preemptor a victim chosen by least attained service (of its own queue and priority)? Then the
+    room its victims free is held for it against its own queue's jobs of its priority too, and no starving job
+    holds it back: quota, placement and the guarantee checker all ask this one question."""
+    return any(v.reason == LEAST_ATTAINED_SERVICE for v in event.victims)
 
 
 @dataclass(slots=True)

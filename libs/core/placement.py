@@ -27,7 +27,6 @@ from collections.abc import Iterable, Iterator
 import msgspec
 
 from contracts import (
-    LEAST_ATTAINED_SERVICE,
     RECLAIM,
     ClockTick,
     EventBase,
@@ -52,6 +51,7 @@ from contracts import (
     ReplicaPlacement,
     SchedulingSettingsChanged,
 )
+from libs.core.attained import least_served
 from libs.core.cluster import Cluster
 from libs.core.decider import Chain, Decisions, Trigger
 from libs.core.fit import NO_MODEL_MATCH, Placer, Shortfall, placement_shape
@@ -240,9 +240,8 @@ class PlacementDecider:
                 # A reclaim's preemptor holds its room against every other queue's job too: the GPUs it
                 # takes back are its queue's nominal quota, not the borrowers' to take again.
                 reclaim = any(v.reason == RECLAIM for v in event.victims)
-                las = any(v.reason == LEAST_ATTAINED_SERVICE for v in event.victims)
                 self.nominated[event.preemptor_id] = (prio, tuple(v.job_id for v in event.victims), event.ts,
-                                                      reclaim, las)
+                                                      reclaim, least_served(event))
             case JobCancelled():
                 self.waiting.pop(event.job_id, None)
                 self.waiting_since.pop(event.job_id, None)

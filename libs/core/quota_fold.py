@@ -11,7 +11,6 @@ import bisect
 from typing import TYPE_CHECKING
 
 from contracts import (
-    LEAST_ATTAINED_SERVICE,
     ClockTick,
     EventBase,
     GpuHealthChanged,
@@ -33,7 +32,7 @@ from contracts import (
     QuotaReleased,
     QuotaReserved,
 )
-from libs.core.attained import DEMOTED, threshold_milli_s
+from libs.core.attained import DEMOTED, least_served, threshold_milli_s
 from libs.core.fairness import DecayedUsage
 from libs.core.policy import demand_milli
 from libs.core.quota_fit import could_hold
@@ -110,7 +109,7 @@ def fold(d: QuotaDecider, event: EventBase) -> None:
         case PreemptionDecided() if event.preemptor_id in d.jobs:
             if d.jobs[event.preemptor_id].state == "pending":  # (one holding its quota already waits for GPUs)
                 d.nominated[event.preemptor_id] = event.ts
-            if any(v.reason == LEAST_ATTAINED_SERVICE for v in event.victims):
+            if least_served(event):
                 d.las_nominated[event.preemptor_id] = None
             else:
                 d.las_nominated.pop(event.preemptor_id, None)

@@ -33,6 +33,14 @@ def check_declaration(declare: str) -> str:
     return declare
 
 
+def redeclared(spec: JobSpec, declare: str, seed: int, key: str) -> JobSpec:
+    """A spec that declares its exact runtime (`duration_s`, as a benchmark's jobs do) as `declare` would
+    instead: unchanged for `oracle` (or one that declares none), else through `declared`."""
+    if check_declaration(declare) == "oracle" or spec.duration_s is None:
+        return spec
+    return declared(spec, spec.duration_s, declare, seed, key)
+
+
 def declared(spec: JobSpec, runtime_s: float, declare: str, seed: int, key: str) -> JobSpec:
     """`spec` as a user who runs for `runtime_s` declares it (`key` seeds its noisy limit, with `seed`): the
     actual runtime goes into the simulated world's label, the declaration into `duration_s`/`max_runtime_s`."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from contracts import (
-    LEAST_ATTAINED_SERVICE,
     RECLAIM,
     EventBase,
     JobAdmitted,
@@ -29,6 +28,7 @@ from contracts import (
     SubmitJob,
 )
 from libs.audit.guarantees.capacity import Capacity
+from libs.core.attained import least_served
 from libs.core.quota import PLACEMENT_TIMEOUT, QuotaDecider
 from libs.core.quotas import ANY
 from libs.core.runs import CurrentRuns
@@ -157,7 +157,7 @@ class World:
                     self.reclaiming[event.preemptor_id] = None
                 else:
                     self.reclaiming.pop(event.preemptor_id, None)
-                if any(v.reason == LEAST_ATTAINED_SERVICE for v in event.victims):
+                if least_served(event):
                     self.least_served[event.preemptor_id] = None
                 else:
                     self.least_served.pop(event.preemptor_id, None)
