@@ -57,8 +57,7 @@ def job_id_for_key(team: str, idempotency_key: str) -> str:
 def validate(spec: JobSpec, policy: PolicyBook, inventory: Inventory) -> Rejection | None:
     """Every reason a job can never be admitted, each with its own code; None when acceptable."""
     queue = policy.queues.get(spec.queue)
-    teams = {q.team for q in policy.queues.values()}
-    if spec.team not in teams:
+    if not policy.has_team(spec.team):
         return Rejection("unknown_team", f"team {spec.team!r} has no queue")
     if queue is None:
         return Rejection("unknown_queue", f"queue {spec.queue!r} does not exist")

@@ -36,10 +36,16 @@ class PolicyBook:
     settings: SchedulingSettings = field(default_factory=SchedulingSettings)
     # The queue tree's limits; the deciders that track reservations also keep its usage.
     quotas: QuotaBook = field(default_factory=QuotaBook)
+    # team -> how many queues it has: "has this team a queue?" at the cost of one lookup, whatever the count
+    team_queues: dict[str, int] = field(default_factory=dict)
 
     def apply(self, event: object) -> bool:
         """Fold a policy event; True when the event was one."""
         if isinstance(event, QueuePolicyChanged):
+            old = self.queues.get(event.queue.name)
+            if old is not None:
+                self._count_team(old.team, -1)
+            self._count_team(event.queue.team, 1)
             self.queues[event.queue.name] = event.queue
             self.quotas.set_queue(event.queue)
             return True
@@ -54,7 +60,20 @@ class PolicyBook:
     def set_queues(self, queues: Iterable[QueueSpec]) -> None:
         """Replace the whole queue tree (a fold of QueuePolicyChanged events does the same one by one)."""
         self.queues = {q.name: q for q in queues}
+        self.team_queues = {}
+        for q in self.queues.values():
+            self._count_team(q.team, 1)
         self.quotas.set_queues(self.queues.values())
+
+    def _count_team(self, team: str, sign: int) -> None:
+        left = self.team_queues.get(team, 0) + sign
+        if left:
+            self.team_queues[team] = left
+        else:
+            del self.team_queues[team]
+
+    def has_team(self, team: str) -> bool:
+        return team in self.team_queues
 
     def priority_of(self, spec: JobSpec) -> int:
         cls = self.classes.get(spec.priority)

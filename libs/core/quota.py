@@ -203,6 +203,10 @@ class QuotaDecider:
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
         # queue -> (inventory version, flavors epoch, could the present nodes hold each of its waiting jobs)
         self._holdable: dict[str, tuple[int, int, bool]] = {}
+        # queue -> (policy version, flavors epoch, could the queue ever hold each of its waiting jobs)
+        self._fitting: dict[str, tuple[int, int, bool]] = {}
+        # queue -> its waiting jobs not told they wait for quota (a pass may have something to tell them)
+        self.loud: dict[str, dict[str, None]] = {}
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (QueuePolicyChanged, PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, JobAdmitted,

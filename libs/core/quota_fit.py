@@ -68,6 +68,20 @@ def all_holdable(d: QuotaDecider, queue: str) -> bool:
     return able
 
 
+def all_could_ever_fit(d: QuotaDecider, queue: str) -> bool:
+    """Could the queue, as its quota is now, hold every waiting job of it? Kept until the policy or the jobs'
+    flavors change; a job that waits anew is checked as it comes (quota_fold.enqueue), and the answer for a
+    queue with a job it could not hold is asked afresh once one leaves."""
+    versions = (d.policy_version, d.flavors_epoch)
+    known = d._fitting.get(queue)
+    if known is not None and known[:2] == versions:
+        return known[2]
+    fits = all(could_ever_fit(d, d.jobs[j]) for users in d.pending.get(queue, {}).values()
+               for keys in users.values() for _, j in keys)
+    d._fitting[queue] = (*versions, fits)
+    return fits
+
+
 def smallest_servable(d: QuotaDecider, queue: str, flavors: list[str], now: float) -> dict[str, int]:
     """Per flavor, the smallest waiting job of the queue that flavor could serve now (a job no node present
     could hold is served by none: it holds nobody). Without a user limit, a job backing off or a job no node
@@ -96,6 +110,14 @@ def smallest_servable(d: QuotaDecider, queue: str, flavors: list[str], now: floa
                     if (f == ANY or not job.spec.gpu_models or f in job.spec.gpu_models) \
                             and job.demand < smallest.get(f, UNLIMITED):
                         smallest[f] = job.demand
+    return smallest
+
+
+def pass_servable(d: QuotaDecider, queue: str, p: Pass) -> dict[str, int]:
+    """smallest_servable over all the queue's flavors, kept until the pass reserves."""
+    smallest = p.servable.get(queue)
+    if smallest is None:
+        smallest = p.servable[queue] = smallest_servable(d, queue, list(d.book.limits.get(queue, ())), p.now)
     return smallest
 
 

@@ -35,10 +35,10 @@ from contracts import (
 from libs.core.attained import DEMOTED, least_served, threshold_milli_s
 from libs.core.fairness import DecayedUsage
 from libs.core.policy import demand_milli
-from libs.core.quota_fit import could_hold
+from libs.core.quota_fit import could_ever_fit, could_hold
 from libs.core.quota_fleet import FLEET_EVENTS
 from libs.core.quota_nomination import NOMINATION_TTL_S
-from libs.core.quota_reasons import BUDGET_WAITS, NO_NODE_COULD_HOLD
+from libs.core.quota_reasons import BUDGET_WAITS, NO_NODE_COULD_HOLD, WAITING_FOR_QUOTA
 from libs.core.quota_state import QuotaJob
 from libs.core.quota_timeout import PLACEMENT_TIMEOUT, end_placement_backoffs, placement_backoff_s
 from libs.core.quotas import ANY, reservation_model
@@ -189,6 +189,11 @@ def enqueue(d: QuotaDecider, job: QuotaJob) -> None:
     holdable = d._holdable.get(job.queue)
     if holdable is not None and holdable[2] and not could_hold(d, job):
         d._holdable[job.queue] = (*holdable[:2], False)
+    fitting = d._fitting.get(job.queue)
+    if fitting is not None and fitting[2] and not could_ever_fit(d, job):
+        d._fitting[job.queue] = (*fitting[:2], False)
+    if d.deferred.get(job.job_id) not in WAITING_FOR_QUOTA:
+        d.loud.setdefault(job.queue, {})[job.job_id] = None
 
 
 def dequeue(d: QuotaDecider, job: QuotaJob) -> None:
@@ -221,6 +226,10 @@ def dequeue(d: QuotaDecider, job: QuotaJob) -> None:
             del of_queue[job.spec.gpu_models]
     if (holdable := d._holdable.get(job.queue)) is not None and not holdable[2]:
         del d._holdable[job.queue]  # it may have been the one no node could hold
+    if (fitting := d._fitting.get(job.queue)) is not None and not fitting[2]:
+        del d._fitting[job.queue]  # it may have been the one its queue could not hold
+    if (loud := d.loud.get(job.queue)) is not None:
+        loud.pop(job.job_id, None)
     key = (job.since, job.arrival, job.job_id)
     for waits in (d.by_wait, d.by_wait_in.get(job.queue, [])):
         i = bisect.bisect_left(waits, key)
@@ -311,6 +320,13 @@ def budget_period(d: QuotaDecider, queue: str) -> str | None:
 
 def note_deferred(d: QuotaDecider, event: QuotaDeferred) -> None:
     d.deferred[event.job_id] = event.code
+    job = d.jobs.get(event.job_id)
+    if job is not None and job.state == "pending":
+        if event.code in WAITING_FOR_QUOTA:
+            if (loud := d.loud.get(job.queue)) is not None:
+                loud.pop(job.job_id, None)
+        else:
+            d.loud.setdefault(job.queue, {})[job.job_id] = None
     if event.code in BUDGET_WAITS:
         d.budget_deferred[event.job_id] = None
     else:

@@ -30,11 +30,15 @@ def subtree_used(d: QuotaDecider, queue: str, now: float, half_life: float) -> f
     current = d.queue_used.get(queue, 0)
     decayed = d.decayed.get(queue)
     own = (current + decayed.value(current, now, half_life)) / 2 if decayed is not None else current / 2
-    return own + sum(subtree_used(d, c, now, half_life) for c in d.book.children.get(queue, ()))
+    children = d.book.children.get(queue)
+    return own + sum(subtree_used(d, c, now, half_life) for c in children) if children else own
 
 
 def fair_key(d: QuotaDecider, queue: str, now: float) -> tuple[float, ...]:
     """The queue's fair shares level by level, from the root of its tree down to it."""
+    spec = d.policy.queues.get(queue)
+    if spec is None or not spec.parent:
+        return (fair_share(d, queue, now),)  # (most queues: no tree above)
     path = [queue]
     while (parent := d.policy.queues[path[-1]].parent if path[-1] in d.policy.queues else ""):
         path.append(parent)

@@ -14,6 +14,7 @@ from libs.core.decider import Decisions
 from libs.core.quota_fit import flavors_of
 from libs.core.quota_nomination import nominees
 from libs.core.quota_order import Order, order_key
+from libs.core.quota_reach import out_of_reach
 from libs.core.quota_reasons import (
     BACKING_OFF,
     BEHIND_HIGHER_PRIORITY,
@@ -41,13 +42,16 @@ def schedule(d: QuotaDecider, group: list[str], now: float, out: Decisions) -> N
 
 
 def run_pass(d: QuotaDecider, group: list[str], p: Pass, out: Decisions) -> None:
-    orders = {q: Order(d, q) for q in group if d.pending.get(q)}
-    if len(orders) == 1:  # one queue waits: its own order is the pass's
-        p.one_queue = True
-        ((queue, order),) = orders.items()
-        while (head := next_head(d, queue, order, p, out)) is not None:
-            if try_reserve(d, head, p, out):
-                p.reserved()
+    waiting = [q for q in group if d.pending.get(q)]
+    # (Whether one queue waits is asked before skipping the queues out of reach: a pass over one queue knows
+    # more, see Pass.one_queue, and skipping must not change what a pass knows.)
+    p.one_queue = len(waiting) == 1
+    orders = {q: Order(d, q) for q in waiting if not out_of_reach(d, q, p)}
+    if p.one_queue:  # one queue waits: its own order is the pass's
+        for queue, order in orders.items():
+            while (head := next_head(d, queue, order, p, out)) is not None:
+                if try_reserve(d, head, p, out):
+                    p.reserved()
         return
     # The queues' heads in a heap by order key. A reservation changes the keys of its own queue's jobs only
     # (its usage, so its fair share and what is left of its nominal quota), unless the queue is in a tree: a
@@ -56,6 +60,7 @@ def run_pass(d: QuotaDecider, group: list[str], p: Pass, out: Decisions) -> None
     heap: list[tuple[tuple[object, ...], str]] = []
     heads: dict[str, QuotaJob] = {}
     current: dict[str, tuple[object, ...]] = {}
+    entered: dict[str, int] = {}  # queue -> the pass's reservations when its head entered (see Pass.reservations)
 
     def enter(q: str) -> None:
         head = next_head(d, q, orders[q], p, out)
@@ -63,6 +68,7 @@ def run_pass(d: QuotaDecider, group: list[str], p: Pass, out: Decisions) -> None
             del orders[q]
             return
         heads[q] = head
+        entered[q] = p.reservations
         current[q] = order_key(d, head, p)
         heapq.heappush(heap, (current[q], q))
 
@@ -74,12 +80,18 @@ def run_pass(d: QuotaDecider, group: list[str], p: Pass, out: Decisions) -> None
             continue
         best = heads.pop(q)
         del current[q]
+        if entered[q] != p.reservations and out_of_reach(d, q, p):
+            del orders[q]  # a reservation since it entered took the room it had
+            continue
         if try_reserve(d, best, p, out):
             p.reserved()
             in_tree = d.policy.queues.get(q) is not None and bool(d.policy.queues[q].parent)
             for other in list(heads) if in_tree else ():
                 current[other] = order_key(d, heads[other], p)
                 heapq.heappush(heap, (current[other], other))
+        if q in orders and out_of_reach(d, q, p):
+            del orders[q]  # what its head's failure froze or used may leave the rest of it out of reach
+            continue
         enter(q)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from libs.core.quota_fit import group_of, over_budget, smallest_servable
+from libs.core.quota_fit import group_of, over_budget, pass_servable, quota_left
 from libs.core.quota_state import Pass, QuotaJob
 
 if TYPE_CHECKING:
@@ -29,11 +29,11 @@ def lent_flavors(d: QuotaDecider, queue: str, p: Pass) -> list[str]:
     book = d.book
     if not d.pending.get(queue) or not book.governed(queue) or over_budget(d, queue, p):
         return []
-    lent = [(f, left, room) for f in book.limits[queue]
-            if (left := book.nominal_left(queue, f)) > (room := book.room(queue, f))]
+    lent = [(f, left, room) for f in book.limits[queue] if (left := (q := quota_left(d, queue, f, p))[0])
+            > (room := q[1])]
     if not lent:
         return []
-    smallest = smallest_servable(d, queue, [f for f, _, _ in lent], p.now)
+    smallest = pass_servable(d, queue, p)
     return [f for f, left, room in lent if (need := smallest.get(f)) is not None and left >= need > room]
 
 

@@ -59,6 +59,7 @@ class Pass:
     reasons: dict[tuple[str, int, tuple[str, ...], bool], tuple[str, str, int]] = field(default_factory=dict)
     # (queue, priority) -> the smallest demand waiting at that level
     smallest: dict[tuple[str, int], int] = field(default_factory=dict)
+    servable: dict[str, dict[str, int]] = field(default_factory=dict)  # queue -> quota_fit.pass_servable
     # (queue, flavor) -> what is left of its nominal quota, and its room (see QuotaBook)
     quota: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     # (queue, flavor, demand, over budget) -> what such a reservation does to the starving job's room
@@ -75,8 +76,10 @@ class Pass:
     held_for_starving: dict[tuple[str, int, int, tuple[str, ...], bool], tuple[int, int]] = field(
         default_factory=dict)
     holds: int = 0  # bumps whenever `held_below` grows
+    reservations: int = 0  # how many the pass made so far
 
     def reserved(self) -> None:
+        self.reservations += 1
         self.held_for_starving.clear()
         self.keys.clear()
         self.within.clear()
@@ -84,6 +87,7 @@ class Pass:
         self.fair.clear()
         self.reasons.clear()
         self.smallest.clear()
+        self.servable.clear()
         self.quota.clear()
         self.effects.clear()
         self.nominee_effects.clear()

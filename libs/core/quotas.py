@@ -387,8 +387,10 @@ class QuotaBook:
 
     def nominal_of(self, queue: str) -> int:
         """The queue's nominal quota over all flavors, summed over its subtree for a parent."""
-        own = sum(lim.nominal for lim in self.limits.get(queue, {}).values())
-        return own + sum(self.nominal_of(c) for c in self.children.get(queue, ()))
+        limits = self.limits.get(queue)
+        own = sum(lim.nominal for lim in limits.values()) if limits else 0
+        children = self.children.get(queue)
+        return own + sum(self.nominal_of(c) for c in children) if children else own
 
     def violations(self, queue: str, flavor: str) -> list[str]:
         """Limits broken right now by the queue's usage of this flavor or by its cohort's borrowing."""

@@ -7,6 +7,8 @@ set-up gives the same log, byte for byte, with each shortcut switched off.
   shadow (quota_starvation._summed);
 - preemption skips the victim search of a reclaim whose queue could not fit its nominal quota even with all its
   own candidates gone (reclaim.could_fit_nominal);
+- quota does not walk a queue none of whose waiting jobs could get quota in the pass, when trying them would
+  tell nobody anything new (quota_reach.out_of_reach);
 - on a tick, preemption considers no waiting job alike to one that found no victims since the last decision
   (PreemptionDecider._alike_key).
 """
@@ -31,8 +33,9 @@ from libs.sim.trace_run import Setup, world_inputs
 
 TEAMS = {"a": 1, "b": 2, "c": 1}  # nodes of 8 GPUs: 32 GPUs
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
-# Scenarios where a shortcut once decided otherwise than the long way.
-ONCE_APART = ["held-job-tried-again-after-another-queues-reservation.yaml"]
+# Every scenario (among them held-job-tried-again-after-another-queues-reservation.yaml, where a shortcut once
+# decided otherwise than the long way).
+SCENARIO_FILES = sorted(p.name for p in SCENARIOS.glob("*.yaml"))
 
 
 def loaded_trace(seed: int, jobs: int = 160) -> list[TraceJob]:
@@ -60,6 +63,7 @@ def log_bytes(jobs: list[TraceJob], setup: Setup) -> list[bytes]:
 
 def no_shortcuts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(quota_pass, "held_like_another", lambda d, job, p: False)
+    monkeypatch.setattr(quota_pass, "out_of_reach", lambda d, queue, p: False)
 
     def one_by_one(jobs: list[QuotaJob]) -> list[QuotaJob]:
         return jobs
@@ -76,7 +80,7 @@ def test_shortcuts_decide_as_the_long_way(monkeypatch: pytest.MonkeyPatch, pool:
                                           las: bool) -> None:
     jobs = loaded_trace(seed=7)
     setup = Setup(pool, "platform", pool, declare, las=las)
-    taken: dict[str, int] = {"held": 0, "summed": 0, "no_reclaim": 0}
+    taken: dict[str, int] = {"held": 0, "summed": 0, "no_reclaim": 0, "out_of_reach": 0}
     with monkeypatch.context() as m:
         count_shortcuts(m, taken)
         fast = log_bytes(jobs, setup)
@@ -89,10 +93,17 @@ def test_shortcuts_decide_as_the_long_way(monkeypatch: pytest.MonkeyPatch, pool:
     # limit, a reclaim a cohort.
     assert (taken["summed"] > 0 and taken["held"] > 0) or declare == "noisy"
     assert taken["no_reclaim"] > 0 or pool == "partitioned"
+    assert taken["out_of_reach"] > 0
 
 
 def count_shortcuts(monkeypatch: pytest.MonkeyPatch, taken: dict[str, int]) -> None:
     held, summed, could = quota_pass.held_like_another, quota_starvation._summed, reclaim.could_fit_nominal
+    reach = quota_pass.out_of_reach
+
+    def counted_reach(*args: Any) -> bool:
+        answer = reach(*args)
+        taken["out_of_reach"] += answer
+        return answer
 
     def counted_held(*args: Any) -> bool:
         answer = held(*args)
@@ -112,12 +123,12 @@ def count_shortcuts(monkeypatch: pytest.MonkeyPatch, taken: dict[str, int]) -> N
     monkeypatch.setattr(quota_pass, "held_like_another", counted_held)
     monkeypatch.setattr(quota_starvation, "_summed", counted_summed)
     monkeypatch.setattr(reclaim, "could_fit_nominal", counted_could)
+    monkeypatch.setattr(quota_pass, "out_of_reach", counted_reach)
 
 
-@pytest.mark.parametrize("name", ONCE_APART)
+@pytest.mark.parametrize("name", SCENARIO_FILES)
 def test_scenario_decides_as_the_long_way(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """A job held like another in a pass over several queues is tried all the same: another queue's head may
-    be reserved between the two and change what it is told."""
+    """Each scenario decides the same with every shortcut off."""
     scenario = load_scenario(SCENARIOS / name)
     fast = [msgspec.json.encode(e) for _, e in run_scenario(scenario, SCENARIOS).log]
     with monkeypatch.context() as m:

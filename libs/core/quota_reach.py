@@ -1,0 +1,49 @@
+"""Queues a scheduling pass need not walk: none of their waiting jobs could get quota in the pass, and trying
+them would tell nobody anything new.
+
+In a full cohort every waiting queue's head fails, so a pass that tried them all would cost as much as the
+cohort has waiting queues, on every event. A queue is out of reach when, in every flavor, its room is below
+the smallest waiting job that flavor could serve (below its nominal quota left, in a flavor whose borrowers
+are frozen this pass); and trying its jobs would change nothing: each is told
+already that it waits for quota (which defer does not repeat), no user limit, budget or backoff could tell
+one otherwise, every job fits its queue's quota as it is now and a node present could hold it; and none of
+its jobs fitting its own nominal quota could freeze borrowers (those flavors are frozen already, or its
+nominal quota is used). Quota only shrinks during a pass, so a queue out of reach stays so until it ends.
+Skipping such a queue decides exactly what trying it would (tests/unit/test_decision_shortcuts.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from libs.core.quota_fit import all_could_ever_fit, all_holdable, pass_servable, quota_left
+from libs.core.quota_state import Pass
+
+if TYPE_CHECKING:
+    from libs.core.quota import QuotaDecider
+
+
+def out_of_reach(d: QuotaDecider, queue: str, p: Pass) -> bool:
+    """Could no waiting job of the queue get quota in this pass, trying them telling nobody anything new?"""
+    flavors = d.book.limits.get(queue)
+    if not flavors or d.loud.get(queue):
+        return False  # ungoverned (unlimited), or a job to tell
+    spec = d.policy.queues.get(queue)
+    if spec is None or spec.user_max_gpus is not None or spec.budget_gpu_hours is not None:
+        return False
+    if (d.backing_off or d.requeued) and any(
+            (job := d.jobs.get(j)) is not None and job.queue == queue for b in (d.backing_off, d.requeued) for j in b):
+        return False
+    if not all_holdable(d, queue) or not all_could_ever_fit(d, queue):
+        return False
+    smallest = pass_servable(d, queue, p)
+    for flavor in flavors:
+        need = smallest.get(flavor)
+        if need is None:
+            continue  # no waiting job of the queue could use it
+        nominal_left, room = quota_left(d, queue, flavor, p)
+        if flavor in p.no_borrowing:
+            if room >= need <= nominal_left:
+                return False  # it could take its own nominal quota (nobody borrows the flavor this pass)
+        elif room >= need or nominal_left >= need:
+            return False  # it could take quota, or, failing within its nominal quota, freeze the borrowers
+    return True
