@@ -207,6 +207,13 @@ class QuotaDecider:
         self._fitting: dict[str, tuple[int, int, bool]] = {}
         # queue -> its waiting jobs not told they wait for quota (a pass may have something to tell them)
         self.loud: dict[str, dict[str, None]] = {}
+        self.qver: dict[str, int] = {}  # queue -> bumps whenever something of its own changes (quota_fold.touched)
+        self.cohort_demands: dict[str, dict[int, int]] = {}  # cohort -> waiting demand -> jobs
+        # queue -> (when, its head at the start of a pass, that head's order key): see quota_heads
+        self.heads: dict[str, tuple[tuple[object, ...], str, tuple[object, ...]]] = {}
+        # queue -> (when, is it quiet: see quota_reach.quiet)
+        self.quiet: dict[str, tuple[tuple[int, ...], bool]] = {}
+        self._cohort_flavors: tuple[int, dict[str, tuple[str, ...]]] = (-1, {})
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (QueuePolicyChanged, PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, JobAdmitted,

@@ -109,6 +109,7 @@ def fold(d: QuotaDecider, event: EventBase) -> None:
         case PreemptionDecided() if event.preemptor_id in d.jobs:
             if d.jobs[event.preemptor_id].state == "pending":  # (one holding its quota already waits for GPUs)
                 d.nominated[event.preemptor_id] = event.ts
+                touched(d, d.jobs[event.preemptor_id].queue)
             if least_served(event):
                 d.las_nominated[event.preemptor_id] = None
             else:
@@ -123,20 +124,36 @@ def fold(d: QuotaDecider, event: EventBase) -> None:
                 lapsed = d.jobs.get(job_id)
                 if lapsed is not None and lapsed.state == "pending":
                     d._lapsed.append(lapsed.queue)  # the jobs it held may go now
+                    touched(d, lapsed.queue)
         case JobFailed() if event.job_id in d.jobs and d.jobs[event.job_id].state == "reserved":
             delay = d.retries.on_failed(event, d.jobs[event.job_id].spec, d.policy)
             if delay is not None:
                 d.retry_in[event.job_id] = delay
         case JobCancelled() | JobFinished() | JobFailed():
             end(d, event.job_id)
+        case QueuePolicyChanged() if d.book.cohort.get(event.queue.name, "") != (event.queue.cohort
+                                                                                  or event.queue.parent):
+            # The queue moves to another cohort: its waiting demands move with it.
+            waiting = [d.jobs[j] for users in d.pending.get(event.queue.name, {}).values()
+                       for keys in users.values() for _, j in keys]
+            for job in waiting:
+                count_demand(d, job.queue, job.demand, -1)
+            d.policy.apply(event)
+            policy_applied(d, event)
+            for job in waiting:
+                count_demand(d, job.queue, job.demand, 1)
         case _ if d.policy.apply(event):
-            d.policy_version += 1
-            d.flavors_epoch += 1
-            if isinstance(event, PriorityClassesChanged):
-                rerank(d)
-            elif isinstance(event, QueuePolicyChanged):
-                recharge(d, event.queue.name)
-                relevel(d, event.queue.name)
+            policy_applied(d, event)
+
+
+def policy_applied(d: QuotaDecider, event: EventBase) -> None:
+    d.policy_version += 1
+    d.flavors_epoch += 1
+    if isinstance(event, PriorityClassesChanged):
+        rerank(d)
+    elif isinstance(event, QueuePolicyChanged):
+        recharge(d, event.queue.name)
+        relevel(d, event.queue.name)
 
 
 def released(d: QuotaDecider, event: QuotaReleased) -> None:
@@ -171,8 +188,29 @@ def released(d: QuotaDecider, event: QuotaReleased) -> None:
         d.budgets.forget(job.job_id)
 
 
+def touched(d: QuotaDecider, queue: str) -> None:
+    """Something of the queue's own changed (its waiting jobs, its usage, what they were told, a nomination):
+    what a pass kept of it (quota_heads, quota_reach.quiet) goes stale."""
+    d.qver[queue] = d.qver.get(queue, 0) + 1
+
+
+def count_demand(d: QuotaDecider, queue: str, demand: int, sign: int) -> None:
+    """The waiting demands of the queue's cohort, counted (quota_reach.no_room asks the smallest)."""
+    cohort = d.book.cohort.get(queue, "")
+    if not cohort:
+        return
+    demands = d.cohort_demands.setdefault(cohort, {})
+    left = demands.get(demand, 0) + sign
+    if left:
+        demands[demand] = left
+    else:
+        del demands[demand]
+
+
 def enqueue(d: QuotaDecider, job: QuotaJob) -> None:
     job.state = "pending"
+    touched(d, job.queue)
+    count_demand(d, job.queue, job.demand, 1)
     las = threshold_milli_s(d.policy.queues.get(job.queue))
     if las is not None and job.arrival < DEMOTED and d.attained.held.get(job.job_id, 0.0) > las:
         job.arrival += DEMOTED  # least attained service: behind every job of its priority that held less
@@ -197,6 +235,8 @@ def enqueue(d: QuotaDecider, job: QuotaJob) -> None:
 
 
 def dequeue(d: QuotaDecider, job: QuotaJob) -> None:
+    touched(d, job.queue)
+    count_demand(d, job.queue, job.demand, -1)
     levels = d.pending[job.queue]
     users = levels[job.priority]
     keys = users[job.user]
@@ -266,6 +306,7 @@ def relevel(d: QuotaDecider, queue: str) -> None:
 
 def use(d: QuotaDecider, job: QuotaJob, sign: int, now: float) -> None:
     """Usage of the job's queue, user and flavor changes by its demand."""
+    touched(d, job.queue)
     half_life = d.policy.settings.fair_share_half_life_s
     d.decayed.setdefault(job.queue, DecayedUsage(since=now)).advance(d.queue_used.get(job.queue, 0), now, half_life)
     d.queue_used[job.queue] = d.queue_used.get(job.queue, 0) + sign * job.demand
@@ -302,7 +343,10 @@ def placement_report(d: QuotaDecider, event: JobPlaced | JobStarted | PlacementD
                 job.placed, job.placement_code = True, ""
                 d.unplaced.pop(job.job_id, None)
                 # Now its model is known: charged to a flavor its queue no longer has, it moves to its model's.
-                job.flavor = d.book.recharge_placed(job.queue, job.flavor, job.model, job.demand, job.over_budget)
+                flavor = d.book.recharge_placed(job.queue, job.flavor, job.model, job.demand, job.over_budget)
+                if flavor != job.flavor:
+                    job.flavor = flavor
+                    touched(d, job.queue)  # its usage moved between its flavors
             else:  # placed before placement read that its quota went back: react takes the quota again
                 job.placed_while_pending = True
                 d._placed_while_pending = job.job_id
@@ -322,6 +366,7 @@ def note_deferred(d: QuotaDecider, event: QuotaDeferred) -> None:
     d.deferred[event.job_id] = event.code
     job = d.jobs.get(event.job_id)
     if job is not None and job.state == "pending":
+        touched(d, job.queue)
         if event.code in WAITING_FOR_QUOTA:
             if (loud := d.loud.get(job.queue)) is not None:
                 loud.pop(job.job_id, None)

@@ -6,6 +6,7 @@ of its waiting jobs, walked once per pass."""
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,8 @@ from libs.core.quota_state import Pass, QuotaJob
 
 if TYPE_CHECKING:
     from libs.core.quota import QuotaDecider
+
+EPOCHS_PER_HALF_LIFE = 1024
 
 
 def fair_share(d: QuotaDecider, queue: str, now: float) -> float:
@@ -61,8 +64,21 @@ def order_key(d: QuotaDecider, job: QuotaJob, p: Pass) -> tuple[object, ...]:
 def pass_fair_key(d: QuotaDecider, queue: str, p: Pass) -> tuple[float, ...]:
     key = p.fair.get(queue)
     if key is None:
-        key = p.fair[queue] = fair_key(d, queue, p.now)
+        key = p.fair[queue] = fair_key(d, queue, fair_epoch(d, p.now))
     return key
+
+
+def fair_epoch(d: QuotaDecider, now: float) -> float:
+    """The instant the fair order reads decayed usage at: the start of the current epoch, a 1024th of the
+    half-life long (about ten minutes for a week). Between two epochs a queue's place in the fair order then
+    changes only when its own usage does, so a pass can keep what it found of the queues nothing changed
+    (quota_heads); decay over a 1024th of a half-life moves a share by under 0.07 %. (Slurm likewise
+    recomputes fair-share priorities periodically, not per event.)"""
+    half_life = d.policy.settings.fair_share_half_life_s
+    if half_life <= 0:
+        return now
+    step = half_life / EPOCHS_PER_HALF_LIFE
+    return math.floor(now / step) * step
 
 
 def level_entitled(d: QuotaDecider, job: QuotaJob, p: Pass) -> bool:

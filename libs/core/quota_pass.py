@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 from libs.core.decider import Decisions
 from libs.core.quota_fit import flavors_of
+from libs.core.quota_heads import backing_off_queues, keep_head, keeps, kept_head
 from libs.core.quota_nomination import nominees
 from libs.core.quota_order import Order, order_key
-from libs.core.quota_reach import out_of_reach
+from libs.core.quota_reach import no_room, out_of_reach, quiet
 from libs.core.quota_reasons import (
     BACKING_OFF,
     BEHIND_HIGHER_PRIORITY,
@@ -37,18 +38,27 @@ def schedule(d: QuotaDecider, group: list[str], now: float, out: Decisions) -> N
     p = Pass(now=now)
     p.nominees = nominees(d, group, now)
     find_starving(d, group, p)
-    lent_out(d, group, p)
-    run_pass(d, group, p, out)
-
-
-def run_pass(d: QuotaDecider, group: list[str], p: Pass, out: Decisions) -> None:
     waiting = [q for q in group if d.pending.get(q)]
-    # (Whether one queue waits is asked before skipping the queues out of reach: a pass over one queue knows
-    # more, see Pass.one_queue, and skipping must not change what a pass knows.)
+    # (Whether one queue waits is asked before any queue is left out: a pass over one queue knows more, see
+    # Pass.one_queue, and leaving out queues that decide nothing must not change what a pass knows.)
     p.one_queue = len(waiting) == 1
-    orders = {q: Order(d, q) for q in waiting if not out_of_reach(d, q, p)}
+    p.backing_off = backing_off_queues(d)
+    # A quiet queue waits for no lent quota (lent_out would find none), and while its cohort has no room for
+    # the cohort's smallest waiting job it is out of reach: the pass need not look at it at all.
+    loud = [q for q in waiting if not quiet(d, q, p.backing_off)]
+    lent_out(d, loud, p)
+    p.cohort = d.book.cohort.get(waiting[0], "") if waiting else ""
+    run_pass(d, loud if p.cohort and no_room(d, p.cohort) else waiting, p, out)
+
+
+def run_pass(d: QuotaDecider, waiting: list[str], p: Pass, out: Decisions) -> None:
+    # Each queue's walk, made when its head is first tried (None until then: its head is the one kept).
+    orders: dict[str, Order | None] = {}
     if p.one_queue:  # one queue waits: its own order is the pass's
-        for queue, order in orders.items():
+        for queue in waiting:
+            if out_of_reach(d, queue, p):
+                continue
+            order = Order(d, queue)
             while (head := next_head(d, queue, order, p, out)) is not None:
                 if try_reserve(d, head, p, out):
                     p.reserved()
@@ -56,23 +66,34 @@ def run_pass(d: QuotaDecider, group: list[str], p: Pass, out: Decisions) -> None
     # The queues' heads in a heap by order key. A reservation changes the keys of its own queue's jobs only
     # (its usage, so its fair share and what is left of its nominal quota), unless the queue is in a tree: a
     # parent's fair share is part of every sibling's key, and then every head's key is taken again. An entry
-    # whose key is no longer its queue's (`current`) is stale and skipped.
+    # whose key is no longer its queue's (`current`) is stale and skipped. A queue out of reach when its head
+    # comes up is left (quota only shrinks during a pass); once its cohort has no room, so are the quiet ones.
     heap: list[tuple[tuple[object, ...], str]] = []
     heads: dict[str, QuotaJob] = {}
     current: dict[str, tuple[object, ...]] = {}
-    entered: dict[str, int] = {}  # queue -> the pass's reservations when its head entered (see Pass.reservations)
 
     def enter(q: str) -> None:
-        head = next_head(d, q, orders[q], p, out)
-        if head is None:
-            del orders[q]
-            return
+        fresh = q not in orders  # nothing of the queue was tried yet in this pass
+        keep = fresh and keeps(d, q, p.backing_off)
+        kept = kept_head(d, q, p) if keep else None
+        if kept is not None:
+            orders[q] = None
+            head, key = kept
+        else:
+            order = orders.get(q) or Order(d, q)
+            orders[q] = order
+            found = next_head(d, q, order, p, out)
+            if found is None:
+                del orders[q]
+                return
+            head, key = found, order_key(d, found, p)
+            if keep:
+                keep_head(d, q, p, head, key)
         heads[q] = head
-        entered[q] = p.reservations
-        current[q] = order_key(d, head, p)
-        heapq.heappush(heap, (current[q], q))
+        current[q] = key
+        heapq.heappush(heap, (key, q))
 
-    for q in list(orders):
+    for q in waiting:
         enter(q)
     while heap:
         key, q = heapq.heappop(heap)
@@ -80,18 +101,22 @@ def run_pass(d: QuotaDecider, group: list[str], p: Pass, out: Decisions) -> None
             continue
         best = heads.pop(q)
         del current[q]
-        if entered[q] != p.reservations and out_of_reach(d, q, p):
-            del orders[q]  # a reservation since it entered took the room it had
+        if out_of_reach(d, q, p):
+            del orders[q]
             continue
+        if orders[q] is None:  # its head was kept: its walk starts now, at that same job
+            order = orders[q] = Order(d, q)
+            next_head(d, q, order, p, out)
         if try_reserve(d, best, p, out):
             p.reserved()
             in_tree = d.policy.queues.get(q) is not None and bool(d.policy.queues[q].parent)
             for other in list(heads) if in_tree else ():
                 current[other] = order_key(d, heads[other], p)
                 heapq.heappush(heap, (current[other], other))
-        if q in orders and out_of_reach(d, q, p):
-            del orders[q]  # what its head's failure froze or used may leave the rest of it out of reach
-            continue
+            if p.cohort and no_room(d, p.cohort):
+                # The quiet queues are out of reach from now on: only the others are looked at.
+                for other in [o for o in heads if quiet(d, o, p.backing_off)]:
+                    del heads[other], current[other], orders[other]
         enter(q)
 
 

@@ -47,3 +47,60 @@ def out_of_reach(d: QuotaDecider, queue: str, p: Pass) -> bool:
         elif room >= need or nominal_left >= need:
             return False  # it could take quota, or, failing within its nominal quota, freeze the borrowers
     return True
+
+
+def quiet(d: QuotaDecider, queue: str, backing_off: set[str]) -> bool:
+    """Is the waiting queue out of reach whenever its cohort has no idle lendable quota for the cohort's smallest
+    waiting job (no_room)? So when trying its jobs could tell nobody anything new (as out_of_reach asks) and its
+    room is only what its cohort lends: it has no guaranteed (unlendable) quota idle, and less of its nominal
+    quota left than its smallest waiting job (so it waits for no lent quota either). Everything asked is the
+    queue's own, or policy, flavors and nodes: the answer is kept until one of them changes. `backing_off`: the
+    queues with a job backing off (a pass knows them)."""
+    if queue in backing_off:
+        return False
+    stamp = (d.policy_version, d.flavors_epoch, d.fleet.inventory.version, d.qver.get(queue, 0))
+    known = d.quiet.get(queue)
+    if known is not None and known[0] == stamp:
+        return known[1]
+    answer = _quiet(d, queue)
+    d.quiet[queue] = (stamp, answer)
+    return answer
+
+
+def _quiet(d: QuotaDecider, queue: str) -> bool:
+    flavors = d.book.limits.get(queue)
+    if not flavors or d.loud.get(queue):
+        return False
+    spec = d.policy.queues.get(queue)
+    if spec is None or spec.user_max_gpus is not None or spec.budget_gpu_hours is not None:
+        return False
+    if not all_holdable(d, queue) or not all_could_ever_fit(d, queue):
+        return False
+    smallest = min(min(demands) for demands in d.demands_by_models[queue].values())
+    for flavor, lim in flavors.items():
+        used = d.book.used.get((queue, flavor), 0)
+        if used < lim.guaranteed or lim.nominal - used >= smallest:
+            return False
+    return True
+
+
+def no_room(d: QuotaDecider, cohort: str) -> bool:
+    """Is the cohort's idle lendable quota of every flavor below its smallest waiting job? Then no quiet queue
+    of it could take quota (its room is at most what the cohort lends)."""
+    demands = d.cohort_demands.get(cohort)
+    if not demands:
+        return True
+    need = min(demands)
+    book = d.book
+    return all(book.pool[(cohort, f)] - book.pool_used[(cohort, f)] < need for f in cohort_flavors(d, cohort))
+
+
+def cohort_flavors(d: QuotaDecider, cohort: str) -> tuple[str, ...]:
+    """The flavors the cohort's pool has (kept per policy version)."""
+    version, known = d._cohort_flavors
+    if version != d.policy_version:
+        known = {}
+        for c, f in d.book.pool:
+            known[c] = (*known.get(c, ()), f)
+        d._cohort_flavors = (d.policy_version, known)
+    return known.get(cohort, ())

@@ -76,6 +76,8 @@ class Pass:
     held_for_starving: dict[tuple[str, int, int, tuple[str, ...], bool], tuple[int, int]] = field(
         default_factory=dict)
     holds: int = 0  # bumps whenever `held_below` grows
+    backing_off: set[str] = field(default_factory=set)  # the queues with a job backing off
+    cohort: str = ""  # the pass's cohort ("": a queue without one)
     reservations: int = 0  # how many the pass made so far
 
     def reserved(self) -> None:

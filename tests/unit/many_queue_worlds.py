@@ -4,7 +4,8 @@ them through the deciders in virtual time (libs/sim/pipeline.py) and gives the l
 
 A world, all of it drawn from the seed:
 - leaf queues in 2-4 cohorts, one or two queues without a cohort, and a small tree in the first cohort (a
-  parent queue with quota, its children lending to each other under it, the parent's cohort being its name);
+  parent queue with quota, sometimes a borrowing limit, bounding its three children, which lend to each other
+  in the cohort the parent's name makes);
 - per queue a nominal quota of 0-8 GPUs (a queue without a cohort 4-8: it could hold nothing else), some with
   a lending limit (a guaranteed part), some with a borrowing limit, some quota per GPU model (flavors A100 and
   H100) instead of one quota for any model, one or two with a per-user limit, one with a daily GPU-hour budget,
@@ -16,11 +17,13 @@ A world, all of it drawn from the seed:
   exact or not, or a limit that may stop them), some checkpointing, several users per queue; each runs its
   actual runtime (the simulated executor's `sim/runtime-s` label);
 - mid-run: a few cancellations, a node lost and registered again, one cordoned and uncordoned, one drained and
-  uncordoned, a queue without a cohort lowered to half its quota (its large waiting jobs can then never fit)
-  and raised again, and a change of the priority classes.
+  uncordoned (A100 nodes only), the first queue without a cohort lowered to half its quota and raised again (it
+  gets only three planted jobs: two that cannot be preempted hold its quota from the start, on H100 nodes, and
+  one of all its quota waits when it is lowered, so it is told exceeds_queue_quota), and a change of the
+  priority classes (experiment above training, or urgent no longer preemptible).
 
-The policy goes through the policy file's own checks (those of `parse_policy`, the queue tree included), so every world
-is one an operator could write.
+The policy goes through the policy file's own checks (those of `parse_policy`, the queue tree included), so
+every world is one an operator could write. Each run takes about a second (0.3-1.6 s, 4,000-9,000 log events).
 """
 
 from __future__ import annotations
@@ -105,9 +108,9 @@ def make_world(seed: int, queues: int = 24) -> World:
     inputs += policy_changes(PolicyBook(), policy, version=1, now=-5.0)
     book = QuotaBook()
     book.set_queues(policy.queues)
-    submissions = list(jobs(rng, leaves, book, hot=[budgeted, *user_limited[:1]]))
-    inputs += submissions
     lowered = solo[0]
+    submissions = list(jobs(rng, [q for q in leaves if q.name != lowered], book, hot=[budgeted, *user_limited[:1]]))
+    inputs += submissions
     inputs += mid_run(rng, nodes, {q.name: q for q in leaves}[lowered], submissions)
     inputs.sort(key=lambda e: e.ts)  # stable: what happens at one instant stays in the order made
     return World(seed, specs, nodes, inputs, solo, lowered, user_limited, budgeted)
@@ -136,10 +139,12 @@ def queue_tree(rng: random.Random, leaves: int) -> tuple[list[QueueSpec], list[s
     for name in solo:
         nominal = rng.randint(4, 8) if name != solo[0] else 8
         out.append(QueueSpec(name=name, team=name, nominal_gpus=nominal, weight=rng.choice((0.5, 1.0, 2.0))))
-    # The tree: a parent with quota in the first cohort; its children's cohort is the parent (its name).
+    # The tree: a parent with quota in the first cohort (bounding its subtree, borrowing included); its
+    # children's cohort is the parent (its name).
     parent = "org"
     out.append(QueueSpec(name=parent, team=parent, nominal_gpus=rng.randint(6, 12), cohort=cohorts[0],
-                         lending_limit_gpus=rng.choice((None, 4)), reclaim_after_s=rng.choice((0.0, 300.0))))
+                         lending_limit_gpus=rng.choice((None, 4)), borrowing_limit_gpus=rng.choice((None, 0, 2)),
+                         reclaim_after_s=rng.choice((0.0, 300.0))))
     for name in tree:
         out.append(cohort_queue(rng, name, parent=parent))
     for i, name in enumerate(rest):
@@ -261,7 +266,7 @@ def mid_run(rng: random.Random, nodes: list[NodeSpec], lowered: QueueSpec,
     for sub in rng.sample(submissions, 6):
         out.append(CancelJob(id=derived_id(SOURCE, "cancel", sub.job_id), ts=round(sub.ts + rng.uniform(30, 3600), 1),
                              source=SOURCE, correlation_id=sub.job_id, job_id=sub.job_id, team=sub.spec.team))
-    lost, cordoned, drained = rng.sample(nodes, 3)
+    lost, cordoned, drained = rng.sample([n for n in nodes if n.gpus[0].model == MODELS[0]], 3)
     w = WINDOW_S
     out += [
         NodeLost(id=derived_id(TELEMETRY, "lost", lost.name), ts=round(0.3 * w, 1), source=TELEMETRY,
@@ -277,19 +282,20 @@ def mid_run(rng: random.Random, nodes: list[NodeSpec], lowered: QueueSpec,
         NodeUncordoned(id=derived_id(OPERATOR, "undrain", drained.name), ts=round(0.8 * w, 1), source=OPERATOR,
                        correlation_id=drained.name, node=drained.name),
     ]
-    # The queue's quota halved, then given back. So that a job above the half surely waits then, at the head of
-    # the queue: two jobs that cannot be preempted take the whole quota before, and one of the highest class
-    # that can asks for all of it.
+    # The queue's quota halved, then given back. The queue gets no other jobs, so that a job above the half
+    # surely waits then at the head of its queue: two jobs that cannot be preempted take the whole quota from the
+    # start (on H100 nodes, which no node event above touches), and one of the highest class that can be
+    # preempted asks for all of it.
     nominal = lowered.nominal_gpus or GPUS_PER_NODE
     before = 0.4 * w
-    planted = [("hold-1", CRITICAL, nominal // 2, before - 1800, 3600), ("hold-2", CRITICAL, nominal - nominal // 2,
-                                                                          before - 1790, 3600),
-               ("big", "urgent", nominal, before - 300, 1800)]
+    planted = [("hold-1", CRITICAL, nominal // 2, 60.0, 2 * before),
+               ("hold-2", CRITICAL, nominal - nominal // 2, 70.0, 2 * before),
+               ("big", "urgent", nominal, before - 300, 1800.0)]
     for job_id, priority, gpus, ts, runtime in planted:
         out.append(SubmitJob(id=derived_id(SOURCE, "submit", job_id), ts=round(ts, 1), source=SOURCE, job_id=job_id,
                              spec=JobSpec(team=lowered.team, queue=lowered.name, user=f"{lowered.name}-u0",
-                                          name=job_id, priority=priority, gpus=gpus,
-                                          labels={sim_executor.SIM_RUNTIME_S: f"{runtime}"})))
+                                          name=job_id, priority=priority, gpus=gpus, gpu_models=(MODELS[1],),
+                                          labels={sim_executor.SIM_RUNTIME_S: f"{runtime:g}"})))
     half = msgspec.structs.replace(lowered, nominal_gpus=nominal // 2)
     out += [QueuePolicyChanged(id=derived_id(OPERATOR, "queue", lowered.name, 2), ts=round(before, 1),
                                source=OPERATOR, correlation_id=lowered.name, queue=half, version=2),
@@ -297,7 +303,8 @@ def mid_run(rng: random.Random, nodes: list[NodeSpec], lowered: QueueSpec,
                                source=OPERATOR, correlation_id=lowered.name, queue=lowered, version=3)]
     # The classes changed: experiments now above training, or urgent jobs no longer preemptible.
     which = rng.choice(("experiment", "urgent"))
-    changed: dict[str, object] = {"experiment": {"value": 600}, "urgent": {"preemptible": False}}[which]
+    changes: dict[str, dict[str, object]] = {"experiment": {"value": 600}, "urgent": {"preemptible": False}}
+    changed = changes[which]
     classes = tuple(msgspec.structs.replace(c, **changed) if c.name == which else c for c in PRIORITY_CLASSES)
     out.append(PriorityClassesChanged(id=derived_id(OPERATOR, "classes", 4), ts=round(0.55 * w, 1), source=OPERATOR,
                                       classes=tuple(sorted(classes, key=lambda c: (-c.value, c.name))), version=4))

@@ -8,7 +8,10 @@ set-up gives the same log, byte for byte, with each shortcut switched off.
 - preemption skips the victim search of a reclaim whose queue could not fit its nominal quota even with all its
   own candidates gone (reclaim.could_fit_nominal);
 - quota does not walk a queue none of whose waiting jobs could get quota in the pass, when trying them would
-  tell nobody anything new (quota_reach.out_of_reach);
+  tell nobody anything new (quota_reach.out_of_reach), nor, while the cohort has no room, look at a queue
+  that would then be such a queue (quota_reach.quiet);
+- quota reads back a queue's head and its order key from an earlier pass when nothing they depend on
+  changed (quota_heads.kept_head);
 - on a tick, preemption considers no waiting job alike to one that found no victims since the last decision
   (PreemptionDecider._alike_key).
 """
@@ -30,6 +33,7 @@ from libs.sim.scenario import run_scenario
 from libs.sim.scenario_model import load_scenario
 from libs.sim.trace_outcome import TraceJob
 from libs.sim.trace_run import Setup, world_inputs
+from tests.unit.many_queue_worlds import random_world, run_log
 
 TEAMS = {"a": 1, "b": 2, "c": 1}  # nodes of 8 GPUs: 32 GPUs
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
@@ -64,6 +68,8 @@ def log_bytes(jobs: list[TraceJob], setup: Setup) -> list[bytes]:
 def no_shortcuts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(quota_pass, "held_like_another", lambda d, job, p: False)
     monkeypatch.setattr(quota_pass, "out_of_reach", lambda d, queue, p: False)
+    monkeypatch.setattr(quota_pass, "quiet", lambda d, queue, backing_off: False)
+    monkeypatch.setattr(quota_pass, "kept_head", lambda d, queue, p: None)
 
     def one_by_one(jobs: list[QuotaJob]) -> list[QuotaJob]:
         return jobs
@@ -80,7 +86,7 @@ def test_shortcuts_decide_as_the_long_way(monkeypatch: pytest.MonkeyPatch, pool:
                                           las: bool) -> None:
     jobs = loaded_trace(seed=7)
     setup = Setup(pool, "platform", pool, declare, las=las)
-    taken: dict[str, int] = {"held": 0, "summed": 0, "no_reclaim": 0, "out_of_reach": 0}
+    taken: dict[str, int] = {"held": 0, "summed": 0, "no_reclaim": 0, "out_of_reach": 0, "quiet": 0, "kept": 0}
     with monkeypatch.context() as m:
         count_shortcuts(m, taken)
         fast = log_bytes(jobs, setup)
@@ -93,12 +99,23 @@ def test_shortcuts_decide_as_the_long_way(monkeypatch: pytest.MonkeyPatch, pool:
     # limit, a reclaim a cohort.
     assert (taken["summed"] > 0 and taken["held"] > 0) or declare == "noisy"
     assert taken["no_reclaim"] > 0 or pool == "partitioned"
-    assert taken["out_of_reach"] > 0
+    assert taken["out_of_reach"] > 0 and taken["quiet"] > 0
+    assert taken["kept"] > 0 or pool == "partitioned"  # (a queue alone in its pass keeps nothing)
 
 
 def count_shortcuts(monkeypatch: pytest.MonkeyPatch, taken: dict[str, int]) -> None:
     held, summed, could = quota_pass.held_like_another, quota_starvation._summed, reclaim.could_fit_nominal
-    reach = quota_pass.out_of_reach
+    reach, calm, kept = quota_pass.out_of_reach, quota_pass.quiet, quota_pass.kept_head
+
+    def counted_quiet(*args: Any) -> bool:
+        answer = calm(*args)
+        taken["quiet"] += answer
+        return answer
+
+    def counted_kept(*args: Any) -> Any:
+        answer = kept(*args)
+        taken["kept"] += answer is not None
+        return answer
 
     def counted_reach(*args: Any) -> bool:
         answer = reach(*args)
@@ -124,6 +141,8 @@ def count_shortcuts(monkeypatch: pytest.MonkeyPatch, taken: dict[str, int]) -> N
     monkeypatch.setattr(quota_starvation, "_summed", counted_summed)
     monkeypatch.setattr(reclaim, "could_fit_nominal", counted_could)
     monkeypatch.setattr(quota_pass, "out_of_reach", counted_reach)
+    monkeypatch.setattr(quota_pass, "quiet", counted_quiet)
+    monkeypatch.setattr(quota_pass, "kept_head", counted_kept)
 
 
 @pytest.mark.parametrize("name", SCENARIO_FILES)
@@ -134,4 +153,18 @@ def test_scenario_decides_as_the_long_way(monkeypatch: pytest.MonkeyPatch, name:
     with monkeypatch.context() as m:
         no_shortcuts(m)
         slow = [msgspec.json.encode(e) for _, e in run_scenario(scenario, SCENARIOS).log]
+    assert fast == slow
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_many_queue_world_decides_as_the_long_way(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """Cohorts of many queues with guaranteed and borrowing limits, a tree, user limits, a budget, models,
+    gangs, cancellations, nodes lost and back and quota lowered and raised mid-run: the same log with every
+    shortcut off."""
+    inputs = random_world(seed)
+    fast = run_log(inputs)
+    with monkeypatch.context() as m:
+        no_shortcuts(m)
+        slow = run_log(inputs)
+    assert len(fast) > 1000
     assert fast == slow

@@ -1,0 +1,88 @@
+"""Random worlds of many queues (tests/unit/many_queue_worlds.py) run the same every time, keep the platform's
+guarantees, and exercise what they are made for: borrowing, reclaims, every kind of wait for quota.
+
+Seeds other than SEEDS on which the guarantee checker reports violations are listed below, each marked xfail
+(strict: once fixed, it passes and the mark must go) with what breaks and why, as far as it was traced. They
+are tied to the generator as it is now: a change to what it draws changes which seeds break."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import msgspec
+import pytest
+
+from contracts import EventBase, JobFinished, PreemptionDecided, QuotaDeferred, QuotaReserved
+from libs.bench.guarantee_figures import guarantee_figures
+from tests.unit.many_queue_worlds import random_world, run_log, run_world
+
+SEEDS = (1, 2, 3)
+WAITS = {"cohort_quota_exhausted", "quota_lent_out", "behind_higher_priority", "exceeds_queue_quota", "user_limit"}
+
+
+@cache
+def world_log(seed: int) -> list[tuple[int, EventBase]]:
+    return run_world(random_world(seed)).log
+
+
+def broken(seed: int, reason: str) -> object:
+    return pytest.param(seed, marks=pytest.mark.xfail(reason=reason, strict=True, raises=AssertionError))
+
+
+# Seeds whose worlds break a guarantee (found with this generator; see the module doc).
+BROKEN = [
+    broken(12, "parent_quota: QuotaBook.parent_room bounds a '*' child of a parent with only '*' quota by the "
+               "subtree's '*' usage alone, not every flavor's (subtree_all): j0000 (q02, '*') took org's subtree to "
+               "9 GPUs beside q04's 4 A100, above org's 8; and no_idle_while_fitting_waits as for seed 9 (j0153, "
+               "j0172, j0186 in q05)"),
+    broken(27, "lending_limit: placement placed j0341 on the very tick its reservation went back at the placement "
+               "timeout (both on one ClockTick), and quota took the quota again for the placed job whatever the "
+               "cohort lent (the race docs/guarantees.md 'Found in the deciders' describes)"),
+    broken(9, "no_idle_while_fitting_waits: j0098 (urgent, a class made non-preemptible mid-run; 2 GPUs) in q20 "
+              "(nominal 0, over its budget with over_budget=borrow) is told exceeds_queue_quota, as if it could use "
+              "its nominal only, though over budget it is admitted preemptible and borrows; and a "
+              "reclaim_within_bound (q22) not traced"),
+    broken(5, "reclaim_within_bound, a checker false positive: holds.reclaim_due asks whether the queue's first "
+              "waiting job fits the nominal of a flavor it may not use (it asks for H100 only; the episode is A100)"),
+    broken(19, "reclaim_within_bound: reclaimable.reclaimable owes the bound whenever a running job of a borrowing "
+               "peer queue cannot be preempted (here urgent jobs, the class made non-preemptible mid-run) without "
+               "asking whether a reclaim, which may take such a job, could serve the waiting job: j0150 needs 8 "
+               "GPUs, room 3, and none keeping nominal_protected frees the rest"),
+    broken(6, "reclaim_within_bound: the checker owes the reclaim to the smallest job of the highest waiting "
+              "priority; preemption's _heads_of_queues considers the first by id, which fits the nominal on paper "
+              "(demand <= nominal) but not beside what its queue holds, and stops there"),
+]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_world_runs_the_same_twice(seed: int) -> None:
+    assert [msgspec.json.encode(e) for e in random_world(seed)] == [msgspec.json.encode(e) for e in random_world(seed)]
+    once = [msgspec.json.encode(e) for _, e in world_log(seed)]
+    assert len(once) > 3000
+    assert run_log(random_world(seed)) == once
+
+
+@pytest.mark.parametrize("seed", [*SEEDS, *BROKEN])
+def test_a_world_keeps_every_guarantee(seed: int) -> None:
+    figures = guarantee_figures(world_log(seed))
+    assert figures["guarantee_violations"] == 0, figures
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_world_exercises_borrowing_reclaims_and_every_wait(seed: int) -> None:
+    log = [e for _, e in world_log(seed)]
+    inputs = random_world(seed)
+    assert any(isinstance(e, QuotaReserved) and e.borrowed_milli > 0 for e in log)
+    codes = {e.code for e in log if isinstance(e, QuotaDeferred)}
+    assert codes >= WAITS, WAITS - codes
+    # The job planted above the lowered quota is told so.
+    assert any(isinstance(e, QuotaDeferred) and e.job_id == "big" and e.code == "exceeds_queue_quota" for e in log)
+    decided = [e for e in log if isinstance(e, PreemptionDecided)]
+    assert {"reclaim", "within_queue_priority"} <= {e.code for e in decided}
+    submitted = sum(type(e).__name__ == "SubmitJob" for e in inputs)
+    assert sum(isinstance(e, JobFinished) for e in log) > submitted * 2 // 3
+    # Every mid-run input is there, after the inventory and the policy.
+    kinds = {type(e).__name__ for e in inputs if e.ts > 0}
+    assert kinds >= {"SubmitJob", "CancelJob", "NodeLost", "NodeRegistered", "NodeCordoned", "NodeUncordoned",
+                     "QueuePolicyChanged", "PriorityClassesChanged"}
+    assert [e.ts for e in inputs] == sorted(e.ts for e in inputs)
