@@ -211,6 +211,14 @@ class QuotaDecider:
         self.cohort_demands: dict[str, dict[int, int]] = {}  # cohort -> waiting demand -> jobs
         # queue -> (when, its head at the start of a pass, that head's order key): see quota_heads
         self.heads: dict[str, tuple[tuple[object, ...], str, tuple[object, ...]]] = {}
+        # The calm queues of each cohort in fair order (libs/core/quota_calm.py): cohort -> its waiting queues,
+        # its heap of calm ones, the versions it was ranked at, those touched since a pass looked, and those not
+        # calm when last looked at.
+        self.waiting_in: dict[str, dict[str, None]] = {}
+        self.calm: dict[str, list[tuple[tuple[object, ...], str, tuple[object, ...]]]] = {}
+        self.calm_at: dict[str, tuple[object, ...]] = {}
+        self.stirred: dict[str, dict[str, None]] = {}
+        self.restless: dict[str, dict[str, None]] = {}
         # queue -> (when, is it quiet: see quota_reach.quiet)
         self.quiet: dict[str, tuple[tuple[int, ...], bool]] = {}
         self._cohort_flavors: tuple[int, dict[str, tuple[str, ...]]] = (-1, {})

@@ -138,6 +138,7 @@ def fold(d: QuotaDecider, event: EventBase) -> None:
                        for keys in users.values() for _, j in keys]
             for job in waiting:
                 count_demand(d, job.queue, job.demand, -1)
+            d.waiting_in.get(d.book.cohort.get(event.queue.name, ""), {}).pop(event.queue.name, None)
             d.policy.apply(event)
             policy_applied(d, event)
             for job in waiting:
@@ -192,13 +193,21 @@ def touched(d: QuotaDecider, queue: str) -> None:
     """Something of the queue's own changed (its waiting jobs, its usage, what they were told, a nomination):
     what a pass kept of it (quota_heads, quota_reach.quiet) goes stale."""
     d.qver[queue] = d.qver.get(queue, 0) + 1
+    cohort = d.book.cohort.get(queue, "")
+    if cohort:
+        d.stirred.setdefault(cohort, {})[queue] = None
 
 
 def count_demand(d: QuotaDecider, queue: str, demand: int, sign: int) -> None:
-    """The waiting demands of the queue's cohort, counted (quota_reach.no_room asks the smallest)."""
+    """The waiting demands of the queue's cohort, counted (quota_reach.no_room asks the smallest), and the
+    cohort's waiting queues."""
     cohort = d.book.cohort.get(queue, "")
     if not cohort:
         return
+    if sign > 0:
+        d.waiting_in.setdefault(cohort, {})[queue] = None
+    elif not d.pending.get(queue) and (waiting := d.waiting_in.get(cohort)) is not None:
+        waiting.pop(queue, None)
     demands = d.cohort_demands.setdefault(cohort, {})
     left = demands.get(demand, 0) + sign
     if left:
@@ -236,7 +245,6 @@ def enqueue(d: QuotaDecider, job: QuotaJob) -> None:
 
 def dequeue(d: QuotaDecider, job: QuotaJob) -> None:
     touched(d, job.queue)
-    count_demand(d, job.queue, job.demand, -1)
     levels = d.pending[job.queue]
     users = levels[job.priority]
     keys = users[job.user]
@@ -245,6 +253,7 @@ def dequeue(d: QuotaDecider, job: QuotaJob) -> None:
         del users[job.user]
         if not users:
             del levels[job.priority]
+    count_demand(d, job.queue, job.demand, -1)
     demands = d.demands[(job.queue, job.priority)]
     demands[job.demand] -= 1
     if not demands[job.demand]:
