@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ from libs.bench.kueue_scenario import (
     plan_jobs,
     policy_toml,
 )
+from libs.bench.kueue_virtual import cost_of_decisions
 from libs.bench.platform import bench_platform
 from libs.bus.jetstream import Bus, BusConfig
 from libs.core.decider import derived_id
@@ -136,12 +138,24 @@ async def _drive(config: BusConfig, sup: Supervisor, servers: list[EmbeddedServe
     finally:
         await bus.close()
     log = [(seq, at, decode(data)) for seq, at, data in raw]
+    cpu = {k: cpu_after.get(k, 0.0) - v for k, v in sorted(cpu_before.items())}
     return {**compute_metrics(log), **guarantee_figures([(seq, e) for seq, _, e in log]), "timed_out": timed_out,
+            **live_decision_cost(cpu, [e for _, _, e in log]),
             "submit_lag_max_s": round(stats.max_lag_s, 3),
             "submit_lag_mean_s": round(stats.lag_sum_s / stats.jobs, 3) if stats.jobs else None,
             "peak_backlog": dict(sorted(backlog.peak.items())),
-            "cpu_s": {k: round(cpu_after.get(k, 0.0) - v, 1) for k, v in sorted(cpu_before.items())},
+            "cpu_s": {k: round(t, 1) for k, t in cpu.items()},
             "service_restarts": restarts}
+
+
+DECIDERS = ("admission", "quota", "placement", "preemption")
+
+
+def live_decision_cost(cpu_s: dict[str, float], log: list[EventBase]) -> dict[str, Any]:
+    """The cost of one decision through the services: the four deciders' process CPU seconds (receiving,
+    decoding, folding, deciding, publishing) over the decisions they logged (events with a chain)."""
+    made = Counter(e.source for e in log if e.chain and e.source in DECIDERS)
+    return cost_of_decisions({name: cpu_s.get(name, 0.0) for name in DECIDERS}, {name: made[name] for name in DECIDERS})
 
 
 async def wait_for_policy_and_nodes(bus: Bus, n_queues: int, n_nodes: int, timeout_s: float = 60.0,

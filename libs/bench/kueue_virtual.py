@@ -55,8 +55,12 @@ def run_virtual_bench(generator: Path, scale: float = 1.0, gpus_per_node: int = 
 def decision_cost(run: VirtualRun) -> dict[str, Any]:
     """Seconds per decider (folding every input it reads and deciding), decisions made, and the cost of one
     decision: all deciders' seconds over all their decisions."""
-    decisions = sum(run.decisions.values())
-    seconds = sum(run.seconds.values())
-    return {"decider_s": {name: round(t, 2) for name, t in run.seconds.items()}, "decisions": decisions,
-            "decisions_per_s": round(decisions / seconds) if seconds else 0,
-            "us_per_decision": round(seconds / decisions * 1e6, 1) if decisions else 0.0}
+    return cost_of_decisions(run.seconds, run.decisions)
+
+
+def cost_of_decisions(seconds: dict[str, float], decisions: dict[str, int]) -> dict[str, Any]:
+    made = sum(decisions.values())
+    spent = sum(seconds.values())
+    return {"decider_s": {name: round(t, 2) for name, t in seconds.items()}, "decisions": made,
+            "decisions_per_s": round(made / spent) if spent else 0,
+            "us_per_decision": round(spent / made * 1e6, 1) if made else 0.0}

@@ -288,6 +288,14 @@ def comparison_table(result: dict[str, Any]) -> Table:
         table.add_row(label, _fmt(result[key]), "")
     if "submit_lag_max_s" in result:
         table.add_row("submission lag, max", _fmt(result["submit_lag_max_s"], " s"), "")
+    cpu = result.get("cpu_s") or result.get("decider_s") or {}
+    if cpu:
+        table.add_row("CPU s per process" if "cpu_s" in result else "CPU s per decider",
+                      ", ".join(f"{name} {seconds:g}" for name, seconds in cpu.items()), "")
+    if result.get("decisions"):
+        table.add_row("decisions (per decider CPU second)",
+                      f"{result['decisions']:,} ({result['decisions_per_s']:,})", "")
+        table.add_row("cost of one decision", _fmt(result["us_per_decision"], " us"), "")
     if result["timed_out"]:
         table.add_row("[red]timed out[/red]", "not every job reached a final state", "")
     return table

@@ -27,9 +27,12 @@ settings' placement timeout goes back, and its job waits again after a backoff. 
 QuotaDeferred per reason, which the preemption service uses to reclaim quota.
 
 The decider's parts, one job each: quota_fold (the fold of inputs and decisions into its state), quota_pass
-(the scheduling pass), quota_reserve (trying one job), quota_order (the fair order), quota_fit (where a job
-could fit), quota_reasons (why a job waits, and telling it), quota_starvation, quota_nomination, quota_reclaim,
-quota_timeout (reservations placement does not place in time) and quota_fleet (the GPU models present).
+(the scheduling pass), quota_walk (a queue's next job worth trying), quota_reserve (trying one job), quota_order
+(the fair order), quota_fit (where a job could fit), quota_reasons (why a job waits, and telling it),
+quota_starvation, quota_nomination, quota_reclaim, quota_timeout (reservations placement does not place in
+time) and quota_fleet (the GPU models present). What keeps a pass's cost flat as queues grow, deciding exactly
+what the long way would: quota_reach (queues a pass need not look at), quota_heads (each queue's head and order
+key kept between passes) and quota_calm (a cohort's calm queues kept ranked).
 """
 
 from __future__ import annotations

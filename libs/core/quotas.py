@@ -294,24 +294,24 @@ class QuotaBook:
         room = UNLIMITED
         for ancestor in self.bounds.get(queue, ()):
             limits = self.limits[ancestor]
-            lim = limits.get(flavor)
-            if lim is not None:
+            in_cohort = bool(self.cohort.get(ancestor))
+            lim = limits.get(flavor) if flavor != ANY else None
+            if lim is not None:  # its quota of the flavor bounds the subtree's usage of that flavor
                 held = self.usage(ancestor, flavor) + self.subtree.get((ancestor, flavor), 0)
-            elif ANY in limits:
-                lim = limits[ANY]
-                held = self.usage(ancestor, ANY) + self.subtree_all.get(ancestor, 0)
-            else:
-                continue  # no quota of this flavor: it bounds other flavors only
-            room = min(room, subtree_cap(lim, bool(self.cohort.get(ancestor))) - held)
+                room = min(room, subtree_cap(lim, in_cohort) - held)
+            every = limits.get(ANY)
+            if every is not None:  # its quota of any model bounds the subtree's usage of every flavor together
+                held = sum(self.usage(ancestor, f) for f in limits) + self.subtree_all.get(ancestor, 0)
+                room = min(room, subtree_cap(every, in_cohort) - held)
         return max(0, room)
 
     def _parent_ceiling(self, queue: str, flavor: str) -> int:
         """The most the queue's ancestors ever let its subtree hold of the flavor (UNLIMITED: no bound)."""
         most = UNLIMITED
         for ancestor in self.bounds.get(queue, ()):
-            lim = self.limits[ancestor].get(flavor) or self.limits[ancestor].get(ANY)
-            if lim is not None:
-                most = min(most, subtree_cap(lim, bool(self.cohort.get(ancestor))))
+            for lim in (self.limits[ancestor].get(flavor), self.limits[ancestor].get(ANY)):
+                if lim is not None:
+                    most = min(most, subtree_cap(lim, bool(self.cohort.get(ancestor))))
         return most
 
     def room_within_nominal(self, queue: str, flavor: str) -> int:

@@ -31,10 +31,8 @@ def broken(seed: int, reason: str) -> object:
 
 # Seeds whose worlds break a guarantee (found with this generator; see the module doc).
 BROKEN = [
-    broken(12, "parent_quota: QuotaBook.parent_room bounds a '*' child of a parent with only '*' quota by the "
-               "subtree's '*' usage alone, not every flavor's (subtree_all): j0000 (q02, '*') took org's subtree to "
-               "9 GPUs beside q04's 4 A100, above org's 8; and no_idle_while_fitting_waits as for seed 9 (j0153, "
-               "j0172, j0186 in q05)"),
+    broken(12, "no_idle_while_fitting_waits as for seed 9 (j0153, j0172, j0186 in q05), and a reclaim_within_bound "
+               "not traced"),
     broken(27, "lending_limit: placement placed j0341 on the very tick its reservation went back at the placement "
                "timeout (both on one ClockTick), and quota took the quota again for the placed job whatever the "
                "cohort lent (the race docs/guarantees.md 'Found in the deciders' describes)"),
