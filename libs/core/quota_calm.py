@@ -22,6 +22,7 @@ from libs.core.quota_walk import next_head
 if TYPE_CHECKING:
     from libs.core.quota import QuotaDecider
 
+STALE_SLACK = 64  # stale entries a cohort's heap may carry beyond twice its waiting queues
 # (order key, queue, the stamp of what the key was found from: quota_heads.stamp)
 CalmEntry = tuple[tuple[object, ...], str, tuple[object, ...]]
 
@@ -41,6 +42,10 @@ def calm_heap(d: QuotaDecider, cohort: str, p: Pass, out: Decisions) -> list[str
         stirred = d.stirred.pop(cohort, None)
         look = [*restless, *(q for q in stirred or () if q not in restless)]
     heap = d.calm[cohort]
+    if len(heap) > 2 * len(waiting) + STALE_SLACK:
+        # Entries gone stale leave only as they come up: past twice the queues, the heap sheds them at once.
+        heap[:] = [entry for entry in heap if valid(d, entry, p)]
+        heapq.heapify(heap)
     for q in look:
         if q not in waiting:
             restless.pop(q, None)
