@@ -28,7 +28,7 @@ CalmEntry = tuple[tuple[object, ...], str, tuple[object, ...]]
 
 
 def calm_heap(d: QuotaDecider, cohort: str, p: Pass, out: Decisions) -> list[str]:
-    """Bring the cohort's heap of calm queues up to date; the cohort's waiting queues that are not calm."""
+    """Bring the cohort's heap of calm queues up to date; the cohort's waiting queues that are not calm, by name."""
     versions = (fair_epoch(d, p.now), d.policy_version, d.flavors_epoch, d.fleet.inventory.version)
     waiting = d.waiting_in.get(cohort, {})
     restless = d.restless.setdefault(cohort, {})
@@ -55,7 +55,7 @@ def calm_heap(d: QuotaDecider, cohort: str, p: Pass, out: Decisions) -> list[str
             heapq.heappush(heap, (key, q, stamp(d, q, p)))
         else:
             restless[q] = None
-    return list(restless)
+    return sorted(restless)  # (in the cohort's order, as its members are: what walking them tells comes in it)
 
 
 def head_key(d: QuotaDecider, queue: str, p: Pass, out: Decisions) -> tuple[QuotaJob, tuple[object, ...]]:
