@@ -276,7 +276,9 @@ class Projector:
             metrics.ALLOCATED.labels(team, model).set(gpus)
         for model, gpus in led.demand().items():
             metrics.DEMAND.labels(model).set(gpus)
-        for name in led.queues:
+        # Every queue with a waiting job ages; the others changed only if the batch touched them (a queue of
+        # thousands that waits for nothing costs nothing here).
+        for name in {*(q for q, since in led.pending_since.items() if since), *led.dirty_queues}:
             metrics.OLDEST_PENDING.labels(name).set(led.oldest_pending_s(name))
 
     def _gpu_gauges(self, changed: Iterable[str]) -> None:

@@ -53,4 +53,7 @@ def test_the_bench_completes_every_job_without_a_quota_violation(
     assert 0 < result["min_queue_usage_pct"] <= result["mean_queue_usage_pct"]
     assert result["wall_time_s"] > 1.0 and result["submit_lag_max_s"] < 5.0
     assert result["kueue"] == {}  # no README with published figures next to this generator
+    # The cost of one decision through the services: the four deciders' process CPU over their logged decisions.
+    assert result["decisions"] > expected and result["us_per_decision"] > 0
+    assert set(result["decider_s"]) == {"admission", "quota", "placement", "preemption"}
     assert (tmp_path / "data" / "logs" / "quota.log").exists()
