@@ -6,6 +6,7 @@ scheduling pass, the reasons, the reclaim and the guarantee checker all ask thes
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from libs.core.quota_state import Pass, QuotaJob
@@ -58,28 +59,24 @@ def all_holdable(d: QuotaDecider, queue: str) -> bool:
     until the inventory or the jobs' flavors change; a job that waits anew is checked as it comes
     (quota_fold.enqueue), and the answer for a queue with a job they could not hold is asked afresh once one
     leaves."""
-    versions = (d.fleet.inventory.version, d.flavors_epoch)
-    known = d._holdable.get(queue)
-    if known is not None and known[:2] == versions:
-        return known[2]
-    able = all(could_hold(d, d.jobs[j]) for users in d.pending.get(queue, {}).values()
-               for keys in users.values() for _, j in keys)
-    d._holdable[queue] = (*versions, able)
-    return able
+    return _every_waiting(d, queue, d._holdable, (d.fleet.inventory.version, d.flavors_epoch), could_hold)
 
 
 def all_could_ever_fit(d: QuotaDecider, queue: str) -> bool:
     """Could the queue, as its quota is now, hold every waiting job of it? Kept until the policy or the jobs'
-    flavors change; a job that waits anew is checked as it comes (quota_fold.enqueue), and the answer for a
-    queue with a job it could not hold is asked afresh once one leaves."""
-    versions = (d.policy_version, d.flavors_epoch)
-    known = d._fitting.get(queue)
-    if known is not None and known[:2] == versions:
-        return known[2]
-    fits = all(could_ever_fit(d, d.jobs[j]) for users in d.pending.get(queue, {}).values()
-               for keys in users.values() for _, j in keys)
-    d._fitting[queue] = (*versions, fits)
-    return fits
+    flavors change, as all_holdable is kept."""
+    return _every_waiting(d, queue, d._fitting, (d.policy_version, d.flavors_epoch), could_ever_fit)
+
+
+def _every_waiting(d: QuotaDecider, queue: str, known: dict[str, tuple[int, int, bool]], versions: tuple[int, int],
+                   holds: Callable[[QuotaDecider, QuotaJob], bool]) -> bool:
+    kept = known.get(queue)
+    if kept is not None and kept[:2] == versions:
+        return kept[2]
+    answer = all(holds(d, d.jobs[j]) for users in d.pending.get(queue, {}).values()
+                 for keys in users.values() for _, j in keys)
+    known[queue] = (*versions, answer)
+    return answer
 
 
 def smallest_servable(d: QuotaDecider, queue: str, flavors: list[str], now: float) -> dict[str, int]:
