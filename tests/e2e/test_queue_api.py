@@ -252,7 +252,8 @@ def test_queue_set_changes_only_the_given_fields_and_creates_queues(platform: Pl
     done = cli(platform, "queue", "set", "newq", "--team", "x", "--parent", "acme", "--flavor", "A100=4:2")
     assert done.returncode == 0, done.stderr
     assert "created" in done.stdout
-    view = wait_for(lambda: platform.client.queue("newq"), "queue newq was never projected")
+    # (Admission answers with the spec it logged at once; the flavors come with accounting's projection.)
+    view = wait_for(lambda: (q := platform.client.queue("newq"))["flavors"] and q, "queue newq was never projected")
     assert view["spec"] == {"name": "newq", "team": "x", "parent": "acme",
                             "flavors": [{"model": "A100", "nominal_gpus": 4, "borrowing_limit_gpus": 2}]}
     assert [(f["flavor"], f["nominal_gpus"], f["borrowing_limit_gpus"]) for f in view["flavors"]] == [
