@@ -23,17 +23,11 @@ if TYPE_CHECKING:
 
 
 def out_of_reach(d: QuotaDecider, queue: str, p: Pass) -> bool:
-    """Could no waiting job of the queue get quota in this pass, trying them telling nobody anything new?"""
+    """Could no waiting job of the queue get quota in this pass, trying them telling nobody anything new?
+    (`p.backing_off`, the queues with a job backing off as the pass began, may name more than are left: a
+    backoff ending on the way only makes the answer no where it could have been yes.)"""
     flavors = d.book.limits.get(queue)
-    if not flavors or d.loud.get(queue):
-        return False  # ungoverned (unlimited), or a job to tell
-    spec = d.policy.queues.get(queue)
-    if spec is None or spec.user_max_gpus is not None or spec.budget_gpu_hours is not None:
-        return False
-    if (d.backing_off or d.requeued) and any(
-            (job := d.jobs.get(j)) is not None and job.queue == queue for b in (d.backing_off, d.requeued) for j in b):
-        return False
-    if not all_holdable(d, queue) or not all_could_ever_fit(d, queue):
+    if not flavors or queue in p.backing_off or not nothing_to_tell(d, queue):
         return False
     smallest = pass_servable(d, queue, p)
     for flavor in flavors:
@@ -67,14 +61,21 @@ def quiet(d: QuotaDecider, queue: str, backing_off: set[str]) -> bool:
     return answer
 
 
-def _quiet(d: QuotaDecider, queue: str) -> bool:
-    flavors = d.book.limits.get(queue)
-    if not flavors or d.loud.get(queue):
+def nothing_to_tell(d: QuotaDecider, queue: str) -> bool:
+    """Would trying the governed queue's waiting jobs (none backing off) tell none of them anything new? Each is
+    told it waits for quota already, no user limit or budget could tell it otherwise, its queue's quota could
+    hold it and a node present could."""
+    if d.loud.get(queue):
         return False
     spec = d.policy.queues.get(queue)
     if spec is None or spec.user_max_gpus is not None or spec.budget_gpu_hours is not None:
         return False
-    if not all_holdable(d, queue) or not all_could_ever_fit(d, queue):
+    return all_holdable(d, queue) and all_could_ever_fit(d, queue)
+
+
+def _quiet(d: QuotaDecider, queue: str) -> bool:
+    flavors = d.book.limits.get(queue)
+    if not flavors or not nothing_to_tell(d, queue):
         return False
     smallest = min(min(demands) for demands in d.demands_by_models[queue].values())
     for flavor, lim in flavors.items():
