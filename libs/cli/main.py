@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-from libs.cli import audit, bench, jobs, nats_config, nodes, queues, report, services, sim, snapshots, tokens, up
+from libs.cli import audit, bench, jobs, kube, nats_config, nodes, queues, report, services, sim, snapshots, tokens, up
 from libs.cli.client import ApiError
 from libs.cli.output import add_json_flag, has_json_flag
 from libs.runtime.settings import SERVICES
@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     snapshots.add_command(sub)
     nats_config.add_command(sub)
     tokens.add_command(sub)
+    kube.add_commands(sub)
     parser.set_defaults(json=False)
     for command in sub.choices.values():
         _json_before_subcommand(command)

@@ -89,7 +89,7 @@ def start_platform(data: Path, cluster: Path, policy: Path, api_port: int,
     return sup, servers, env
 
 
-def stop_all(sup: Supervisor | None, servers: list[EmbeddedServer], agents: SimAgents | None = None) -> None:
+def stop_all(sup: Supervisor | None, servers: list[EmbeddedServer], agents: EdgeProcesses | None = None) -> None:
     """Agents, then services, then the servers they use, in that order."""
     if agents is not None:
         agents.stop()
@@ -100,31 +100,38 @@ def stop_all(sup: Supervisor | None, servers: list[EmbeddedServer], agents: SimA
 
 
 @dataclass
-class SimAgents:
-    """Node agents with the simulated backend and the process executor, for `gpusched up --agents N`: each
-    a simulated GPU server whose jobs run as real processes. Restarted when they die, like the services."""
+class EdgeProcesses:
+    """The processes at the platform's edge that `up` runs beside the services: node agents with the simulated
+    backend (`--agents N`, each a simulated GPU server whose jobs run as real processes), or the Kubernetes
+    bridge (`--kubeconfig`). Restarted when they die, like the services."""
 
     env: dict[str, str]
     data: Path
-    gpus: int
+    commands: dict[str, list[str]] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
-    def start(self, count: int) -> None:
+    def start_agents(self, count: int, gpus: int) -> None:
         for i in range(count):
-            self._spawn(f"agent-{i}")
+            node = f"agent-{i}"
+            self._spawn(node, [sys.executable, "-m", "services.agent", "--node", node, "--backend", "sim",
+                               "--gpus", str(gpus), "--port", str(free_port()),
+                               "--workdir", str(self.data / "agents" / node)])
 
-    def _spawn(self, node: str) -> None:
+    def start_bridge(self, kubeconfig: Path) -> None:
+        self._spawn("kube-bridge", [sys.executable, "-m", "services.kube_bridge", "--kubeconfig",
+                                    str(kubeconfig.resolve()), "--port", str(free_port())])
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
         (self.data / "logs").mkdir(parents=True, exist_ok=True)
-        with open(self.data / "logs" / f"{node}.log", "ab") as log:
-            self.procs[node] = subprocess.Popen(
-                [sys.executable, "-m", "services.agent", "--node", node, "--backend", "sim", "--gpus", str(self.gpus),
-                 "--port", str(free_port()), "--workdir", str(self.data / "agents" / node)],
-                env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT)
+        self.commands[name] = argv
+        with open(self.data / "logs" / f"{name}.log", "ab") as log:
+            self.procs[name] = subprocess.Popen(argv, env={**os.environ, **self.env}, stdout=log,
+                                                stderr=subprocess.STDOUT)
 
     def restart_dead(self) -> list[str]:
-        dead = [node for node, proc in self.procs.items() if proc.poll() is not None]
-        for node in dead:
-            self._spawn(node)
+        dead = [name for name, proc in self.procs.items() if proc.poll() is not None]
+        for name in dead:
+            self._spawn(name, self.commands[name])
         return dead
 
     def stop(self) -> None:
@@ -137,16 +144,23 @@ class SimAgents:
 
 def cmd_up(args: argparse.Namespace) -> None:
     data = Path(args.data).resolve()
-    extra = {"GPUSCHED_NODE_BACKEND": "agents"} if args.agents else {}
-    agents: SimAgents | None = None
+    if args.agents and args.kubeconfig:
+        raise ValueError("--agents and --kubeconfig exclude each other: the nodes come from one or the other")
+    backend = "agents" if args.agents else "kubernetes" if args.kubeconfig else ""
+    extra = {"GPUSCHED_NODE_BACKEND": backend} if backend else {}
+    agents: EdgeProcesses | None = None
     with console.status("starting NATS, Redis and the six services...") as status:
         sup, servers, env = start_platform(data, Path(args.cluster), Path(args.policy), args.port, extra_env=extra)
         api = f"http://127.0.0.1:{sup.ports['admission']}"
         try:
             if args.agents:
                 status.update(f"starting {args.agents} node agent(s) with {args.agent_gpus} simulated GPUs each ...")
-                agents = SimAgents(env, data, args.agent_gpus)
-                agents.start(args.agents)
+                agents = EdgeProcesses(env, data)
+                agents.start_agents(args.agents, args.agent_gpus)
+            elif args.kubeconfig:
+                status.update("starting the Kubernetes bridge ...")
+                agents = EdgeProcesses(env, data)
+                agents.start_bridge(Path(args.kubeconfig))
             status.update(f"waiting for the cluster to register at {api} ...")
             n_nodes, n_queues = _wait_for_cluster(Client(api), data / "logs")
         except BaseException:
@@ -162,7 +176,9 @@ def cmd_up(args: argparse.Namespace) -> None:
         table.add_row(f"{name} metrics", f"http://127.0.0.1:{sup.ports[name]}/metrics")
     table.add_row("logs", str((data / "logs").resolve()))
     table.add_row("audit key", f"{env['GPUSCHED_AUDIT_KEY_FILE']} (gpusched audit verify --key-file ...)")
-    where = f"{args.agents} node agent(s), jobs run as processes" if args.agents else f"from {args.cluster}"
+    where = (f"{args.agents} node agent(s), jobs run as processes" if args.agents else
+             f"of Kubernetes ({args.kubeconfig}), pods and Jobs with schedulerName gpusched" if args.kubeconfig
+             else f"from {args.cluster}")
     table.add_row("cluster", f"{n_nodes} nodes {where}; {n_queues} queues from {args.policy}")
     console.print(table)
     console.print("Ctrl-C stops everything.")
@@ -199,6 +215,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--agents", type=int, default=0,
                    help="instead of the simulated cluster: N node agents (simulated GPUs, jobs run as processes)")
     p.add_argument("--agent-gpus", type=int, default=8, help="GPUs of each agent's simulated server")
+    p.add_argument("--kubeconfig", help="instead of the simulated cluster: schedule this Kubernetes cluster's GPU "
+                   "pods and Jobs (runs `gpusched kube`; docs/kubernetes.md)")
     p.set_defaults(func=cmd_up)
 
 

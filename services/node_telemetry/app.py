@@ -1,6 +1,7 @@
 """Node-telemetry wiring: the node decisions (GPU quarantine, cordons), the clock, and by backend either
-the simulated cluster (announce its inventory, run the simulated executor, export simulated GPU samples) or
-real node agents (`agents`: watch their heartbeats; the agents announce themselves and run the jobs)."""
+the simulated cluster (announce its inventory, run the simulated executor, export simulated GPU samples),
+real node agents (`agents`: watch their heartbeats; the agents announce themselves and run the jobs) or a
+Kubernetes cluster (`kubernetes`: the bridge announces the nodes and runs the jobs as pods)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ from services.node_telemetry.sim_executor import SimExecutor
 log = logging.getLogger(__name__)
 SOURCE = "node-telemetry"
 AGENTS = "agents"  # the backend where node agents announce the nodes and run the jobs
+# The backend where the Kubernetes bridge (`gpusched kube`) announces the nodes, reports their loss and runs the
+# jobs as pods: node-telemetry keeps the node decisions and the clock only.
+KUBERNETES = "kubernetes"
 
 
 async def serve(settings: Settings) -> None:
@@ -38,6 +42,10 @@ async def serve(settings: Settings) -> None:
             n = int(now // period)
             await bus.publish([ClockTick(id=derived_id(SOURCE, "tick", period, n), ts=n * period, source=SOURCE)])
             await asyncio.sleep((n + 1) * period - time.time())
+
+    if settings.node_backend == KUBERNETES:
+        await run_service(settings, NodeTelemetry(), background=(tick,))
+        return
 
     if settings.node_backend == AGENTS:
         watch = HeartbeatWatch(lost_after_s=float(os.environ.get("GPUSCHED_NODE_LOST_AFTER_S", "10")))

@@ -1,0 +1,3 @@
+from services.kube_bridge.app import main
+
+main()

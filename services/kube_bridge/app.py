@@ -1,0 +1,139 @@
+"""`gpusched kube`: the Kubernetes bridge, one process beside the platform's services.
+
+It reads the log like a service (its own durable consumer, snapshots off: its state is the log's fold and the
+API server's objects) and, once the log's history is folded, starts three informers (Nodes, Pods, Jobs).
+With `GPUSCHED_STANDBY=1` several bridges may run: one holds the platform's lease and acts; its writes to
+the log are fenced, so a deposed bridge can append nothing (`docs/reliability.md`); the standbys follow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from aiohttp import web
+
+from libs.bus.jetstream import Bus
+from libs.kube.client import KubeClient, KubeConfig
+from libs.kube.nodes import TopologyLabels
+from libs.kube.reflector import Reflector
+from libs.runtime.main import configure_logging
+from libs.runtime.reactor import Reactor
+from libs.runtime.service import run_service
+from libs.runtime.settings import Settings
+from libs.views.store import ViewStore
+from services.kube_bridge.actions import KubeActions
+from services.kube_bridge.bridge import KubeBridge
+from services.kube_bridge.explainer import Explainer
+from services.kube_bridge.node_sync import NodeSync
+from services.kube_bridge.workload_sync import WorkloadSync
+
+log = logging.getLogger(__name__)
+SERVICE = "kube-bridge"
+
+
+class BridgeProcess:
+    """The bridge's parts and the informers that feed them."""
+
+    def __init__(self, client: KubeClient, store: ViewStore | None, namespace: str, node_selector: str,
+                 topology: TopologyLabels, pdb_wait_s: float) -> None:
+        self.client = client
+        self.bridge = KubeBridge(actions=KubeActions(client, pdb_wait_s=pdb_wait_s))
+        self.nodes = NodeSync(self.bridge, topology)
+        self.workloads = WorkloadSync(self.bridge, client)
+        self.explainer = Explainer(self.bridge, store)
+        scope = f"/namespaces/{namespace}" if namespace else ""
+        self.node_reflector = Reflector(client, "/api/v1/nodes", self.nodes.on_node, label_selector=node_selector)
+        self.pod_reflector = Reflector(client, f"/api/v1{scope}/pods", self.workloads.on_pod)
+        self.job_reflector = Reflector(client, f"/apis/batch/v1{scope}/jobs", self.workloads.on_job)
+
+    def use_bus(self, bus: Bus) -> None:
+        self.bridge.bus = bus
+
+    async def informers(self, bus: Bus, reactor: Reactor) -> None:
+        """Nodes first (a pod's placement needs them), then Jobs and Pods; then carry out what the log says
+        is placed but a restart may have left half done."""
+        await self.bridge.caught_up.wait()
+        tasks = [asyncio.create_task(self.node_reflector.run(), name="nodes")]
+        await self.node_reflector.synced.wait()
+        tasks.append(asyncio.create_task(self.job_reflector.run(), name="jobs"))
+        await self.job_reflector.synced.wait()
+        tasks.append(asyncio.create_task(self.pod_reflector.run(), name="pods"))
+        await self.pod_reflector.synced.wait()
+        await self.resume()
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            task.result()
+
+    async def resume(self) -> None:
+        """After a (re)start: every placed run is carried out again (binds are idempotent), every stopping run
+        stopped, every waiting job explained."""
+        b = self.bridge
+        for job in b.book.active():
+            if job.state == "placed":
+                b._run(job.job_id, b.place(job))
+            elif job.state == "stopping":
+                b._run(job.job_id, b.stop(job, job.stop_reason or "preempted"))
+            else:
+                b.explain_due.add(job.job_id)
+        log.info("kube bridge resumed: %d active job(s), %d node(s), %d pod(s)", len(b.book.active()),
+                 len(self.node_reflector.store), len(self.pod_reflector.store))
+
+    async def explain(self, bus: Bus, reactor: Reactor) -> None:
+        await self.bridge.caught_up.wait()
+        await self.explainer.run()
+
+    def routes(self, app: web.Application, bus: Bus, reactor: Reactor) -> None:
+        async def status(_: web.Request) -> web.Response:
+            b = self.bridge
+            return web.json_response({
+                "jobs": len(b.book.active()), "nodes": len(self.node_reflector.store),
+                "pods": len(b.pods), "binds": b.actions.binds, "bind_conflicts": b.actions.bind_conflicts,
+                "relists": {"nodes": self.node_reflector.relists, "pods": self.pod_reflector.relists,
+                            "jobs": self.job_reflector.relists}})
+
+        app.router.add_get("/v1/kube", status)
+
+
+async def serve(settings: Settings, args: argparse.Namespace) -> None:
+    client = KubeClient(KubeConfig.load(args.kubeconfig))
+    store = ViewStore.from_url(settings.redis_url, prefix=settings.stream.lower()) if args.explain else None
+    process = BridgeProcess(client, store, args.namespace, args.node_selector, TopologyLabels.parse(args.topology),
+                            args.pdb_wait_s)
+    try:
+        await run_service(settings, process.bridge, configure_app=process.routes, on_start=process.use_bus,
+                          background=(process.informers, process.explain))
+    finally:
+        await client.close()
+        if store is not None:
+            await store.close()
+
+
+def cmd_kube(args: argparse.Namespace) -> None:
+    configure_logging(SERVICE)
+    base = Settings.from_env("node-telemetry")
+    settings = Settings(service=SERVICE, nats_url=base.nats_url, redis_url=base.redis_url, stream=base.stream,
+                        subject_prefix=base.subject_prefix, http_host=base.http_host, http_port=args.port,
+                        batch_size=base.batch_size)
+    asyncio.run(serve(settings, args))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", help="the cluster to serve (default $KUBECONFIG, or the pod's service account)")
+    p.add_argument("--namespace", default="", help="serve the pods and Jobs of this namespace only (default all)")
+    p.add_argument("--node-selector", default="", help="serve the nodes matching this label selector only")
+    p.add_argument("--topology", default="", help="node labels naming rack, block and zone: "
+                   "rack=LABEL,block=LABEL,zone=LABEL (defaults topology.gpusched.io/rack, "
+                   "topology.gpusched.io/block, topology.kubernetes.io/zone)")
+    p.add_argument("--pdb-wait-s", type=float, default=30.0,
+                   help="how long a preemption retries an eviction a PodDisruptionBudget refuses before deleting")
+    p.add_argument("--no-explain", dest="explain", action="store_false",
+                   help="do not write explanations on waiting pods (no Redis)")
+    p.add_argument("--port", type=int, default=8086, help="HTTP port for /metrics, /healthz and /v1/kube")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m services.kube_bridge")
+    add_arguments(parser)
+    cmd_kube(parser.parse_args())

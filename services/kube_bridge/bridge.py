@@ -1,0 +1,409 @@
+"""The Kubernetes bridge's reactor handler: the executor and inventory source of a Kubernetes cluster.
+
+From the log (in order, as every service reads it) it learns what the platform decided and carries it out on
+the API server: a placement binds pods (a Job is unsuspended first), a preemption, a drain or a cancel evicts
+them, a refusal or a deferral is written where `kubectl describe` shows it. From the API server (informers,
+`WorkloadSync` and `NodeSync`) it reports back what happened: submissions, cancels, pods running and ending,
+nodes registered, cordoned and lost. Decisions stay in the deciders; the bridge decides nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from contracts import (
+    EventBase,
+    JobAdmitted,
+    JobCancelled,
+    JobCheckpointed,
+    JobEvicted,
+    JobFailed,
+    JobFinished,
+    JobPlaced,
+    JobRejected,
+    JobStarted,
+    JobSubmitted,
+    NodeCordoned,
+    NodeLost,
+    NodeRegistered,
+    NodeUncordoned,
+    PlacementDeferred,
+    PreemptionDecided,
+    PriorityClassesChanged,
+    QueuePolicyChanged,
+    QuotaDeferred,
+)
+from libs.bus.jetstream import Bus
+from libs.kube import bodies
+from libs.kube.client import Obj
+from libs.kube.workloads import checkpoint_of, completion_index, exit_code, job_id_of_batch_job, meta
+from libs.nodes.reports import report_id
+from services.kube_bridge.actions import KubeActions
+from services.kube_bridge.book import ENDED, JOB, PLACED, STOPPING, WAITING, KubeBook, Tracked
+
+log = logging.getLogger(__name__)
+SOURCE = "kube-bridge"
+EXECUTOR = "kubernetes"
+TERMINAL = ("Succeeded", "Failed")
+
+
+def is_terminal(pod: Obj) -> bool:
+    return pod.get("status", {}).get("phase") in TERMINAL
+
+
+def is_going(pod: Obj) -> bool:
+    return bool(meta(pod).get("deletionTimestamp"))
+
+
+@dataclass
+class KubeBridge:
+    actions: KubeActions
+    book: KubeBook = field(default_factory=KubeBook)
+    name: str = "kube-bridge"
+    bus: Bus | None = None
+    pods: dict[tuple[str, str], Obj] = field(default_factory=dict)  # (ns, name) -> the pod as last seen
+    batch_jobs: dict[tuple[str, str], Obj] = field(default_factory=dict)  # (ns, name) -> the Job as last seen
+    live: bool = False  # the log's history is folded: act on what comes now
+    caught_up: asyncio.Event = field(default_factory=asyncio.Event)
+    explain_due: set[str] = field(default_factory=set)  # waiting jobs whose explanation may have changed
+    reported: set[str] = field(default_factory=set)  # report ids published, not yet back through the log
+    remade_from: dict[tuple[str, str], Obj] = field(default_factory=dict)  # bare pods to make again, by name
+    gone: dict[tuple[str, str], Obj] = field(default_factory=dict)  # pods deleted, as last seen (checkpoints)
+    expected_gone: set[tuple[str, str]] = field(default_factory=set)  # pods the bridge itself deletes
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    # --- the handler --------------------------------------------------------------------------------
+
+    def input_types(self) -> Iterable[type[EventBase]]:
+        return (QueuePolicyChanged, PriorityClassesChanged, JobSubmitted, JobRejected, JobAdmitted, QuotaDeferred,
+                PlacementDeferred, JobPlaced, PreemptionDecided, JobCancelled, JobStarted, JobFinished, JobFailed,
+                JobEvicted, JobCheckpointed, NodeRegistered, NodeLost, NodeCordoned, NodeUncordoned)
+
+    def replay(self, seq: int, event: EventBase) -> None:
+        self.book.fold(event)
+
+    def on_event(self, seq: int, event: EventBase) -> list[EventBase]:
+        victims = self._victims_placed(event)
+        job = self.book.fold(event)
+        if not self.live:
+            return []
+        match event:
+            case JobPlaced() if job is not None:
+                self._run(job.job_id, self.place(job))
+            case JobRejected() | QuotaDeferred() | PlacementDeferred() | JobAdmitted() if job is not None:
+                self.explain_due.add(job.job_id)
+            case JobCancelled() if job is not None and job.state == STOPPING:
+                self._run(job.job_id, self.stop(job, "cancelled"))
+            case JobEvicted() | JobFinished() | JobFailed() if job is not None:
+                self._run(job.job_id, self.after_run(job))
+            case PreemptionDecided():
+                for job in victims:
+                    self._run(job.job_id, self.stop(job, "preempted"))
+            case NodeCordoned() if event.drain:
+                for job in self._jobs_on(event.node):
+                    job.state, job.stop_reason = STOPPING, "drained"
+                    self._run(job.job_id, self.stop(job, "drained"))
+        return []
+
+    def _victims_placed(self, event: EventBase) -> list[Tracked]:
+        if not isinstance(event, PreemptionDecided):
+            return []
+        jobs = (self.book.jobs.get(v.job_id) for v in event.victims)
+        return [j for j in jobs if j is not None and j.state == PLACED]
+
+    def _jobs_on(self, node: str) -> list[Tracked]:
+        return [j for j in self.book.jobs.values()
+                if j.state == PLACED and any(p.node == node for p in j.placements)]
+
+    async def after_batch(self) -> None:
+        return None
+
+    async def after_catch_up(self) -> None:
+        self.live = True
+        self.caught_up.set()
+
+    # --- tasks, one at a time per job ------------------------------------------------------------------
+
+    def _run(self, job_id: str, coro: Coroutine[Any, Any, None]) -> None:
+        lock = self._locks.setdefault(job_id, asyncio.Lock())
+
+        async def serially() -> None:
+            async with lock:
+                await coro
+
+        task = asyncio.ensure_future(serially())
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("bridge task failed", exc_info=task.exception())
+
+    async def idle(self) -> None:
+        """Wait for the tasks under way (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def publish(self, events: list[EventBase]) -> None:
+        fresh = [e for e in events if e.id not in self.reported]
+        if not fresh or self.bus is None:
+            return
+        self.reported.update(e.id for e in fresh)
+        await self.bus.publish_until_stored(fresh)
+
+    # --- the pods of a job -----------------------------------------------------------------------------
+
+    def pods_of(self, job: Tracked) -> list[Obj]:
+        """The job's pods as last seen: its members (POD, GANG) or the Job's pods (JOB)."""
+        if job.kind == JOB:
+            return [p for (ns, _), p in self.pods.items() if ns == job.namespace and self._owner_job(p) == job.name]
+        return [p for name in job.pods if (p := self.pods.get((job.namespace, name))) is not None]
+
+    @staticmethod
+    def _owner_job(pod: Obj) -> str:
+        for ref in meta(pod).get("ownerReferences", []) or []:
+            if ref.get("kind") == "Job" and ref.get("controller"):
+                return str(ref.get("name", ""))
+        return ""
+
+    def job_of_pod(self, pod: Obj) -> Tracked | None:
+        m = meta(pod)
+        owner = next((ref for ref in m.get("ownerReferences", []) or []
+                      if ref.get("kind") == "Job" and ref.get("controller")), None)
+        if owner is not None:
+            job_id: str | None = job_id_of_batch_job(str(owner.get("uid", "")))
+        else:
+            job_id = self.book.by_pod.get((m.get("namespace", ""), m.get("name", "")))
+        return self.book.jobs.get(job_id) if job_id else None
+
+    async def delete_pod(self, job: Tracked, name: str, grace_s: float) -> None:
+        self.expected_gone.add((job.namespace, name))
+        await self.actions.delete_pod(job.namespace, name, grace_s)
+
+    # --- placing -----------------------------------------------------------------------------------
+
+    async def place(self, job: Tracked) -> None:
+        """Carry out the job's current placement (again after a restart: every step is idempotent)."""
+        if job.state != PLACED:
+            return
+        if job.kind == JOB:
+            notes = {"gpusched.io/run": job.run}
+            await self.actions.suspend(job.namespace, job.name, False, notes)
+            for pod in self.pods_of(job):
+                await self.bind_job_pod(job, pod)
+            return
+        pods = self.pods_of(job)
+        if len(pods) < len(job.pods) or any(is_terminal(p) or is_going(p) for p in pods):
+            await self.remake(job, pods)  # a retry or a rerun: the members are made again, then bound
+            return
+        targets = [(name, job.node_of(i) or "") for i, name in enumerate(job.pods)]
+        todo = [(name, node) for name, node in targets
+                if self.pods[(job.namespace, name)].get("spec", {}).get("nodeName") != node]
+        failed = await self.actions.bind_all(job.namespace, todo)
+        if failed:
+            await self.roll_back(job, f"binding {', '.join(failed)} failed")
+            return
+        for name, node in todo:
+            await self.actions.say_scheduled(self.pods[(job.namespace, name)], node)
+
+    async def bind_job_pod(self, job: Tracked, pod: Obj) -> None:
+        """A pod of a placed Job: bound to the node of its completion index (a non-indexed Job: the first
+        replica whose node has fewer of the Job's pods than placed there)."""
+        if job.state != PLACED or pod.get("spec", {}).get("nodeName") or is_going(pod) or is_terminal(pod):
+            return
+        index = completion_index(pod)
+        node = job.node_of(index) if index is not None else self._free_slot(job)
+        if node is None:
+            return
+        try:
+            await self.actions.bind(job.namespace, meta(pod)["name"], node)
+            await self.actions.say_scheduled(pod, node)
+        except Exception as err:
+            await self.roll_back(job, f"binding {meta(pod)['name']} failed: {err}")
+
+    def _free_slot(self, job: Tracked) -> str | None:
+        used: dict[str, int] = {}
+        for pod in self.pods_of(job):
+            node = pod.get("spec", {}).get("nodeName")
+            if node and not is_terminal(pod):
+                used[node] = used.get(node, 0) + 1
+        for placement in sorted(job.placements, key=lambda p: p.replica):
+            if used.get(placement.node, 0) > 0:
+                used[placement.node] -= 1
+                continue
+            return placement.node
+        return None
+
+    async def roll_back(self, job: Tracked, why: str) -> None:
+        """A gang not bound whole is not bound at all: the members bound are taken back (deleted and, for
+        bare pods, made again unbound), and the run is reported evicted so its capacity returns."""
+        log.warning("%s: %s; rolling the run back", job.job_id, why)
+        run = job.run
+        job.state, job.stop_reason = STOPPING, "bind_failed"
+        if job.kind == JOB:
+            await self.actions.suspend(job.namespace, job.name, True)
+        else:
+            for pod in self.pods_of(job):
+                if pod.get("spec", {}).get("nodeName"):
+                    await self.delete_pod(job, meta(pod)["name"], 0)
+        await self.publish([JobEvicted(id=report_id(run, "evicted"), ts=time.time(), source=SOURCE,
+                                       correlation_id=job.job_id, job_id=job.job_id, run=run, reason="bind_failed")])
+
+    async def remake(self, job: Tracked, pods: list[Obj]) -> None:
+        """Bare pods of a job to run again: the old incarnations go, new unbound ones come (WorkloadSync binds
+        them as they appear)."""
+        progress, ref = self._resume_point(pods)
+        for name in job.pods:
+            old = self.pods.get((job.namespace, name))
+            if old is not None and (is_terminal(old) or is_going(old) or old.get("spec", {}).get("nodeName")):
+                await self.delete_pod(job, name, 0)
+                self.pods.pop((job.namespace, name), None)
+                self.remade_from[(job.namespace, name)] = bodies.remade_pod(old, job.job_id, (progress, ref))
+        for name in job.pods:
+            body = self.remade_from.get((job.namespace, name))
+            if body is not None and (job.namespace, name) not in self.pods:
+                await self._create_when_gone(body)
+
+    async def _create_when_gone(self, body: Obj) -> None:
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        for _ in range(100):
+            try:
+                await self.actions.create_pod(body)
+                return
+            except Exception as err:
+                log.debug("remaking %s/%s: %s", ns, name, err)
+                await asyncio.sleep(0.2)
+
+    def _resume_point(self, pods: list[Obj]) -> tuple[float, str]:
+        best = (0.0, "")
+        for pod in pods:
+            found = checkpoint_of(pod)
+            if found[0] > best[0]:
+                best = found
+        return best
+
+    # --- stopping ----------------------------------------------------------------------------------
+
+    async def stop(self, job: Tracked, reason: str) -> None:
+        """Preempted, drained or cancelled: DisruptionTarget, then eviction with the class's grace (a Job is
+        suspended, and its controller deletes its pods with theirs). The run's end is reported once its pods
+        are gone (`WorkloadSync`)."""
+        grace = self.book.grace_of(job)
+        pods = [p for p in self.pods_of(job) if not is_terminal(p)]
+        if job.kind == JOB:
+            for pod in pods:
+                await self.actions.mark_disruption(pod, "PreemptionByScheduler", f"gpusched: {reason}")
+            await self.actions.suspend(job.namespace, job.name, True)
+        else:
+            self.expected_gone.update((job.namespace, meta(p)["name"]) for p in pods)
+            await asyncio.gather(*(self.actions.evict(p, grace, reason) for p in pods if not is_going(p)))
+        await self.check_stopped(job)
+
+    async def check_stopped(self, job: Tracked) -> None:
+        """A stopping run whose pods are all gone or ended is over: report it evicted, with the best checkpoint
+        its pods wrote; bare pods are then made again for the next run (unless cancelled)."""
+        if job.state != STOPPING or not job.run:
+            return
+        pods = self.pods_of(job)
+        if any(not is_terminal(p) for p in pods):
+            return
+        progress, ref = self._resume_point(pods + self.last_seen_of(job))
+        run, reason = job.run, job.stop_reason or "preempted"
+        events: list[EventBase] = []
+        if ref:
+            events.append(JobCheckpointed(id=report_id(run, f"checkpoint/{progress:.3f}"), ts=time.time(),
+                                          source=SOURCE, correlation_id=job.job_id, job_id=job.job_id, run=run,
+                                          checkpoint=ref, progress_s=progress))
+        events.append(JobEvicted(id=report_id(run, "evicted"), ts=time.time(), source=SOURCE,
+                                 correlation_id=job.job_id, job_id=job.job_id, run=run, reason=reason,
+                                 checkpoint=ref, progress_s=progress))
+        await self.publish(events)
+
+    def last_seen_of(self, job: Tracked) -> list[Obj]:
+        return [p for (ns, _), p in self.gone.items() if ns == job.namespace
+                and (self._owner_job(p) == job.name if job.kind == JOB else meta(p).get("name") in job.pods)]
+
+    async def after_run(self, job: Tracked) -> None:
+        """A run ended in the log (evicted: its node lost, a rollback, a preemption): pods of it still bound are
+        taken back, and a Job is suspended until it is placed again."""
+        if job.kind == JOB:
+            if job.state == WAITING:
+                await self.actions.suspend(job.namespace, job.name, True)
+            return
+        if job.state == WAITING:
+            leftovers = [p for p in self.pods_of(job) if p.get("spec", {}).get("nodeName") and not is_terminal(p)]
+            for pod in leftovers:
+                await self.delete_pod(job, meta(pod)["name"], 0)
+            if not job.cancelled:
+                await self.remake(job, self.pods_of(job))
+        elif job.state == ENDED:
+            self.explain_due.discard(job.job_id)
+
+    # --- reports from the pods ----------------------------------------------------------------------
+
+    async def observe(self, job: Tracked) -> None:
+        """A pod of the job changed: report the run started once every replica runs, ended once they all ended
+        (the first failure's exit code), stopped once a stopping run's pods are gone."""
+        if job.state == STOPPING:
+            await self.check_stopped(job)
+            return
+        if job.state != PLACED or not job.run or job.kind == JOB:
+            return  # a Job's start and end come from the Job's status
+        pods = self.pods_of(job)
+        bound = [p for p in pods if p.get("spec", {}).get("nodeName")]
+        if len(bound) < len(job.pods):
+            return
+        run, now = job.run, time.time()
+        phases = [p.get("status", {}).get("phase") for p in bound]
+        if not job.started_reported and all(ph in ("Running", *TERMINAL) for ph in phases):
+            await self.publish([JobStarted(id=report_id(run, "started"), ts=now, source=SOURCE,
+                                           correlation_id=job.job_id, job_id=job.job_id, run=run, executor=EXECUTOR)])
+        failed = [p for p in bound if p.get("status", {}).get("phase") == "Failed"]
+        if failed:
+            code = exit_code(failed[0])
+            await self.publish([JobFailed(id=report_id(run, "failed"), ts=now, source=SOURCE,
+                                          correlation_id=job.job_id, job_id=job.job_id, run=run, exit_code=code,
+                                          reason="killed_by_signal" if code > 128 else "exit_code")])
+            await self.stop_others(job, failed)
+        elif all(ph == "Succeeded" for ph in phases):
+            await self.publish([JobFinished(id=report_id(run, "finished"), ts=now, source=SOURCE,
+                                            correlation_id=job.job_id, job_id=job.job_id, run=run)])
+
+    async def stop_others(self, job: Tracked, failed: list[Obj]) -> None:
+        """A gang cannot go on with a member gone: the others are stopped at once."""
+        for pod in self.pods_of(job):
+            if pod not in failed and not is_terminal(pod) and not is_going(pod):
+                await self.delete_pod(job, meta(pod)["name"], 0)
+
+    async def observe_batch_job(self, job: Tracked, obj: Obj) -> None:
+        """A placed Job's status: running once its pods all run, finished or failed by its conditions."""
+        if job.state == STOPPING:
+            await self.check_stopped(job)
+            return
+        if job.state != PLACED or not job.run:
+            return
+        run, now = job.run, time.time()
+        status = obj.get("status", {}) or {}
+        conditions = {c.get("type"): c.get("status") for c in status.get("conditions", []) or []}
+        replicas = len(job.placements)
+        running = [p for p in self.pods_of(job) if p.get("status", {}).get("phase") == "Running"]
+        if not job.started_reported and (len(running) >= replicas or conditions.get("Complete") == "True"):
+            await self.publish([JobStarted(id=report_id(run, "started"), ts=now, source=SOURCE,
+                                           correlation_id=job.job_id, job_id=job.job_id, run=run, executor=EXECUTOR)])
+        if conditions.get("Complete") == "True":
+            await self.publish([JobFinished(id=report_id(run, "finished"), ts=now, source=SOURCE,
+                                            correlation_id=job.job_id, job_id=job.job_id, run=run)])
+        elif conditions.get("Failed") == "True":
+            failed = [p for p in self.pods_of(job) + self.last_seen_of(job)
+                      if p.get("status", {}).get("phase") == "Failed"]
+            code = exit_code(failed[-1]) if failed else 1
+            await self.publish([JobFailed(id=report_id(run, "failed"), ts=now, source=SOURCE,
+                                          correlation_id=job.job_id, job_id=job.job_id, run=run, exit_code=code,
+                                          reason="job_failed")])

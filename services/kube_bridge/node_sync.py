@@ -1,0 +1,101 @@
+"""Nodes, as the informer sees them, into the log as the platform's inventory events:
+
+- a Ready node whose inventory differs from the log's (or that the log says is lost): `NodeRegistered`;
+- Ready=False / Unknown, or the Node deleted: `NodeLost`, and each run on it reported evicted (`node_lost`),
+  under the ids an executor would use, as node-telemetry does for a silent agent;
+- `spec.unschedulable` set or cleared: `CordonNode` / `UncordonNode` (node-telemetry records the cordon).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from contracts import CordonNode, EventBase, JobEvicted, NodeLost, NodeRegistered, NodeSpec, UncordonNode
+from libs.core.decider import derived_id
+from libs.core.inventory import registration_id
+from libs.kube.client import Obj
+from libs.kube.nodes import TopologyLabels, is_ready, is_unschedulable, node_spec
+from libs.kube.reflector import DELETED, version_of
+from libs.kube.workloads import meta
+from libs.nodes.reports import report_id
+from services.kube_bridge.book import PLACED
+from services.kube_bridge.bridge import SOURCE, KubeBridge
+
+log = logging.getLogger(__name__)
+OPERATOR = "kubernetes"
+
+
+@dataclass
+class NodeSync:
+    bridge: KubeBridge
+    topology: TopologyLabels = field(default_factory=TopologyLabels)
+    announced: dict[str, NodeSpec] = field(default_factory=dict)  # registrations not yet back from the log
+    versions: dict[str, int] = field(default_factory=dict)  # registrations published per node
+    lost_sent: set[str] = field(default_factory=set)
+    cordon_sent: dict[str, bool] = field(default_factory=dict)
+
+    async def on_node(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        node = new if new is not None else old
+        assert node is not None
+        name = str(meta(node).get("name", ""))
+        if kind == DELETED:
+            await self.lose(name, "node_deleted")
+            return
+        if not is_ready(node):
+            await self.lose(name, "node_not_ready")
+            return
+        await self.register(name, node_spec(node, self.topology))
+        await self.cordon(name, is_unschedulable(node), version_of(node))
+
+    async def register(self, name: str, spec: NodeSpec) -> None:
+        book = self.bridge.book
+        logged = book.nodes.get(name)
+        if self.announced.get(name) == spec or (logged == spec and name not in book.lost):
+            return
+        version = max(book.registrations.get(name, 0), self.versions.get(name, 0)) + 1
+        self.versions[name] = version
+        self.announced[name] = spec
+        self.lost_sent.discard(name)
+        log.info("node %s registered (version %d, %d GPUs)", name, version, len(spec.gpus))
+        await self.bridge.publish([NodeRegistered(id=registration_id(spec, version), ts=time.time(), source=SOURCE,
+                                                  correlation_id=name, node=spec)])
+
+    async def lose(self, name: str, reason: str) -> None:
+        """The node is gone or not ready: lost, and its runs with it (they run again elsewhere)."""
+        book = self.bridge.book
+        if name not in book.nodes and name not in self.announced:
+            return
+        if name in self.lost_sent or (name in book.lost and name not in self.announced):
+            return
+        self.lost_sent.add(name)
+        self.announced.pop(name, None)
+        version = max(book.registrations.get(name, 0), self.versions.get(name, 0))
+        now = time.time()
+        events: list[EventBase] = [NodeLost(id=derived_id(SOURCE, "lost", name, version), ts=now, source=SOURCE,
+                                            correlation_id=name, node=name, reason=reason)]
+        for job in self.bridge.book.jobs.values():
+            if job.state == PLACED and job.run and any(p.node == name for p in job.placements):
+                events.append(JobEvicted(id=report_id(job.run, "evicted"), ts=now, source=SOURCE,
+                                         correlation_id=job.job_id, job_id=job.job_id, run=job.run,
+                                         reason="node_lost"))
+        log.warning("node %s lost (%s): %d run(s) evicted", name, reason, len(events) - 1)
+        await self.bridge.publish(events)
+
+    async def cordon(self, name: str, unschedulable: bool, version: str) -> None:
+        book = self.bridge.book
+        logged = name in book.cordoned
+        if unschedulable == logged or self.cordon_sent.get(name) == unschedulable:
+            return
+        self.cordon_sent[name] = unschedulable
+        now = time.time()
+        command: EventBase
+        if unschedulable:
+            command = CordonNode(id=derived_id(SOURCE, "cordon", name, version), ts=now, source=SOURCE,
+                                 correlation_id=name, node=name, reason="spec.unschedulable", operator=OPERATOR)
+        else:
+            command = UncordonNode(id=derived_id(SOURCE, "uncordon", name, version), ts=now, source=SOURCE,
+                                   correlation_id=name, node=name, reason="spec.unschedulable cleared",
+                                   operator=OPERATOR)
+        await self.bridge.publish([command])

@@ -1,0 +1,208 @@
+"""Pods and Jobs, as the informers see them, into the log: a new pod (or a gang once whole, or a Job) is a
+submission; a user's deletion is a cancel; an eviction from outside (`kubectl drain`) stops the run; pods
+running and ending are the run's reports (`KubeBridge.observe`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import msgspec
+
+from contracts import CancelJob, EventBase, SubmitJob
+from libs.core.decider import derived_id
+from libs.kube.client import ApiError, KubeClient, Obj
+from libs.kube.reflector import DELETED
+from libs.kube.workloads import (
+    GangKey,
+    Refusal,
+    batch_job_id,
+    gang_job_id,
+    gang_of,
+    is_ours,
+    job_spec,
+    meta,
+    pod_job_id,
+)
+from services.kube_bridge.book import GANG, JOB, PLACED, POD, PODS_LABEL, STOPPING, WAITING, Tracked
+from services.kube_bridge.bridge import SOURCE, KubeBridge, is_going, is_terminal
+
+log = logging.getLogger(__name__)
+
+
+def _key(obj: Obj) -> tuple[str, str]:
+    m = meta(obj)
+    return str(m.get("namespace", "")), str(m.get("name", ""))
+
+
+def evicted_from_outside(pod: Obj) -> bool:
+    """Deleted through the Eviction API (kubectl drain, a node's pressure): Kubernetes marks such a pod with
+    DisruptionTarget before it goes."""
+    return any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+               for c in pod.get("status", {}).get("conditions", []) or [])
+
+
+@dataclass
+class WorkloadSync:
+    bridge: KubeBridge
+    client: KubeClient
+    submitted: set[str] = field(default_factory=set)  # job ids submitted, not yet back through the log
+    refused: set[str] = field(default_factory=set)  # uids told they can never run
+    min_members: dict[tuple[str, str], int | None] = field(default_factory=dict)  # PodGroup sizes looked up
+
+    # --- pods ---------------------------------------------------------------------------------------
+
+    async def on_pod(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        pod = new if new is not None else old
+        assert pod is not None
+        if not is_ours(pod.get("spec", {}) or {}):
+            return
+        key = _key(pod)
+        b = self.bridge
+        if kind == DELETED:
+            b.pods.pop(key, None)
+            b.gone[key] = pod
+        else:
+            b.pods[key] = pod
+        job = b.job_of_pod(pod)
+        if job is None:
+            if kind != DELETED and not self._owner_uid(pod):
+                await self.consider(pod)
+            return
+        if kind == DELETED or is_going(pod):
+            await self._pod_going(job, pod)
+            if kind == DELETED:
+                b.expected_gone.discard(key)  # a pod of that name made later is another incarnation
+        elif job.state == PLACED and not pod.get("spec", {}).get("nodeName"):
+            if job.kind == JOB:
+                b._run(job.job_id, b.bind_job_pod(job, pod))
+            elif all((job.namespace, name) in b.pods for name in job.pods):
+                b._run(job.job_id, b.place(job))
+        b._run(job.job_id, b.observe(job))
+
+    async def _pod_going(self, job: Tracked, pod: Obj) -> None:
+        """A pod of an active job is going. Ours (stopping, rolled back, made again): expected. Evicted from
+        outside: the run stops and the job waits again. Otherwise the user deleted it: the job is cancelled."""
+        b = self.bridge
+        key = _key(pod)
+        if key in b.expected_gone or job.state in (STOPPING,) or job.cancelled:
+            if job.state == STOPPING:
+                b._run(job.job_id, b.check_stopped(job))
+            return
+        if job.state not in (WAITING, PLACED) or job.kind == JOB:
+            return  # a Job's pods come and go with the Job; the Job's own deletion is the cancel
+        if job.state == PLACED and evicted_from_outside(pod):
+            job.state, job.stop_reason = STOPPING, "evicted"
+            b._run(job.job_id, b.stop(job, "evicted"))
+            return
+        await self._cancel(job, "pod_deleted")
+
+    async def _cancel(self, job: Tracked, reason: str) -> None:
+        command = CancelJob(id=derived_id(SOURCE, "cancel", job.job_id), ts=time.time(), source=SOURCE,
+                            correlation_id=job.job_id, job_id=job.job_id, reason=reason)
+        await self.bridge.publish([command])
+
+    @staticmethod
+    def _owner_uid(pod: Obj) -> str:
+        for ref in meta(pod).get("ownerReferences", []) or []:
+            if ref.get("kind") == "Job" and ref.get("controller"):
+                return str(ref.get("uid", ""))
+        return ""
+
+    async def consider(self, pod: Obj) -> None:
+        """An unbound pod of no known job: submit it, or its gang once every member exists."""
+        if pod.get("spec", {}).get("nodeName") or is_terminal(pod) or is_going(pod):
+            return
+        gang = gang_of(pod)
+        if gang is None:
+            await self.submit(pod_job_id(pod), pod, [pod], POD)
+            return
+        size = gang.size if gang.size is not None else await self._pod_group_size(gang)
+        members = sorted((p for p in self.bridge.pods.values() if gang_of(p) == gang
+                          and self.bridge.job_of_pod(p) is None and not p.get("spec", {}).get("nodeName")
+                          and not is_terminal(p) and not is_going(p)), key=lambda p: str(meta(p).get("name")))
+        if size is None:
+            await self.refuse(members, Refusal("gang_size_unknown", f"gang {gang.name}: give its size "
+                                               "(gpusched.io/gang-size, or a PodGroup with minMember)"))
+            return
+        if len(members) < size:
+            for member in members:
+                await self.bridge.actions.say_waiting(member, "gang_incomplete",
+                                                      f"{len(members)} of {size} members of gang {gang.name} exist",
+                                                      pod=True)
+            return
+        chosen = members[:size]
+        uids = [str(meta(p).get("uid", "")) for p in chosen]
+        await self.submit(gang_job_id(gang, uids), chosen[0], chosen, GANG, gang)
+
+    async def _pod_group_size(self, gang: GangKey) -> int | None:
+        key = (gang.namespace, gang.name)
+        if key not in self.min_members:
+            try:
+                group = await self.client.get(f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{gang.namespace}"
+                                              f"/podgroups/{gang.name}")
+                self.min_members[key] = int(group.get("spec", {}).get("minMember", 0)) or None
+            except ApiError:
+                return None  # not there (yet): asked again for the next member
+        return self.min_members[key]
+
+    async def submit(self, job_id: str, obj: Obj, members: list[Obj], kind: str, gang: GangKey | None = None) -> None:
+        if job_id in self.submitted or job_id in self.bridge.book.jobs:
+            return
+        pod_spec = obj.get("spec", {}) if kind != JOB else obj.get("spec", {}).get("template", {}).get("spec", {})
+        replicas = len(members) if kind != JOB else int(obj.get("spec", {}).get("parallelism", 1) or 1)
+        spec = job_spec(obj, pod_spec, replicas, self.bridge.book.team_of_queue, kind)
+        if isinstance(spec, Refusal):
+            await self.refuse(members or [obj], spec, pod=kind != JOB)
+            return
+        labels = dict(spec.labels)
+        if gang is not None:
+            labels["kubernetes.io/name"] = gang.name
+            labels[PODS_LABEL] = ",".join(str(meta(m).get("name")) for m in members)
+        spec = msgspec.structs.replace(spec, labels=labels, idempotency_key=job_id)
+        self.submitted.add(job_id)
+        command: EventBase = SubmitJob(id=derived_id(SOURCE, "submit", job_id), ts=time.time(), source=SOURCE,
+                                       correlation_id=job_id, job_id=job_id, spec=spec)
+        await self.bridge.publish([command])
+
+    async def refuse(self, objects: list[Obj], refusal: Refusal, pod: bool = True) -> None:
+        """A spec the platform can never run: said at once on each object, once."""
+        for obj in objects:
+            uid = str(meta(obj).get("uid", ""))
+            if uid in self.refused:
+                continue
+            self.refused.add(uid)
+            await self.bridge.actions.say_waiting(obj, refusal.code, refusal.message, pod=pod)
+
+    # --- Jobs ---------------------------------------------------------------------------------------
+
+    async def on_job(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        obj = new if new is not None else old
+        assert obj is not None
+        template = obj.get("spec", {}).get("template", {}).get("spec", {}) or {}
+        if not is_ours(template):
+            return
+        key = _key(obj)
+        b = self.bridge
+        if kind == DELETED:
+            b.batch_jobs.pop(key, None)
+        else:
+            b.batch_jobs[key] = obj
+        job_id = batch_job_id(obj)
+        job = b.book.jobs.get(job_id)
+        if kind == DELETED or is_going(obj):
+            if job is not None and not job.cancelled and job.state in (WAITING, PLACED):
+                await self._cancel(job, "job_deleted")
+            return
+        if job is None:
+            conditions = {c.get("type") for c in obj.get("status", {}).get("conditions", []) or []
+                          if c.get("status") == "True"}
+            if conditions & {"Complete", "Failed"}:
+                return
+            if not obj.get("spec", {}).get("suspend"):
+                await b.actions.suspend(key[0], key[1], True)  # held until placed, as Kueue holds it
+            await self.submit(job_id, obj, [], JOB)
+            return
+        b._run(job.job_id, b.observe_batch_job(job, obj))
+
