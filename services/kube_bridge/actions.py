@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 
@@ -34,6 +36,9 @@ class KubeActions:
     said: dict[str, str] = field(default_factory=dict)  # object uid -> the last waiting message written
     binds: int = 0
     bind_conflicts: int = 0
+    # Fault injection for the crash tests: SIGKILL this process after this many binds, binding one pod at a
+    # time so that the crash cuts a gang exactly there.
+    crash_after_binds: int | None = None
 
     @staticmethod
     def pod_path(namespace: str, name: str, sub: str = "") -> str:
@@ -49,6 +54,8 @@ class KubeActions:
         try:
             await self.client.post(self.pod_path(namespace, pod, "binding"), bodies.binding(namespace, pod, node))
             self.binds += 1
+            if self.crash_after_binds is not None and self.binds >= self.crash_after_binds:
+                os.kill(os.getpid(), signal.SIGKILL)
         except ApiError as err:
             if err.status != 409:
                 raise
@@ -62,8 +69,15 @@ class KubeActions:
     async def bind_all(self, namespace: str, targets: list[tuple[str, str]]) -> list[str]:
         """Bind every (pod, node) at once; returns the pods that could not be bound (with the reasons logged).
         The caller decides what a partial gang means: the bound members are rolled back."""
-        results = await asyncio.gather(*(self.bind(namespace, pod, node) for pod, node in targets),
-                                       return_exceptions=True)
+        results: list[BaseException | None]
+        if self.crash_after_binds is None:
+            results = await asyncio.gather(*(self.bind(namespace, pod, node) for pod, node in targets),
+                                           return_exceptions=True)
+        else:
+            results = []
+            for pod, node in targets:
+                await self.bind(namespace, pod, node)
+                results.append(None)
         failed = []
         for (pod, node), result in zip(targets, results, strict=True):
             if isinstance(result, BaseException):

@@ -37,9 +37,10 @@ class BridgeProcess:
     """The bridge's parts and the informers that feed them."""
 
     def __init__(self, client: KubeClient, store: ViewStore | None, namespace: str, node_selector: str,
-                 topology: TopologyLabels, pdb_wait_s: float) -> None:
+                 topology: TopologyLabels, pdb_wait_s: float, crash_after_binds: int | None = None) -> None:
         self.client = client
-        self.bridge = KubeBridge(actions=KubeActions(client, pdb_wait_s=pdb_wait_s))
+        self.bridge = KubeBridge(actions=KubeActions(client, pdb_wait_s=pdb_wait_s,
+                                                     crash_after_binds=crash_after_binds))
         self.nodes = NodeSync(self.bridge, topology)
         self.workloads = WorkloadSync(self.bridge, client)
         self.explainer = Explainer(self.bridge, store)
@@ -100,7 +101,7 @@ async def serve(settings: Settings, args: argparse.Namespace) -> None:
     client = KubeClient(KubeConfig.load(args.kubeconfig))
     store = ViewStore.from_url(settings.redis_url, prefix=settings.stream.lower()) if args.explain else None
     process = BridgeProcess(client, store, args.namespace, args.node_selector, TopologyLabels.parse(args.topology),
-                            args.pdb_wait_s)
+                            args.pdb_wait_s, args.crash_after_binds)
     try:
         await run_service(settings, process.bridge, configure_app=process.routes, on_start=process.use_bus,
                           background=(process.informers, process.explain))
@@ -131,6 +132,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-explain", dest="explain", action="store_false",
                    help="do not write explanations on waiting pods (no Redis)")
     p.add_argument("--port", type=int, default=8086, help="HTTP port for /metrics, /healthz and /v1/kube")
+    p.add_argument("--crash-after-binds", type=int, help=argparse.SUPPRESS)  # crash tests only
 
 
 def main() -> None:

@@ -72,7 +72,6 @@ class KubeBridge:
     caught_up: asyncio.Event = field(default_factory=asyncio.Event)
     explain_due: set[str] = field(default_factory=set)  # waiting jobs whose explanation may have changed
     reported: set[str] = field(default_factory=set)  # report ids published, not yet back through the log
-    remade_from: dict[tuple[str, str], Obj] = field(default_factory=dict)  # bare pods to make again, by name
     gone: dict[tuple[str, str], Obj] = field(default_factory=dict)  # pods deleted, as last seen (checkpoints)
     expected_gone: set[tuple[str, str]] = field(default_factory=set)  # pods the bridge itself deletes
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
@@ -258,18 +257,21 @@ class KubeBridge:
 
     async def remake(self, job: Tracked, pods: list[Obj]) -> None:
         """Bare pods of a job to run again: the old incarnations go, new unbound ones come (WorkloadSync binds
-        them as they appear)."""
-        progress, ref = self._resume_point(pods)
+        them as they appear), made from the last incarnation seen, with the checkpoint to resume from."""
+        progress, ref = self._resume_point(pods + self.last_seen_of(job))
         for name in job.pods:
-            old = self.pods.get((job.namespace, name))
-            if old is not None and (is_terminal(old) or is_going(old) or old.get("spec", {}).get("nodeName")):
+            key = (job.namespace, name)
+            current = self.pods.get(key)
+            if current is not None and not (is_terminal(current) or is_going(current)
+                                            or current.get("spec", {}).get("nodeName")):
+                continue  # an unbound incarnation waits already
+            old = current or self.gone.get(key)
+            if old is None:
+                continue
+            if current is not None:
                 await self.delete_pod(job, name, 0)
-                self.pods.pop((job.namespace, name), None)
-                self.remade_from[(job.namespace, name)] = bodies.remade_pod(old, job.job_id, (progress, ref))
-        for name in job.pods:
-            body = self.remade_from.get((job.namespace, name))
-            if body is not None and (job.namespace, name) not in self.pods:
-                await self._create_when_gone(body)
+                self.pods.pop(key, None)
+            await self._create_when_gone(bodies.remade_pod(old, job.job_id, (progress, ref)))
 
     async def _create_when_gone(self, body: Obj) -> None:
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -365,6 +367,8 @@ class KubeBridge:
         if not job.started_reported and all(ph in ("Running", *TERMINAL) for ph in phases):
             await self.publish([JobStarted(id=report_id(run, "started"), ts=now, source=SOURCE,
                                            correlation_id=job.job_id, job_id=job.job_id, run=run, executor=EXECUTOR)])
+        if any(is_going(p) for p in bound):
+            return  # being deleted: a stop (a cancel, an eviction), reported as such, never as a failure
         failed = [p for p in bound if p.get("status", {}).get("phase") == "Failed"]
         if failed:
             code = exit_code(failed[0])
