@@ -46,7 +46,7 @@ def test_a_gang_that_fits_is_bound_whole_and_one_that_does_not_is_bound_not_at_a
     for i in range(2):
         wait_for(lambda i=i: (c := world.condition(f"late-{i}", "PodScheduled")) is not None
                  and c["status"] == "False" and c["reason"] not in ("gang_incomplete", ""),
-                 lambda: f"late-{i} never said why it waits: {world.condition(f'late-{i}', 'PodScheduled')}")
+                 lambda i=i: f"late-{i} never said why it waits: {world.condition(f'late-{i}', 'PodScheduled')}")
         assert world.node_of(f"late-{i}") == ""
     described = world.kubectl("describe", "pod", "late-0", "-n", world.namespace)
     assert "FailedScheduling" in described and "gpusched" in described
