@@ -1,0 +1,165 @@
+"""Kubernetes objects to the platform's terms and back, checked against the official schemas of the release
+the tests run (kubernetes-validate): Nodes to inventory, Pods and Jobs to job specs or refusals, and every body
+the bridge sends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from libs.kube import bodies
+from libs.kube.fake_kubelet import node_body
+from libs.kube.nodes import TopologyLabels, is_ready, is_unschedulable, model_of, node_spec, parse_quantity
+from libs.kube.workloads import (
+    GangKey,
+    Refusal,
+    checkpoint_of,
+    completion_index,
+    exit_code,
+    gang_of,
+    job_spec,
+    pod_job_id,
+)
+from tests.e2e.kube_harness import gang, gpu_pod, indexed_job
+
+VERSION = "1.37.0"
+
+
+def valid(doc: dict[str, Any]) -> None:
+    kubernetes_validate.validate(doc, VERSION, strict=True)
+
+
+def test_a_node_s_gpus_model_memory_topology_and_health_come_from_the_device_plugin_and_gfd() -> None:
+    node = node_body("n1", 8, product="NVIDIA-H100-80GB-HBM3", memory_mib=81559, rack="r7", cpu="96",
+                     memory="1Ti")
+    valid(node)
+    spec = node_spec(node)
+    assert [g.index for g in spec.gpus] == list(range(8))
+    assert {g.model for g in spec.gpus} == {"H100"} and {g.memory_mib for g in spec.gpus} == {81559}
+    assert {g.nvlink_group for g in spec.gpus} == {-1}  # not SXM: PCIe only
+    assert spec.cpu_milli == 96_000 and spec.memory_mib == 1 << 20
+    assert spec.labels == {"rack": "r7"}
+    assert is_ready(node) and not is_unschedulable(node)
+    sxm = node_spec(node_body("n2", 4, product="NVIDIA-A100-SXM4-80GB"))
+    assert {g.nvlink_group for g in sxm.gpus} == {0} and {g.model for g in sxm.gpus} == {"A100"}
+
+
+def test_mig_mixed_gpus_leave_the_whole_count_and_topology_labels_are_configurable() -> None:
+    node = node_body("mig", 8)
+    node["status"]["allocatable"].update({"nvidia.com/gpu": "6", "nvidia.com/mig-1g.10gb": "14"})
+    node["metadata"]["labels"]["site/rack"] = "east-3"
+    spec = node_spec(node, TopologyLabels.parse("rack=site/rack"))
+    assert [g.mig_enabled for g in spec.gpus] == [False] * 6 + [True] * 2
+    assert spec.labels == {"rack": "east-3"}
+    with pytest.raises(ValueError, match="topology label"):
+        TopologyLabels.parse("room=x")
+
+
+def test_models_and_quantities() -> None:
+    assert model_of({"nvidia.com/gpu.product": "Tesla-V100-SXM2-16GB"}) == "V100"
+    assert model_of({"nvidia.com/gpu.product": "NVIDIA-A10", "gpusched.io/gpu-model": "A10G"}) == "A10G"
+    assert parse_quantity("500m") == 0.5 and parse_quantity("2Gi") == 2 << 30 and parse_quantity("1e3") == 1000
+    with pytest.raises(ValueError):
+        parse_quantity("lots")
+
+
+def _spec(pod: dict[str, Any], replicas: int = 1, kind: str = "Pod") -> Any:
+    pod["metadata"].setdefault("namespace", "ns")
+    return job_spec(pod, pod["spec"], replicas, {"q": "team-a"}, kind)
+
+
+def test_a_pod_becomes_a_job_spec_with_queue_team_priority_resources_and_annotations() -> None:
+    pod = gpu_pod("p", gpus=4, priority="urgent", notes={"gpusched.io/topology": "rack",
+                                                        "gpusched.io/duration-s": "3600",
+                                                        "gpusched.io/gpu-models": "A100, H100",
+                                                        "gpusched.io/checkpoint-interval-s": "600"})
+    pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "8", "memory": "64Gi"}
+    pod["spec"]["activeDeadlineSeconds"] = 7200
+    pod["metadata"]["namespace"] = "ns"
+    valid(pod)
+    spec = _spec(pod)
+    assert (spec.team, spec.queue, spec.project, spec.priority) == ("team-a", "q", "ns", "urgent")
+    assert (spec.gpus, spec.cpu_milli, spec.memory_mib) == (4, 8000, 65536)
+    assert spec.gpu_models == ("A100", "H100") and spec.topology == "rack"
+    assert spec.duration_s == 3600 and spec.max_runtime_s == 7200 and spec.checkpoint_interval_s == 600
+    kueue = gpu_pod("k", queue="", labels={"kueue.x-k8s.io/queue-name": "q"})
+    assert _spec(kueue).queue == "q"  # a Kueue user changes one line: the scheduler name
+
+
+@pytest.mark.parametrize(("change", "code"), [
+    (lambda p: p["metadata"]["labels"].clear(), "no_queue"),
+    (lambda p: p["metadata"]["annotations"].update({"gpusched.io/gpu-milli": "250"}), "gpu_fraction_unsupported"),
+    (lambda p: p["metadata"]["annotations"].update({"gpusched.io/topology": "planet"}), "invalid_annotation"),
+    (lambda p: p["metadata"]["annotations"].update({"gpusched.io/duration-s": "soon"}), "invalid_annotation"),
+    (lambda p: p["spec"]["containers"][0]["resources"]["limits"].update({"nvidia.com/mig-1g.10gb": "1"}),
+     "mixed_gpu_resources"),
+    (lambda p: p["spec"]["containers"][0]["resources"]["limits"].update({"nvidia.com/gpu": "two"}),
+     "invalid_resources"),
+])
+def test_a_pod_that_can_never_run_is_refused_with_its_own_code(change: Any, code: str) -> None:
+    pod = gpu_pod("bad")
+    change(pod)
+    refusal = _spec(pod)
+    assert isinstance(refusal, Refusal) and refusal.code == code
+
+
+def test_a_mig_request_is_one_instance_of_one_profile() -> None:
+    pod = gpu_pod("mig")
+    pod["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/mig-3g.40gb": "1"}
+    spec = _spec(pod)
+    assert spec.mig_profile == "3g.40gb" and spec.gpus == 1
+
+
+def test_gangs_under_each_convention_and_job_ids() -> None:
+    members = gang("g", 3, 8)
+    for m in members:
+        m["metadata"]["namespace"] = "ns"
+    assert gang_of(members[0]) == GangKey("ns", "g", 3)
+    plugins = gpu_pod("x", labels={"scheduling.x-k8s.io/pod-group": "pg"})
+    plugins["metadata"]["namespace"] = "ns"
+    assert gang_of(plugins) == GangKey("ns", "pg", None)  # size: the PodGroup's minMember
+    assert gang_of(gpu_pod("alone")) is None
+    first = gpu_pod("a")
+    first["metadata"]["uid"] = "u-1"
+    remade = gpu_pod("a", notes={"gpusched.io/job-id": pod_job_id(first)})
+    assert pod_job_id(remade) == pod_job_id(first)  # a remade pod is the same job's next run
+
+
+def test_a_job_s_template_and_parallelism_make_its_gang() -> None:
+    job = indexed_job("train", 4, 8, runtime_s=10, priority="training")
+    job["metadata"]["namespace"] = "ns"
+    valid(job)
+    spec = job_spec(job, job["spec"]["template"]["spec"], 4, {"q": "team-a"}, "Job")
+    assert spec.replicas == 4 and spec.gpus == 8 and spec.priority == "training"
+
+
+def test_the_bodies_the_bridge_sends_are_valid_objects() -> None:
+    valid(bodies.binding("ns", "p", "n1"))
+    valid(bodies.eviction("ns", "p", 30))
+    pod = gpu_pod("p")
+    pod["metadata"].update(namespace="ns", uid="abc", resourceVersion="7")
+    event = bodies.event(pod, "Warning", "FailedScheduling", "gpusched: quota", 1_700_000_000.0)
+    valid(event)
+    status = {**pod, "status": bodies.status_patch(
+        bodies.waiting_condition("queue_quota", "waits", 1.0), bodies.disruption_condition("PreemptionByScheduler",
+                                                                                            "preempted", 1.0))["status"]}
+    valid(status)
+    bound = {**pod, "spec": {**pod["spec"], "nodeName": "n1"}}
+    remade = bodies.remade_pod(bound, "job-1", (12.5, "ckpt-12"))
+    valid(remade)
+    assert "nodeName" not in remade["spec"]
+    assert remade["metadata"]["annotations"]["gpusched.io/resume-checkpoint"] == "ckpt-12"
+
+
+def test_exit_codes_checkpoints_and_completion_indexes_are_read_off_the_pod() -> None:
+    pod = gpu_pod("p", notes={"gpusched.io/checkpoint": "c-3", "gpusched.io/progress-s": "42.5",
+                              "batch.kubernetes.io/job-completion-index": "3"})
+    pod["status"] = {"phase": "Failed", "containerStatuses": [
+        {"name": "main", "state": {"terminated": {"exitCode": 137}}}]}
+    assert exit_code(pod) == 137 and checkpoint_of(pod) == (42.5, "c-3") and completion_index(pod) == 3
+    pod["status"] = {"phase": "Failed"}
+    assert exit_code(pod) == 1  # a kubelet that says nothing: a failure all the same
+    pod["status"] = {"phase": "Succeeded"}
+    assert exit_code(pod) == 0
