@@ -142,9 +142,9 @@ def test_the_bodies_the_bridge_sends_are_valid_objects() -> None:
     pod["metadata"].update(namespace="ns", uid="abc", resourceVersion="7")
     event = bodies.event(pod, "Warning", "FailedScheduling", "gpusched: quota", 1_700_000_000.0)
     valid(event)
-    status = {**pod, "status": bodies.status_patch(
-        bodies.waiting_condition("queue_quota", "waits", 1.0), bodies.disruption_condition("PreemptionByScheduler",
-                                                                                            "preempted", 1.0))["status"]}
+    conditions = (bodies.waiting_condition("queue_quota", "waits", 1.0),
+                  bodies.disruption_condition("PreemptionByScheduler", "preempted", 1.0))
+    status = {**pod, "status": bodies.status_patch(*conditions)["status"]}
     valid(status)
     bound = {**pod, "spec": {**pod["spec"], "nodeName": "n1"}}
     remade = bodies.remade_pod(bound, "job-1", (12.5, "ckpt-12"))
