@@ -325,6 +325,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     from libs.cli.bench_sweep import add_parser as add_queue_sweep
 
     add_queue_sweep(bsub)
+    from libs.cli.bench_kube import add_parser as add_kube
+
+    add_kube(bsub)
     p = bsub.add_parser("executor", help="one node agent runs many short one-GPU jobs as processes (vs Slurm)")
     p.add_argument("--jobs", type=int, default=2000)
     p.add_argument("--gpus", type=int, default=64, help="GPUs of the simulated node the agent exposes")

@@ -73,6 +73,9 @@ async def create_nodes(client: KubeClient, names: list[str], gpus: int, racks: i
             with contextlib.suppress(ApiError):
                 await client.post("/api/v1/nodes", body)
             await client.merge_patch(f"/api/v1/nodes/{name}/status", {"status": body["status"]})
+            # The API server taints a new node not-ready until a node lifecycle controller sees it Ready; a fake
+            # node is Ready from the start (as kwok's are), so the taint goes at once.
+            await client.merge_patch(f"/api/v1/nodes/{name}", {"spec": {"taints": None}})
 
     await asyncio.gather(*(one(i, n) for i, n in enumerate(names)))
 

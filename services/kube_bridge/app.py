@@ -81,6 +81,13 @@ class BridgeProcess:
         log.info("kube bridge resumed: %d active job(s), %d node(s), %d pod(s)", len(b.book.active()),
                  len(self.node_reflector.store), len(self.pod_reflector.store))
 
+    async def flush(self, bus: Bus, reactor: Reactor) -> None:
+        await self.bridge.flush_forever()
+
+    async def gangs(self, bus: Bus, reactor: Reactor) -> None:
+        await self.bridge.caught_up.wait()
+        await self.workloads.say_incomplete_forever()
+
     async def explain(self, bus: Bus, reactor: Reactor) -> None:
         await self.bridge.caught_up.wait()
         await self.explainer.run()
@@ -104,7 +111,7 @@ async def serve(settings: Settings, args: argparse.Namespace) -> None:
                             args.pdb_wait_s, args.crash_after_binds)
     try:
         await run_service(settings, process.bridge, configure_app=process.routes, on_start=process.use_bus,
-                          background=(process.informers, process.explain))
+                          background=(process.flush, process.informers, process.explain, process.gangs))
     finally:
         await client.close()
         if store is not None:

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 SOURCE = "kube-bridge"
 EXECUTOR = "kubernetes"
 TERMINAL = ("Succeeded", "Failed")
+OUTBOX_BATCH = 500
 
 
 def is_terminal(pod: Obj) -> bool:
@@ -74,6 +75,8 @@ class KubeBridge:
     reported: set[str] = field(default_factory=set)  # report ids published, not yet back through the log
     gone: dict[tuple[str, str], Obj] = field(default_factory=dict)  # pods deleted, as last seen (checkpoints)
     expected_gone: set[tuple[str, str]] = field(default_factory=set)  # pods the bridge itself deletes
+    outbox: list[EventBase] = field(default_factory=list)  # to the log, in order (`publish`)
+    _outbox_ready: asyncio.Event = field(default_factory=asyncio.Event)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -151,11 +154,22 @@ class KubeBridge:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def publish(self, events: list[EventBase]) -> None:
+        """Queue submissions and reports for the log, in order. The informers never wait for the bus: one
+        flusher publishes what has queued up meanwhile, pipelined, in batches (`flush_forever`)."""
         fresh = [e for e in events if e.id not in self.reported]
-        if not fresh or self.bus is None:
+        if not fresh:
             return
         self.reported.update(e.id for e in fresh)
-        await self.bus.publish_until_stored(fresh)
+        self.outbox.extend(fresh)
+        self._outbox_ready.set()
+
+    async def flush_forever(self) -> None:
+        while True:
+            await self._outbox_ready.wait()
+            self._outbox_ready.clear()
+            while self.outbox and self.bus is not None:
+                batch, self.outbox = self.outbox[:OUTBOX_BATCH], self.outbox[OUTBOX_BATCH:]
+                await self.bus.publish_until_stored(batch)
 
     # --- the pods of a job -----------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ running and ending are the run's reports (`KubeBridge.observe`)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ class WorkloadSync:
     submitted: set[str] = field(default_factory=set)  # job ids submitted, not yet back through the log
     refused: set[str] = field(default_factory=set)  # uids told they can never run
     min_members: dict[tuple[str, str], int | None] = field(default_factory=dict)  # PodGroup sizes looked up
+    incomplete: dict[GangKey, int] = field(default_factory=dict)  # gangs waiting for members -> their size
 
     # --- pods ---------------------------------------------------------------------------------------
 
@@ -119,22 +121,43 @@ class WorkloadSync:
             await self.submit(pod_job_id(pod), pod, [pod], POD)
             return
         size = gang.size if gang.size is not None else await self._pod_group_size(gang)
-        members = sorted((p for p in self.bridge.pods.values() if gang_of(p) == gang
-                          and self.bridge.job_of_pod(p) is None and not p.get("spec", {}).get("nodeName")
-                          and not is_terminal(p) and not is_going(p)), key=lambda p: str(meta(p).get("name")))
+        members = self._members(gang)
         if size is None:
             await self.refuse(members, Refusal("gang_size_unknown", f"gang {gang.name}: give its size "
                                                "(gpusched.io/gang-size, or a PodGroup with minMember)"))
             return
         if len(members) < size:
-            for member in members:
-                await self.bridge.actions.say_waiting(member, "gang_incomplete",
-                                                      f"{len(members)} of {size} members of gang {gang.name} exist",
-                                                      pod=True)
+            self.incomplete[gang] = size  # said after a moment, if it still is (`say_incomplete_forever`)
             return
+        self.incomplete.pop(gang, None)
         chosen = members[:size]
         uids = [str(meta(p).get("uid", "")) for p in chosen]
         await self.submit(gang_job_id(gang, uids), chosen[0], chosen, GANG, gang)
+
+    def _members(self, gang: GangKey) -> list[Obj]:
+        """The gang's members that wait for a job: unbound, alive, of no job yet, by name."""
+        b = self.bridge
+        return sorted((p for p in b.pods.values() if gang_of(p) == gang and b.job_of_pod(p) is None
+                       and not p.get("spec", {}).get("nodeName") and not is_terminal(p) and not is_going(p)),
+                      key=lambda p: str(meta(p).get("name")))
+
+    async def say_incomplete_forever(self, every_s: float = 1.0) -> None:
+        """A gang whose members do not all exist yet says so on each member, once it has stayed incomplete for
+        a moment (members created one by one are not told it at every step)."""
+        seen: dict[GangKey, int] = {}
+        while True:
+            for gang, size in list(self.incomplete.items()):
+                members = self._members(gang)
+                if not members or len(members) >= size:
+                    self.incomplete.pop(gang, None)
+                    continue
+                if seen.get(gang) == len(members):
+                    for member in members:
+                        await self.bridge.actions.say_waiting(
+                            member, "gang_incomplete", f"{len(members)} of {size} members of gang {gang.name} exist",
+                            pod=True)
+                seen[gang] = len(members)
+            await asyncio.sleep(every_s)
 
     async def _pod_group_size(self, gang: GangKey) -> int | None:
         key = (gang.namespace, gang.name)
