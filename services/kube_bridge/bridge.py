@@ -41,6 +41,7 @@ from contracts import (
 from libs.bus.jetstream import Bus
 from libs.kube import bodies
 from libs.kube.client import Obj
+from libs.kube.nodes import is_ready, is_unschedulable
 from libs.kube.workloads import checkpoint_of, completion_index, exit_code, job_id_of_batch_job, meta
 from libs.nodes.reports import report_id
 from services.kube_bridge.actions import KubeActions
@@ -69,6 +70,7 @@ class KubeBridge:
     bus: Bus | None = None
     pods: dict[tuple[str, str], Obj] = field(default_factory=dict)  # (ns, name) -> the pod as last seen
     batch_jobs: dict[tuple[str, str], Obj] = field(default_factory=dict)  # (ns, name) -> the Job as last seen
+    nodes: dict[str, Obj] = field(default_factory=dict)  # name -> the Node as last seen
     live: bool = False  # the log's history is folded: act on what comes now
     caught_up: asyncio.Event = field(default_factory=asyncio.Event)
     explain_due: set[str] = field(default_factory=set)  # waiting jobs whose explanation may have changed
@@ -112,6 +114,18 @@ class KubeBridge:
                     job.state, job.stop_reason = STOPPING, "drained"
                     self._run(job.job_id, self.stop(job, "drained"))
         return []
+
+    def node_unusable(self, node: str) -> str:
+        """Why the API server, as last seen, would not have a pod bound to `node` now ("" when it would): the
+        log may not have caught up with a cordon or a loss the informer saw a moment ago."""
+        obj = self.nodes.get(node)
+        if obj is None:
+            return "does not exist"
+        if not is_ready(obj):
+            return "is not ready"
+        if is_unschedulable(obj):
+            return "is cordoned"
+        return ""
 
     def _victims_placed(self, event: EventBase) -> list[Tracked]:
         if not isinstance(event, PreemptionDecided):
@@ -217,6 +231,10 @@ class KubeBridge:
             await self.remake(job, pods)  # a retry or a rerun: the members are made again, then bound
             return
         targets = [(name, job.node_of(i) or "") for i, name in enumerate(job.pods)]
+        unusable = [f"{node} {why}" for node in sorted({n for _, n in targets}) if (why := self.node_unusable(node))]
+        if unusable:
+            await self.roll_back(job, "the API server says node " + ", ".join(unusable))
+            return
         todo = [(name, node) for name, node in targets
                 if self.pods[(job.namespace, name)].get("spec", {}).get("nodeName") != node]
         failed = await self.actions.bind_all(job.namespace, todo)
@@ -234,6 +252,10 @@ class KubeBridge:
         index = completion_index(pod)
         node = job.node_of(index) if index is not None else self._free_slot(job)
         if node is None:
+            return
+        why = self.node_unusable(node)
+        if why:
+            await self.roll_back(job, f"the API server says node {node} {why}")
             return
         try:
             await self.actions.bind(job.namespace, meta(pod)["name"], node)

@@ -41,8 +41,10 @@ class NodeSync:
         assert node is not None
         name = str(meta(node).get("name", ""))
         if kind == DELETED:
+            self.bridge.nodes.pop(name, None)
             await self.lose(name, "node_deleted")
             return
+        self.bridge.nodes[name] = node
         if not is_ready(node):
             await self.lose(name, "node_not_ready")
             return
