@@ -64,7 +64,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_kube)
     p = sub.add_parser("dev-cluster", help="a real kube-apiserver on this machine with fake GPU nodes")
     p.add_argument("--folder", default=".data/kube", help="its data, certificates and kubeconfigs")
-    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--racks", type=int, default=2)
     p.add_argument("--product", default="NVIDIA-A100-SXM4-80GB", help="GPU Feature Discovery's product label")

@@ -4,10 +4,12 @@ the bridge sends."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from libs.kube import bodies
 from libs.kube.fake_kubelet import node_body
@@ -163,3 +165,15 @@ def test_exit_codes_checkpoints_and_completion_indexes_are_read_off_the_pod() ->
     assert exit_code(pod) == 1  # a kubelet that says nothing: a failure all the same
     pod["status"] = {"phase": "Succeeded"}
     assert exit_code(pod) == 0
+
+
+def test_the_deployment_manifests_are_valid_objects() -> None:
+    folder = Path(__file__).resolve().parents[2] / "infra" / "kubernetes"
+    kinds = []
+    for path in sorted(folder.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        for doc in yaml.safe_load_all(path.read_text()):
+            valid(doc)
+            kinds.append(doc["kind"])
+    assert {"ClusterRole", "ClusterRoleBinding", "ServiceAccount", "Deployment", "StatefulSet"} <= set(kinds)

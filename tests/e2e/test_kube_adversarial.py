@@ -1,0 +1,132 @@
+"""Adversarial sequences against the bridge on a real kube-apiserver: each test is a scenario that breaks one
+of the bridge's guarantees (named in its docstring). Each test gets its own world (platform, fake kubelet,
+bridge, namespace), so that a bridge left broken by one scenario does not spoil the next."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from libs.kube.devcluster import DevCluster
+from tests.e2e.kube_harness import KubeWorld, gpu_pod, start_world, wait_seconds
+from tests.e2e.waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def small(kube_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory,
+          request: pytest.FixtureRequest) -> Iterator[KubeWorld]:
+    """One node of 8 GPUs, in a namespace of the test's own."""
+    name = "adv-" + request.node.name.removeprefix("test_").replace("_", "-")[:20].rstrip("-")
+    w = start_world(kube_cluster, Path(tmp_path_factory.mktemp(name)), name, nodes=1, gpus=8)
+    yield w
+    w.stop()
+
+
+def _jobs_named(w: KubeWorld, kind: str, name: str) -> list[dict[str, Any]]:
+    out = []
+    for job in w.api.jobs():
+        labels = (job.get("spec") or {}).get("labels", {})
+        if labels.get("kubernetes.io/kind") == kind and labels.get("kubernetes.io/name") == name \
+                and labels.get("kubernetes.io/namespace") == w.namespace:
+            out.append(job)
+    return out
+
+
+def _gpus(pod: dict[str, Any]) -> int:
+    return sum(int((c.get("resources", {}).get("limits", {}) or {}).get("nvidia.com/gpu", "0"))
+               for c in pod["spec"].get("containers", []))
+
+
+def test_a_pod_made_again_under_the_same_name_after_its_job_ended_is_a_new_job(small: KubeWorld) -> None:
+    """Guarantees (2) and (4): every gpusched pod becomes exactly one platform job, and a pod that waits says
+    why. Sequence: pod `again` runs and succeeds (its job ends); the user deletes it and applies the same
+    manifest again (an everyday `kubectl delete` + `kubectl apply`). The new pod (a new uid, no
+    gpusched.io/job-id annotation) must be a new platform job and run. Instead the bridge maps it by name to
+    the old, ended job (`KubeBook.by_pod` is never cleared: `KubeBook.forget` is never called), so it is never
+    submitted: it stays Pending for ever, unbound, with no PodScheduled condition and no Event."""
+    w = small
+    w.apply(gpu_pod("again", gpus=1, runtime_s=1))
+    w.wait_phase("again", "Succeeded")
+    w.wait_job_state("Pod", "again", "succeeded")
+    w.kubectl("delete", "pod", "again", "-n", w.namespace)  # waits until it is gone
+    w.apply(gpu_pod("again", gpus=1, runtime_s=1))
+    wait_for(lambda: len(_jobs_named(w, "Pod", "again")) == 2,
+             lambda: f"the re-created pod was never submitted: platform jobs {_jobs_named(w, 'Pod', 'again')}; "
+             f"pod phase {w.phase_of('again')}, PodScheduled {w.condition('again', 'PodScheduled')}; "
+             f"bridge log tail:\n{w.log_of('bridge')[-2000:]}", timeout=20)
+    w.wait_phase("again", "Succeeded", timeout=30)
+
+
+def test_a_pod_deleted_while_the_bridge_is_down_ends_its_job(small: KubeWorld) -> None:
+    """Guarantees (2) and (3): a pod the user deletes ends its job (cancelled), and a job whose pods are gone
+    does not hang holding its capacity. Sequence: pod `held` (8 GPUs) runs; the bridge is killed (SIGKILL, as
+    an OOM kill or a node reboot would; SIGTERM is the same); the user deletes the pod; the bridge starts
+    again. The restarted bridge's pod informer starts from an empty store, so the deletion is never handed
+    over as DELETED; `resume` then calls `place` for the still-placed job, which finds fewer pods than members
+    and calls `remake`, which finds neither the pod nor its last-seen copy (`KubeBridge.gone` is memory only)
+    and does nothing. The job stays `running` for ever on all 8 GPUs: the next pod never runs."""
+    w = small
+    w.apply(gpu_pod("held", gpus=8, runtime_s=300))
+    w.wait_phase("held", "Running")
+    w.wait_job_state("Pod", "held", "running")
+    w.kill("bridge", signal.SIGKILL)
+    w.kubectl("delete", "pod", "held", "-n", w.namespace)  # the fake kubelet stops it; waits until it is gone
+    w.start_bridge()
+    w.apply(gpu_pod("next", gpus=8, runtime_s=1))
+    w.wait_job_state("Pod", "held", "cancelled", "failed", "succeeded", timeout=30)
+    w.wait_phase("next", "Running", "Succeeded", timeout=30)
+
+
+def test_a_gang_whose_members_ask_for_different_gpus_never_overcommits_a_node(small: KubeWorld) -> None:
+    """Guarantee (1): no GPU is allocated twice; the pods bound to a node never ask for more GPUs than it has.
+    Sequence: a gang of two (gpusched.io/gang, size 2) whose member `mix-0` asks for 1 GPU and `mix-1` for
+    8, on a cluster of one 8-GPU node (the gang needs 9 there: it can never run, and should say so). The
+    bridge submits the gang with the first member's resources for every replica (`WorkloadSync.consider` ->
+    `submit(..., chosen[0], ...)` -> `job_spec` of that one pod, replicas=2), so the platform places 2 x 1 GPU
+    on the node and the bridge binds both: 9 GPUs of pods on an 8-GPU node (a real kubelet would reject
+    `mix-1` with OutOfnvidia.com/gpu and the gang would fail; the platform believes 6 GPUs are still free)."""
+    w = small
+    members = [gpu_pod(f"mix-{i}", gpus=g, runtime_s=300, labels={"gpusched.io/gang": "mix"},
+                       notes={"gpusched.io/gang-size": "2"}) for i, g in enumerate((1, 8))]
+    w.apply(*members)
+    # Either it is refused / waits saying why, or (were the sizes honoured) it can never be bound whole.
+    wait_for(lambda: any((c := w.condition(f"mix-{i}", "PodScheduled")) is not None for i in range(2))
+             or any(w.node_of(f"mix-{i}") for i in range(2)), "the gang neither waited nor was bound", timeout=30)
+    wait_seconds(3.0)  # let a placement, if any, be carried out
+    by_node: dict[str, int] = {}
+    for pod in w.pods().values():
+        node = pod["spec"].get("nodeName")
+        if node and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+            by_node[node] = by_node.get(node, 0) + _gpus(pod)
+    job = w.platform_job("PodGroup", "mix")
+    assert all(used <= 8 for used in by_node.values()), (
+        f"GPUs requested by the pods bound per node {by_node} exceed the nodes' 8; the platform job asks for "
+        f"{(job or {}).get('spec', {}).get('replicas')} x {(job or {}).get('spec', {}).get('gpus')} GPU(s)")
+    for i in range(2):
+        condition = w.condition(f"mix-{i}", "PodScheduled")
+        assert condition is not None and condition["status"] == "False" and condition["reason"], condition
+
+
+def test_a_gang_size_of_zero_is_refused_and_does_not_stop_the_bridge(small: KubeWorld) -> None:
+    """Guarantees (4) and (3): a pod that can never run says why, and nothing is left hanging. Sequence: a
+    user applies one pod labelled `gpusched.io/gang: zero` with `gpusched.io/gang-size: "0"` (a typo; the
+    same with Kueue's `pod-group-total-count: "0"`), then an ordinary pod `after`. `WorkloadSync.consider`
+    takes size 0 as complete (`len(members) < 0` is false), chooses `members[:0] == []` and calls
+    `submit(..., chosen[0], ...)`: IndexError in the pod informer's handler, which `Reflector.run` does not
+    catch; the informers task dies and `run_service` stops the whole bridge process. `zero` never says why it
+    waits, `after` (and every other pod of the cluster) is never scheduled; restarted, the bridge meets the
+    same pod on its first list and dies again (a crash loop)."""
+    w = small
+    w.apply(gpu_pod("zero", gpus=1, runtime_s=1, labels={"gpusched.io/gang": "zero"},
+                    notes={"gpusched.io/gang-size": "0"}))
+    w.apply(gpu_pod("after", gpus=1, runtime_s=1))
+    w.wait_phase("after", "Running", "Succeeded", timeout=30)
+    assert w.procs["bridge"].poll() is None, f"the bridge died:\n{w.log_of('bridge')[-3000:]}"
+    wait_for(lambda: (c := w.condition("zero", "PodScheduled")) is not None and c["status"] == "False"
+             and c["reason"], lambda: f"zero never said why: {w.condition('zero', 'PodScheduled')}", timeout=20)
