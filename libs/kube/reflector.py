@@ -95,12 +95,20 @@ class Reflector:
             if old is None:
                 return
             del self.store[key]
-            await self.handler(DELETED, old, obj)
+            await self._hand_over(DELETED, old, obj)
             return
         if old is not None and version_of(old) == version_of(obj):
             return  # a repeat (a watch resumed just before this change)
         self.store[key] = obj
-        await self.handler(ADDED if old is None else MODIFIED, old, obj)
+        await self._hand_over(ADDED if old is None else MODIFIED, old, obj)
+
+    async def _hand_over(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        """One object the handler cannot take (a bug, an object no one foresaw) is logged and passed over: it
+        must not stop the informer, and with it every other object."""
+        try:
+            await self.handler(kind, old, new)
+        except Exception:
+            log.exception("%s: handling %s %s failed; going on", self.path, kind, key_of(new or old or {}))
 
     async def watch_once(self) -> None:
         """Steps 2-3: one watch request, applied as it streams."""

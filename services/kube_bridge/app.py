@@ -24,6 +24,7 @@ from libs.runtime.service import run_service
 from libs.runtime.settings import Settings
 from libs.views.store import ViewStore
 from services.kube_bridge.actions import KubeActions
+from services.kube_bridge.book import JOB, PLACED, WAITING, Tracked
 from services.kube_bridge.bridge import KubeBridge
 from services.kube_bridge.explainer import Explainer
 from services.kube_bridge.node_sync import NodeSync
@@ -72,7 +73,10 @@ class BridgeProcess:
         stopped, every waiting job explained."""
         b = self.bridge
         for job in b.book.active():
-            if job.state == "placed":
+            gone = self.gone_while_away(job)
+            if gone:
+                await b.publish([b.cancel(job, gone)])
+            elif job.state == "placed":
                 b._run(job.job_id, b.place(job))
             elif job.state == "stopping":
                 b._run(job.job_id, b.stop(job, job.stop_reason or "preempted"))
@@ -87,6 +91,16 @@ class BridgeProcess:
     async def gangs(self, bus: Bus, reactor: Reactor) -> None:
         await self.bridge.caught_up.wait()
         await self.workloads.say_incomplete_forever()
+
+    def gone_while_away(self, job: Tracked) -> str:
+        """The reason to cancel a job whose objects the user deleted while no bridge watched ("" if none did):
+        the informers' first lists no longer hold them, so no deletion will ever be seen."""
+        b = self.bridge
+        if job.cancelled or job.state not in (PLACED, WAITING):
+            return ""
+        if job.kind == JOB:
+            return "" if (job.namespace, job.name) in b.batch_jobs else "job_deleted"
+        return "" if all(b.member_present(job, name) for name in job.pods) else "pod_deleted"
 
     async def explain(self, bus: Bus, reactor: Reactor) -> None:
         await self.bridge.caught_up.wait()

@@ -36,6 +36,7 @@ KIND_LABEL = "kubernetes.io/kind"
 NAMESPACE_LABEL = "kubernetes.io/namespace"
 NAME_LABEL = "kubernetes.io/name"
 PODS_LABEL = "kubernetes.io/pods"  # a gang's members, in replica order
+UIDS_LABEL = "kubernetes.io/uids"  # and their uids (a pod made again under a member's name is not the member)
 POD, GANG, JOB = "Pod", "PodGroup", "Job"
 
 WAITING, PLACED, STOPPING, ENDED = "waiting", "placed", "stopping", "ended"
@@ -51,6 +52,7 @@ class Tracked:
     name: str  # the pod's, the gang's or the Job's name
     pods: tuple[str, ...]  # POD and GANG: member pod names, replica order; JOB: none (its pods come and go)
     priority: str
+    uids: frozenset[str] = frozenset()  # GANG: the members' uids when submitted
     state: str = WAITING
     run: str = ""  # the current run: its JobPlaced id
     placements: tuple[ReplicaPlacement, ...] = ()
@@ -142,7 +144,8 @@ class KubeBook:
         labels = spec.labels
         kind, ns, name = labels[KIND_LABEL], labels.get(NAMESPACE_LABEL, ""), labels.get(NAME_LABEL, "")
         pods = tuple(p for p in labels.get(PODS_LABEL, name if kind == POD else "").split(",") if p)
-        job = Tracked(job_id, kind, ns, name, pods, spec.priority)
+        uids = frozenset(u for u in labels.get(UIDS_LABEL, "").split(",") if u)
+        job = Tracked(job_id, kind, ns, name, pods, spec.priority, uids)
         self.jobs[job_id] = job
         self.by_object[(kind, ns, name)] = job_id
         for pod in pods:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contracts import (
+    CancelJob,
     EventBase,
     JobAdmitted,
     JobCancelled,
@@ -39,10 +40,20 @@ from contracts import (
     QuotaDeferred,
 )
 from libs.bus.jetstream import Bus
+from libs.core.decider import derived_id
 from libs.kube import bodies
 from libs.kube.client import Obj
 from libs.kube.nodes import is_ready, is_unschedulable
-from libs.kube.workloads import checkpoint_of, completion_index, exit_code, job_id_of_batch_job, meta
+from libs.kube.workloads import (
+    JOB_ID_ANNOTATION,
+    checkpoint_of,
+    completion_index,
+    exit_code,
+    job_id_of_batch_job,
+    meta,
+    notes_of,
+    pod_job_id,
+)
 from libs.nodes.reports import report_id
 from services.kube_bridge.actions import KubeActions
 from services.kube_bridge.book import ENDED, JOB, PLACED, STOPPING, WAITING, KubeBook, Tracked
@@ -191,7 +202,8 @@ class KubeBridge:
         """The job's pods as last seen: its members (POD, GANG) or the Job's pods (JOB)."""
         if job.kind == JOB:
             return [p for (ns, _), p in self.pods.items() if ns == job.namespace and self._owner_job(p) == job.name]
-        return [p for name in job.pods if (p := self.pods.get((job.namespace, name))) is not None]
+        return [p for name in job.pods if (p := self.pods.get((job.namespace, name))) is not None
+                and self.job_of_pod(p) is job]
 
     @staticmethod
     def _owner_job(pod: Obj) -> str:
@@ -205,10 +217,27 @@ class KubeBridge:
         owner = next((ref for ref in m.get("ownerReferences", []) or []
                       if ref.get("kind") == "Job" and ref.get("controller")), None)
         if owner is not None:
-            job_id: str | None = job_id_of_batch_job(str(owner.get("uid", "")))
-        else:
-            job_id = self.book.by_pod.get((m.get("namespace", ""), m.get("name", "")))
-        return self.book.jobs.get(job_id) if job_id else None
+            return self.book.jobs.get(job_id_of_batch_job(str(owner.get("uid", ""))))
+        # A pod is its job's by identity, never by name alone: a pod made again by the user under the same name
+        # is another job. A pod the bridge made again carries its job's id; otherwise a pod on its own is named
+        # by its uid, and a gang member must be one of the pods the gang was submitted with.
+        remade = notes_of(pod).get(JOB_ID_ANNOTATION)
+        if remade:
+            return self.book.jobs.get(remade)
+        own = self.book.jobs.get(pod_job_id(pod))
+        if own is not None:
+            return own
+        job_id = self.book.by_pod.get((m.get("namespace", ""), m.get("name", "")))
+        job = self.book.jobs.get(job_id) if job_id else None
+        return job if job is not None and str(m.get("uid", "")) in job.uids else None
+
+    def member_present(self, job: Tracked, name: str) -> bool:
+        pod = self.pods.get((job.namespace, name))
+        return pod is not None and self.job_of_pod(pod) is job
+
+    def cancel(self, job: Tracked, reason: str) -> EventBase:
+        return CancelJob(id=derived_id(SOURCE, "cancel", job.job_id), ts=time.time(), source=SOURCE,
+                         correlation_id=job.job_id, job_id=job.job_id, reason=reason)
 
     async def delete_pod(self, job: Tracked, name: str, grace_s: float) -> None:
         self.expected_gone.add((job.namespace, name))
@@ -302,8 +331,9 @@ class KubeBridge:
                                             or current.get("spec", {}).get("nodeName")):
                 continue  # an unbound incarnation waits already
             old = current or self.gone.get(key)
-            if old is None:
-                continue
+            if old is None:  # gone while the bridge was away, with nothing left to make it again from
+                await self.publish([self.cancel(job, "pod_deleted")])
+                return
             if current is not None:
                 await self.delete_pod(job, name, 0)
                 self.pods.pop(key, None)

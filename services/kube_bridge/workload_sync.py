@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from contracts import CancelJob, EventBase, SubmitJob
+from contracts import EventBase, SubmitJob
 from libs.core.decider import derived_id
 from libs.kube.client import ApiError, KubeClient, Obj
 from libs.kube.reflector import DELETED
 from libs.kube.workloads import (
+    QUEUE_LABELS,
     GangKey,
     Refusal,
     batch_job_id,
@@ -25,8 +26,10 @@ from libs.kube.workloads import (
     job_spec,
     meta,
     pod_job_id,
+    pod_resources,
 )
-from services.kube_bridge.book import GANG, JOB, PLACED, POD, PODS_LABEL, STOPPING, WAITING, Tracked
+from libs.kube.workloads import labels as labels_of
+from services.kube_bridge.book import GANG, JOB, PLACED, POD, PODS_LABEL, STOPPING, UIDS_LABEL, WAITING, Tracked
 from services.kube_bridge.bridge import SOURCE, KubeBridge, is_going, is_terminal
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,22 @@ def evicted_from_outside(pod: Obj) -> bool:
     DisruptionTarget before it goes."""
     return any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
                for c in pod.get("status", {}).get("conditions", []) or [])
+
+
+def members_differ(members: list[Obj]) -> str:
+    """Why a gang's members cannot be one job's replicas ("" when they can): a job's replicas are alike, so the
+    members must ask for the same resources in the same queue at the same priority."""
+    def shape(pod: Obj) -> tuple[object, ...]:
+        spec = pod.get("spec", {}) or {}
+        queue = next((labels_of(pod)[k] for k in QUEUE_LABELS if labels_of(pod).get(k)), "")
+        return pod_resources(spec), queue, spec.get("priorityClassName", "")
+
+    first = shape(members[0])
+    for member in members[1:]:
+        if shape(member) != first:
+            return (f"{meta(member).get('name')} asks for {shape(member)} but {meta(members[0]).get('name')} for "
+                    f"{first} (resources, queue, priority class): a gang's members must be alike")
+    return ""
 
 
 @dataclass
@@ -101,9 +120,7 @@ class WorkloadSync:
         await self._cancel(job, "pod_deleted")
 
     async def _cancel(self, job: Tracked, reason: str) -> None:
-        command = CancelJob(id=derived_id(SOURCE, "cancel", job.job_id), ts=time.time(), source=SOURCE,
-                            correlation_id=job.job_id, job_id=job.job_id, reason=reason)
-        await self.bridge.publish([command])
+        await self.bridge.publish([self.bridge.cancel(job, reason)])
 
     @staticmethod
     def _owner_uid(pod: Obj) -> str:
@@ -126,11 +143,19 @@ class WorkloadSync:
             await self.refuse(members, Refusal("gang_size_unknown", f"gang {gang.name}: give its size "
                                                "(gpusched.io/gang-size, or a PodGroup with minMember)"))
             return
+        if size < 1:
+            await self.refuse(members, Refusal("invalid_gang_size", f"gang {gang.name}: its size must be at least 1, "
+                                               f"got {size}"))
+            return
         if len(members) < size:
             self.incomplete[gang] = size  # said after a moment, if it still is (`say_incomplete_forever`)
             return
         self.incomplete.pop(gang, None)
         chosen = members[:size]
+        differ = members_differ(chosen)
+        if differ:
+            await self.refuse(chosen, Refusal("gang_members_differ", f"gang {gang.name}: {differ}"))
+            return
         uids = [str(meta(p).get("uid", "")) for p in chosen]
         await self.submit(gang_job_id(gang, uids), chosen[0], chosen, GANG, gang)
 
@@ -183,6 +208,7 @@ class WorkloadSync:
         if gang is not None:
             labels["kubernetes.io/name"] = gang.name
             labels[PODS_LABEL] = ",".join(str(meta(m).get("name")) for m in members)
+            labels[UIDS_LABEL] = ",".join(str(meta(m).get("uid")) for m in members)
         spec = msgspec.structs.replace(spec, labels=labels, idempotency_key=job_id)
         self.submitted.add(job_id)
         command: EventBase = SubmitJob(id=derived_id(SOURCE, "submit", job_id), ts=time.time(), source=SOURCE,

@@ -1,6 +1,6 @@
-"""Adversarial sequences against the bridge on a real kube-apiserver: each test is a scenario that breaks one
-of the bridge's guarantees (named in its docstring). Each test gets its own world (platform, fake kubelet,
-bridge, namespace), so that a bridge left broken by one scenario does not spoil the next."""
+"""Sequences of events that once broke one of the bridge's guarantees (named in each docstring), on a real
+kube-apiserver. Each test gets its own world (platform, fake kubelet, bridge, namespace), so that a bridge left
+broken by one scenario would not spoil the next."""
 
 from __future__ import annotations
 
@@ -47,9 +47,8 @@ def test_a_pod_made_again_under_the_same_name_after_its_job_ended_is_a_new_job(s
     """Guarantees (2) and (4): every gpusched pod becomes exactly one platform job, and a pod that waits says
     why. Sequence: pod `again` runs and succeeds (its job ends); the user deletes it and applies the same
     manifest again (an everyday `kubectl delete` + `kubectl apply`). The new pod (a new uid, no
-    gpusched.io/job-id annotation) must be a new platform job and run. Instead the bridge maps it by name to
-    the old, ended job (`KubeBook.by_pod` is never cleared: `KubeBook.forget` is never called), so it is never
-    submitted: it stays Pending for ever, unbound, with no PodScheduled condition and no Event."""
+    gpusched.io/job-id annotation) is a new platform job and runs: a pod is its job's by identity (uid, or the
+    job id a pod the bridge made again carries), never by name alone."""
     w = small
     w.apply(gpu_pod("again", gpus=1, runtime_s=1))
     w.wait_phase("again", "Succeeded")
@@ -67,16 +66,15 @@ def test_a_pod_deleted_while_the_bridge_is_down_ends_its_job(small: KubeWorld) -
     """Guarantees (2) and (3): a pod the user deletes ends its job (cancelled), and a job whose pods are gone
     does not hang holding its capacity. Sequence: pod `held` (8 GPUs) runs; the bridge is killed (SIGKILL, as
     an OOM kill or a node reboot would; SIGTERM is the same); the user deletes the pod; the bridge starts
-    again. The restarted bridge's pod informer starts from an empty store, so the deletion is never handed
-    over as DELETED; `resume` then calls `place` for the still-placed job, which finds fewer pods than members
-    and calls `remake`, which finds neither the pod nor its last-seen copy (`KubeBridge.gone` is memory only)
-    and does nothing. The job stays `running` for ever on all 8 GPUs: the next pod never runs."""
+    again. Its informers' first lists no longer hold the pod, so no deletion will ever be seen: the restarted
+    bridge cancels the job whose objects are missing, and its 8 GPUs serve the next pod."""
     w = small
     w.apply(gpu_pod("held", gpus=8, runtime_s=300))
     w.wait_phase("held", "Running")
     w.wait_job_state("Pod", "held", "running")
     w.kill("bridge", signal.SIGKILL)
     w.kubectl("delete", "pod", "held", "-n", w.namespace)  # the fake kubelet stops it; waits until it is gone
+    assert w.phase_of("held") == "gone"
     w.start_bridge()
     w.apply(gpu_pod("next", gpus=8, runtime_s=1))
     w.wait_job_state("Pod", "held", "cancelled", "failed", "succeeded", timeout=30)
@@ -86,17 +84,14 @@ def test_a_pod_deleted_while_the_bridge_is_down_ends_its_job(small: KubeWorld) -
 def test_a_gang_whose_members_ask_for_different_gpus_never_overcommits_a_node(small: KubeWorld) -> None:
     """Guarantee (1): no GPU is allocated twice; the pods bound to a node never ask for more GPUs than it has.
     Sequence: a gang of two (gpusched.io/gang, size 2) whose member `mix-0` asks for 1 GPU and `mix-1` for
-    8, on a cluster of one 8-GPU node (the gang needs 9 there: it can never run, and should say so). The
-    bridge submits the gang with the first member's resources for every replica (`WorkloadSync.consider` ->
-    `submit(..., chosen[0], ...)` -> `job_spec` of that one pod, replicas=2), so the platform places 2 x 1 GPU
-    on the node and the bridge binds both: 9 GPUs of pods on an 8-GPU node (a real kubelet would reject
-    `mix-1` with OutOfnvidia.com/gpu and the gang would fail; the platform believes 6 GPUs are still free)."""
+    8, on a cluster of one 8-GPU node. A job's replicas are alike: a gang whose members differ is refused
+    (`gang_members_differ`), never submitted with the first member's size for all."""
     w = small
     members = [gpu_pod(f"mix-{i}", gpus=g, runtime_s=300, labels={"gpusched.io/gang": "mix"},
                        notes={"gpusched.io/gang-size": "2"}) for i, g in enumerate((1, 8))]
     w.apply(*members)
     # Either it is refused / waits saying why, or (were the sizes honoured) it can never be bound whole.
-    wait_for(lambda: any((c := w.condition(f"mix-{i}", "PodScheduled")) is not None for i in range(2))
+    wait_for(lambda: any(w.condition(f"mix-{i}", "PodScheduled") is not None for i in range(2))
              or any(w.node_of(f"mix-{i}") for i in range(2)), "the gang neither waited nor was bound", timeout=30)
     wait_seconds(3.0)  # let a placement, if any, be carried out
     by_node: dict[str, int] = {}
@@ -107,7 +102,7 @@ def test_a_gang_whose_members_ask_for_different_gpus_never_overcommits_a_node(sm
     job = w.platform_job("PodGroup", "mix")
     assert all(used <= 8 for used in by_node.values()), (
         f"GPUs requested by the pods bound per node {by_node} exceed the nodes' 8; the platform job asks for "
-        f"{(job or {}).get('spec', {}).get('replicas')} x {(job or {}).get('spec', {}).get('gpus')} GPU(s)")
+        f"{(job or {}).get('spec', {}).get('replicas', 1)} x {(job or {}).get('spec', {}).get('gpus', 1)} GPU(s)")
     for i in range(2):
         condition = w.condition(f"mix-{i}", "PodScheduled")
         assert condition is not None and condition["status"] == "False" and condition["reason"], condition
@@ -116,12 +111,9 @@ def test_a_gang_whose_members_ask_for_different_gpus_never_overcommits_a_node(sm
 def test_a_gang_size_of_zero_is_refused_and_does_not_stop_the_bridge(small: KubeWorld) -> None:
     """Guarantees (4) and (3): a pod that can never run says why, and nothing is left hanging. Sequence: a
     user applies one pod labelled `gpusched.io/gang: zero` with `gpusched.io/gang-size: "0"` (a typo; the
-    same with Kueue's `pod-group-total-count: "0"`), then an ordinary pod `after`. `WorkloadSync.consider`
-    takes size 0 as complete (`len(members) < 0` is false), chooses `members[:0] == []` and calls
-    `submit(..., chosen[0], ...)`: IndexError in the pod informer's handler, which `Reflector.run` does not
-    catch; the informers task dies and `run_service` stops the whole bridge process. `zero` never says why it
-    waits, `after` (and every other pod of the cluster) is never scheduled; restarted, the bridge meets the
-    same pod on its first list and dies again (a crash loop)."""
+    same with Kueue's `pod-group-total-count: "0"`), then an ordinary pod `after`. `zero` is refused
+    (`invalid_gang_size`), `after` runs; and one object an informer's handler cannot take is logged and passed
+    over, never stopping the informer (and with it every other pod)."""
     w = small
     w.apply(gpu_pod("zero", gpus=1, runtime_s=1, labels={"gpusched.io/gang": "zero"},
                     notes={"gpusched.io/gang-size": "0"}))
