@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 BRIDGE_USER = "system:serviceaccount:gpusched-system:gpusched-bridge"
 # The controllers the tests and the demo need; the node lifecycle controller stays off because the fake
 # kubelets' readiness is set by hand (a test marks a node NotReady itself).
-CONTROLLERS = "job-controller,disruption-controller,garbage-collector-controller,pod-garbage-collector-controller"
+CONTROLLERS = ("job-controller,disruption-controller,garbage-collector-controller,pod-garbage-collector-controller,"
+               "resourceclaim-controller")
 
 
 def kube_bin_dir() -> Path:

@@ -12,10 +12,11 @@ import argparse
 import asyncio
 import logging
 
+import aiohttp
 from aiohttp import web
 
 from libs.bus.jetstream import Bus
-from libs.kube.client import KubeClient, KubeConfig
+from libs.kube.client import ApiError, KubeClient, KubeConfig
 from libs.kube.nodes import TopologyLabels
 from libs.kube.reflector import Reflector
 from libs.runtime.main import configure_logging
@@ -26,6 +27,7 @@ from libs.views.store import ViewStore
 from services.kube_bridge.actions import KubeActions
 from services.kube_bridge.book import JOB, PLACED, WAITING, Tracked
 from services.kube_bridge.bridge import KubeBridge
+from services.kube_bridge.claims import ClaimAllocator
 from services.kube_bridge.explainer import Explainer
 from services.kube_bridge.node_sync import NodeSync
 from services.kube_bridge.workload_sync import WorkloadSync
@@ -41,7 +43,8 @@ class BridgeProcess:
                  topology: TopologyLabels, pdb_wait_s: float, crash_after_binds: int | None = None) -> None:
         self.client = client
         self.bridge = KubeBridge(actions=KubeActions(client, pdb_wait_s=pdb_wait_s,
-                                                     crash_after_binds=crash_after_binds))
+                                                     crash_after_binds=crash_after_binds),
+                                 claims=ClaimAllocator(client))
         self.nodes = NodeSync(self.bridge, topology)
         self.workloads = WorkloadSync(self.bridge, client)
         self.explainer = Explainer(self.bridge, store)
@@ -49,6 +52,7 @@ class BridgeProcess:
         self.node_reflector = Reflector(client, "/api/v1/nodes", self.nodes.on_node, label_selector=node_selector)
         self.pod_reflector = Reflector(client, f"/api/v1{scope}/pods", self.workloads.on_pod)
         self.job_reflector = Reflector(client, f"/apis/batch/v1{scope}/jobs", self.workloads.on_job)
+        self.slice_reflector = Reflector(client, "/apis/resource.k8s.io/v1/resourceslices", self.nodes.on_slice)
 
     def use_bus(self, bus: Bus) -> None:
         self.bridge.bus = bus
@@ -57,7 +61,11 @@ class BridgeProcess:
         """Nodes first (a pod's placement needs them), then Jobs and Pods; then carry out what the log says
         is placed but a restart may have left half done."""
         await self.bridge.caught_up.wait()
-        tasks = [asyncio.create_task(self.node_reflector.run(), name="nodes")]
+        tasks = []
+        if await self.has_dra():  # the DRA driver's devices first: they are the nodes' GPUs where published
+            tasks.append(asyncio.create_task(self.slice_reflector.run(), name="resourceslices"))
+            await self.slice_reflector.synced.wait()
+        tasks.append(asyncio.create_task(self.node_reflector.run(), name="nodes"))
         await self.node_reflector.synced.wait()
         tasks.append(asyncio.create_task(self.job_reflector.run(), name="jobs"))
         await self.job_reflector.synced.wait()
@@ -67,6 +75,15 @@ class BridgeProcess:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:
             task.result()
+
+    async def has_dra(self) -> bool:
+        """Whether the cluster serves resource.k8s.io/v1 (Dynamic Resource Allocation) to the bridge."""
+        try:
+            await self.client.get("/apis/resource.k8s.io/v1")
+        except (ApiError, aiohttp.ClientError) as err:
+            log.info("no DRA (resource.k8s.io/v1: %s): GPUs from the device plugin's resources only", err)
+            return False
+        return True
 
     async def resume(self) -> None:
         """After a (re)start: every placed run is carried out again (binds are idempotent), every stopping run

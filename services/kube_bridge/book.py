@@ -63,6 +63,10 @@ class Tracked:
     def node_of(self, replica: int) -> str | None:
         return next((p.node for p in self.placements if p.replica == replica), None)
 
+    def indices_of(self, replica: int) -> tuple[int, ...]:
+        """The GPUs the platform chose for a replica (DRA claims are allocated to exactly these)."""
+        return next((p.gpu_indices for p in self.placements if p.replica == replica), ())
+
 
 @dataclass
 class KubeBook:

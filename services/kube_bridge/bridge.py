@@ -57,6 +57,8 @@ from libs.kube.workloads import (
 from libs.nodes.reports import report_id
 from services.kube_bridge.actions import KubeActions
 from services.kube_bridge.book import ENDED, JOB, PLACED, STOPPING, WAITING, KubeBook, Tracked
+from services.kube_bridge.claims import WAIT as WAIT_FOR_CLAIMS
+from services.kube_bridge.claims import ClaimAllocator
 
 log = logging.getLogger(__name__)
 SOURCE = "kube-bridge"
@@ -76,6 +78,7 @@ def is_going(pod: Obj) -> bool:
 @dataclass
 class KubeBridge:
     actions: KubeActions
+    claims: ClaimAllocator
     book: KubeBook = field(default_factory=KubeBook)
     name: str = "kube-bridge"
     bus: Bus | None = None
@@ -266,6 +269,14 @@ class KubeBridge:
             return
         todo = [(name, node) for name, node in targets
                 if self.pods[(job.namespace, name)].get("spec", {}).get("nodeName") != node]
+        for name, node in todo:  # DRA claims first, to the GPUs placed: the whole gang's, before any bind
+            state = await self.claims.allocate(self.pods[(job.namespace, name)], node,
+                                               job.indices_of(job.pods.index(name)))
+            if state == WAIT_FOR_CLAIMS:
+                return  # the pod's next change (its claims made) carries the placement on
+            if state:
+                await self.roll_back(job, state)
+                return
         failed = await self.actions.bind_all(job.namespace, todo)
         if failed:
             await self.roll_back(job, f"binding {', '.join(failed)} failed")
@@ -285,6 +296,13 @@ class KubeBridge:
         why = self.node_unusable(node)
         if why:
             await self.roll_back(job, f"the API server says node {node} {why}")
+            return
+        replica = index if index is not None else next(p.replica for p in job.placements if p.node == node)
+        state = await self.claims.allocate(pod, node, job.indices_of(replica))
+        if state == WAIT_FOR_CLAIMS:
+            return
+        if state:
+            await self.roll_back(job, state)
             return
         try:
             await self.actions.bind(job.namespace, meta(pod)["name"], node)

@@ -12,12 +12,15 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import msgspec
+
 from contracts import CordonNode, EventBase, JobEvicted, NodeLost, NodeRegistered, NodeSpec, UncordonNode
 from libs.core.decider import derived_id
 from libs.core.inventory import registration_id
 from libs.kube.client import Obj
+from libs.kube.dra import GPU_DRIVER, gpus_of, node_devices
 from libs.kube.nodes import TopologyLabels, is_ready, is_unschedulable, node_spec
-from libs.kube.reflector import DELETED, version_of
+from libs.kube.reflector import DELETED, MODIFIED, version_of
 from libs.kube.workloads import meta
 from libs.nodes.reports import report_id
 from services.kube_bridge.book import PLACED
@@ -35,6 +38,8 @@ class NodeSync:
     versions: dict[str, int] = field(default_factory=dict)  # registrations published per node
     lost_sent: set[str] = field(default_factory=set)
     cordon_sent: dict[str, bool] = field(default_factory=dict)
+    slices: dict[str, Obj] = field(default_factory=dict)  # the DRA driver's ResourceSlices, by name
+    driver: str = GPU_DRIVER
 
     async def on_node(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         node = new if new is not None else old
@@ -48,8 +53,34 @@ class NodeSync:
         if not is_ready(node):
             await self.lose(name, "node_not_ready")
             return
-        await self.register(name, node_spec(node, self.topology))
+        spec = node_spec(node, self.topology)
+        devices = self.bridge.claims.devices.get(name)
+        if devices:  # a DRA driver publishes the node's GPUs: its devices are the inventory
+            spec = msgspec.structs.replace(spec, gpus=gpus_of(devices))
+        await self.register(name, spec)
         await self.cordon(name, is_unschedulable(node), version_of(node))
+
+    async def on_slice(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        """A ResourceSlice changed: its node's GPU devices are read again from all of the node's slices, and the
+        node registered again if its inventory changed."""
+        obj = new if new is not None else old
+        assert obj is not None
+        key = str(meta(obj).get("name", ""))
+        if kind == DELETED:
+            self.slices.pop(key, None)
+        else:
+            self.slices[key] = obj
+        node = (obj.get("spec", {}) or {}).get("nodeName")
+        if not node:
+            return
+        found = node_devices([s for s in self.slices.values() if (s.get("spec", {}) or {}).get("nodeName") == node],
+                             self.driver).get(node, [])
+        if found:
+            self.bridge.claims.devices[node] = found
+        else:
+            self.bridge.claims.devices.pop(node, None)
+        if node in self.bridge.nodes:
+            await self.on_node(MODIFIED, None, self.bridge.nodes[node])
 
     async def register(self, name: str, spec: NodeSpec) -> None:
         book = self.bridge.book

@@ -14,11 +14,13 @@ import msgspec
 from contracts import EventBase, SubmitJob
 from libs.core.decider import derived_id
 from libs.kube.client import ApiError, KubeClient, Obj
+from libs.kube.dra import pod_claims, requested_gpus
 from libs.kube.reflector import DELETED
 from libs.kube.workloads import (
     QUEUE_LABELS,
     GangKey,
     Refusal,
+    Resources,
     batch_job_id,
     gang_job_id,
     gang_of,
@@ -201,6 +203,14 @@ class WorkloadSync:
         pod_spec = obj.get("spec", {}) if kind != JOB else obj.get("spec", {}).get("template", {}).get("spec", {})
         replicas = len(members) if kind != JOB else int(obj.get("spec", {}).get("parallelism", 1) or 1)
         spec = job_spec(obj, pod_spec, replicas, self.bridge.book.team_of_queue, kind)
+        claimed = await self._claimed_gpus(str(meta(obj).get("namespace", "default")), pod_spec)
+        if isinstance(claimed, Refusal):
+            spec = claimed
+        elif claimed and not isinstance(spec, Refusal):
+            classic = pod_resources(pod_spec)
+            both = isinstance(classic, Resources) and bool(classic.gpus or classic.mig_profile)
+            spec = (Refusal("mixed_gpu_resources", "a replica asks for GPUs through the device plugin and DRA "
+                            "claims at once") if both else msgspec.structs.replace(spec, gpus=claimed))
         if isinstance(spec, Refusal):
             await self.refuse(members or [obj], spec, pod=kind != JOB)
             return
@@ -214,6 +224,25 @@ class WorkloadSync:
         command: EventBase = SubmitJob(id=derived_id(SOURCE, "submit", job_id), ts=time.time(), source=SOURCE,
                                        correlation_id=job_id, job_id=job_id, spec=spec)
         await self.bridge.publish([command])
+
+    async def _claimed_gpus(self, namespace: str, pod_spec: Obj) -> int | Refusal:
+        """GPUs a replica asks for through DRA claims made from templates (0 without claims)."""
+        total = 0
+        for name, template in pod_claims({"spec": pod_spec}):
+            if not template:
+                return Refusal("dra_shared_claim_unsupported", f"claim {name!r} names a ResourceClaim several pods "
+                               "may share; ask through a resourceClaimTemplateName, one claim per pod")
+            try:
+                found = await self.client.get(f"/apis/resource.k8s.io/v1/namespaces/{namespace}"
+                                              f"/resourceclaimtemplates/{template}")
+            except ApiError as err:
+                return Refusal("dra_template_missing", f"ResourceClaimTemplate {template!r}: {err.message}")
+            asked = requested_gpus((found.get("spec", {}) or {}).get("spec", {}) or {},
+                                   self.bridge.claims.gpu_classes)
+            if isinstance(asked, Refusal):
+                return asked
+            total += asked
+        return total
 
     async def refuse(self, objects: list[Obj], refusal: Refusal, pod: bool = True) -> None:
         """A spec the platform can never run: said at once on each object, once."""

@@ -177,3 +177,30 @@ def test_the_deployment_manifests_are_valid_objects() -> None:
             valid(doc)
             kinds.append(doc["kind"])
     assert {"ClusterRole", "ClusterRoleBinding", "ServiceAccount", "Deployment", "StatefulSet"} <= set(kinds)
+
+
+def test_a_dra_driver_s_devices_are_the_node_s_gpus_and_claims_point_at_the_chosen_ones() -> None:
+    from libs.kube.dra import allocation_status, node_devices, requested_gpus
+    from tests.e2e.test_kube_dra import claim_template, dra_pod, resource_slice
+
+    slices = [resource_slice("n1", 4), resource_slice("n2", 2)]
+    for s in slices:
+        valid(s)
+    devices = node_devices(slices)
+    assert [d.index for d in devices["n1"]] == [0, 1, 2, 3]
+    assert {d.model for d in devices["n1"]} == {"H100"} and devices["n1"][0].memory_mib == 80 * 1024
+    template = claim_template("two", 2)
+    valid(template)
+    classes = frozenset({"gpu.nvidia.com"})
+    assert requested_gpus(template["spec"]["spec"], classes) == 2
+    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": "true"}}]
+    refusal = requested_gpus(template["spec"]["spec"], classes)
+    assert isinstance(refusal, Refusal) and refusal.code == "dra_request_unsupported"
+    pod = dra_pod("p", "two")
+    pod["metadata"].update(namespace="ns", uid="u-1")
+    valid(pod)
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "p-gpus", "namespace": "ns"}, "spec": claim_template("two", 2)["spec"]["spec"]}
+    status = allocation_status(claim, [devices["n1"][3], devices["n1"][1]], "n1", pod, classes)
+    valid({**claim, **status})
+    assert [r["device"] for r in status["status"]["allocation"]["devices"]["results"]] == ["gpu-3", "gpu-1"]

@@ -1,0 +1,66 @@
+"""DRA claims of a pod, allocated to the very GPUs the platform chose before the pod is bound: the bridge plays
+the part of kube-scheduler's DRA plugin (write the claim's allocation and reserve it for the pod), with the
+platform's choice instead of its own."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from libs.kube.client import ApiError, KubeClient, Obj
+from libs.kube.dra import GPU_DRIVER, Device, allocation_status, generated_claim, gpu_requests, pod_claims
+from libs.kube.workloads import meta
+
+log = logging.getLogger(__name__)
+READY, WAIT = "", "wait"
+
+
+@dataclass
+class ClaimAllocator:
+    client: KubeClient
+    gpu_classes: frozenset[str] = frozenset({GPU_DRIVER})
+    devices: dict[str, list[Device]] = field(default_factory=dict)  # node -> its GPU devices, from the slices
+    allocated: int = 0
+
+    async def allocate(self, pod: Obj, node: str, indices: tuple[int, ...]) -> str:
+        """Allocate the pod's claims on `node` to the devices of `indices`, in order. READY once every claim is
+        allocated there (again after a restart: an allocation already there is kept); WAIT while the claim
+        controller has not made the pod's claims yet; otherwise why it cannot be done."""
+        claims = pod_claims(pod)
+        if not claims:
+            return READY
+        on_node = {d.index: d for d in self.devices.get(node, [])}
+        missing = [i for i in indices if i not in on_node]
+        if missing:
+            return f"node {node} publishes no GPU device of index {missing[0]}"
+        chosen = [on_node[i] for i in indices]
+        ns = meta(pod).get("namespace", "default")
+        taken = 0
+        for name, _template in claims:
+            claim_name = generated_claim(pod, name)
+            if not claim_name:
+                return WAIT
+            path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{claim_name}"
+            try:
+                claim = await self.client.get(path)
+            except ApiError as err:
+                if err.status == 404:
+                    return WAIT
+                raise
+            wanted = sum(count for _, count in gpu_requests(claim.get("spec", {}) or {}, self.gpu_classes))
+            mine = chosen[taken:taken + wanted]
+            taken += wanted
+            allocation = (claim.get("status", {}) or {}).get("allocation")
+            if allocation:
+                got = [r.get("device") for r in (allocation.get("devices", {}) or {}).get("results", [])]
+                if got != [d.name for d in mine]:
+                    return f"claim {claim_name} is allocated to {got}, not {[d.name for d in mine]}"
+                continue
+            body = allocation_status(claim, mine, node, pod, self.gpu_classes)
+            body["metadata"] = {"resourceVersion": meta(claim).get("resourceVersion", "")}
+            try:
+                await self.client.merge_patch(f"{path}/status", body)
+            except ApiError as err:
+                return f"allocating claim {claim_name} failed: {err}"
+            self.allocated += 1
+        return READY

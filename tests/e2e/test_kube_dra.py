@@ -1,0 +1,87 @@
+"""Dynamic Resource Allocation on a real kube-apiserver (resource.k8s.io/v1) with the controller manager's claim
+controller: a driver's ResourceSlices are the nodes' GPUs; a pod asking for GPUs through a claim template gets
+its claim allocated to exactly the GPUs the platform placed it on, reserved for it, before it is bound; two pods
+never get the same device."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from libs.kube.devcluster import DevCluster
+from tests.e2e.kube_harness import KubeWorld, gpu_pod, start_world
+from tests.e2e.waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+DRIVER = "gpu.nvidia.com"
+
+
+def device_class() -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}
+
+
+def resource_slice(node: str, gpus: int) -> dict[str, Any]:
+    devices = [{"name": f"gpu-{i}", "attributes": {"index": {"int": i},
+                                                   "productName": {"string": "NVIDIA-H100-80GB-HBM3"},
+                                                   "uuid": {"string": f"GPU-{node}-{i}"}},
+                "capacity": {"memory": {"value": "80Gi"}}} for i in range(gpus)]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-gpus"},
+            "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1,
+                                                                  "resourceSliceCount": 1}, "devices": devices}}
+
+
+def claim_template(name: str, count: int) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpus", "exactly": {"deviceClassName": DRIVER, "allocationMode": "ExactCount",
+                                             "count": count}}]}}}}
+
+
+def dra_pod(name: str, template: str) -> dict[str, Any]:
+    pod = gpu_pod(name, runtime_s=300)
+    container = pod["spec"]["containers"][0]
+    container["resources"] = {"claims": [{"name": "gpus"}]}
+    pod["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": template}]
+    return pod
+
+
+@pytest.fixture(scope="module")
+def world(kube_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeWorld]:
+    w = start_world(kube_cluster, Path(tmp_path_factory.mktemp("kube-dra")), "dra", nodes=1, gpus=0)
+    yield w
+    w.stop()
+
+
+def _claim_of(w: KubeWorld, pod: str) -> dict[str, Any] | None:
+    statuses = (w.get("pod", pod) or {}).get("status", {}).get("resourceClaimStatuses", [])
+    name = next((s.get("resourceClaimName") for s in statuses if s.get("name") == "gpus"), None)
+    return w.get("resourceclaim", name) if name else None
+
+
+def test_claims_are_allocated_to_the_gpus_the_platform_placed(world: KubeWorld) -> None:
+    w = world
+    w.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(device_class()))
+    w.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(resource_slice("dra-n0", 8)))
+    wait_for(lambda: (n := next(iter(w.api.nodes()), None)) is not None and n["gpus"] == 8 and n["models"] == ["H100"],
+             lambda: f"the slice's devices never became the node's GPUs: {w.api.nodes()}", timeout=30)
+    w.apply(claim_template("two-gpus", 2), claim_template("three-gpus", 3))
+    w.apply(dra_pod("first", "two-gpus"), dra_pod("second", "three-gpus"))
+    used: dict[str, str] = {}
+    for name, count in (("first", 2), ("second", 3)):
+        w.wait_phase(name, "Running", timeout=40)
+        job = w.wait_job_state("Pod", name, "running")
+        placement = job["placements"][0]
+        assert job["spec"]["gpus"] == count and len(placement["gpu_indices"]) == count
+        claim = _claim_of(w, name)
+        assert claim is not None
+        devices = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+        assert devices == [f"gpu-{i}" for i in placement["gpu_indices"]]  # exactly the GPUs placed
+        assert [r["name"] for r in claim["status"]["reservedFor"]] == [name]
+        for device in devices:
+            assert device not in used, f"{device} given to {used.get(device)} and {name}"
+            used[device] = name
