@@ -79,7 +79,7 @@ class KubeBook:
     nodes: dict[str, NodeSpec] = field(default_factory=dict)
     registrations: dict[str, int] = field(default_factory=dict)
     lost: set[str] = field(default_factory=set)
-    cordoned: set[str] = field(default_factory=set)
+    cordoned: dict[str, str] = field(default_factory=dict)  # node -> who cordoned it (NodeCordoned.operator)
     runs: CurrentRuns = field(default_factory=CurrentRuns)
     rejected: dict[str, tuple[str, str]] = field(default_factory=dict)  # job -> (code, message)
 
@@ -101,9 +101,9 @@ class KubeBook:
             case NodeLost():
                 self.lost.add(event.node)
             case NodeCordoned():
-                self.cordoned.add(event.node)
+                self.cordoned[event.node] = event.operator
             case NodeUncordoned():
-                self.cordoned.discard(event.node)
+                self.cordoned.pop(event.node, None)
             case JobSubmitted() if KIND_LABEL in event.spec.labels:
                 return self._track(event.job_id, event.spec)
             case JobRejected() if (event.spec is not None and KIND_LABEL in event.spec.labels

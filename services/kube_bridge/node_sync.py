@@ -117,9 +117,13 @@ class NodeSync:
         await self.bridge.publish(events)
 
     async def cordon(self, name: str, unschedulable: bool, version: str) -> None:
-        book = self.bridge.book
-        logged = name in book.cordoned
-        if unschedulable == logged or self.cordon_sent.get(name) == unschedulable:
+        """Kubernetes' cordon, mirrored: set, the node is cordoned in the platform (unless it is already); cleared,
+        the platform's cordon is lifted only if Kubernetes set it. A cordon or drain of the platform's own
+        operators (`gpusched node drain`) is theirs to lift: a schedulable Node does not undo it."""
+        cordoned_by = self.bridge.book.cordoned.get(name)
+        if self.cordon_sent.get(name) == unschedulable:
+            return
+        if (unschedulable and cordoned_by is not None) or (not unschedulable and cordoned_by != OPERATOR):
             return
         self.cordon_sent[name] = unschedulable
         now = time.time()

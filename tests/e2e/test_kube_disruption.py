@@ -113,6 +113,24 @@ def test_cordon_and_uncordon_follow_the_node(two_nodes: KubeWorld) -> None:
     wait_for(lambda: not _node(w, "nd-n0")["cordon"], "nd-n0 was never uncordoned in the platform")
 
 
+def test_a_platform_drain_evicts_the_node_s_pods_and_a_schedulable_node_does_not_undo_it(two_nodes: KubeWorld) -> None:
+    w = two_nodes
+    w.apply(gpu_pod("drained", gpus=4, runtime_s=300, notes={"gpusched.io/sim-checkpoint-on-signal": "true"}))
+    w.wait_phase("drained", "Running")
+    first = w.node_of("drained")
+    other = "nd-n1" if first == "nd-n0" else "nd-n0"
+    w.api.node_action(first, "drain", reason="maintenance", operator="ops")
+    wait_for(lambda: w.node_of("drained") == other and w.phase_of("drained") == "Running",
+             lambda: f"drained never ran again on {other}: on {w.node_of('drained')!r}", timeout=40)
+    job = w.platform_job("Pod", "drained")
+    assert job is not None and job["evictions"] == 1 and job["progress_s"] > 0
+    assert _node(w, first)["cordon"]  # the Node is schedulable in Kubernetes; the operator's drain stands
+    w.api.node_action(first, "uncordon", operator="ops")
+    wait_for(lambda: not _node(w, first)["cordon"], f"{first} was never uncordoned")
+    w.kubectl("delete", "pod", "drained", "-n", w.namespace, "--wait=false")
+    w.wait_job_state("Pod", "drained", "cancelled", timeout=30)
+
+
 def test_a_node_not_ready_then_deleted_moves_its_pods_elsewhere(two_nodes: KubeWorld) -> None:
     w = two_nodes
     w.apply(gpu_pod("mover", gpus=4, runtime_s=300))
