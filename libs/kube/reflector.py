@@ -51,6 +51,7 @@ class Reflector:
     resource_version: str = ""
     synced: asyncio.Event = field(default_factory=asyncio.Event)
     relists: int = 0  # lists after the first (410 Gone): observable by tests and metrics
+    on_relist: Callable[[str], None] | None = None
 
     def _selectors(self) -> dict[str, str]:
         out = {}
@@ -138,6 +139,8 @@ class Reflector:
                 if err.status == 410:
                     log.info("%s: resourceVersion %s is gone; listing again", self.path, self.resource_version)
                     self.relists += 1
+                    if self.on_relist is not None:
+                        self.on_relist(self.path)
                     self.resource_version = ""
                     continue
                 log.warning("%s: %s; trying again", self.path, err)

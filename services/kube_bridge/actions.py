@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from libs.kube import bodies
 from libs.kube.client import ApiError, KubeClient, Obj
 from libs.kube.workloads import meta
+from services.kube_bridge.metrics import BIND_CONFLICTS, BINDS, EVICTIONS
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class KubeActions:
         try:
             await self.client.post(self.pod_path(namespace, pod, "binding"), bodies.binding(namespace, pod, node))
             self.binds += 1
+            BINDS.inc()
             if self.crash_after_binds is not None and self.binds >= self.crash_after_binds:
                 os.kill(os.getpid(), signal.SIGKILL)
         except ApiError as err:
@@ -64,6 +66,7 @@ class KubeActions:
             if bound == node:
                 return
             self.bind_conflicts += 1
+            BIND_CONFLICTS.inc()
             raise BindConflict(f"pod {namespace}/{pod} is bound to {bound or 'nothing'}, not {node}") from err
 
     async def bind_all(self, namespace: str, targets: list[tuple[str, str]]) -> list[str]:
@@ -105,6 +108,7 @@ class KubeActions:
         while True:
             try:
                 await self.client.post(self.pod_path(ns, name, "eviction"), bodies.eviction(ns, name, grace_s))
+                EVICTIONS.labels("evicted").inc()
                 return
             except ApiError as err:
                 if err.status == 404:
@@ -116,6 +120,7 @@ class KubeActions:
                                      f"gpusched: a PodDisruptionBudget refused the eviction for {self.pdb_wait_s:g}s; "
                                      f"deleting the pod ({reason}) with {grace_s:g}s of grace")
                     await self.delete_pod(ns, name, grace_s)
+                    EVICTIONS.labels("budget_overridden").inc()
                     return
             await asyncio.sleep(1.0)
 

@@ -29,6 +29,7 @@ from services.kube_bridge.book import JOB, PLACED, WAITING, Tracked
 from services.kube_bridge.bridge import KubeBridge
 from services.kube_bridge.claims import ClaimAllocator
 from services.kube_bridge.explainer import Explainer
+from services.kube_bridge.metrics import RELISTS
 from services.kube_bridge.node_sync import NodeSync
 from services.kube_bridge.workload_sync import WorkloadSync
 
@@ -53,6 +54,8 @@ class BridgeProcess:
         self.pod_reflector = Reflector(client, f"/api/v1{scope}/pods", self.workloads.on_pod)
         self.job_reflector = Reflector(client, f"/apis/batch/v1{scope}/jobs", self.workloads.on_job)
         self.slice_reflector = Reflector(client, "/apis/resource.k8s.io/v1/resourceslices", self.nodes.on_slice)
+        for reflector in (self.node_reflector, self.pod_reflector, self.job_reflector, self.slice_reflector):
+            reflector.on_relist = lambda path: RELISTS.labels(path.rsplit("/", 1)[-1]).inc()
 
     def use_bus(self, bus: Bus) -> None:
         self.bridge.bus = bus

@@ -59,6 +59,7 @@ from services.kube_bridge.actions import KubeActions
 from services.kube_bridge.book import ENDED, JOB, PLACED, STOPPING, WAITING, KubeBook, Tracked
 from services.kube_bridge.claims import WAIT as WAIT_FOR_CLAIMS
 from services.kube_bridge.claims import ClaimAllocator
+from services.kube_bridge.metrics import ROLLBACKS
 
 log = logging.getLogger(__name__)
 SOURCE = "kube-bridge"
@@ -327,6 +328,7 @@ class KubeBridge:
         """A gang not bound whole is not bound at all: the members bound are taken back (deleted and, for
         bare pods, made again unbound), and the run is reported evicted so its capacity returns."""
         log.warning("%s: %s; rolling the run back", job.job_id, why)
+        ROLLBACKS.labels("bind_failed").inc()
         run = job.run
         job.state, job.stop_reason = STOPPING, "bind_failed"
         if job.kind == JOB:

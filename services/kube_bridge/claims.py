@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from libs.kube.client import ApiError, KubeClient, Obj
 from libs.kube.dra import GPU_DRIVER, Device, allocation_status, generated_claim, gpu_requests, pod_claims
 from libs.kube.workloads import meta
+from services.kube_bridge.metrics import CLAIMS
 
 log = logging.getLogger(__name__)
 READY, WAIT = "", "wait"
@@ -63,4 +64,5 @@ class ClaimAllocator:
             except ApiError as err:
                 return f"allocating claim {claim_name} failed: {err}"
             self.allocated += 1
+            CLAIMS.inc()
         return READY
