@@ -27,7 +27,13 @@ if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 
-command -v go >/dev/null || { echo "build_kube: go is not installed" >&2; exit 1; }
+# Go where the machine keeps it, though the caller's PATH may be a minimal one (CI runs with /usr/bin and /bin).
+if ! command -v go >/dev/null; then
+  for dir in /usr/local/go/bin /usr/lib/go/bin "$HOME/go/bin" "$HOME"/sdk/go*/bin; do
+    if [ -x "$dir/go" ]; then PATH="$dir:$PATH"; break; fi
+  done
+fi
+command -v go >/dev/null || { echo "build_kube: go is not installed (the Go toolchain, 1.26 or newer)" >&2; exit 1; }
 mkdir -p "$BIN"
 export GOFLAGS="${GOFLAGS:--buildvcs=false} -trimpath"
 export CGO_ENABLED=0
