@@ -214,6 +214,39 @@ def indexed_job(name: str, parallelism: int, gpus: int, runtime_s: float, priori
                      "template": {"metadata": {"annotations": notes}, "spec": pod_spec}}}
 
 
+DRIVER = "gpu.nvidia.com"
+
+
+def device_class() -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}
+
+
+def resource_slice(node: str, gpus: int) -> dict[str, Any]:
+    devices = [{"name": f"gpu-{i}", "attributes": {"index": {"int": i},
+                                                   "productName": {"string": "NVIDIA-H100-80GB-HBM3"},
+                                                   "uuid": {"string": f"GPU-{node}-{i}"}},
+                "capacity": {"memory": {"value": "80Gi"}}} for i in range(gpus)]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-gpus"},
+            "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1,
+                                                                  "resourceSliceCount": 1}, "devices": devices}}
+
+
+def claim_template(name: str, count: int) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpus", "exactly": {"deviceClassName": DRIVER, "allocationMode": "ExactCount",
+                                             "count": count}}]}}}}
+
+
+def dra_pod(name: str, template: str) -> dict[str, Any]:
+    pod = gpu_pod(name, runtime_s=300)
+    container = pod["spec"]["containers"][0]
+    container["resources"] = {"claims": [{"name": "gpus"}]}
+    pod["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": template}]
+    return pod
+
+
 @pytest.fixture(scope="session")
 def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     cluster = start_dev_cluster(tmp_path_factory.mktemp("kube"))

@@ -24,7 +24,7 @@ from libs.kube.workloads import (
     job_spec,
     pod_job_id,
 )
-from tests.e2e.kube_harness import gang, gpu_pod, indexed_job
+from tests.e2e.kube_harness import claim_template, dra_pod, gang, gpu_pod, indexed_job, resource_slice
 
 VERSION = "1.37.0"
 
@@ -181,7 +181,7 @@ def test_the_deployment_manifests_are_valid_objects() -> None:
 
 def test_a_dra_driver_s_devices_are_the_node_s_gpus_and_claims_point_at_the_chosen_ones() -> None:
     from libs.kube.dra import allocation_status, node_devices, requested_gpus
-    from tests.e2e.test_kube_dra import claim_template, dra_pod, resource_slice
+
 
     slices = [resource_slice("n1", 4), resource_slice("n2", 2)]
     for s in slices:
