@@ -44,11 +44,11 @@ from libs.core.decider import derived_id
 from libs.kube import bodies
 from libs.kube.client import Obj
 from libs.kube.nodes import is_ready, is_unschedulable
+from libs.kube.run_reports import TERMINAL, Run, batch_job_reports, pods_reports
 from libs.kube.workloads import (
     JOB_ID_ANNOTATION,
     checkpoint_of,
     completion_index,
-    exit_code,
     job_id_of_batch_job,
     meta,
     notes_of,
@@ -63,8 +63,6 @@ from services.kube_bridge.metrics import ROLLBACKS
 
 log = logging.getLogger(__name__)
 SOURCE = "kube-bridge"
-EXECUTOR = "kubernetes"
-TERMINAL = ("Succeeded", "Failed")
 OUTBOX_BATCH = 500
 
 
@@ -437,34 +435,20 @@ class KubeBridge:
     # --- reports from the pods ----------------------------------------------------------------------
 
     async def observe(self, job: Tracked) -> None:
-        """A pod of the job changed: report the run started once every replica runs, ended once they all ended
-        (the first failure's exit code), stopped once a stopping run's pods are gone."""
+        """A pod of the job changed: the reports its pods call for (`libs/kube/run_reports.py`); a stopping
+        run's end once its pods are gone."""
         if job.state == STOPPING:
             await self.check_stopped(job)
             return
         if job.state != PLACED or not job.run or job.kind == JOB:
             return  # a Job's start and end come from the Job's status
-        pods = self.pods_of(job)
-        bound = [p for p in pods if p.get("spec", {}).get("nodeName")]
-        if len(bound) < len(job.pods):
-            return
-        run, now = job.run, time.time()
-        phases = [p.get("status", {}).get("phase") for p in bound]
-        if not job.started_reported and all(ph in ("Running", *TERMINAL) for ph in phases):
-            await self.publish([JobStarted(id=report_id(run, "started"), ts=now, source=SOURCE,
-                                           correlation_id=job.job_id, job_id=job.job_id, run=run, executor=EXECUTOR)])
-        if any(is_going(p) for p in bound):
-            return  # being deleted: a stop (a cancel, an eviction), reported as such, never as a failure
-        failed = [p for p in bound if p.get("status", {}).get("phase") == "Failed"]
+        events, failed = pods_reports(self.run_of(job), self.pods_of(job), time.time())
+        await self.publish(events)
         if failed:
-            code = exit_code(failed[0])
-            await self.publish([JobFailed(id=report_id(run, "failed"), ts=now, source=SOURCE,
-                                          correlation_id=job.job_id, job_id=job.job_id, run=run, exit_code=code,
-                                          reason="killed_by_signal" if code > 128 else "exit_code")])
             await self.stop_others(job, failed)
-        elif all(ph == "Succeeded" for ph in phases):
-            await self.publish([JobFinished(id=report_id(run, "finished"), ts=now, source=SOURCE,
-                                            correlation_id=job.job_id, job_id=job.job_id, run=run)])
+
+    def run_of(self, job: Tracked) -> Run:
+        return Run(job.job_id, job.run, len(job.placements), job.started_reported, SOURCE)
 
     async def stop_others(self, job: Tracked, failed: list[Obj]) -> None:
         """A gang cannot go on with a member gone: the others are stopped at once."""
@@ -473,27 +457,10 @@ class KubeBridge:
                 await self.delete_pod(job, meta(pod)["name"], 0)
 
     async def observe_batch_job(self, job: Tracked, obj: Obj) -> None:
-        """A placed Job's status: running once its pods all run, finished or failed by its conditions."""
+        """A placed Job's status changed: the reports it calls for."""
         if job.state == STOPPING:
             await self.check_stopped(job)
             return
-        if job.state != PLACED or not job.run:
-            return
-        run, now = job.run, time.time()
-        status = obj.get("status", {}) or {}
-        conditions = {c.get("type"): c.get("status") for c in status.get("conditions", []) or []}
-        replicas = len(job.placements)
-        running = [p for p in self.pods_of(job) if p.get("status", {}).get("phase") == "Running"]
-        if not job.started_reported and (len(running) >= replicas or conditions.get("Complete") == "True"):
-            await self.publish([JobStarted(id=report_id(run, "started"), ts=now, source=SOURCE,
-                                           correlation_id=job.job_id, job_id=job.job_id, run=run, executor=EXECUTOR)])
-        if conditions.get("Complete") == "True":
-            await self.publish([JobFinished(id=report_id(run, "finished"), ts=now, source=SOURCE,
-                                            correlation_id=job.job_id, job_id=job.job_id, run=run)])
-        elif conditions.get("Failed") == "True":
-            failed = [p for p in self.pods_of(job) + self.last_seen_of(job)
-                      if p.get("status", {}).get("phase") == "Failed"]
-            code = exit_code(failed[-1]) if failed else 1
-            await self.publish([JobFailed(id=report_id(run, "failed"), ts=now, source=SOURCE,
-                                          correlation_id=job.job_id, job_id=job.job_id, run=run, exit_code=code,
-                                          reason="job_failed")])
+        if job.state == PLACED and job.run:
+            await self.publish(batch_job_reports(self.run_of(job), obj, self.pods_of(job), self.last_seen_of(job),
+                                                 time.time()))
