@@ -204,3 +204,36 @@ def test_a_dra_driver_s_devices_are_the_node_s_gpus_and_claims_point_at_the_chos
     status = allocation_status(claim, [devices["n1"][3], devices["n1"][1]], "n1", pod, classes)
     valid({**claim, **status})
     assert [r["device"] for r in status["status"]["allocation"]["devices"]["results"]] == ["gpu-3", "gpu-1"]
+
+
+def _pod_in(phase: str, node: str = "n1", code: int | None = None, going: bool = False) -> dict[str, Any]:
+    pod = gpu_pod("m")
+    pod["spec"]["nodeName"] = node
+    pod["status"] = {"phase": phase}
+    if code is not None:
+        pod["status"]["containerStatuses"] = [{"name": "main", "state": {"terminated": {"exitCode": code}}}]
+    if going:
+        pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return pod
+
+
+def test_a_run_s_pods_say_started_finished_or_failed_and_a_deletion_is_no_failure() -> None:
+    from contracts import JobFailed, JobFinished, JobStarted
+    from libs.kube.run_reports import Run, batch_job_reports, pods_reports
+
+    run = Run("job", "run-1", 2, False, "kube-bridge")
+    assert pods_reports(run, [_pod_in("Running")], 1.0) == ([], [])  # one of two bound: nothing yet
+    events, _ = pods_reports(run, [_pod_in("Running"), _pod_in("Pending")], 1.0)
+    assert events == []
+    events, _ = pods_reports(run, [_pod_in("Running"), _pod_in("Running")], 1.0)
+    assert [type(e) for e in events] == [JobStarted]
+    started = Run("job", "run-1", 2, True, "kube-bridge")
+    events, failed = pods_reports(started, [_pod_in("Failed", code=137), _pod_in("Running")], 2.0)
+    assert [(type(e), getattr(e, "exit_code", None)) for e in events] == [(JobFailed, 137)] and len(failed) == 1
+    events, failed = pods_reports(started, [_pod_in("Failed", code=143, going=True), _pod_in("Running")], 2.0)
+    assert events == [] and failed == []  # being deleted: a stop, reported as one elsewhere
+    events, _ = pods_reports(started, [_pod_in("Succeeded"), _pod_in("Succeeded")], 3.0)
+    assert [type(e) for e in events] == [JobFinished]
+    job = {"status": {"conditions": [{"type": "Failed", "status": "True"}]}}
+    (failure,) = batch_job_reports(started, job, [], [_pod_in("Failed", code=137)], 4.0)
+    assert isinstance(failure, JobFailed) and failure.exit_code == 1 and "137" in failure.reason
