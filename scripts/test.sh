@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
 # The Kubernetes tests run a real kube-apiserver, etcd and kube-controller-manager: built from the Go module proxy
-# on the first run (about 7 minutes on 2 cores, with progress), found in ~/.cache/gpusched/kube afterwards.
+# on the first run (about 9 minutes on 2 cores from empty Go caches, with progress), found in
+# ~/.cache/gpusched/kube afterwards.
 echo "== Kubernetes control plane (scripts/build_kube.sh)" && ./scripts/build_kube.sh >/dev/null
 echo "== ruff" && .venv/bin/ruff check .
 echo "== mypy" && .venv/bin/mypy
