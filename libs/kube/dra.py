@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contracts import GpuSpec
+from libs.core.decider import derived_id
 from libs.kube.client import Obj
 from libs.kube.nodes import model_of, quantity_mib
 from libs.kube.workloads import Refusal, meta
@@ -35,6 +36,7 @@ class Device:
     model: str
     memory_mib: int
     uuid: str = ""
+    shareable: bool = False  # allowMultipleAllocations: several claims may hold shares of it (fractions)
 
 
 def _attribute(device: Obj, name: str) -> object:
@@ -66,7 +68,8 @@ def node_devices(slices: list[Obj], driver: str = GPU_DRIVER) -> dict[str, list[
             memory = ((device.get("capacity", {}) or {}).get("memory", {}) or {}).get("value", "0")
             found.append(Device(index=int(index) if isinstance(index, int) else position, driver=driver, pool=pool,
                                 name=name, model=model_of({"nvidia.com/gpu.product": str(product or "")}),
-                                memory_mib=quantity_mib(str(memory)), uuid=str(_attribute(device, "uuid") or "")))
+                                memory_mib=quantity_mib(str(memory)), uuid=str(_attribute(device, "uuid") or ""),
+                                shareable=bool(device.get("allowMultipleAllocations", False))))
         out[node] = sorted(found, key=lambda d: d.index)
     return out
 
@@ -87,7 +90,7 @@ def requested_gpus(claim_spec: Obj, gpu_classes: frozenset[str]) -> int | Refusa
                            "supported; ask for one device class with exactly")
         if exact.get("deviceClassName") not in gpu_classes:
             continue
-        if exact.get("selectors") or exact.get("adminAccess"):
+        if exact.get("selectors") or exact.get("adminAccess") or exact.get("tolerations"):
             return Refusal("dra_request_unsupported", f"claim request {name!r}: CEL selectors and admin access are "
                            "not supported; ask for GPUs by device class and count")
         if exact.get("allocationMode", "ExactCount") != "ExactCount":
@@ -111,9 +114,16 @@ def allocation_status(claim: Obj, devices: list[Device], node: str, pod: Obj,
     """The claim's status: its GPU requests satisfied by `devices` in order (the platform's choice), the
     allocation pinned to the node, and the pod as its consumer."""
     results, taken = [], 0
+    capacity = {str(r.get("name", "")): ((r.get("exactly", {}) or {}).get("capacity", {}) or {}).get("requests", {})
+                for r in ((claim.get("spec", {}) or {}).get("devices", {}) or {}).get("requests", []) or []}
     for request, count in gpu_requests(claim.get("spec", {}) or {}, gpu_classes):
         for device in devices[taken:taken + count]:
-            results.append({"request": request, "driver": device.driver, "pool": device.pool, "device": device.name})
+            result: Obj = {"request": request, "driver": device.driver, "pool": device.pool, "device": device.name}
+            if device.shareable:  # one share of a device others may hold shares of: its own id, what it takes
+                result["shareID"] = derived_id("share", meta(claim).get("uid", ""), request, device.name)
+                if capacity.get(request):
+                    result["consumedCapacity"] = dict(capacity[request])
+            results.append(result)
         taken += count
     m = meta(pod)
     return {"status": {

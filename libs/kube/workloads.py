@@ -121,16 +121,26 @@ def _float(notes: dict[str, str], key: str) -> float | None:
     return value
 
 
+def _fraction(notes: dict[str, str]) -> int:
+    """A share of one GPU in thousandths (`gpusched.io/gpu-milli`, 1 to 999); 0 for whole GPUs."""
+    milli = _float(notes, "gpu-milli")
+    if milli is None:
+        return 0
+    if not 1 <= milli <= 999 or milli != int(milli):
+        raise ValueError(f"{PREFIX}gpu-milli must be a whole number from 1 to 999, got {milli:g}")
+    return int(milli)
+
+
 def job_spec(obj: Obj, pod_spec: Obj, replicas: int, team_of_queue: dict[str, str], kind: str) -> JobSpec | Refusal:
     """The JobSpec of a pod, a gang (its first member) or a Job (its template), `replicas` of it."""
     queue = next((labels(obj)[k] for k in QUEUE_LABELS if labels(obj).get(k)), "")
     if not queue:
         return Refusal("no_queue", f"label the {kind} with gpusched.io/queue (or kueue.x-k8s.io/queue-name)")
     notes = notes_of(obj)
-    if any(k in notes for k in FRACTION_ANNOTATIONS):
+    if any(k in notes for k in FRACTION_ANNOTATIONS) and not pod_spec.get("resourceClaims"):
         return Refusal("gpu_fraction_unsupported",
-                       "GPU fractions need a driver that isolates the share (DRA); the classic device plugin "
-                       "gives whole GPUs only (docs/kubernetes.md)")
+                       "a GPU fraction needs a DRA claim on a shareable device (its driver isolates the share); "
+                       "the classic device plugin gives whole GPUs only (docs/kubernetes.md)")
     resources = pod_resources(pod_spec)
     if isinstance(resources, Refusal):
         return resources
@@ -154,6 +164,7 @@ def job_spec(obj: Obj, pod_spec: Obj, replicas: int, team_of_queue: dict[str, st
             topology=topology, topology_required=notes.get(PREFIX + "topology-required", "") == "true",
             spread=notes.get(PREFIX + "spread", "") == "true",
             checkpoint_interval_s=_float(notes, "checkpoint-interval-s"), retry_exit_codes=retry,
+            gpu_milli=_fraction(notes), gpu_memory_mib=int(_float(notes, "gpu-memory-mib") or 0),
             labels={"kubernetes.io/kind": kind, "kubernetes.io/namespace": namespace,
                     "kubernetes.io/name": str(meta(obj).get("name", ""))})
     except (ValueError, TypeError) as err:

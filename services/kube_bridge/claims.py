@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from libs.kube.client import ApiError, KubeClient, Obj
 from libs.kube.dra import GPU_DRIVER, Device, allocation_status, generated_claim, gpu_requests, pod_claims
-from libs.kube.workloads import meta
+from libs.kube.workloads import meta, notes_of
 from services.kube_bridge.metrics import CLAIMS
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,8 @@ class ClaimAllocator:
         if missing:
             return f"node {node} publishes no GPU device of index {missing[0]}"
         chosen = [on_node[i] for i in indices]
+        if notes_of(pod).get("gpusched.io/gpu-milli") and not all(d.shareable for d in chosen):
+            return f"a GPU fraction placed on device {chosen[0].name} of {node}, which its driver does not share"
         ns = meta(pod).get("namespace", "default")
         taken = 0
         for name, _template in claims:

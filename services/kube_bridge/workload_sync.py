@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from contracts import EventBase, SubmitJob
+from contracts import EventBase, JobSpec, SubmitJob
 from libs.core.decider import derived_id
 from libs.kube.client import ApiError, KubeClient, Obj
 from libs.kube.dra import pod_claims, requested_gpus
@@ -47,6 +47,21 @@ def evicted_from_outside(pod: Obj) -> bool:
     DisruptionTarget before it goes."""
     return any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
                for c in pod.get("status", {}).get("conditions", []) or [])
+
+
+def with_claimed_gpus(spec: JobSpec, claimed: int | Refusal, classic: Resources | Refusal) -> JobSpec | Refusal:
+    """The spec with the GPUs its DRA claims ask for: 1. a claim the platform cannot honour refuses it; 2. GPUs
+    through both the device plugin and claims are refused; 3. a fraction is a share of exactly one claimed GPU;
+    4. otherwise the claims' count is the replica's GPUs."""
+    if isinstance(claimed, Refusal):
+        return claimed
+    if claimed and isinstance(classic, Resources) and (classic.gpus or classic.mig_profile):
+        return Refusal("mixed_gpu_resources", "a replica asks for GPUs through the device plugin and DRA claims at "
+                       "once")
+    if spec.gpu_milli and claimed != 1:
+        return Refusal("invalid_fraction", f"a GPU fraction is a share of one GPU a DRA claim asks for; its claims "
+                       f"ask for {claimed}")
+    return msgspec.structs.replace(spec, gpus=claimed) if claimed else spec
 
 
 def members_differ(members: list[Obj]) -> str:
@@ -204,13 +219,8 @@ class WorkloadSync:
         replicas = len(members) if kind != JOB else int(obj.get("spec", {}).get("parallelism", 1) or 1)
         spec = job_spec(obj, pod_spec, replicas, self.bridge.book.team_of_queue, kind)
         claimed = await self._claimed_gpus(str(meta(obj).get("namespace", "default")), pod_spec)
-        if isinstance(claimed, Refusal):
-            spec = claimed
-        elif claimed and not isinstance(spec, Refusal):
-            classic = pod_resources(pod_spec)
-            both = isinstance(classic, Resources) and bool(classic.gpus or classic.mig_profile)
-            spec = (Refusal("mixed_gpu_resources", "a replica asks for GPUs through the device plugin and DRA "
-                            "claims at once") if both else msgspec.structs.replace(spec, gpus=claimed))
+        if not isinstance(spec, Refusal):
+            spec = with_claimed_gpus(spec, claimed, pod_resources(pod_spec))
         if isinstance(spec, Refusal):
             await self.refuse(members or [obj], spec, pod=kind != JOB)
             return

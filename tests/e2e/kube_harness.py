@@ -222,21 +222,26 @@ def device_class() -> dict[str, Any]:
             "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}
 
 
-def resource_slice(node: str, gpus: int) -> dict[str, Any]:
-    devices = [{"name": f"gpu-{i}", "attributes": {"index": {"int": i},
-                                                   "productName": {"string": "NVIDIA-H100-80GB-HBM3"},
-                                                   "uuid": {"string": f"GPU-{node}-{i}"}},
-                "capacity": {"memory": {"value": "80Gi"}}} for i in range(gpus)]
+def resource_slice(node: str, gpus: int, product: str = "NVIDIA-H100-80GB-HBM3",
+                   shareable: bool = False) -> dict[str, Any]:
+    devices: list[dict[str, Any]] = [{"name": f"gpu-{i}", "attributes": {"index": {"int": i},
+                                                                         "productName": {"string": product},
+                                                                         "uuid": {"string": f"GPU-{node}-{i}"}},
+                                      "capacity": {"memory": {"value": "80Gi"}}} for i in range(gpus)]
+    if shareable:
+        for device in devices:
+            device["allowMultipleAllocations"] = True
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-gpus"},
             "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1,
                                                                   "resourceSliceCount": 1}, "devices": devices}}
 
 
-def claim_template(name: str, count: int) -> dict[str, Any]:
+def claim_template(name: str, count: int, memory: str = "") -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": count}
+    if memory:  # a share of the device's memory: consumable capacity
+        exactly["capacity"] = {"requests": {"memory": memory}}
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
-            "spec": {"spec": {"devices": {"requests": [
-                {"name": "gpus", "exactly": {"deviceClassName": DRIVER, "allocationMode": "ExactCount",
-                                             "count": count}}]}}}}
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}}}}
 
 
 def dra_pod(name: str, template: str) -> dict[str, Any]:
