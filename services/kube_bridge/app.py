@@ -92,6 +92,10 @@ class BridgeProcess:
         """After a (re)start: every placed run is carried out again (binds are idempotent), every stopping run
         stopped, every waiting job explained."""
         b = self.bridge
+        # Nodes the log holds that the cluster does not (a simulated cluster's, run before in the same folder; a
+        # node deleted while no bridge watched): lost, so nothing is placed on them and their runs go elsewhere.
+        for name in sorted(set(b.book.nodes) - set(self.node_reflector.store) - b.book.lost):
+            await self.nodes.lose(name, "not_in_cluster")
         for job in b.book.active():
             gone = self.gone_while_away(job)
             if gone:

@@ -82,12 +82,18 @@ class KubeBook:
     cordoned: dict[str, str] = field(default_factory=dict)  # node -> who cordoned it (NodeCordoned.operator)
     runs: CurrentRuns = field(default_factory=CurrentRuns)
     rejected: dict[str, tuple[str, str]] = field(default_factory=dict)  # job -> (code, message)
+    # Every job's current run and its nodes, whoever runs it: a node lost takes all of them with it.
+    runs_on: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)
 
     def fold(self, event: EventBase) -> Tracked | None:
         """Apply one event; returns the tracked job it concerns, if it is one of ours."""
         if self.runs.is_stale(event):
             return None
         self.runs.fold(event)
+        if isinstance(event, JobPlaced):
+            self.runs_on[event.job_id] = (event.id, frozenset(p.node for p in event.placements))
+        elif isinstance(event, JobFinished | JobFailed | JobEvicted):
+            self.runs_on.pop(event.job_id, None)
         match event:
             case QueuePolicyChanged():
                 self.team_of_queue[event.queue.name] = event.queue.team

@@ -23,7 +23,6 @@ from libs.kube.nodes import TopologyLabels, is_ready, is_unschedulable, node_spe
 from libs.kube.reflector import DELETED, MODIFIED, version_of
 from libs.kube.workloads import meta
 from libs.nodes.reports import report_id
-from services.kube_bridge.book import PLACED
 from services.kube_bridge.bridge import SOURCE, KubeBridge
 
 log = logging.getLogger(__name__)
@@ -108,11 +107,10 @@ class NodeSync:
         now = time.time()
         events: list[EventBase] = [NodeLost(id=derived_id(SOURCE, "lost", name, version), ts=now, source=SOURCE,
                                             correlation_id=name, node=name, reason=reason)]
-        for job in self.bridge.book.jobs.values():
-            if job.state == PLACED and job.run and any(p.node == name for p in job.placements):
-                events.append(JobEvicted(id=report_id(job.run, "evicted"), ts=now, source=SOURCE,
-                                         correlation_id=job.job_id, job_id=job.job_id, run=job.run,
-                                         reason="node_lost"))
+        for job_id, (run, nodes) in sorted(self.bridge.book.runs_on.items()):
+            if name in nodes:  # every run there, pods or not (a run left by another executor on a ghost node)
+                events.append(JobEvicted(id=report_id(run, "evicted"), ts=now, source=SOURCE, correlation_id=job_id,
+                                         job_id=job_id, run=run, reason="node_lost"))
         log.warning("node %s lost (%s): %d run(s) evicted", name, reason, len(events) - 1)
         await self.bridge.publish(events)
 

@@ -4,6 +4,7 @@ broken by one scenario would not spoil the next."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,9 @@ from typing import Any
 
 import pytest
 
+from contracts import GpuSpec, NodeRegistered, NodeSpec
+from libs.bus.jetstream import Bus, BusConfig
+from libs.core.inventory import registration_id
 from libs.kube.devcluster import DevCluster
 from tests.e2e.kube_harness import KubeWorld, gpu_pod, start_world, wait_seconds
 from tests.e2e.waiting import wait_for
@@ -122,3 +126,32 @@ def test_a_gang_size_of_zero_is_refused_and_does_not_stop_the_bridge(small: Kube
     assert w.procs["bridge"].poll() is None, f"the bridge died:\n{w.log_of('bridge')[-3000:]}"
     wait_for(lambda: (c := w.condition("zero", "PodScheduled")) is not None and c["status"] == "False"
              and c["reason"], lambda: f"zero never said why: {w.condition('zero', 'PodScheduled')}", timeout=20)
+
+
+async def _register_ghost(w: KubeWorld, name: str) -> None:
+    spec = NodeSpec(name=name, gpus=tuple(GpuSpec(index=i, model="A100") for i in range(8)))
+    bus = await Bus.connect(BusConfig(url=w.env["NATS_URL"], stream="GPUSCHED", subject_prefix="gs"))
+    try:
+        await bus.publish([NodeRegistered(id=registration_id(spec, 1), ts=0.0, source="node-telemetry", node=spec)])
+    finally:
+        await bus.close()
+
+
+def test_a_node_the_log_holds_but_the_cluster_does_not_is_lost_once_the_bridge_starts(
+        kube_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Guarantee (3): nothing waits for ever on a node nobody serves. Sequence: the log already holds a node of
+    another cluster (the simulated demo run before in the same folder), with 8 GPUs; the bridge starts against a
+    Kubernetes cluster that has no such node. The bridge declares it lost, and a pod runs on a real node."""
+    w = start_world(kube_cluster, Path(tmp_path_factory.mktemp("adv-ghost")), "adv-ghost", nodes=1, gpus=8,
+                    bridge=False)
+    try:
+        asyncio.run(_register_ghost(w, "ghost-0"))
+        wait_for(lambda: any(n["name"] == "ghost-0" for n in w.api.nodes()), "the ghost never registered")
+        w.start_bridge()
+        wait_for(lambda: not next(n for n in w.api.nodes() if n["name"] == "ghost-0")["online"],
+                 lambda: f"the ghost node was never lost: {w.api.nodes()}", timeout=30)
+        w.apply(gpu_pod("real", gpus=8, runtime_s=1))
+        w.wait_phase("real", "Succeeded", timeout=40)
+        assert w.node_of("real") == "adv-ghost-n0"
+    finally:
+        w.stop()
