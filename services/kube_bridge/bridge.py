@@ -64,6 +64,9 @@ from services.kube_bridge.metrics import ROLLBACKS
 log = logging.getLogger(__name__)
 SOURCE = "kube-bridge"
 OUTBOX_BATCH = 500
+UNUSABLE_WAIT_S = 1.0
+# How long a placed pod may wait for the claim controller to make its DRA claims before its run is rolled back.
+CLAIM_WAIT_S = 30.0
 
 
 def is_terminal(pod: Obj) -> bool:
@@ -90,6 +93,8 @@ class KubeBridge:
     reported: set[str] = field(default_factory=set)  # report ids published, not yet back through the log
     gone: dict[tuple[str, str], Obj] = field(default_factory=dict)  # pods deleted, as last seen (checkpoints)
     expected_gone: set[tuple[str, str]] = field(default_factory=set)  # pods the bridge itself deletes
+    claim_wait_since: dict[str, float] = field(default_factory=dict)  # run -> when it began to wait for claims
+    claim_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
     outbox: list[EventBase] = field(default_factory=list)  # to the log, in order (`publish`)
     _outbox_ready: asyncio.Event = field(default_factory=asyncio.Event)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
@@ -139,6 +144,16 @@ class KubeBridge:
         if is_unschedulable(obj):
             return "is cordoned"
         return ""
+
+    async def unusable_nodes(self, nodes: list[str]) -> list[str]:
+        """Nodes the API server would not have a pod bound to, each with why, after giving the log a moment to
+        catch up with what the informer saw (the cordon or the loss is on its way to the deciders): a placement
+        is rolled back at most once a second for it, never in a tight loop."""
+        found = [f"{n} {why}" for n in nodes if (why := self.node_unusable(n))]
+        if found:
+            await asyncio.sleep(UNUSABLE_WAIT_S)
+            found = [f"{n} {why}" for n in nodes if (why := self.node_unusable(n))]
+        return found
 
     def _victims_placed(self, event: EventBase) -> list[Tracked]:
         if not isinstance(event, PreemptionDecided):
@@ -262,7 +277,7 @@ class KubeBridge:
             await self.remake(job, pods)  # a retry or a rerun: the members are made again, then bound
             return
         targets = [(name, job.node_of(i) or "") for i, name in enumerate(job.pods)]
-        unusable = [f"{node} {why}" for node in sorted({n for _, n in targets}) if (why := self.node_unusable(node))]
+        unusable = await self.unusable_nodes(sorted({n for _, n in targets}))
         if unusable:
             await self.roll_back(job, "the API server says node " + ", ".join(unusable))
             return
@@ -272,10 +287,12 @@ class KubeBridge:
             state = await self.claims.allocate(self.pods[(job.namespace, name)], node,
                                                job.indices_of(job.pods.index(name)))
             if state == WAIT_FOR_CLAIMS:
-                return  # the pod's next change (its claims made) carries the placement on
+                await self.wait_for_claims(job)  # the pod's next change (its claims made) carries the placement on
+                return
             if state:
                 await self.roll_back(job, state)
                 return
+        self.claim_wait_since.pop(job.run, None)
         failed = await self.actions.bind_all(job.namespace, todo)
         if failed:
             await self.roll_back(job, f"binding {', '.join(failed)} failed")
@@ -292,13 +309,14 @@ class KubeBridge:
         node = job.node_of(index) if index is not None else self._free_slot(job)
         if node is None:
             return
-        why = self.node_unusable(node)
-        if why:
-            await self.roll_back(job, f"the API server says node {node} {why}")
+        unusable = await self.unusable_nodes([node])
+        if unusable:
+            await self.roll_back(job, f"the API server says node {unusable[0]}")
             return
         replica = index if index is not None else next(p.replica for p in job.placements if p.node == node)
         state = await self.claims.allocate(pod, node, job.indices_of(replica))
         if state == WAIT_FOR_CLAIMS:
+            await self.wait_for_claims(job)
             return
         if state:
             await self.roll_back(job, state)
@@ -308,6 +326,28 @@ class KubeBridge:
             await self.actions.say_scheduled(pod, node)
         except Exception as err:
             await self.roll_back(job, f"binding {meta(pod)['name']} failed: {err}")
+
+    async def wait_for_claims(self, job: Tracked) -> None:
+        """A placed run waits for its pods' DRA claims to be made; past CLAIM_WAIT_S it is rolled back (a claim
+        template that does not exist, a claim controller that does not run) and its pods say why."""
+        run = job.run
+        first = self.claim_wait_since.setdefault(run, time.monotonic())
+        if time.monotonic() - first >= CLAIM_WAIT_S:
+            self.claim_wait_since.pop(run, None)
+            await self.roll_back(job, f"its pods' DRA claims were not made within {CLAIM_WAIT_S:g} s")
+            return
+        if run not in self.claim_timers:
+            loop = asyncio.get_running_loop()
+            self.claim_timers[run] = loop.call_later(CLAIM_WAIT_S, lambda: self._retry_placement(job, run))
+
+    def _retry_placement(self, job: Tracked, run: str) -> None:
+        self.claim_timers.pop(run, None)
+        if job.run == run and job.state == PLACED:
+            self._run(job.job_id, self.place(job) if job.kind != JOB else self._bind_job_pods(job))
+
+    async def _bind_job_pods(self, job: Tracked) -> None:
+        for pod in self.pods_of(job):
+            await self.bind_job_pod(job, pod)
 
     def _free_slot(self, job: Tracked) -> str | None:
         used: dict[str, int] = {}
@@ -327,6 +367,7 @@ class KubeBridge:
         bare pods, made again unbound), and the run is reported evicted so its capacity returns."""
         log.warning("%s: %s; rolling the run back", job.job_id, why)
         ROLLBACKS.labels("bind_failed").inc()
+        self.explain_due.add(job.job_id)  # it waits again: its pods say why once the log has it
         run = job.run
         job.state, job.stop_reason = STOPPING, "bind_failed"
         if job.kind == JOB:

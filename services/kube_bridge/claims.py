@@ -16,6 +16,15 @@ log = logging.getLogger(__name__)
 READY, WAIT = "", "wait"
 
 
+def _pinned_to(allocation: Obj) -> str:
+    """The node an allocation is pinned to (the bridge pins each to one node by name)."""
+    for term in ((allocation.get("nodeSelector", {}) or {}).get("nodeSelectorTerms", []) or []):
+        for field_ in term.get("matchFields", []) or []:
+            if field_.get("key") == "metadata.name" and field_.get("values"):
+                return str(field_["values"][0])
+    return ""
+
+
 @dataclass
 class ClaimAllocator:
     client: KubeClient
@@ -56,9 +65,18 @@ class ClaimAllocator:
             allocation = (claim.get("status", {}) or {}).get("allocation")
             if allocation:
                 got = [r.get("device") for r in (allocation.get("devices", {}) or {}).get("results", [])]
-                if got != [d.name for d in mine]:
+                if got == [d.name for d in mine] and _pinned_to(allocation) == node:
+                    continue
+                if (pod.get("spec", {}) or {}).get("nodeName"):
                     return f"claim {claim_name} is allocated to {got}, not {[d.name for d in mine]}"
-                continue
+                # Allocated for an earlier placement that was rolled back before the bind: released, then allocated
+                # to the GPUs placed now.
+                try:
+                    claim = await self.client.merge_patch(f"{path}/status", {
+                        "metadata": {"resourceVersion": meta(claim).get("resourceVersion", "")},
+                        "status": {"allocation": None, "reservedFor": None}})
+                except ApiError as err:
+                    return f"releasing claim {claim_name} failed: {err}"
             body = allocation_status(claim, mine, node, pod, self.gpu_classes)
             body["metadata"] = {"resourceVersion": meta(claim).get("resourceVersion", "")}
             try:

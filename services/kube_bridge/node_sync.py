@@ -36,7 +36,7 @@ class NodeSync:
     announced: dict[str, NodeSpec] = field(default_factory=dict)  # registrations not yet back from the log
     versions: dict[str, int] = field(default_factory=dict)  # registrations published per node
     lost_sent: set[str] = field(default_factory=set)
-    cordon_sent: dict[str, bool] = field(default_factory=dict)
+    unschedulable: dict[str, bool] = field(default_factory=dict)  # Kubernetes' cordon of each node, as last seen
     slices: dict[str, Obj] = field(default_factory=dict)  # the DRA driver's ResourceSlices, by name
     driver: str = GPU_DRIVER
 
@@ -115,15 +115,16 @@ class NodeSync:
         await self.bridge.publish(events)
 
     async def cordon(self, name: str, unschedulable: bool, version: str) -> None:
-        """Kubernetes' cordon, mirrored: set, the node is cordoned in the platform (unless it is already); cleared,
-        the platform's cordon is lifted only if Kubernetes set it. A cordon or drain of the platform's own
-        operators (`gpusched node drain`) is theirs to lift: a schedulable Node does not undo it."""
-        cordoned_by = self.bridge.book.cordoned.get(name)
-        if self.cordon_sent.get(name) == unschedulable:
+        """Kubernetes' cordon, mirrored by its transitions (and at first sight): set, the node is cordoned in the
+        platform unless it already is; cleared, the platform's cordon is lifted only if Kubernetes set it. A cordon
+        or drain of the platform's own operators (`gpusched node drain`) is theirs to lift."""
+        before = self.unschedulable.get(name)
+        self.unschedulable[name] = unschedulable
+        if before == unschedulable:
             return
+        cordoned_by = self.bridge.book.cordoned.get(name)
         if (unschedulable and cordoned_by is not None) or (not unschedulable and cordoned_by != OPERATOR):
             return
-        self.cordon_sent[name] = unschedulable
         now = time.time()
         command: EventBase
         if unschedulable:

@@ -70,13 +70,13 @@ def members_differ(members: list[Obj]) -> str:
     def shape(pod: Obj) -> tuple[object, ...]:
         spec = pod.get("spec", {}) or {}
         queue = next((labels_of(pod)[k] for k in QUEUE_LABELS if labels_of(pod).get(k)), "")
-        return pod_resources(spec), queue, spec.get("priorityClassName", "")
+        return pod_resources(spec), queue, spec.get("priorityClassName", ""), tuple(pod_claims(pod))
 
     first = shape(members[0])
     for member in members[1:]:
         if shape(member) != first:
             return (f"{meta(member).get('name')} asks for {shape(member)} but {meta(members[0]).get('name')} for "
-                    f"{first} (resources, queue, priority class): a gang's members must be alike")
+                    f"{first} (resources, queue, priority class, DRA claims): a gang's members must be alike")
     return ""
 
 

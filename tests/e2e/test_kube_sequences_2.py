@@ -1,4 +1,4 @@
-"""More sequences of events that break one of the bridge's guarantees (named in each docstring), on a real
+"""More sequences of events that once broke one of the bridge's guarantees (named in each docstring), on a real
 kube-apiserver. Each test gets its own world (platform, fake kubelet, bridge, namespace), so that a bridge left
 broken by one scenario would not spoil the next."""
 
@@ -9,9 +9,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from libs.kube.devcluster import DevCluster
-from tests.e2e.kube_harness import KubeWorld, gpu_pod, indexed_job, start_world, wait_seconds
+from tests.e2e.kube_harness import (
+    KubeWorld,
+    claim_template,
+    device_class,
+    dra_pod,
+    gpu_pod,
+    resource_slice,
+    start_world,
+    wait_seconds,
+)
 from tests.e2e.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -33,28 +43,23 @@ def small(kube_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory,
 
 
 @pytest.fixture
-def pair(kube_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory,
-         request: pytest.FixtureRequest) -> Iterator[KubeWorld]:
-    """Two nodes of 8 GPUs, in a namespace of the test's own."""
-    yield from _world(kube_cluster, tmp_path_factory, request, nodes=2, gpus=8)
+def dra(kube_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory,
+        request: pytest.FixtureRequest) -> Iterator[KubeWorld]:
+    """One node whose 8 GPUs a DRA driver publishes (no device-plugin GPUs), in a namespace of the test's own."""
+    for world in _world(kube_cluster, tmp_path_factory, request, nodes=1, gpus=0):
+        _publish_gpus(world)
+        yield world
+
+
+def _publish_gpus(w: KubeWorld) -> None:
+    w.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(device_class()))
+    w.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(resource_slice(f"{w.pool}-n0", 8)))
+    wait_for(lambda: _node(w, f"{w.pool}-n0")["gpus"] == 8,
+             lambda: f"the slice's devices never became the node's GPUs: {w.api.nodes()}", timeout=30)
 
 
 def _node(w: KubeWorld, name: str) -> dict[str, Any]:
     return next(n for n in w.api.nodes() if n["name"] == name)
-
-
-def _gpus(pod: dict[str, Any]) -> int:
-    return sum(int((c.get("resources", {}).get("limits", {}) or {}).get("nvidia.com/gpu", "0"))
-               for c in pod["spec"].get("containers", []))
-
-
-def _bound_gpus(w: KubeWorld) -> dict[str, int]:
-    by_node: dict[str, int] = {}
-    for pod in w.pods().values():
-        node = pod["spec"].get("nodeName")
-        if node and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
-            by_node[node] = by_node.get(node, 0) + _gpus(pod)
-    return by_node
 
 
 def test_a_second_kubectl_cordon_after_a_platform_uncordon_is_mirrored(small: KubeWorld) -> None:
@@ -62,10 +67,8 @@ def test_a_second_kubectl_cordon_after_a_platform_uncordon_is_mirrored(small: Ku
     `kubectl cordon` (mirrored: the platform cordons the node); an operator lifts it through the platform
     (`gpusched node uncordon`, `node_action(node, "uncordon")`); `kubectl uncordon` (nothing to mirror: the
     platform's node is schedulable already); `kubectl cordon` again; then a pod is applied. Kubernetes says
-    the node is unschedulable, so the platform must learn of the new cordon (the pod then waits, saying why).
-    The bridge remembers the first cordon as still sent and never mirrors the second: the platform places the
-    pod on the node, the bridge refuses to bind it ("the API server says node ... is cordoned") and rolls the
-    run back, and the platform places it there again, for ever, the pod saying nothing."""
+    the node is unschedulable, so the platform learns of the new cordon (the bridge mirrors Kubernetes' cordon
+    by its transitions) and the pod waits, saying why, never placed on the node in a loop of rollbacks."""
     w = small
     node = f"{w.pool}-n0"
     w.kubectl("cordon", node)
@@ -86,26 +89,41 @@ def test_a_second_kubectl_cordon_after_a_platform_uncordon_is_mirrored(small: Ku
              lambda: f"stuck never said why it waits: {w.condition('stuck', 'PodScheduled')}", timeout=15)
 
 
-def test_a_non_indexed_job_s_pods_are_bound_one_per_placed_replica(pair: KubeWorld) -> None:
-    """Guarantee (1): no pod is bound to a node other than the one the platform placed it on; the pods bound to
-    a node never ask for more GPUs than it has. Sequence: a non-Indexed batch/v1 Job (parallelism 2,
-    completions 2) of 8 GPUs per pod, on two 8-GPU nodes: the platform places one replica on each node. The
-    Job controller makes both pods at once once the Job is unsuspended; the bridge binds each to "the first
-    replica whose node has fewer of the Job's pods than placed there" (`_free_slot`), counting from the pods
-    as last seen, where the pod it has just bound is still unbound: both pods go to the same node (16 GPUs of
-    pods on an 8-GPU node), the other node stays empty though the platform holds it for the Job."""
-    w = pair
-    job = indexed_job("plain", 2, 8, runtime_s=300)
-    del job["spec"]["completionMode"]
-    w.apply(job)
-    w.wait_job_state("Job", "plain", "running", "placed", timeout=40)
-    wait_for(lambda: sum(1 for p in w.pods().values() if p["spec"].get("nodeName")) >= 2,
-             lambda: f"the Job's pods were never both bound: {[(n, p['spec'].get('nodeName')) for n, p in w.pods().items()]}",
-             timeout=30)
-    wait_seconds(1.0)
-    placed = w.platform_job("Job", "plain") or {}
-    by_node = _bound_gpus(w)
-    assert all(used <= 8 for used in by_node.values()), (
-        f"GPUs of the pods bound per node {by_node} exceed the nodes' 8; the platform placed "
-        f"{[(p['node'], p['gpu_indices']) for p in placed.get('placements', [])]}; "
-        f"bridge log tail:\n{w.log_of('bridge')[-1500:]}")
+def _claim_devices(w: KubeWorld, pod: str) -> list[str]:
+    statuses = (w.get("pod", pod) or {}).get("status", {}).get("resourceClaimStatuses", []) or []
+    out: list[str] = []
+    for status in statuses:
+        name = status.get("resourceClaimName") or ""
+        claim = w.get("resourceclaim", name) if name else None
+        allocation = ((claim or {}).get("status", {}) or {}).get("allocation") or {}
+        out += [r["device"] for r in (allocation.get("devices", {}) or {}).get("results", [])]
+    return out
+
+
+def test_a_gang_member_whose_claim_template_is_missing_never_holds_gpus_silently(dra: KubeWorld) -> None:
+    """Guarantees (3) and (4): nothing hangs for ever holding capacity, and a pod that can never run says why.
+    Sequence: a gang of two DRA pods (gpusched.io/gang, size 2) where `typo-0` asks for its GPU through the
+    claim template `one` and `typo-1` through `onee`, which does not exist (a typo). The claim controller can
+    never make typo-1's claim. A gang's members must be alike, their DRA claims included: the gang is refused
+    with a reason on each member and holds no GPUs."""
+    w = dra
+    w.apply(claim_template("one", 1))
+    members = []
+    for i, template in enumerate(("one", "onee")):
+        pod = dra_pod(f"typo-{i}", template)
+        pod["metadata"]["labels"]["gpusched.io/gang"] = "typo"
+        pod["metadata"]["annotations"]["gpusched.io/gang-size"] = "2"
+        members.append(pod)
+    w.apply(*members)
+    wait_seconds(8.0)
+    job = w.platform_job("PodGroup", "typo") or {}
+    node = _node(w, f"{w.pool}-n0")
+    conditions = {f"typo-{i}": w.condition(f"typo-{i}", "PodScheduled") for i in range(2)}
+    bound = {f"typo-{i}": w.node_of(f"typo-{i}") for i in range(2)}
+    placed = [(p["node"], p["gpu_indices"]) for p in job.get("placements", [])]
+    assert not (placed and not all(bound.values())), (
+        f"the gang is {job.get('state')}/{job.get('phase')} on {placed} "
+        f"holding {node['allocated_gpus']} GPU(s), its members unbound ({bound}) for ever; typo-0's claim holds "
+        f"{_claim_devices(w, 'typo-0')}; PodScheduled: {conditions}")
+    assert any(c is not None and c["status"] == "False" and "onee" in c.get("message", "")
+               for c in conditions.values()), f"no member says why: {conditions}"
