@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from contracts.views import Explanation
+from contracts.views import Explanation, JobView, NodeView, QueueView
 from libs.views.explain import explain
 from libs.views.store import ViewStore
 from services.kube_bridge.book import ENDED, JOB, WAITING, Tracked
@@ -44,23 +44,30 @@ class Explainer:
         while True:
             due = sorted(self.bridge.explain_due)
             self.bridge.explain_due.clear()
+            world: World | None = None  # the read models, read once a round, only when a waiting job needs them
             for job_id in due:
                 job = self.bridge.book.jobs.get(job_id)
-                if job is not None:
-                    try:
-                        if not await self.say(job):
-                            self.bridge.explain_due.add(job_id)  # the read model lags the log: next round
-                    except Exception as err:
-                        log.warning("explaining %s: %s", job_id, err)
+                if job is None:
+                    continue
+                try:
+                    if job.state == WAITING and self.store is not None and world is None:
+                        world = await World.read(self.store)
+                    if not await self.say(job, world):
+                        self.bridge.explain_due.add(job_id)  # the read model lags the log: next round
+                except Exception as err:
+                    log.warning("explaining %s: %s", job_id, err)
             await asyncio.sleep(self.every_s)
 
-    async def say(self, job: Tracked) -> bool:
-        """Write the job's explanation; False when the read model has not caught up with it yet."""
+    async def say(self, job: Tracked, world: World | None) -> bool:
+        """Write the job's explanation; False when the read model has not caught up with it yet (never, without
+        read models: a waiting job then says nothing more than its refusal would)."""
         refused = self.bridge.book.rejected.get(job.job_id)
         if job.state == ENDED and refused is not None:
             code, message = refused
         elif job.state == WAITING:
-            found = await self._explain(job.job_id)
+            if self.store is None or world is None:
+                return True
+            found = await world.explain(self.store, job.job_id)
             if found is None:
                 return False
             code, message = found
@@ -77,15 +84,24 @@ class Explainer:
                 await b.actions.say_waiting(pod, code, message, pod=True)
         return True
 
-    async def _explain(self, job_id: str) -> tuple[str, str] | None:
-        if self.store is None:
-            return None
-        view = await self.store.job(job_id)
+
+@dataclass
+class World:
+    """What an explanation reads besides the job: the queues, the running jobs and the nodes."""
+
+    queues: list[QueueView]
+    running: list[JobView]
+    nodes: list[NodeView]
+
+    @classmethod
+    async def read(cls, store: ViewStore) -> World:
+        return cls(await store.queues(), await store.jobs(state="running", limit=100_000), await store.nodes())
+
+    async def explain(self, store: ViewStore, job_id: str) -> tuple[str, str] | None:
+        view = await store.job(job_id)
         if view is None or view.state != "pending":
             return None
-        queues = await self.store.queues()
-        queue = next((q for q in queues if q.name == view.queue), None)
-        running = await self.store.jobs(state="running", limit=100_000)
-        answer = explain(view, queue, [j for j in running if j.queue == view.queue], running,
-                         await self.store.nodes(), time.time())
+        queue = next((q for q in self.queues if q.name == view.queue), None)
+        answer = explain(view, queue, [j for j in self.running if j.queue == view.queue], self.running, self.nodes,
+                         time.time())
         return explanation_text(answer)
