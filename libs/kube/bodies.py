@@ -5,11 +5,12 @@ a bare pod made again for its next run."""
 from __future__ import annotations
 
 import copy
+import json
 from datetime import UTC, datetime
 
 from libs.core.decider import derived_id
 from libs.kube.client import Obj
-from libs.kube.workloads import JOB_ID_ANNOTATION, RESUME_ANNOTATION, RESUME_PROGRESS_ANNOTATION, meta
+from libs.kube.workloads import JOB_ID_ANNOTATION, RESUME_ANNOTATION, RESUME_PROGRESS_ANNOTATION, RUN_ANNOTATION, meta
 
 REPORTER = "gpusched"
 
@@ -18,9 +19,27 @@ def timestamp(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def binding(namespace: str, pod: str, node: str) -> Obj:
-    return {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod, "namespace": namespace},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+def binding(namespace: str, pod: str, node: str, run: str = "") -> Obj:
+    """A Binding; its annotations land on the pod: `gpusched.io/run` names the run the pod was bound for, so a pod
+    that ended is told apart from one of an earlier run."""
+    body: Obj = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod, "namespace": namespace},
+                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+    if run:
+        body["metadata"]["annotations"] = {RUN_ANNOTATION: run}
+    return body
+
+
+def remake_templates(namespace: str, job_id: str, pods: dict[str, Obj]) -> Obj:
+    """A ConfigMap holding what it takes to make a job's bare pods again (their bodies, unbound): written before
+    the bridge deletes them, so a bridge that takes over after the deletion can still make them again."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": remake_templates_name(job_id), "namespace": namespace,
+                         "labels": {"gpusched.io/remake": "true"}},
+            "data": {name: json.dumps(body, sort_keys=True) for name, body in sorted(pods.items())}}
+
+
+def remake_templates_name(job_id: str) -> str:
+    return f"gpusched-remake-{job_id}"
 
 
 def eviction(namespace: str, pod: str, grace_s: float) -> Obj:

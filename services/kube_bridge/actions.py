@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -49,11 +50,12 @@ class KubeActions:
     def job_path(namespace: str, name: str) -> str:
         return f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"
 
-    async def bind(self, namespace: str, pod: str, node: str) -> None:
+    async def bind(self, namespace: str, pod: str, node: str, run: str = "") -> None:
         """Bind one pod. Already bound to that node (a bind repeated after a restart, another bridge's): done.
         Bound elsewhere: BindConflict."""
         try:
-            await self.client.post(self.pod_path(namespace, pod, "binding"), bodies.binding(namespace, pod, node))
+            await self.client.post(self.pod_path(namespace, pod, "binding"),
+                                   bodies.binding(namespace, pod, node, run))
             self.binds += 1
             BINDS.inc()
             if self.crash_after_binds is not None and self.binds >= self.crash_after_binds:
@@ -69,17 +71,17 @@ class KubeActions:
             BIND_CONFLICTS.inc()
             raise BindConflict(f"pod {namespace}/{pod} is bound to {bound or 'nothing'}, not {node}") from err
 
-    async def bind_all(self, namespace: str, targets: list[tuple[str, str]]) -> list[str]:
+    async def bind_all(self, namespace: str, targets: list[tuple[str, str]], run: str = "") -> list[str]:
         """Bind every (pod, node) at once; returns the pods that could not be bound (with the reasons logged).
         The caller decides what a partial gang means: the bound members are rolled back."""
         results: list[BaseException | None]
         if self.crash_after_binds is None:
-            results = await asyncio.gather(*(self.bind(namespace, pod, node) for pod, node in targets),
+            results = await asyncio.gather(*(self.bind(namespace, pod, node, run) for pod, node in targets),
                                            return_exceptions=True)
         else:
             results = []
             for pod, node in targets:
-                await self.bind(namespace, pod, node)
+                await self.bind(namespace, pod, node, run)
                 results.append(None)
         failed = []
         for (pod, node), result in zip(targets, results, strict=True):
@@ -135,6 +137,32 @@ class KubeActions:
         except ApiError as err:
             if err.status != 409:  # already made (a remake repeated after a restart)
                 raise
+
+    async def keep_templates(self, namespace: str, job_id: str, pods: dict[str, Obj]) -> None:
+        """Keep what it takes to make the job's bare pods again (`bodies.remake_templates`), before deleting them."""
+        body = bodies.remake_templates(namespace, job_id, pods)
+        try:
+            await self.client.post(f"/api/v1/namespaces/{namespace}/configmaps", body)
+        except ApiError as err:
+            if err.status != 409:
+                raise
+            await self.client.merge_patch(f"/api/v1/namespaces/{namespace}/configmaps/{body['metadata']['name']}",
+                                          {"data": body["data"]})
+
+    async def kept_templates(self, namespace: str, job_id: str) -> dict[str, Obj]:
+        try:
+            found = await self.client.get(f"/api/v1/namespaces/{namespace}/configmaps/"
+                                          f"{bodies.remake_templates_name(job_id)}")
+        except ApiError as err:
+            if err.status == 404:
+                return {}
+            raise
+        return {name: json.loads(text) for name, text in (found.get("data", {}) or {}).items()}
+
+    async def forget_templates(self, namespace: str, job_id: str) -> None:
+        with contextlib.suppress(ApiError):
+            await self.client.delete(f"/api/v1/namespaces/{namespace}/configmaps/"
+                                     f"{bodies.remake_templates_name(job_id)}")
 
     async def event(self, involved: Obj, kind: str, reason: str, message: str) -> None:
         ns = meta(involved).get("namespace", "default")

@@ -11,6 +11,7 @@ from contracts import (
     EventBase,
     JobAdmitted,
     JobCancelled,
+    JobCheckpointed,
     JobEvicted,
     JobFailed,
     JobFinished,
@@ -59,6 +60,7 @@ class Tracked:
     stop_reason: str = ""
     cancelled: bool = False
     started_reported: bool = False
+    saved: tuple[float, str] = (0.0, "")  # its best checkpoint in the log: (progress, reference)
 
     def node_of(self, replica: int) -> str | None:
         return next((p.node for p in self.placements if p.replica == replica), None)
@@ -129,8 +131,12 @@ class KubeBook:
                 job.stop_reason, job.started_reported = "", False
             case JobStarted():
                 job.started_reported = True
+            case JobCheckpointed() if event.progress_s > job.saved[0]:
+                job.saved = (event.progress_s, event.checkpoint)
             case JobEvicted():
                 job.state, job.run, job.placements, job.stop_reason = WAITING, "", (), ""
+                if event.progress_s > job.saved[0]:
+                    job.saved = (event.progress_s, event.checkpoint)
             case JobFinished() | JobFailed():
                 # A failure the platform retries puts the job back in line; it says so with a new placement.
                 job.state, job.run, job.placements = ENDED, "", ()

@@ -47,6 +47,7 @@ from libs.kube.nodes import is_ready, is_unschedulable
 from libs.kube.run_reports import TERMINAL, Run, batch_job_reports, pods_reports
 from libs.kube.workloads import (
     JOB_ID_ANNOTATION,
+    RUN_ANNOTATION,
     checkpoint_of,
     completion_index,
     job_id_of_batch_job,
@@ -273,6 +274,9 @@ class KubeBridge:
                 await self.bind_job_pod(job, pod)
             return
         pods = self.pods_of(job)
+        if any(is_terminal(p) and notes_of(p).get(RUN_ANNOTATION) == job.run for p in pods):
+            await self.observe(job)  # this run ended (while no bridge watched, say): reported, never run again
+            return
         if len(pods) < len(job.pods) or any(is_terminal(p) or is_going(p) for p in pods):
             await self.remake(job, pods)  # a retry or a rerun: the members are made again, then bound
             return
@@ -293,7 +297,7 @@ class KubeBridge:
                 await self.roll_back(job, state)
                 return
         self.claim_wait_since.pop(job.run, None)
-        failed = await self.actions.bind_all(job.namespace, todo)
+        failed = await self.actions.bind_all(job.namespace, todo, job.run)
         if failed:
             await self.roll_back(job, f"binding {', '.join(failed)} failed")
             return
@@ -322,7 +326,7 @@ class KubeBridge:
             await self.roll_back(job, state)
             return
         try:
-            await self.actions.bind(job.namespace, meta(pod)["name"], node)
+            await self.actions.bind(job.namespace, meta(pod)["name"], node, job.run)
             await self.actions.say_scheduled(pod, node)
         except Exception as err:
             await self.roll_back(job, f"binding {meta(pod)['name']} failed: {err}")
@@ -382,21 +386,29 @@ class KubeBridge:
     async def remake(self, job: Tracked, pods: list[Obj]) -> None:
         """Bare pods of a job to run again: the old incarnations go, new unbound ones come (WorkloadSync binds
         them as they appear), made from the last incarnation seen, with the checkpoint to resume from."""
-        progress, ref = self._resume_point(pods + self.last_seen_of(job))
+        progress, ref = max(self._resume_point(pods + self.last_seen_of(job)), job.saved)
+        kept: dict[str, Obj] | None = None
         for name in job.pods:
             key = (job.namespace, name)
             current = self.pods.get(key)
+            if current is not None and self.job_of_pod(current) is not job:
+                await self.publish([self.cancel(job, "pod_deleted")])  # the user made another pod of that name
+                return
             if current is not None and not (is_terminal(current) or is_going(current)
                                             or current.get("spec", {}).get("nodeName")):
                 continue  # an unbound incarnation waits already
             old = current or self.gone.get(key)
-            if old is None:  # gone while the bridge was away, with nothing left to make it again from
-                await self.publish([self.cancel(job, "pod_deleted")])
+            if old is None:  # deleted before this bridge led: from the bodies kept before the deletion
+                kept = kept if kept is not None else await self.actions.kept_templates(job.namespace, job.job_id)
+                old = kept.get(name)
+            if old is None:  # gone while no bridge watched, with nothing left to make it again from
+                await self.publish([self.cancel(job, "pod_gone")])
                 return
             if current is not None:
                 await self.delete_pod(job, name, 0)
                 self.pods.pop(key, None)
             await self._create_when_gone(bodies.remade_pod(old, job.job_id, (progress, ref)))
+        await self.actions.forget_templates(job.namespace, job.job_id)
 
     async def _create_when_gone(self, body: Obj) -> None:
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -429,9 +441,17 @@ class KubeBridge:
                 await self.actions.mark_disruption(pod, "PreemptionByScheduler", f"gpusched: {reason}")
             await self.actions.suspend(job.namespace, job.name, True)
         else:
+            await self.keep_templates(job)
             self.expected_gone.update((job.namespace, meta(p)["name"]) for p in pods)
             await asyncio.gather(*(self.actions.evict(p, grace, reason) for p in pods if not is_going(p)))
         await self.check_stopped(job)
+
+    async def keep_templates(self, job: Tracked) -> None:
+        """Before the bridge deletes a job's bare pods: what it takes to make them again, kept on the API server, so
+        that a bridge taking over after the deletion can."""
+        pods = {meta(p)["name"]: bodies.remade_pod(p, job.job_id, (0.0, "")) for p in self.pods_of(job)}
+        if pods:
+            await self.actions.keep_templates(job.namespace, job.job_id, pods)
 
     async def check_stopped(self, job: Tracked) -> None:
         """A stopping run whose pods are all gone or ended is over: report it evicted, with the best checkpoint
@@ -466,6 +486,8 @@ class KubeBridge:
             return
         if job.state == WAITING:
             leftovers = [p for p in self.pods_of(job) if p.get("spec", {}).get("nodeName") and not is_terminal(p)]
+            if leftovers and not job.cancelled:
+                await self.keep_templates(job)
             for pod in leftovers:
                 await self.delete_pod(job, meta(pod)["name"], 0)
             if not job.cancelled:
@@ -481,7 +503,14 @@ class KubeBridge:
         if job.state == STOPPING:
             await self.check_stopped(job)
             return
-        if job.state != PLACED or not job.run or job.kind == JOB:
+        if job.state != PLACED or not job.run:
+            return
+        progress, ref = self._resume_point(self.pods_of(job))
+        if ref and progress > job.saved[0]:  # a checkpoint written while it runs is the job's at once
+            await self.publish([JobCheckpointed(id=report_id(job.run, f"checkpoint/{progress:.3f}"), ts=time.time(),
+                                                source=SOURCE, correlation_id=job.job_id, job_id=job.job_id,
+                                                run=job.run, checkpoint=ref, progress_s=progress)])
+        if job.kind == JOB:
             return  # a Job's start and end come from the Job's status
         events, failed = pods_reports(self.run_of(job), self.pods_of(job), time.time())
         await self.publish(events)
