@@ -205,6 +205,14 @@ def job_id_of_batch_job(uid: str) -> str:
     return derived_id("kube", "job", uid)
 
 
+def owning_job(pod: Obj) -> Obj:
+    """The owner reference of the batch/v1 Job that controls the pod ({} for a pod of no Job)."""
+    for ref in meta(pod).get("ownerReferences", []) or []:
+        if ref.get("kind") == "Job" and ref.get("controller"):
+            return dict(ref)
+    return {}
+
+
 def completion_index(pod: Obj) -> int | None:
     text = notes_of(pod).get(COMPLETION_INDEX) or labels(pod).get(COMPLETION_INDEX)
     return int(text) if text is not None and text.isdigit() else None

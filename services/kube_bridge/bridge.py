@@ -53,6 +53,7 @@ from libs.kube.workloads import (
     job_id_of_batch_job,
     meta,
     notes_of,
+    owning_job,
     pod_job_id,
 )
 from libs.nodes.reports import report_id
@@ -219,22 +220,15 @@ class KubeBridge:
     def pods_of(self, job: Tracked) -> list[Obj]:
         """The job's pods as last seen: its members (POD, GANG) or the Job's pods (JOB)."""
         if job.kind == JOB:
-            return [p for (ns, _), p in self.pods.items() if ns == job.namespace and self._owner_job(p) == job.name]
+            return [p for (ns, _), p in self.pods.items()
+                    if ns == job.namespace and owning_job(p).get("name") == job.name]
         return [p for name in job.pods if (p := self.pods.get((job.namespace, name))) is not None
                 and self.job_of_pod(p) is job]
 
-    @staticmethod
-    def _owner_job(pod: Obj) -> str:
-        for ref in meta(pod).get("ownerReferences", []) or []:
-            if ref.get("kind") == "Job" and ref.get("controller"):
-                return str(ref.get("name", ""))
-        return ""
-
     def job_of_pod(self, pod: Obj) -> Tracked | None:
         m = meta(pod)
-        owner = next((ref for ref in m.get("ownerReferences", []) or []
-                      if ref.get("kind") == "Job" and ref.get("controller")), None)
-        if owner is not None:
+        owner = owning_job(pod)
+        if owner:
             return self.book.jobs.get(job_id_of_batch_job(str(owner.get("uid", ""))))
         # A pod is its job's by identity, never by name alone: a pod made again by the user under the same name
         # is another job. A pod the bridge made again carries its job's id; otherwise a pod on its own is named
@@ -475,7 +469,7 @@ class KubeBridge:
 
     def last_seen_of(self, job: Tracked) -> list[Obj]:
         return [p for (ns, _), p in self.gone.items() if ns == job.namespace
-                and (self._owner_job(p) == job.name if job.kind == JOB else meta(p).get("name") in job.pods)]
+                and (owning_job(p).get("name") == job.name if job.kind == JOB else meta(p).get("name") in job.pods)]
 
     async def after_run(self, job: Tracked) -> None:
         """A run ended in the log (evicted: its node lost, a rollback, a preemption): pods of it still bound are

@@ -27,6 +27,7 @@ from libs.kube.workloads import (
     is_ours,
     job_spec,
     meta,
+    owning_job,
     pod_job_id,
     pod_resources,
 )
@@ -105,7 +106,7 @@ class WorkloadSync:
             b.pods[key] = pod
         job = b.job_of_pod(pod)
         if job is None:
-            if kind != DELETED and not self._owner_uid(pod):
+            if kind != DELETED and not owning_job(pod):
                 await self.consider(pod)
             return
         if kind == DELETED or is_going(pod):
@@ -138,13 +139,6 @@ class WorkloadSync:
 
     async def _cancel(self, job: Tracked, reason: str) -> None:
         await self.bridge.publish([self.bridge.cancel(job, reason)])
-
-    @staticmethod
-    def _owner_uid(pod: Obj) -> str:
-        for ref in meta(pod).get("ownerReferences", []) or []:
-            if ref.get("kind") == "Job" and ref.get("controller"):
-                return str(ref.get("uid", ""))
-        return ""
 
     async def consider(self, pod: Obj) -> None:
         """An unbound pod of no known job: submit it, or its gang once every member exists."""
