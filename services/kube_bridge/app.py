@@ -58,7 +58,7 @@ class BridgeProcess:
             reflector.on_relist = lambda path: RELISTS.labels(path.rsplit("/", 1)[-1]).inc()
 
     def use_bus(self, bus: Bus) -> None:
-        self.bridge.bus = bus
+        self.bridge.outbox.bus = bus
 
     async def informers(self, bus: Bus, reactor: Reactor) -> None:
         """Nodes first (a pod's placement needs them), then Jobs and Pods; then carry out what the log says
@@ -110,7 +110,7 @@ class BridgeProcess:
                  len(self.node_reflector.store), len(self.pod_reflector.store))
 
     async def flush(self, bus: Bus, reactor: Reactor) -> None:
-        await self.bridge.flush_forever()
+        await self.bridge.outbox.flush_forever()
 
     async def gangs(self, bus: Bus, reactor: Reactor) -> None:
         await self.bridge.caught_up.wait()
@@ -123,8 +123,8 @@ class BridgeProcess:
         if job.cancelled or job.state not in (PLACED, WAITING):
             return ""
         if job.kind == JOB:
-            return "" if (job.namespace, job.name) in b.batch_jobs else "job_deleted"
-        return "" if all(b.member_present(job, name) for name in job.pods) else "pod_deleted"
+            return "" if (job.namespace, job.name) in b.cache.batch_jobs else "job_deleted"
+        return "" if all(b.cache.member_present(job, name) for name in job.pods) else "pod_deleted"
 
     async def explain(self, bus: Bus, reactor: Reactor) -> None:
         await self.bridge.caught_up.wait()
@@ -135,7 +135,7 @@ class BridgeProcess:
             b = self.bridge
             return web.json_response({
                 "jobs": len(b.book.active()), "nodes": len(self.node_reflector.store),
-                "pods": len(b.pods), "binds": b.actions.binds, "bind_conflicts": b.actions.bind_conflicts,
+                "pods": len(b.cache.pods), "binds": b.actions.binds, "bind_conflicts": b.actions.bind_conflicts,
                 "relists": {"nodes": self.node_reflector.relists, "pods": self.pod_reflector.relists,
                             "jobs": self.job_reflector.relists}})
 

@@ -39,44 +39,30 @@ from contracts import (
     QueuePolicyChanged,
     QuotaDeferred,
 )
-from libs.bus.jetstream import Bus
 from libs.core.decider import derived_id
 from libs.kube import bodies
 from libs.kube.client import Obj
-from libs.kube.nodes import is_ready, is_unschedulable
-from libs.kube.run_reports import TERMINAL, Run, batch_job_reports, pods_reports
+from libs.kube.run_reports import Run, batch_job_reports, pods_reports
 from libs.kube.workloads import (
-    JOB_ID_ANNOTATION,
     RUN_ANNOTATION,
-    checkpoint_of,
     completion_index,
-    job_id_of_batch_job,
     meta,
     notes_of,
-    owning_job,
-    pod_job_id,
 )
 from libs.nodes.reports import report_id
 from services.kube_bridge.actions import KubeActions
 from services.kube_bridge.book import ENDED, JOB, PLACED, STOPPING, WAITING, KubeBook, Tracked
 from services.kube_bridge.claims import WAIT as WAIT_FOR_CLAIMS
 from services.kube_bridge.claims import ClaimAllocator
+from services.kube_bridge.cluster_cache import ClusterCache, is_going, is_terminal, resume_point
 from services.kube_bridge.metrics import ROLLBACKS
+from services.kube_bridge.outbox import Outbox
 
 log = logging.getLogger(__name__)
 SOURCE = "kube-bridge"
-OUTBOX_BATCH = 500
 UNUSABLE_WAIT_S = 1.0
 # How long a placed pod may wait for the claim controller to make its DRA claims before its run is rolled back.
 CLAIM_WAIT_S = 30.0
-
-
-def is_terminal(pod: Obj) -> bool:
-    return pod.get("status", {}).get("phase") in TERMINAL
-
-
-def is_going(pod: Obj) -> bool:
-    return bool(meta(pod).get("deletionTimestamp"))
 
 
 @dataclass
@@ -85,22 +71,19 @@ class KubeBridge:
     claims: ClaimAllocator
     book: KubeBook = field(default_factory=KubeBook)
     name: str = "kube-bridge"
-    bus: Bus | None = None
-    pods: dict[tuple[str, str], Obj] = field(default_factory=dict)  # (ns, name) -> the pod as last seen
-    batch_jobs: dict[tuple[str, str], Obj] = field(default_factory=dict)  # (ns, name) -> the Job as last seen
-    nodes: dict[str, Obj] = field(default_factory=dict)  # name -> the Node as last seen
+    outbox: Outbox = field(default_factory=Outbox)
+    cache: ClusterCache = field(init=False)
     live: bool = False  # the log's history is folded: act on what comes now
     caught_up: asyncio.Event = field(default_factory=asyncio.Event)
     explain_due: set[str] = field(default_factory=set)  # waiting jobs whose explanation may have changed
-    reported: set[str] = field(default_factory=set)  # report ids published, not yet back through the log
-    gone: dict[tuple[str, str], Obj] = field(default_factory=dict)  # pods deleted, as last seen (checkpoints)
     expected_gone: set[tuple[str, str]] = field(default_factory=set)  # pods the bridge itself deletes
     claim_wait_since: dict[str, float] = field(default_factory=dict)  # run -> when it began to wait for claims
     claim_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
-    outbox: list[EventBase] = field(default_factory=list)  # to the log, in order (`publish`)
-    _outbox_ready: asyncio.Event = field(default_factory=asyncio.Event)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.cache = ClusterCache(self.book)
 
     # --- the handler --------------------------------------------------------------------------------
 
@@ -135,26 +118,14 @@ class KubeBridge:
                     self._run(job.job_id, self.stop(job, "drained"))
         return []
 
-    def node_unusable(self, node: str) -> str:
-        """Why the API server, as last seen, would not have a pod bound to `node` now ("" when it would): the
-        log may not have caught up with a cordon or a loss the informer saw a moment ago."""
-        obj = self.nodes.get(node)
-        if obj is None:
-            return "does not exist"
-        if not is_ready(obj):
-            return "is not ready"
-        if is_unschedulable(obj):
-            return "is cordoned"
-        return ""
-
     async def unusable_nodes(self, nodes: list[str]) -> list[str]:
         """Nodes the API server would not have a pod bound to, each with why, after giving the log a moment to
         catch up with what the informer saw (the cordon or the loss is on its way to the deciders): a placement
         is rolled back at most once a second for it, never in a tight loop."""
-        found = [f"{n} {why}" for n in nodes if (why := self.node_unusable(n))]
+        found = [f"{n} {why}" for n in nodes if (why := self.cache.node_unusable(n))]
         if found:
             await asyncio.sleep(UNUSABLE_WAIT_S)
-            found = [f"{n} {why}" for n in nodes if (why := self.node_unusable(n))]
+            found = [f"{n} {why}" for n in nodes if (why := self.cache.node_unusable(n))]
         return found
 
     def _victims_placed(self, event: EventBase) -> list[Tracked]:
@@ -198,54 +169,9 @@ class KubeBridge:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def publish(self, events: list[EventBase]) -> None:
-        """Queue submissions and reports for the log, in order. The informers never wait for the bus: one
-        flusher publishes what has queued up meanwhile, pipelined, in batches (`flush_forever`)."""
-        fresh = [e for e in events if e.id not in self.reported]
-        if not fresh:
-            return
-        self.reported.update(e.id for e in fresh)
-        self.outbox.extend(fresh)
-        self._outbox_ready.set()
-
-    async def flush_forever(self) -> None:
-        while True:
-            await self._outbox_ready.wait()
-            self._outbox_ready.clear()
-            while self.outbox and self.bus is not None:
-                batch, self.outbox = self.outbox[:OUTBOX_BATCH], self.outbox[OUTBOX_BATCH:]
-                await self.bus.publish_until_stored(batch)
+        await self.outbox.publish(events)
 
     # --- the pods of a job -----------------------------------------------------------------------------
-
-    def pods_of(self, job: Tracked) -> list[Obj]:
-        """The job's pods as last seen: its members (POD, GANG) or the Job's pods (JOB)."""
-        if job.kind == JOB:
-            return [p for (ns, _), p in self.pods.items()
-                    if ns == job.namespace and owning_job(p).get("name") == job.name]
-        return [p for name in job.pods if (p := self.pods.get((job.namespace, name))) is not None
-                and self.job_of_pod(p) is job]
-
-    def job_of_pod(self, pod: Obj) -> Tracked | None:
-        m = meta(pod)
-        owner = owning_job(pod)
-        if owner:
-            return self.book.jobs.get(job_id_of_batch_job(str(owner.get("uid", ""))))
-        # A pod is its job's by identity, never by name alone: a pod made again by the user under the same name
-        # is another job. A pod the bridge made again carries its job's id; otherwise a pod on its own is named
-        # by its uid, and a gang member must be one of the pods the gang was submitted with.
-        remade = notes_of(pod).get(JOB_ID_ANNOTATION)
-        if remade:
-            return self.book.jobs.get(remade)
-        own = self.book.jobs.get(pod_job_id(pod))
-        if own is not None:
-            return own
-        job_id = self.book.by_pod.get((m.get("namespace", ""), m.get("name", "")))
-        job = self.book.jobs.get(job_id) if job_id else None
-        return job if job is not None and str(m.get("uid", "")) in job.uids else None
-
-    def member_present(self, job: Tracked, name: str) -> bool:
-        pod = self.pods.get((job.namespace, name))
-        return pod is not None and self.job_of_pod(pod) is job
 
     def cancel(self, job: Tracked, reason: str) -> EventBase:
         return CancelJob(id=derived_id(SOURCE, "cancel", job.job_id), ts=time.time(), source=SOURCE,
@@ -264,10 +190,10 @@ class KubeBridge:
         if job.kind == JOB:
             notes = {"gpusched.io/run": job.run}
             await self.actions.suspend(job.namespace, job.name, False, notes)
-            for pod in self.pods_of(job):
+            for pod in self.cache.pods_of(job):
                 await self.bind_job_pod(job, pod)
             return
-        pods = self.pods_of(job)
+        pods = self.cache.pods_of(job)
         if any(is_terminal(p) and notes_of(p).get(RUN_ANNOTATION) == job.run for p in pods):
             await self.observe(job)  # this run ended (while no bridge watched, say): reported, never run again
             return
@@ -280,9 +206,9 @@ class KubeBridge:
             await self.roll_back(job, "the API server says node " + ", ".join(unusable))
             return
         todo = [(name, node) for name, node in targets
-                if self.pods[(job.namespace, name)].get("spec", {}).get("nodeName") != node]
+                if self.cache.pods[(job.namespace, name)].get("spec", {}).get("nodeName") != node]
         for name, node in todo:  # DRA claims first, to the GPUs placed: the whole gang's, before any bind
-            state = await self.claims.allocate(self.pods[(job.namespace, name)], node,
+            state = await self.claims.allocate(self.cache.pods[(job.namespace, name)], node,
                                                job.indices_of(job.pods.index(name)))
             if state == WAIT_FOR_CLAIMS:
                 await self.wait_for_claims(job)  # the pod's next change (its claims made) carries the placement on
@@ -296,7 +222,7 @@ class KubeBridge:
             await self.roll_back(job, f"binding {', '.join(failed)} failed")
             return
         for name, node in todo:
-            await self.actions.say_scheduled(self.pods[(job.namespace, name)], node)
+            await self.actions.say_scheduled(self.cache.pods[(job.namespace, name)], node)
 
     async def bind_job_pod(self, job: Tracked, pod: Obj) -> None:
         """A pod of a placed Job: bound to the node of its completion index (a non-indexed Job: the first
@@ -344,12 +270,12 @@ class KubeBridge:
             self._run(job.job_id, self.place(job) if job.kind != JOB else self._bind_job_pods(job))
 
     async def _bind_job_pods(self, job: Tracked) -> None:
-        for pod in self.pods_of(job):
+        for pod in self.cache.pods_of(job):
             await self.bind_job_pod(job, pod)
 
     def _free_slot(self, job: Tracked) -> str | None:
         used: dict[str, int] = {}
-        for pod in self.pods_of(job):
+        for pod in self.cache.pods_of(job):
             node = pod.get("spec", {}).get("nodeName")
             if node and not is_terminal(pod):
                 used[node] = used.get(node, 0) + 1
@@ -371,7 +297,7 @@ class KubeBridge:
         if job.kind == JOB:
             await self.actions.suspend(job.namespace, job.name, True)
         else:
-            for pod in self.pods_of(job):
+            for pod in self.cache.pods_of(job):
                 if pod.get("spec", {}).get("nodeName"):
                     await self.delete_pod(job, meta(pod)["name"], 0)
         await self.publish([JobEvicted(id=report_id(run, "evicted"), ts=time.time(), source=SOURCE,
@@ -380,18 +306,18 @@ class KubeBridge:
     async def remake(self, job: Tracked, pods: list[Obj]) -> None:
         """Bare pods of a job to run again: the old incarnations go, new unbound ones come (WorkloadSync binds
         them as they appear), made from the last incarnation seen, with the checkpoint to resume from."""
-        progress, ref = max(self._resume_point(pods + self.last_seen_of(job)), job.saved)
+        progress, ref = max(resume_point(pods + self.cache.last_seen_of(job)), job.saved)
         kept: dict[str, Obj] | None = None
         for name in job.pods:
             key = (job.namespace, name)
-            current = self.pods.get(key)
-            if current is not None and self.job_of_pod(current) is not job:
+            current = self.cache.pods.get(key)
+            if current is not None and self.cache.job_of_pod(current) is not job:
                 await self.publish([self.cancel(job, "pod_deleted")])  # the user made another pod of that name
                 return
             if current is not None and not (is_terminal(current) or is_going(current)
                                             or current.get("spec", {}).get("nodeName")):
                 continue  # an unbound incarnation waits already
-            old = current or self.gone.get(key)
+            old = current or self.cache.gone.get(key)
             if old is None:  # deleted before this bridge led: from the bodies kept before the deletion
                 kept = kept if kept is not None else await self.actions.kept_templates(job.namespace, job.job_id)
                 old = kept.get(name)
@@ -400,7 +326,7 @@ class KubeBridge:
                 return
             if current is not None:
                 await self.delete_pod(job, name, 0)
-                self.pods.pop(key, None)
+                self.cache.pods.pop(key, None)
             await self._create_when_gone(bodies.remade_pod(old, job.job_id, (progress, ref)))
         await self.actions.forget_templates(job.namespace, job.job_id)
 
@@ -414,14 +340,6 @@ class KubeBridge:
                 log.debug("remaking %s/%s: %s", ns, name, err)
                 await asyncio.sleep(0.2)
 
-    def _resume_point(self, pods: list[Obj]) -> tuple[float, str]:
-        best = (0.0, "")
-        for pod in pods:
-            found = checkpoint_of(pod)
-            if found[0] > best[0]:
-                best = found
-        return best
-
     # --- stopping ----------------------------------------------------------------------------------
 
     async def stop(self, job: Tracked, reason: str) -> None:
@@ -429,7 +347,7 @@ class KubeBridge:
         suspended, and its controller deletes its pods with theirs). The run's end is reported once its pods
         are gone (`WorkloadSync`)."""
         grace = self.book.grace_of(job)
-        pods = [p for p in self.pods_of(job) if not is_terminal(p)]
+        pods = [p for p in self.cache.pods_of(job) if not is_terminal(p)]
         if job.kind == JOB:
             for pod in pods:
                 await self.actions.mark_disruption(pod, "PreemptionByScheduler", f"gpusched: {reason}")
@@ -443,7 +361,7 @@ class KubeBridge:
     async def keep_templates(self, job: Tracked) -> None:
         """Before the bridge deletes a job's bare pods: what it takes to make them again, kept on the API server, so
         that a bridge taking over after the deletion can."""
-        pods = {meta(p)["name"]: bodies.remade_pod(p, job.job_id, (0.0, "")) for p in self.pods_of(job)}
+        pods = {meta(p)["name"]: bodies.remade_pod(p, job.job_id, (0.0, "")) for p in self.cache.pods_of(job)}
         if pods:
             await self.actions.keep_templates(job.namespace, job.job_id, pods)
 
@@ -452,10 +370,10 @@ class KubeBridge:
         its pods wrote; bare pods are then made again for the next run (unless cancelled)."""
         if job.state != STOPPING or not job.run:
             return
-        pods = self.pods_of(job)
+        pods = self.cache.pods_of(job)
         if any(not is_terminal(p) for p in pods):
             return
-        progress, ref = self._resume_point(pods + self.last_seen_of(job))
+        progress, ref = resume_point(pods + self.cache.last_seen_of(job))
         run, reason = job.run, job.stop_reason or "preempted"
         events: list[EventBase] = []
         if ref:
@@ -467,10 +385,6 @@ class KubeBridge:
                                  checkpoint=ref, progress_s=progress))
         await self.publish(events)
 
-    def last_seen_of(self, job: Tracked) -> list[Obj]:
-        return [p for (ns, _), p in self.gone.items() if ns == job.namespace
-                and (owning_job(p).get("name") == job.name if job.kind == JOB else meta(p).get("name") in job.pods)]
-
     async def after_run(self, job: Tracked) -> None:
         """A run ended in the log (evicted: its node lost, a rollback, a preemption): pods of it still bound are
         taken back, and a Job is suspended until it is placed again."""
@@ -479,13 +393,13 @@ class KubeBridge:
                 await self.actions.suspend(job.namespace, job.name, True)
             return
         if job.state == WAITING:
-            leftovers = [p for p in self.pods_of(job) if p.get("spec", {}).get("nodeName") and not is_terminal(p)]
+            leftovers = [p for p in self.cache.pods_of(job) if p.get("spec", {}).get("nodeName") and not is_terminal(p)]
             if leftovers and not job.cancelled:
                 await self.keep_templates(job)
             for pod in leftovers:
                 await self.delete_pod(job, meta(pod)["name"], 0)
             if not job.cancelled:
-                await self.remake(job, self.pods_of(job))
+                await self.remake(job, self.cache.pods_of(job))
         elif job.state == ENDED:
             self.explain_due.discard(job.job_id)
 
@@ -499,14 +413,14 @@ class KubeBridge:
             return
         if job.state != PLACED or not job.run:
             return
-        progress, ref = self._resume_point(self.pods_of(job))
+        progress, ref = resume_point(self.cache.pods_of(job))
         if ref and progress > job.saved[0]:  # a checkpoint written while it runs is the job's at once
             await self.publish([JobCheckpointed(id=report_id(job.run, f"checkpoint/{progress:.3f}"), ts=time.time(),
                                                 source=SOURCE, correlation_id=job.job_id, job_id=job.job_id,
                                                 run=job.run, checkpoint=ref, progress_s=progress)])
         if job.kind == JOB:
             return  # a Job's start and end come from the Job's status
-        events, failed = pods_reports(self.run_of(job), self.pods_of(job), time.time())
+        events, failed = pods_reports(self.run_of(job), self.cache.pods_of(job), time.time())
         await self.publish(events)
         if failed:
             await self.stop_others(job, failed)
@@ -516,7 +430,7 @@ class KubeBridge:
 
     async def stop_others(self, job: Tracked, failed: list[Obj]) -> None:
         """A gang cannot go on with a member gone: the others are stopped at once."""
-        for pod in self.pods_of(job):
+        for pod in self.cache.pods_of(job):
             if pod not in failed and not is_terminal(pod) and not is_going(pod):
                 await self.delete_pod(job, meta(pod)["name"], 0)
 
@@ -526,5 +440,6 @@ class KubeBridge:
             await self.check_stopped(job)
             return
         if job.state == PLACED and job.run:
-            await self.publish(batch_job_reports(self.run_of(job), obj, self.pods_of(job), self.last_seen_of(job),
+            cache = self.cache
+            await self.publish(batch_job_reports(self.run_of(job), obj, cache.pods_of(job), cache.last_seen_of(job),
                                                  time.time()))

@@ -75,11 +75,11 @@ class Explainer:
             return True
         b = self.bridge
         if job.kind == JOB:
-            obj = b.batch_jobs.get((job.namespace, job.name))
+            obj = b.cache.batch_jobs.get((job.namespace, job.name))
             if obj is not None:
                 await b.actions.say_waiting(obj, code, message, pod=False)
             return True
-        for pod in b.pods_of(job):
+        for pod in b.cache.pods_of(job):
             if not pod.get("spec", {}).get("nodeName"):
                 await b.actions.say_waiting(pod, code, message, pod=True)
         return True

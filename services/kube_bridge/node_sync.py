@@ -45,10 +45,10 @@ class NodeSync:
         assert node is not None
         name = str(meta(node).get("name", ""))
         if kind == DELETED:
-            self.bridge.nodes.pop(name, None)
+            self.bridge.cache.nodes.pop(name, None)
             await self.lose(name, "node_deleted")
             return
-        self.bridge.nodes[name] = node
+        self.bridge.cache.nodes[name] = node
         if not is_ready(node):
             await self.lose(name, "node_not_ready")
             return
@@ -78,8 +78,8 @@ class NodeSync:
             self.bridge.claims.devices[node] = found
         else:
             self.bridge.claims.devices.pop(node, None)
-        if node in self.bridge.nodes:
-            await self.on_node(MODIFIED, None, self.bridge.nodes[node])
+        if node in self.bridge.cache.nodes:
+            await self.on_node(MODIFIED, None, self.bridge.cache.nodes[node])
 
     async def register(self, name: str, spec: NodeSpec) -> None:
         book = self.bridge.book

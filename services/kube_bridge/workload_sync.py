@@ -33,7 +33,8 @@ from libs.kube.workloads import (
 )
 from libs.kube.workloads import labels as labels_of
 from services.kube_bridge.book import GANG, JOB, PLACED, POD, PODS_LABEL, STOPPING, UIDS_LABEL, WAITING, Tracked
-from services.kube_bridge.bridge import SOURCE, KubeBridge, is_going, is_terminal
+from services.kube_bridge.bridge import SOURCE, KubeBridge
+from services.kube_bridge.cluster_cache import is_going, is_terminal
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +101,11 @@ class WorkloadSync:
         key = _key(pod)
         b = self.bridge
         if kind == DELETED:
-            b.pods.pop(key, None)
-            b.gone[key] = pod
+            b.cache.pods.pop(key, None)
+            b.cache.gone[key] = pod
         else:
-            b.pods[key] = pod
-        job = b.job_of_pod(pod)
+            b.cache.pods[key] = pod
+        job = b.cache.job_of_pod(pod)
         if job is None:
             if kind != DELETED and not owning_job(pod):
                 await self.consider(pod)
@@ -116,7 +117,7 @@ class WorkloadSync:
         elif job.state == PLACED and not pod.get("spec", {}).get("nodeName"):
             if job.kind == JOB:
                 b._run(job.job_id, b.bind_job_pod(job, pod))
-            elif all((job.namespace, name) in b.pods for name in job.pods):
+            elif all((job.namespace, name) in b.cache.pods for name in job.pods):
                 b._run(job.job_id, b.place(job))
         b._run(job.job_id, b.observe(job))
 
@@ -173,7 +174,7 @@ class WorkloadSync:
     def _members(self, gang: GangKey) -> list[Obj]:
         """The gang's members that wait for a job: unbound, alive, of no job yet, by name."""
         b = self.bridge
-        return sorted((p for p in b.pods.values() if gang_of(p) == gang and b.job_of_pod(p) is None
+        return sorted((p for p in b.cache.pods.values() if gang_of(p) == gang and b.cache.job_of_pod(p) is None
                        and not p.get("spec", {}).get("nodeName") and not is_terminal(p) and not is_going(p)),
                       key=lambda p: str(meta(p).get("name")))
 
@@ -268,9 +269,9 @@ class WorkloadSync:
         key = _key(obj)
         b = self.bridge
         if kind == DELETED:
-            b.batch_jobs.pop(key, None)
+            b.cache.batch_jobs.pop(key, None)
         else:
-            b.batch_jobs[key] = obj
+            b.cache.batch_jobs[key] = obj
         job_id = batch_job_id(obj)
         job = b.book.jobs.get(job_id)
         if kind == DELETED or is_going(obj):
