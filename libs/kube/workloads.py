@@ -34,7 +34,6 @@ PREFIX = "gpusched.io/"
 QUEUE_LABELS = ("gpusched.io/queue", "kueue.x-k8s.io/queue-name")
 # A pod made again by the bridge (after a preemption or a retryable failure) is the same job's next run.
 JOB_ID_ANNOTATION = "gpusched.io/job-id"
-REPLICA_ANNOTATION = "gpusched.io/replica"
 RUN_ANNOTATION = "gpusched.io/run"  # the run a pod was bound for (the platform's JobPlaced id)
 RESUME_ANNOTATION = "gpusched.io/resume-checkpoint"
 RESUME_PROGRESS_ANNOTATION = "gpusched.io/resume-progress-s"

@@ -73,7 +73,6 @@ class Tracked:
 @dataclass
 class KubeBook:
     jobs: dict[str, Tracked] = field(default_factory=dict)
-    by_object: dict[tuple[str, str, str], str] = field(default_factory=dict)  # (kind, ns, name) -> job
     by_pod: dict[tuple[str, str], str] = field(default_factory=dict)  # (ns, pod) -> job, for POD and GANG
     team_of_queue: dict[str, str] = field(default_factory=dict)
     grace: dict[str, float] = field(default_factory=lambda: {c.name: c.checkpoint_grace_s
@@ -163,7 +162,6 @@ class KubeBook:
         uids = frozenset(u for u in labels.get(UIDS_LABEL, "").split(",") if u)
         job = Tracked(job_id, kind, ns, name, pods, spec.priority, uids)
         self.jobs[job_id] = job
-        self.by_object[(kind, ns, name)] = job_id
         for pod in pods:
             self.by_pod[(ns, pod)] = job_id
         return job
@@ -173,11 +171,3 @@ class KubeBook:
 
     def active(self) -> list[Tracked]:
         return [j for j in self.jobs.values() if j.state != ENDED]
-
-    def forget(self, job: Tracked) -> None:
-        """A job that ended and whose objects are gone leaves the book (the log still has it)."""
-        self.jobs.pop(job.job_id, None)
-        self.by_object.pop((job.kind, job.namespace, job.name), None)
-        for pod in job.pods:
-            if self.by_pod.get((job.namespace, pod)) == job.job_id:
-                del self.by_pod[(job.namespace, pod)]

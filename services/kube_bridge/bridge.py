@@ -49,7 +49,6 @@ from libs.kube.workloads import (
     meta,
     notes_of,
 )
-from libs.nodes.reports import report_id
 from services.kube_bridge.actions import KubeActions
 from services.kube_bridge.book import ENDED, JOB, PLACED, STOPPING, WAITING, KubeBook, Tracked
 from services.kube_bridge.claims import WAIT as WAIT_FOR_CLAIMS
@@ -162,11 +161,6 @@ class KubeBridge:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("bridge task failed", exc_info=task.exception())
-
-    async def idle(self) -> None:
-        """Wait for the tasks under way (tests, shutdown)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def publish(self, events: list[EventBase]) -> None:
         await self.outbox.publish(events)
@@ -300,8 +294,7 @@ class KubeBridge:
             for pod in self.cache.pods_of(job):
                 if pod.get("spec", {}).get("nodeName"):
                     await self.delete_pod(job, meta(pod)["name"], 0)
-        await self.publish([JobEvicted(id=report_id(run, "evicted"), ts=time.time(), source=SOURCE,
-                                       correlation_id=job.job_id, job_id=job.job_id, run=run, reason="bind_failed")])
+        await self.publish([Run(job.job_id, run, SOURCE).evicted(time.time(), "bind_failed")])
 
     async def remake(self, job: Tracked, pods: list[Obj]) -> None:
         """Bare pods of a job to run again: the old incarnations go, new unbound ones come (WorkloadSync binds
@@ -373,17 +366,10 @@ class KubeBridge:
         pods = self.cache.pods_of(job)
         if any(not is_terminal(p) for p in pods):
             return
-        progress, ref = resume_point(pods + self.cache.last_seen_of(job))
-        run, reason = job.run, job.stop_reason or "preempted"
-        events: list[EventBase] = []
-        if ref:
-            events.append(JobCheckpointed(id=report_id(run, f"checkpoint/{progress:.3f}"), ts=time.time(),
-                                          source=SOURCE, correlation_id=job.job_id, job_id=job.job_id, run=run,
-                                          checkpoint=ref, progress_s=progress))
-        events.append(JobEvicted(id=report_id(run, "evicted"), ts=time.time(), source=SOURCE,
-                                 correlation_id=job.job_id, job_id=job.job_id, run=run, reason=reason,
-                                 checkpoint=ref, progress_s=progress))
-        await self.publish(events)
+        saved = resume_point(pods + self.cache.last_seen_of(job))
+        run, now = self.run_of(job), time.time()
+        events = [run.checkpointed(now, saved)] if saved[1] else []
+        await self.publish([*events, run.evicted(now, job.stop_reason or "preempted", saved)])
 
     async def after_run(self, job: Tracked) -> None:
         """A run ended in the log (evicted: its node lost, a rollback, a preemption): pods of it still bound are
@@ -413,11 +399,9 @@ class KubeBridge:
             return
         if job.state != PLACED or not job.run:
             return
-        progress, ref = resume_point(self.cache.pods_of(job))
-        if ref and progress > job.saved[0]:  # a checkpoint written while it runs is the job's at once
-            await self.publish([JobCheckpointed(id=report_id(job.run, f"checkpoint/{progress:.3f}"), ts=time.time(),
-                                                source=SOURCE, correlation_id=job.job_id, job_id=job.job_id,
-                                                run=job.run, checkpoint=ref, progress_s=progress)])
+        saved = resume_point(self.cache.pods_of(job))
+        if saved[1] and saved[0] > job.saved[0]:  # a checkpoint written while it runs is the job's at once
+            await self.publish([self.run_of(job).checkpointed(time.time(), saved)])
         if job.kind == JOB:
             return  # a Job's start and end come from the Job's status
         events, failed = pods_reports(self.run_of(job), self.cache.pods_of(job), time.time())
@@ -426,7 +410,7 @@ class KubeBridge:
             await self.stop_others(job, failed)
 
     def run_of(self, job: Tracked) -> Run:
-        return Run(job.job_id, job.run, len(job.placements), job.started_reported, SOURCE)
+        return Run(job.job_id, job.run, SOURCE, len(job.placements), job.started_reported)
 
     async def stop_others(self, job: Tracked, failed: list[Obj]) -> None:
         """A gang cannot go on with a member gone: the others are stopped at once."""

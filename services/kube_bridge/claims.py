@@ -30,7 +30,6 @@ class ClaimAllocator:
     client: KubeClient
     gpu_classes: frozenset[str] = frozenset({GPU_DRIVER})
     devices: dict[str, list[Device]] = field(default_factory=dict)  # node -> its GPU devices, from the slices
-    allocated: int = 0
 
     async def allocate(self, pod: Obj, node: str, indices: tuple[int, ...]) -> str:
         """Allocate the pod's claims on `node` to the devices of `indices`, in order. READY once every claim is
@@ -83,6 +82,5 @@ class ClaimAllocator:
                 await self.client.merge_patch(f"{path}/status", body)
             except ApiError as err:
                 return f"allocating claim {claim_name} failed: {err}"
-            self.allocated += 1
             CLAIMS.inc()
         return READY

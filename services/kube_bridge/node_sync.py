@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from contracts import CordonNode, EventBase, JobEvicted, NodeLost, NodeRegistered, NodeSpec, UncordonNode
+from contracts import CordonNode, EventBase, NodeLost, NodeRegistered, NodeSpec, UncordonNode
 from libs.core.decider import derived_id
 from libs.core.inventory import registration_id
 from libs.kube.client import Obj
 from libs.kube.dra import GPU_DRIVER, gpus_of, node_devices
 from libs.kube.nodes import TopologyLabels, is_ready, is_unschedulable, node_spec
 from libs.kube.reflector import DELETED, MODIFIED, version_of
+from libs.kube.run_reports import Run
 from libs.kube.workloads import meta
-from libs.nodes.reports import report_id
 from services.kube_bridge.bridge import SOURCE, KubeBridge
 
 log = logging.getLogger(__name__)
@@ -109,8 +109,7 @@ class NodeSync:
                                             correlation_id=name, node=name, reason=reason)]
         for job_id, (run, nodes) in sorted(self.bridge.book.runs_on.items()):
             if name in nodes:  # every run there, pods or not (a run left by another executor on a ghost node)
-                events.append(JobEvicted(id=report_id(run, "evicted"), ts=now, source=SOURCE, correlation_id=job_id,
-                                         job_id=job_id, run=run, reason="node_lost"))
+                events.append(Run(job_id, run, SOURCE).evicted(now, "node_lost"))
         log.warning("node %s lost (%s): %d run(s) evicted", name, reason, len(events) - 1)
         await self.bridge.publish(events)
 

@@ -221,13 +221,13 @@ def test_a_run_s_pods_say_started_finished_or_failed_and_a_deletion_is_no_failur
     from contracts import JobFailed, JobFinished, JobStarted
     from libs.kube.run_reports import Run, batch_job_reports, pods_reports
 
-    run = Run("job", "run-1", 2, False, "kube-bridge")
+    run = Run("job", "run-1", "kube-bridge", replicas=2)
     assert pods_reports(run, [_pod_in("Running")], 1.0) == ([], [])  # one of two bound: nothing yet
     events, _ = pods_reports(run, [_pod_in("Running"), _pod_in("Pending")], 1.0)
     assert events == []
     events, _ = pods_reports(run, [_pod_in("Running"), _pod_in("Running")], 1.0)
     assert [type(e) for e in events] == [JobStarted]
-    started = Run("job", "run-1", 2, True, "kube-bridge")
+    started = Run("job", "run-1", "kube-bridge", replicas=2, started_reported=True)
     events, failed = pods_reports(started, [_pod_in("Failed", code=137), _pod_in("Running")], 2.0)
     assert [(type(e), getattr(e, "exit_code", None)) for e in events] == [(JobFailed, 137)] and len(failed) == 1
     events, failed = pods_reports(started, [_pod_in("Failed", code=143, going=True), _pod_in("Running")], 2.0)
