@@ -6,7 +6,22 @@ import argparse
 import importlib
 import sys
 
-from libs.cli import audit, bench, jobs, kube, nats_config, nodes, queues, report, services, sim, snapshots, tokens, up
+from libs.cli import (
+    audit,
+    bench,
+    jobs,
+    kube,
+    nats_config,
+    nodes,
+    queues,
+    report,
+    services,
+    sim,
+    snapshots,
+    submit,
+    tokens,
+    up,
+)
 from libs.cli.client import ApiError
 from libs.cli.output import add_json_flag, has_json_flag
 from libs.runtime.settings import SERVICES
@@ -24,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("service", help="run one service in the foreground")
     p.add_argument("name", choices=SERVICES)
     p.set_defaults(func=cmd_service)
+    submit.add_command(sub)
     jobs.add_commands(sub)
     queues.add_commands(sub)
     audit.add_command(sub)
