@@ -67,6 +67,15 @@ class UncordonNode(EventBase, frozen=True, kw_only=True):
     operator: str = ""
 
 
+class RemoveNode(EventBase, frozen=True, kw_only=True):
+    """An operator takes a node out of the inventory for good (decommissioned, or a node nobody serves any
+    more); its jobs are requeued. A node that registers again is back."""
+
+    node: str
+    reason: str = ""
+    operator: str = ""
+
+
 class DeployService(EventBase, frozen=True, kw_only=True):
     """Create an inference service, or change its replica bounds and autoscaling (same name and team)."""
 
@@ -278,8 +287,13 @@ class NodeRegistered(EventBase, frozen=True, kw_only=True):
 
 
 class NodeLost(EventBase, frozen=True, kw_only=True):
+    """The node stopped serving (its executor went silent, Kubernetes says NotReady); its jobs stop and go
+    back to their queues. With `removed`, it also left the inventory (an operator removed it, or the cluster
+    source no longer lists it): it comes back only by registering again."""
+
     node: str
     reason: str
+    removed: bool = False
 
 
 class GpuHealthChanged(EventBase, frozen=True, kw_only=True):
@@ -359,6 +373,7 @@ Event = (
     | GpuFault
     | CordonNode
     | UncordonNode
+    | RemoveNode
     | NodeCordoned
     | NodeUncordoned
     | ClockTick
@@ -374,6 +389,7 @@ Event = (
 
 ALL_EVENT_TYPES: Final[tuple[type[EventBase], ...]] = Event.__args__
 COMMAND_TYPES: Final[frozenset[type[EventBase]]] = frozenset({SubmitJob, CancelJob, CordonNode, UncordonNode,
+                                                                   RemoveNode,
                                                                    DeployService, DeleteService, ReportServiceLoad})
 
 

@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
 from contracts.model import JobSpec, QueueSpec, ReplicaPlacement, ServiceSpec
 
 JOB_STATES = ("pending", "running", "succeeded", "failed", "cancelled", "rejected")
+# A job in one of these states is over: nothing about it changes any more.
+FINAL_JOB_STATES = frozenset({"succeeded", "failed", "cancelled", "rejected"})
+# How many of a job's runs its view keeps (the latest): enough to see where a requeued job went, small enough
+# that a job evicted again and again keeps a small view.
+RUN_HISTORY = 10
+
+
+class RunRecord(msgspec.Struct, kw_only=True):
+    """One run of a job: where placement put it, when it ran, and how it ended."""
+
+    # The JobPlaced event that began it (what the executors' reports name as `run`).
+    run: str
+    placements: tuple[ReplicaPlacement, ...] = ()
+    placed_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    # "" while it lasts; then succeeded, failed, evicted or cancelled.
+    outcome: str = ""
+    # The failure's or eviction's reason (oom_killed, preempted, node_lost, ...).
+    reason: str = ""
+    exit_code: int | None = None
 
 
 class JobView(msgspec.Struct, kw_only=True):
@@ -35,6 +58,9 @@ class JobView(msgspec.Struct, kw_only=True):
     # Work saved by its last checkpoint (seconds), and GPU time its evictions threw away.
     progress_s: float = 0.0
     lost_gpu_seconds: float = 0.0
+    # Its last RUN_HISTORY runs, oldest first (the current one last, open), and how many runs it had in all.
+    runs: list[RunRecord] = []
+    run_count: int = 0
     # Stream sequence of the last event this view reflects: writes are idempotent and ordered by it.
     seq: int = 0
 
@@ -49,6 +75,10 @@ class FlavorUsage(msgspec.Struct, kw_only=True):
     in_use_gpus: float = 0.0
     borrowed_gpus: float = 0.0
     lent_gpus: float = 0.0
+    # What in_use_gpus is made of: quota held by jobs that have their GPUs (placed or running), and quota
+    # reserved by jobs no node has taken yet (they hold the queue's quota while they wait for GPUs).
+    held_gpus: float = 0.0
+    unplaced_gpus: float = 0.0
 
 
 class QueueView(msgspec.Struct, kw_only=True):
@@ -57,6 +87,10 @@ class QueueView(msgspec.Struct, kw_only=True):
     # Total nominal quota (over flavors; a parent's sums its subtree); None: no limit.
     nominal_gpus: int | None = None
     reserved_gpus: float = 0.0
+    # reserved_gpus split as FlavorUsage splits in_use_gpus: held by placed jobs, reserved by unplaced ones
+    # (a job whose run just ended holds its quota until quota releases it, counted in neither).
+    held_gpus: float = 0.0
+    unplaced_gpus: float = 0.0
     pending: int = 0
     running: int = 0
     parent: str = ""
@@ -80,6 +114,17 @@ class NodeView(msgspec.Struct, kw_only=True):
     allocated_gpus: float = 0.0
     healthy_gpus: int = 0
     gpu_free_milli: tuple[int, ...] = ()
+    # Per GPU (as gpu_free_milli), how it is shared: "whole" (idle, or held by whole-GPU jobs), "split" (holding
+    # fractions of jobs asking for part of a GPU) or "mig" (MIG-enabled: MIG instances only).
+    gpu_modes: tuple[str, ...] = ()
+    # Free capacity by mode, healthy GPUs only: idle GPUs that take whole-GPU jobs and fractions; split GPUs and
+    # the thousandths of a GPU free on them; MIG-enabled GPUs with their compute slices (free and in all).
+    idle_gpus: int = 0
+    split_gpus: int = 0
+    split_free_milli: int = 0
+    mig_gpus: int = 0
+    mig_slices: int = 0
+    mig_free_slices: int = 0
     # An operator took it out of placement ("cordoned"), and stopped its jobs too ("draining"); "" otherwise.
     cordon: str = ""
     cordon_reason: str = ""

@@ -55,6 +55,7 @@ from contracts.events import (
     QuotaDeferred,
     QuotaReleased,
     QuotaReserved,
+    RemoveNode,
     ReportServiceLoad,
     SchedulingSettingsChanged,
     ServiceDeleted,
@@ -81,17 +82,18 @@ _EXECUTOR_REPORTS: frozenset[type[EventBase]] = frozenset({JobStarted, JobReady,
 # AuditCheckpoints (libs/runtime/reactor.py); accounting and the agents keep no chain.
 PUBLISHES: Final[Mapping[str, frozenset[type[EventBase]]]] = {
     # Its API's commands and queue changes, and its own decisions.
-    "admission": frozenset({SubmitJob, CancelJob, CordonNode, UncordonNode, QueuePolicyChanged, DeployService,
-                            DeleteService, ReportServiceLoad, JobSubmitted, JobAdmitted, JobRejected, JobCancelled,
-                            ServiceDeployed, ServiceRejected, ServiceScaled, ServiceDeleted, AuditCheckpoint}),
+    "admission": frozenset({SubmitJob, CancelJob, CordonNode, UncordonNode, RemoveNode, QueuePolicyChanged,
+                            DeployService, DeleteService, ReportServiceLoad, JobSubmitted, JobAdmitted, JobRejected,
+                            JobCancelled, ServiceDeployed, ServiceRejected, ServiceScaled, ServiceDeleted,
+                            AuditCheckpoint}),
     # Its decisions, and the policy file's changes it publishes at start (libs/runtime/policy_file.py).
     "quota": frozenset({QuotaReserved, QuotaReleased, QuotaDeferred, QueuePolicyChanged, PriorityClassesChanged,
                         SchedulingSettingsChanged, AuditCheckpoint}),
     "placement": frozenset({JobPlaced, PlacementDeferred, AuditCheckpoint}),
     "preemption": frozenset({PreemptionDecided, AuditCheckpoint}),
     "accounting": frozenset(),  # reads everything, writes Redis views and metrics only
-    # The clock, the node-health decisions, the simulated cluster's inventory and executor, and the
-    # evictions it reports for jobs on an agent that stopped heartbeating.
+    # The clock, the node-health decisions, the simulated cluster's inventory and executor, the nodes it
+    # removes because nobody serves them, and the evictions it reports for jobs on nodes nobody serves.
     "node-telemetry": frozenset({ClockTick, NodeRegistered, NodeLost, GpuHealthChanged, NodeCordoned,
                                  NodeUncordoned, AuditCheckpoint, *_EXECUTOR_REPORTS}),
     AGENT: frozenset({NodeRegistered, GpuFault, *_EXECUTOR_REPORTS}),

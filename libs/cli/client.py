@@ -153,9 +153,11 @@ class Client:
         return self._call("POST", f"/v1/services/{urllib.parse.quote(name)}/load", {"value": value, "metric": metric})
 
     def node_action(self, name: str, action: str, reason: str = "", operator: str = "") -> dict[str, Any]:
-        """`action` is cordon, drain or uncordon."""
-        return self._call("POST", f"/v1/nodes/{urllib.parse.quote(name)}/{action}",
-                          {"reason": reason, "operator": operator})
+        """`action` is cordon, drain, uncordon or remove."""
+        body = {"reason": reason, "operator": operator}
+        if action == "remove":
+            return self._call("DELETE", f"/v1/nodes/{urllib.parse.quote(name)}", body)
+        return self._call("POST", f"/v1/nodes/{urllib.parse.quote(name)}/{action}", body)
 
     def logs(self, job_id: str, tail: int = 65536) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}/logs?tail={tail}")

@@ -1,4 +1,4 @@
-"""`gpusched nodes`, `gpusched agent`, `gpusched node cordon|drain|uncordon|fault`, `gpusched logs`,
+"""`gpusched nodes`, `gpusched agent`, `gpusched node cordon|drain|uncordon|remove|fault`, `gpusched logs`,
 `gpusched checkpoint`."""
 
 from __future__ import annotations
@@ -106,11 +106,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_nodes)
     add_agent(sub)
     sub.choices["agent"].set_defaults(func=cmd_agent)
-    node = sub.add_parser("node", help="operate nodes: cordon, drain, uncordon, inject simulated faults")
+    node = sub.add_parser("node", help="operate nodes: cordon, drain, uncordon, remove, inject simulated faults")
     nsub = node.add_subparsers(dest="node_command", required=True)
     for action, text in (("cordon", "no new jobs on the node"),
                          ("drain", "cordon, and stop its jobs (checkpointing) so they run elsewhere"),
-                         ("uncordon", "take new jobs again")):
+                         ("uncordon", "take new jobs again"),
+                         ("remove", "take the node out of the inventory (decommissioned, or nobody serves it): its "
+                                    "jobs are requeued; it is back only when it registers again")):
         p = nsub.add_parser(action, help=text)
         p.add_argument("name")
         p.add_argument("--reason", default="")

@@ -11,17 +11,21 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
+from rich.status import Status
 from rich.table import Table
 
-from libs.cli.client import ApiError, Client
+from libs.cli.data_folder import archive
 from libs.files import write_whole
 from libs.runtime.embedded import EmbeddedServer, free_port, port_open, start_nats, start_redis
 from libs.runtime.settings import DEFAULT_CLUSTER, DEFAULT_POLICY, DEFAULT_PORTS, SERVICES
 from libs.runtime.supervisor import Supervisor
+from services.admission.auth import TOKENS_ENV
 
 console = Console(stderr=True)
 
@@ -34,17 +38,35 @@ def _ports(api_port: int) -> dict[str, int]:
     return {name: port if not port_open(port) else free_port() for name, port in DEFAULT_PORTS.items()}
 
 
-def _wait_for_cluster(client: Client, logs: Path, timeout: float = 60.0) -> tuple[int, int]:
+def _readiness(api: str) -> dict[str, object]:
+    """Admission's public readiness probe (counts only): it needs no token, whatever the API's auth."""
+    try:
+        with urllib.request.urlopen(f"{api}/readyz", timeout=2) as resp:
+            return dict(json.loads(resp.read()))
+    except urllib.error.HTTPError as err:  # 503 while not ready: the body still says what it has
+        with contextlib.suppress(ValueError):
+            return dict(json.loads(err.read()))
+    except (OSError, ValueError):
+        pass
+    return {}
+
+
+def _wait_for_cluster(api: str, logs: Path, status: Status, source: str, timeout: float = 60.0) -> tuple[int, int]:
+    """Until nodes (from `source`) and queues are registered; the status line says what is still awaited."""
     deadline = time.monotonic() + timeout
-    nodes = queues = []
+    nodes = queues = 0
     while time.monotonic() < deadline:
-        with contextlib.suppress(ApiError):
-            nodes, queues = client.nodes(), client.queues()
+        ready = _readiness(api)
+        nodes, queues = int(str(ready.get("nodes", 0))), int(str(ready.get("queues", 0)))
         if nodes and queues:
-            return len(nodes), len(queues)
+            return nodes, queues
+        awaited = [what for what, got in ((f"nodes from {source}", nodes), ("queues from the policy", queues))
+                   if not got]
+        status.update(f"waiting for {' and '.join(awaited)} at {api} "
+                      f"({int(deadline - time.monotonic())}s left) ...")
         time.sleep(0.2)
     missing = " and ".join(what for what, got in (("nodes", nodes), ("queues", queues)) if not got)
-    raise TimeoutError(f"no {missing} in the API at {client.base} after {timeout:g}s; see the service logs in {logs}")
+    raise TimeoutError(f"no {missing} in the API at {api} after {timeout:g}s; see the service logs in {logs}")
 
 
 def audit_key_file(data: Path) -> Path:
@@ -149,6 +171,12 @@ def cmd_up(args: argparse.Namespace) -> None:
     backend = "agents" if args.agents else "kubernetes" if args.kubeconfig else ""
     extra = {"GPUSCHED_NODE_BACKEND": backend} if backend else {}
     agents: EdgeProcesses | None = None
+    if args.fresh:
+        if os.environ.get("NATS_URL"):
+            raise ValueError("--fresh archives the log kept under --data; with NATS_URL set the log is on that server")
+        archived = archive(data)
+        console.print(f"the previous log is archived in {archived} (gpusched up --data {archived} serves it again)"
+                      if archived else f"nothing to archive in {data}: starting afresh")
     with console.status("starting NATS, Redis and the six services...") as status:
         sup, servers, env = start_platform(data, Path(args.cluster), Path(args.policy), args.port, extra_env=extra)
         api = f"http://127.0.0.1:{sup.ports['admission']}"
@@ -161,8 +189,9 @@ def cmd_up(args: argparse.Namespace) -> None:
                 status.update("starting the Kubernetes bridge ...")
                 agents = EdgeProcesses(env, data)
                 agents.start_bridge(Path(args.kubeconfig))
-            status.update(f"waiting for the cluster to register at {api} ...")
-            n_nodes, n_queues = _wait_for_cluster(Client(api), data / "logs")
+            source = (f"{args.agents} node agent(s)" if args.agents else "the Kubernetes bridge" if args.kubeconfig
+                      else args.cluster)
+            n_nodes, n_queues = _wait_for_cluster(api, data / "logs", status, source)
         except BaseException:
             stop_all(sup, servers, agents)
             raise
@@ -176,6 +205,11 @@ def cmd_up(args: argparse.Namespace) -> None:
         table.add_row(f"{name} metrics", f"http://127.0.0.1:{sup.ports[name]}/metrics")
     table.add_row("logs", str((data / "logs").resolve()))
     table.add_row("audit key", f"{env['GPUSCHED_AUDIT_KEY_FILE']} (gpusched audit verify --key-file ...)")
+    table.add_row("state", f"{data} (the log in nats/; gpusched up --fresh archives it and starts afresh)")
+    tokens = os.environ.get(TOKENS_ENV)
+    if tokens:
+        table.add_row("auth", f"tokens from {tokens}: callers need GPUSCHED_TOKEN or GPUSCHED_TOKEN_FILE "
+                              "(gpusched token create)")
     where = (f"{args.agents} node agent(s), jobs run as processes" if args.agents else
              f"of Kubernetes ({args.kubeconfig}), pods and Jobs with schedulerName gpusched" if args.kubeconfig
              else f"from {args.cluster}")
@@ -210,7 +244,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="run the whole platform locally (embedded NATS and Redis unless given)")
     p.add_argument("--cluster", default=str(DEFAULT_CLUSTER), help="node list CSV (openb format)")
     p.add_argument("--policy", default=str(DEFAULT_POLICY), help="queues and priority classes (TOML)")
-    p.add_argument("--data", default=".data", help="folder for NATS data and logs")
+    p.add_argument("--data", default=".data", help="folder for the log (nats/), views, logs and the audit key")
+    p.add_argument("--fresh", action="store_true",
+                   help="start with an empty log: the old one is archived under DATA/archive/<time>, not deleted")
     p.add_argument("--port", type=int, default=8080, help="API port (another free one if taken)")
     p.add_argument("--agents", type=int, default=0,
                    help="instead of the simulated cluster: N node agents (simulated GPUs, jobs run as processes)")

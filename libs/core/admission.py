@@ -26,6 +26,7 @@ from contracts import (
     JobRejected,
     JobSpec,
     JobSubmitted,
+    NodeLost,
     NodeRegistered,
     PriorityClassesChanged,
     QueuePolicyChanged,
@@ -38,6 +39,7 @@ from contracts import (
     SubmitJob,
 )
 from libs.core.admission_capacity import Inventory, Rejection, capacity_rejection, spec_problem
+from libs.core.admission_keys import KeyBook, Resubmission, key_reused, refused_id
 from libs.core.decider import Chain, Decisions, Trigger, derived_id
 from libs.core.policy import PolicyBook, demand_milli, replica_milli
 from libs.core.retries import RetryBook
@@ -117,6 +119,7 @@ class AdmissionDecider:
         self.jobs: dict[str, str] = {}
         self.job_team: dict[str, str] = {}
         self.specs: dict[str, JobSpec] = {}  # jobs not yet final
+        self.keys = KeyBook()  # which job holds each idempotency key, and with which spec
         self.retries = RetryBook()
         self.services = ServiceBook()
         # The service whose replica ended for good with the event being folded (react replaces it).
@@ -124,7 +127,8 @@ class AdmissionDecider:
 
     def input_types(self) -> Iterable[type[EventBase]]:
         # JobPlaced only for its book of current runs (self.runs): which run each report is about.
-        return (SubmitJob, CancelJob, QueuePolicyChanged, PriorityClassesChanged, NodeRegistered, JobPlaced,
+        # NodeLost for the nodes that leave the inventory (removed): what the cluster could ever offer shrinks.
+        return (SubmitJob, CancelJob, QueuePolicyChanged, PriorityClassesChanged, NodeRegistered, NodeLost, JobPlaced,
                 JobFinished, JobFailed, JobEvicted, JobReady, DeployService, DeleteService, ReportServiceLoad)
 
     def evolve(self, event: EventBase) -> None:
@@ -134,16 +138,21 @@ class AdmissionDecider:
         match event:
             case NodeRegistered():
                 self.inventory.register(event)
+            case NodeLost() if event.removed:
+                self.inventory.unregister(event.node)
             case JobSubmitted():
                 self.jobs[event.job_id] = "submitted"
                 self.job_team[event.job_id] = event.spec.team
                 self.specs[event.job_id] = event.spec
+                self.keys.decided(event.job_id, event.spec)
                 if event.spec.service:
                     self.services.replica_submitted(event.job_id, event.spec)
             case JobAdmitted():
                 self.jobs[event.job_id] = "admitted"
             case JobRejected():
                 self.jobs[event.job_id] = "rejected"
+                if event.spec is not None:
+                    self.keys.decided(event.job_id, event.spec)
             case JobCancelled():
                 self.jobs[event.job_id] = "cancelled"
                 self.services.replica_gone(event.job_id)
@@ -263,9 +272,17 @@ class AdmissionDecider:
             for job_id in state.to_cancel(-missing):
                 out.emit(JobCancelled, correlation_id=job_id, job_id=job_id, reason="scaled_down")
 
+    def resubmission(self, job_id: str, spec: JobSpec) -> Resubmission | None:
+        """A keyed submission whose job id or key is taken (see libs/core/admission_keys.py); None otherwise."""
+        return self.keys.resubmission(job_id, spec, self.jobs)
+
     def _submit(self, cmd: SubmitJob, out: Decisions) -> None:
+        again = self.resubmission(cmd.job_id, cmd.spec)
+        if again is not None:
+            self._refuse_resubmission(cmd, again, out)
+            return
         if cmd.job_id in self.jobs:
-            return  # the same submission again: the first one's outcome stands
+            return  # the same submission again (no key): the first one's outcome stands
         rejection = validate(cmd.spec, self.policy, self.inventory)
         if rejection is not None:
             out.emit(JobRejected, correlation_id=cmd.job_id, job_id=cmd.job_id, code=rejection.code,
@@ -273,6 +290,19 @@ class AdmissionDecider:
             return
         out.emit(JobSubmitted, correlation_id=cmd.job_id, job_id=cmd.job_id, spec=cmd.spec)
         out.emit(JobAdmitted, correlation_id=cmd.job_id, job_id=cmd.job_id, queue=cmd.spec.queue)
+
+    def _refuse_resubmission(self, cmd: SubmitJob, again: Resubmission, out: Decisions) -> None:
+        """The same key and spec again under the same id: nothing to decide (the first outcome stands). Anything
+        else is refused with a reason: a new job id is rejected itself; a taken one is left alone and the refusal
+        is recorded under an id of its own (`refused_id`), so that the log says why the spec never ran."""
+        if again.same and again.job_id == cmd.job_id:
+            return
+        job_id = cmd.job_id if cmd.job_id not in self.jobs else refused_id(cmd.job_id, cmd.spec)
+        if job_id in self.jobs:
+            return  # this very spec was refused before
+        rejection = key_reused(again, self.specs.get(again.job_id), cmd.spec)
+        out.emit(JobRejected, correlation_id=job_id, job_id=job_id, code=rejection.code, message=rejection.message,
+                 spec=cmd.spec)
 
     def cancel_refusal(self, job_id: str, team: str) -> Rejection | None:
         state = self.jobs.get(job_id)

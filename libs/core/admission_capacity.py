@@ -82,16 +82,29 @@ class Inventory:
 
     def register(self, event: NodeRegistered) -> None:
         node = event.node
-        old = self._shape_of.get(node.name)
-        if old is not None:
-            self.shapes[old] -= 1
-            if not self.shapes[old]:
-                del self.shapes[old]
+        self._forget(node.name)
         shape = NodeShape.of(node)
         shape = self._canonical.setdefault(shape, shape)
         self.shapes[shape] = self.shapes.get(shape, 0) + 1
         self._shape_of[node.name] = shape
         self.nodes[node.name] = node
+        self._recount()
+
+    def unregister(self, name: str) -> None:
+        """The node left the inventory (removed): it can offer nothing any more."""
+        if name in self.nodes:
+            self._forget(name)
+            del self.nodes[name]
+            self._recount()
+
+    def _forget(self, name: str) -> None:
+        old = self._shape_of.pop(name, None)
+        if old is not None:
+            self.shapes[old] -= 1
+            if not self.shapes[old]:
+                del self.shapes[old]
+
+    def _recount(self) -> None:
         self._domains.clear()
         self._verdicts.clear()
         self.max_per_node, self.total = {}, {}

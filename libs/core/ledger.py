@@ -85,6 +85,8 @@ class Ledger:
     teams: dict[str, TeamUsage] = field(default_factory=dict)
     # node -> ("cordoned" or "draining", the operator's reason)
     cordons: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Nodes that left the inventory (NodeLost removed): no view shows them until they register again.
+    removed_nodes: set[str] = field(default_factory=set)
     # Every run's GPU time, per model: the one source of GPU-seconds (the usage report folds it too).
     usage: UsageBook = field(default_factory=UsageBook)
     # GPUs waiting jobs ask for, per model (ALL_MODELS when not pinned to one): with the allocated GPUs, the demand.
@@ -250,9 +252,13 @@ class Ledger:
     def _apply_node(self, event: NodeRegistered | NodeLost | GpuHealthChanged, seq: int) -> None:
         if isinstance(event, NodeRegistered):
             self.cluster.register(event.node)
+            self.removed_nodes.discard(event.node.name)
             self.dirty_nodes[event.node.name] = None
         elif isinstance(event, NodeLost):
             self.cluster.set_online(event.node, False)
+            if event.removed:  # out of the views; the cluster keeps it offline for the runs still charged to it
+                self.removed_nodes.add(event.node)
+                self.cordons.pop(event.node, None)
             self.dirty_nodes[event.node] = None
         else:
             self.cluster.set_gpu_health(event.node, event.index, event.healthy)

@@ -1,10 +1,11 @@
 """Node health and operator actions, decided from the log: which GPU faults quarantine a GPU, and which
-cordon / uncordon commands take effect.
+cordon / uncordon / remove commands take effect.
 
 Node agents report what they observe (`GpuFault`); this core decides what it means. A fatal XID class or
 an uncorrectable ECC error quarantines the GPU (`GpuHealthChanged(healthy=False)`): placement stops using
 it and the executor running a job there stops and requeues that job. Throttling and other XIDs are only
-recorded. Operators' `CordonNode` / `UncordonNode` become `NodeCordoned` / `NodeUncordoned` once checked.
+recorded. Operators' `CordonNode` / `UncordonNode` become `NodeCordoned` / `NodeUncordoned` once checked, and
+`RemoveNode` a `NodeLost(removed=True)`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from contracts import (
     GpuFault,
     GpuHealthChanged,
     NodeCordoned,
+    NodeLost,
     NodeRegistered,
     NodeUncordoned,
+    RemoveNode,
     UncordonNode,
 )
 from libs.core.decider import Chain, Decisions, Trigger
@@ -54,7 +57,7 @@ class NodeDecider:
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (NodeRegistered, GpuHealthChanged, GpuFault, CordonNode, UncordonNode, NodeCordoned,
-                NodeUncordoned)
+                NodeUncordoned, RemoveNode, NodeLost)
 
     def evolve(self, event: EventBase) -> None:
         match event:
@@ -66,6 +69,9 @@ class NodeDecider:
             case NodeCordoned():
                 self.cordoned[event.node] = event.drain
             case NodeUncordoned():
+                self.cordoned.pop(event.node, None)
+            case NodeLost() if event.removed:
+                self.healthy.pop(event.node, None)
                 self.cordoned.pop(event.node, None)
 
     def react(self, trigger: Trigger) -> list[EventBase]:
@@ -86,6 +92,11 @@ class NodeDecider:
             case UncordonNode() if event.node in self.cordoned:
                 out.emit(NodeUncordoned, correlation_id=event.node, node=event.node, reason=event.reason,
                          operator=event.operator)
+            case RemoveNode() if event.node in self.healthy:
+                # The jobs still there are reported evicted by node-telemetry's roster: nobody may serve the node.
+                why = f": {event.reason}" if event.reason else ""
+                out.emit(NodeLost, correlation_id=event.node, node=event.node, removed=True,
+                         reason=f"removed_by_operator: {event.operator or 'an operator'}{why}")
         return out.out
 
     def snapshot(self) -> bytes:

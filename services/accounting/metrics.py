@@ -1,5 +1,7 @@
 """Accounting's metrics: the Kueue set (pending, admission wait, evictions) plus GPU allocation and cost."""
 
+import contextlib
+
 from prometheus_client import Counter, Gauge, Histogram
 
 PENDING = Gauge("gpusched_pending_jobs", "Jobs waiting, per queue", ["queue"])
@@ -50,6 +52,15 @@ NODES = Gauge("gpusched_nodes", "Nodes by state (online, lost; cordoned counts c
               ["state"])
 NODE_ONLINE = Gauge("gpusched_node_online", "1 while the node is online, 0 once lost", ["node"])
 NODE_UNHEALTHY = Gauge("gpusched_node_unhealthy_gpus", "GPUs of the node out of service (quarantined)", ["node"])
+
+
+def forget_node(name: str) -> None:
+    """A node that left the inventory has no series any more (not a lost node's 0 for ever)."""
+    for gauge in (NODE_ONLINE, NODE_UNHEALTHY):
+        with contextlib.suppress(KeyError):
+            gauge.remove(name)
+
+
 # Cost and capacity.
 GPU_SECONDS = Counter("gpusched_gpu_seconds_total", "GPU-seconds of ended runs",
                       ["team", "queue", "model", "priority"])

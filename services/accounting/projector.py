@@ -162,7 +162,7 @@ class Projector:
         led = self.ledger
         led.dirty_jobs.update(dict.fromkeys(led.jobs))
         led.dirty_queues.update(dict.fromkeys(led.queues))
-        led.dirty_nodes.update(dict.fromkeys(led.cluster.nodes))
+        led.dirty_nodes.update(dict.fromkeys(led.cluster.nodes))  # removed ones too: their views are deleted
         led.dirty_teams.update(dict.fromkeys(led.teams))
 
     def ops(self) -> list[list[Any]]:
@@ -204,6 +204,10 @@ class Projector:
             if q.budget_gpu_hours is not None:
                 metrics.BUDGET.labels(name).set(q.budget_gpu_hours)
         for name in led.dirty_nodes:
+            if name in led.removed_nodes:
+                ops.append(["HDEL", f"{store.p}:nodes", name])
+                metrics.forget_node(name)
+                continue
             node = led.node_view(name)
             ops.append(["HSET", f"{store.p}:nodes", name, enc.encode(node).decode()])
             metrics.NODE_ONLINE.labels(name).set(1 if node.online else 0)
@@ -288,7 +292,7 @@ class Projector:
             old = self._node_figures.pop(name, None)
             if old is not None:
                 totals.add(old, -1)
-            node = nodes.get(name)
+            node = nodes.get(name) if name not in self.ledger.removed_nodes else None
             if node is not None:
                 new = self._node_figures[name] = NodeFigures.of(node)
                 totals.add(new, +1)
@@ -307,7 +311,7 @@ class Projector:
         metrics.FRAGMENTATION.set(stranded / free if free else 0.0)
         metrics.IDLE.set(idle / healthy if healthy else 0.0)
         metrics.NODES.labels("online").set(online)
-        metrics.NODES.labels("lost").set(len(self.ledger.cluster.nodes) - online)
+        metrics.NODES.labels("lost").set(len(self.ledger.cluster.nodes) - len(self.ledger.removed_nodes) - online)
         metrics.NODES.labels("cordoned").set(len(self.ledger.cordons))
 
     async def flush(self, force: bool = False, expect_existing: bool = False) -> None:

@@ -25,7 +25,9 @@ async def serve(settings: Settings) -> None:
     store = ViewStore.from_url(settings.redis_url, prefix=settings.stream.lower())
 
     def configure(app: web.Application, bus: Bus, reactor: Reactor) -> None:
-        app[READY_DETAILS] = lambda: {"inventory": decider.inventory.known}
+        # Counts only (no team's data): what `gpusched up` waits for, readable without a token.
+        app[READY_DETAILS] = lambda: {"inventory": decider.inventory.known, "nodes": len(decider.inventory.nodes),
+                                      "queues": len(decider.policy.queues)}
         auth.install(app)
         JobsApi(bus, decider, store).routes(app)
         QueuesApi(bus, decider, store).routes(app)

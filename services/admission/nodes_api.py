@@ -1,8 +1,8 @@
-"""The operator's node API (cordon, drain, uncordon) and job logs.
+"""The operator's node API (cordon, drain, uncordon, remove) and job logs.
 
-Cordons are commands in the log (`CordonNode`, `UncordonNode`), decided by node-telemetry, so every one is
-audited with its operator and reason. Logs stay on the node that ran the job: the API asks the agents on
-`<prefix>.logs` and the one that has the job's log answers.
+Cordons and removals are commands in the log (`CordonNode`, `UncordonNode`, `RemoveNode`), decided by
+node-telemetry, so every one is audited with its operator and reason. Logs stay on the node that ran the
+job: the API asks the agents on `<prefix>.logs` and the one that has the job's log answers.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import msgspec
 from aiohttp import web
 from nats.errors import NoRespondersError, TimeoutError
 
-from contracts import CordonNode, UncordonNode
+from contracts import CordonNode, RemoveNode, UncordonNode
 from contracts.views import NodeAction
 from libs.bus.jetstream import Bus
 from libs.core.admission import AdmissionDecider
@@ -35,10 +35,11 @@ class NodesApi:
         app.router.add_post("/v1/nodes/{name}/cordon", self.cordon)
         app.router.add_post("/v1/nodes/{name}/drain", self.drain)
         app.router.add_post("/v1/nodes/{name}/uncordon", self.uncordon)
+        app.router.add_delete("/v1/nodes/{name}", self.remove)
         app.router.add_get("/v1/jobs/{job_id}/logs", self.logs)
 
     async def _action(self, request: web.Request) -> tuple[str, NodeAction] | web.Response:
-        require(request, OPERATOR_ONLY, "cordoning, draining or uncordoning a node")
+        require(request, OPERATOR_ONLY, "cordoning, draining, uncordoning or removing a node")
         name = request.match_info["name"]
         if name not in self.decider.inventory.nodes:
             return error_response(404, "unknown_node", f"node {name!r} is not registered")
@@ -49,7 +50,8 @@ class NodesApi:
             action = msgspec.structs.replace(action, operator=who.name)
         return name, action
 
-    async def _publish(self, kind: type[CordonNode] | type[UncordonNode], name: str, action: NodeAction,
+    async def _publish(self, kind: type[CordonNode] | type[UncordonNode] | type[RemoveNode], name: str,
+                       action: NodeAction,
                        **fields: object) -> web.Response:
         version = await self.bus.last_seq()
         command = kind(id=derived_id(OPERATOR, kind.__name__, name, version), ts=time.time(), source=OPERATOR,
@@ -70,6 +72,11 @@ class NodesApi:
     async def uncordon(self, request: web.Request) -> web.Response:
         parsed = await self._action(request)
         return parsed if isinstance(parsed, web.Response) else await self._publish(UncordonNode, *parsed)
+
+    async def remove(self, request: web.Request) -> web.Response:
+        """The node leaves the inventory (node-telemetry decides it, so it is audited); its jobs are requeued."""
+        parsed = await self._action(request)
+        return parsed if isinstance(parsed, web.Response) else await self._publish(RemoveNode, *parsed)
 
     async def logs(self, request: web.Request) -> web.Response:
         who = require(request, JOB_READERS, "reading job logs")

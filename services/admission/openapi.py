@@ -135,6 +135,11 @@ def openapi_document() -> dict[str, Any]:
                for action, summary in (("cordon", "No new jobs on the node (an audited command)"),
                                        ("drain", "Cordon, and stop the node's jobs so they run elsewhere"),
                                        ("uncordon", "The node takes new jobs again"))},
+            "/v1/nodes/{name}": {"delete": {
+                "summary": "The node leaves the inventory (an audited command); its jobs are requeued",
+                "parameters": [queue_name],
+                "requestBody": {"required": False, "content": {"application/json": {"schema": _ref("NodeAction")}}},
+                "responses": {"202": _json({"type": "object"}, "the command is in the log"), **_errors(400, 404)}}},
             "/v1/jobs/{job_id}/logs": {
                 "get": {"summary": "The tail of a job's output, from the node agent that ran it",
                         "parameters": [job_id, {"name": "tail", "in": "query", "required": False,

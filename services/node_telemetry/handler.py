@@ -1,5 +1,5 @@
-"""Node-telemetry's reactor handler: the pure node decisions (GPU quarantine, cordons) plus, by backend,
-the simulated executor (a simulated cluster) or the agents' heartbeat watch (real node agents)."""
+"""Node-telemetry's reactor handler: the pure node decisions (GPU quarantine, cordons, removals), the roster
+of who serves each node with the agents' heartbeat watch, and with the simulated cluster its executor."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ class NodeTelemetry:
     def __init__(self, executor: SimExecutor | None = None, watch: HeartbeatWatch | None = None) -> None:
         self.decider = NodeDecider()
         self.executor = executor
-        self.watch = watch
+        self.watch = watch or HeartbeatWatch()
         self._decider_types = frozenset(self.decider.input_types())
         self._executor_types = frozenset(executor.input_types()) if executor is not None else frozenset()
-        self._watch_types = frozenset(watch.input_types()) if watch is not None else frozenset()
+        self._watch_types = frozenset(self.watch.roster.input_types())
 
     @property
     def chain(self) -> Chain:
@@ -36,11 +36,10 @@ class NodeTelemetry:
         if self.executor is not None:
             roots["inventory"], roots["runs"] = self.executor.inventory, self.executor.book
             roots["reports_made"] = self.executor.made  # applied to the book, not yet back through the log
-        if self.watch is not None:
-            # What the watch folds from the log; when each agent was last heard is the wall clock's, not state.
-            watch = self.watch
-            roots.update(agent_specs=watch.specs, agent_versions=watch.versions, agent_online=watch.online,
-                         agent_runs=watch.runs)
+        # What the roster folds from the log; when each agent was last heard is the wall clock's, not state.
+        roster = self.watch.roster
+        roots.update(node_specs=roster.specs, node_owners=roster.owners, node_versions=roster.versions,
+                     node_online=roster.online, node_lost_at=roster.lost_at, node_runs=roster.runs)
         return roots
 
     def snapshot_settled(self) -> bool:
@@ -57,7 +56,7 @@ class NodeTelemetry:
             run_decider(self.decider, event, seq)
         if self.executor is not None and kind in self._executor_types:
             self.executor.replay(seq, event)
-        if self.watch is not None and kind in self._watch_types:
+        if kind in self._watch_types:
             self.watch.fold(event)
 
     def on_event(self, seq: int, event: EventBase) -> list[EventBase]:
@@ -67,7 +66,7 @@ class NodeTelemetry:
             out += run_decider(self.decider, event, seq)
         if self.executor is not None and kind in self._executor_types:
             out += self.executor.on_event(seq, event)
-        if self.watch is not None and kind in self._watch_types:
+        if kind in self._watch_types:
             self.watch.fold(event)
         return out
 

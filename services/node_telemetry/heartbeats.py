@@ -1,10 +1,10 @@
 """Agents' liveness: a node whose agent has not heartbeaten for `lost_after_s` is lost.
 
-Node-telemetry then reports `NodeLost` and, on the agent's behalf, every job that ran there as evicted
-(`node_lost`), under the ids the agent itself would use, so that a late report from the agent is the same
-message. A lost node whose agent heartbeats again is registered again (a new version of the same
+Node-telemetry then reports `NodeLost`; the roster (roster.py) reports the jobs that ran there evicted, on
+the agent's behalf. A lost node whose agent heartbeats again is registered again (a new version of the same
 inventory): placement may use it once more, and the agent, having seen itself lost, has killed its jobs.
-Heartbeats are liveness, not facts: they travel on plain NATS and never enter the log.
+Heartbeats are liveness, not facts: they travel on plain NATS and never enter the log. Every agent's node is
+watched, whatever the platform's node backend, so that an agent that stops never leaves jobs on its node.
 """
 
 from __future__ import annotations
@@ -17,79 +17,59 @@ from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
 
-from contracts import EventBase, JobEvicted, JobFailed, JobFinished, JobPlaced, NodeLost, NodeRegistered, NodeSpec
+from contracts import EventBase, JobEvicted, NodeLost, NodeRegistered
 from libs.bus.jetstream import Bus
 from libs.core.decider import derived_id
 from libs.core.inventory import registration_id
-from libs.nodes.reports import report_id
+from services.node_telemetry.roster import AGENTS, SERVICE, NodeRoster
 
 log = logging.getLogger(__name__)
-SERVICE = "node-telemetry"
-AGENT_SOURCE = "agent/"
 
 
 @dataclass
 class HeartbeatWatch:
+    roster: NodeRoster = field(default_factory=NodeRoster)
     lost_after_s: float = 10.0
-    specs: dict[str, NodeSpec] = field(default_factory=dict)  # agent nodes, as last registered
-    versions: dict[str, int] = field(default_factory=dict)
-    online: dict[str, bool] = field(default_factory=dict)
     last_seen: dict[str, float] = field(default_factory=dict)
-    runs: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)  # job -> (run id, its nodes)
     announced: set[str] = field(default_factory=set)  # nodes we re-registered, awaiting the log's echo
 
-    def input_types(self) -> tuple[type[EventBase], ...]:
-        return (NodeRegistered, NodeLost, JobPlaced, JobFinished, JobFailed, JobEvicted)
-
     def fold(self, event: EventBase) -> None:
-        match event:
-            case NodeRegistered():
-                name = event.node.name
-                self.versions[name] = self.versions.get(name, 0) + 1
-                if event.source.startswith(AGENT_SOURCE) or name in self.specs:
-                    self.specs[name], self.online[name] = event.node, True
-                    self.announced.discard(name)
-            case NodeLost() if event.node in self.specs:
-                self.online[event.node] = False
-            case JobPlaced():
-                self.runs[event.job_id] = (event.id, frozenset(p.node for p in event.placements))
-            case JobFinished() | JobFailed() | JobEvicted() if event.run in ("", self.runs.get(event.job_id, ("",))[0]):
-                self.runs.pop(event.job_id, None)  # (a report about an earlier run leaves the current one)
+        self.roster.fold(event)
+        if isinstance(event, NodeRegistered):
+            self.announced.discard(event.node.name)
 
     def start_clock(self, now: float) -> None:
         """After a restart every agent gets a whole `lost_after_s` to be heard from again."""
-        for name in self.specs:
+        for name in self.roster.nodes_of(AGENTS):
             self.last_seen.setdefault(name, now)
 
     def heard(self, node: str, now: float) -> None:
         self.last_seen[node] = now
 
     def due(self, now: float) -> tuple[list[EventBase], list[EventBase]]:
-        """(losses, comebacks): NodeLost plus its jobs' evictions for silent nodes, and a new registration
-        for lost nodes that heartbeat again."""
+        """(losses, comebacks): NodeLost for silent agents' nodes, and a new registration for lost ones that
+        heartbeat again."""
+        roster = self.roster
         lost: list[EventBase] = []
         back: list[EventBase] = []
-        for name, spec in self.specs.items():
-            silent = now - self.last_seen.get(name, now)
-            version = self.versions.get(name, 0)
-            if self.online.get(name) and silent > self.lost_after_s:
+        for name in roster.nodes_of(AGENTS):
+            self.last_seen.setdefault(name, now)  # an agent registered since the clock started
+            silent = now - self.last_seen[name]
+            version = roster.versions.get(name, 0)
+            if roster.online.get(name) and silent > self.lost_after_s:
                 lost.append(NodeLost(id=derived_id(SERVICE, "lost", name, version), ts=now, source=SERVICE,
                                      correlation_id=name, node=name,
                                      reason=f"heartbeat_timeout: nothing for {silent:.0f} s"))
-                for job_id, (run_id, nodes) in self.runs.items():
-                    if name in nodes:
-                        lost.append(JobEvicted(id=report_id(run_id, "evicted"), ts=now, source=SERVICE,
-                                               correlation_id=job_id, job_id=job_id, run=run_id, reason="node_lost"))
-                self.online[name] = False  # until the log says otherwise, do not report it twice
-            elif not self.online.get(name) and silent <= self.lost_after_s and name not in self.announced:
-                back.append(NodeRegistered(id=registration_id(spec, version + 1), ts=now, source=SERVICE,
-                                           correlation_id=name, node=spec))
+                roster.online[name] = False  # until the log says otherwise, do not report it twice
+            elif not roster.online.get(name) and silent <= self.lost_after_s and name not in self.announced:
+                back.append(NodeRegistered(id=registration_id(roster.specs[name], version + 1), ts=now,
+                                           source=SERVICE, correlation_id=name, node=roster.specs[name]))
                 self.announced.add(name)
         return lost, back
 
 
-async def watch_heartbeats(bus: Bus, watch: HeartbeatWatch, every_s: float = 0.5) -> None:
-    """Listen to every agent's heartbeats and report losses and comebacks."""
+async def watch_nodes(bus: Bus, watch: HeartbeatWatch, every_s: float = 0.5) -> None:
+    """Listen to every agent's heartbeats; report losses, comebacks, and the jobs of nodes nobody serves."""
 
     async def on_beat(msg: Msg) -> None:
         try:
@@ -104,11 +84,13 @@ async def watch_heartbeats(bus: Bus, watch: HeartbeatWatch, every_s: float = 0.5
         watch.start_clock(time.time())
         while True:
             await asyncio.sleep(every_s)
-            lost, back = watch.due(time.time())
-            for events in (lost, back):
+            now = time.time()
+            lost, back = watch.due(now)
+            for events in (lost, back, watch.roster.orphans(now)):
                 if events:
                     log.warning("%s", ", ".join(f"{type(e).__name__} {getattr(e, 'node', '')}".strip()
-                                                 for e in events if not isinstance(e, JobEvicted)))
+                                                 for e in events if not isinstance(e, JobEvicted)) or
+                                f"{len(events)} run(s) on lost nodes reported evicted")
                     await bus.publish(events)
     finally:
         await sub.unsubscribe()

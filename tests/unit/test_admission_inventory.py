@@ -241,3 +241,21 @@ def test_racks_of_nodes_alike_add_up_and_a_node_without_the_label_is_in_no_rack(
     inv.register(NodeRegistered(id="moved", ts=2.0, source="test",
                                 node=msgspec.structs.replace(node("unlabelled", 8), labels={"rack": "r0"})))
     assert validate(gang.replicas(6).spec, book(), inv) is None
+
+
+def test_a_removed_node_offers_nothing_more_and_one_lost_still_does() -> None:
+    inv = inventory()
+    asks_h100 = dev().gpus(4).models("H100").spec
+    assert inv.verdict(asks_h100) is None
+    inv.unregister("b")  # the only H100 node leaves the inventory
+    rejection = inv.verdict(asks_h100)
+    assert rejection is not None and "H100" in rejection.message
+    inv.register(NodeRegistered(id="b-again", ts=1.0, source="test", node=NODES[1]))
+    assert inv.verdict(asks_h100) is None
+    decider = AdmissionDecider()
+    for n in NODES:
+        decider.evolve(NodeRegistered(id=n.name, ts=0.0, source="test", node=n))
+    decider.evolve(NodeLost(id="lost", ts=1.0, source="test", node="b", reason="heartbeat_timeout"))
+    assert "b" in decider.inventory.nodes  # lost may come back: it still counts
+    decider.evolve(NodeLost(id="gone", ts=2.0, source="test", node="b", reason="removed", removed=True))
+    assert "b" not in decider.inventory.nodes

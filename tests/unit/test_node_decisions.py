@@ -9,8 +9,10 @@ from contracts import (
     GpuFault,
     GpuHealthChanged,
     NodeCordoned,
+    NodeLost,
     NodeRegistered,
     NodeUncordoned,
+    RemoveNode,
     UncordonNode,
 )
 from libs.core.ledger import Ledger
@@ -55,6 +57,19 @@ def test_cordon_drain_and_uncordon_are_decided_and_shown() -> None:
     assert f.send(CordonNode, node="ghost") == []
     assert f.ledger.node_view("n1").cordon == ""
     assert any(isinstance(e, NodeUncordoned) for e in f.log)
+
+
+def test_an_operator_removes_a_node_once_and_the_views_forget_it_until_it_registers_again() -> None:
+    f = feed()
+    f.send(CordonNode, node="n1", drain=True)
+    removed = f.send(RemoveNode, node="n1", reason="decommissioned", operator="ops")
+    assert [(e.node, e.removed, e.reason) for e in removed if isinstance(e, NodeLost)] == [
+        ("n1", True, "removed_by_operator: ops: decommissioned")]
+    assert f.send(RemoveNode, node="n1") == []  # gone: nothing more to remove
+    assert f.send(CordonNode, node="n1") == []  # nor to cordon
+    assert f.ledger is not None and "n1" in f.ledger.removed_nodes and "n1" not in f.ledger.cordons
+    f.nodes(node("n1", 4))
+    assert "n1" not in f.ledger.removed_nodes and f.ledger.node_view("n1").online
 
 
 def test_node_decisions_form_a_verifiable_chain_of_their_own() -> None:

@@ -37,7 +37,7 @@ from libs.runtime.state_image import capture, restore
 from libs.sim.executor import SOURCE as SIM_EXECUTOR
 from libs.sim.pipeline import run_virtual
 from services.agent.executor import ProcessExecutor
-from services.node_telemetry.heartbeats import HeartbeatWatch
+from services.node_telemetry.roster import NodeRoster
 from services.node_telemetry.sim_executor import SimExecutor
 from tests.unit.builders import EventFeed, brief, job, node, of, pipeline, queue
 
@@ -268,13 +268,13 @@ def test_the_node_agent_keeps_the_new_run_and_its_spec_when_a_late_report_of_the
     assert JOB not in agent.placed and JOB not in agent.specs
 
 
-def test_the_heartbeat_watch_keeps_the_new_run_to_report_when_a_late_report_of_the_old_one_comes() -> None:
-    watch = HeartbeatWatch()
+def test_the_node_roster_keeps_the_new_run_to_report_when_a_late_report_of_the_old_one_comes() -> None:
+    roster = NodeRoster()
     for event in [on_n1("r1", 0.0), on_n1("r2", 2.0), JobFinished(id="f1", ts=3.0, source="x", job_id=JOB, run="r1")]:
-        watch.fold(event)
-    assert watch.runs[JOB] == ("r2", frozenset({"n1"}))
-    watch.fold(JobFinished(id="f2", ts=4.0, source="x", job_id=JOB, run="r2"))
-    assert JOB not in watch.runs
+        roster.fold(event)
+    assert roster.runs[JOB] == ("r2", frozenset({"n1"}))
+    roster.fold(JobFinished(id="f2", ts=4.0, source="x", job_id=JOB, run="r2"))
+    assert JOB not in roster.runs
 
 
 def test_a_service_replica_stays_ready_when_a_late_eviction_of_its_earlier_run_comes() -> None:

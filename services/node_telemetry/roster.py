@@ -1,0 +1,113 @@
+"""Which nodes someone serves: each node's owner (the executor that announced it) and the runs on it.
+
+A node is served by the executor that announced it: node-telemetry's own backend (the simulated cluster),
+a node agent, or the Kubernetes bridge. Two things trap jobs on a node nobody serves, and this book undoes
+both:
+- The platform started with another cluster source than the one in its log (the simulated demo, then
+  `up --agents 2` in the same folder): the nodes of the old source are nobody's now. `reconcile` removes
+  them (`NodeLost(removed=True)`, audited with the reason), and a simulated node the cluster file no longer
+  lists too.
+- A node is lost or removed (heartbeat timeout, reconciliation, an operator's `node remove`) but no executor
+  is left to report its jobs stopped. `orphans` reports each run still on a node lost for `grace_s` as
+  evicted (`node_lost`), under the ids the executor itself would use (libs/nodes/reports.py), so that a
+  late report of the executor, or one it made first (with its checkpoint), is the same message and the
+  server keeps only one. The grace gives a live executor the first word.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from contracts import EventBase, JobEvicted, JobFailed, JobFinished, JobPlaced, NodeLost, NodeRegistered, NodeSpec
+from libs.core.decider import derived_id
+from libs.nodes.reports import report_id
+
+SERVICE = "node-telemetry"
+AGENT_SOURCE = "agent/"
+BRIDGE_SOURCE = "kube-bridge"
+# Owners: who announced a node, hence who runs its jobs.
+OWN_BACKEND, AGENTS, KUBERNETES = "node-telemetry", "agents", "kubernetes"
+# What each owner is called in an operator's words.
+OWNER_NAMES = {OWN_BACKEND: "the simulated cluster", AGENTS: "node agents", KUBERNETES: "Kubernetes"}
+
+
+def owner_of(source: str) -> str:
+    if source.startswith(AGENT_SOURCE):
+        return AGENTS
+    return KUBERNETES if source == BRIDGE_SOURCE else OWN_BACKEND
+
+
+def served_by(backend: str) -> str:
+    """The owner whose nodes node-telemetry's backend setting serves (`sim` or `nvml`: its own)."""
+    return backend if backend in (AGENTS, KUBERNETES) else OWN_BACKEND
+
+
+@dataclass
+class NodeRoster:
+    grace_s: float = 2.0
+    specs: dict[str, NodeSpec] = field(default_factory=dict)  # nodes present (lost or not), as last registered
+    owners: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)  # registrations seen per name, removed ones too
+    online: dict[str, bool] = field(default_factory=dict)
+    lost_at: dict[str, float] = field(default_factory=dict)  # node -> when the log said it was lost
+    runs: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)  # job -> (run id, its nodes)
+    # Runs reported evicted by this process (not state: a restarted process reports them again, same ids).
+    reported: set[str] = field(default_factory=set)
+
+    def input_types(self) -> tuple[type[EventBase], ...]:
+        return (NodeRegistered, NodeLost, JobPlaced, JobFinished, JobFailed, JobEvicted)
+
+    def fold(self, event: EventBase) -> None:
+        match event:
+            case NodeRegistered():
+                name = event.node.name
+                self.versions[name] = self.versions.get(name, 0) + 1
+                # node-telemetry registers a lost agent node again when it is heard again: still the agent's.
+                owner = owner_of(event.source)
+                if owner == OWN_BACKEND and name in self.owners:
+                    owner = self.owners[name]
+                self.specs[name], self.owners[name], self.online[name] = event.node, owner, True
+                self.lost_at.pop(name, None)
+            case NodeLost() if event.node in self.specs:
+                self.online[event.node] = False
+                self.lost_at.setdefault(event.node, event.ts)
+                if event.removed:
+                    del self.specs[event.node], self.owners[event.node]
+            case JobPlaced():
+                self.runs[event.job_id] = (event.id, frozenset(p.node for p in event.placements))
+            case JobFinished() | JobFailed() | JobEvicted() if event.run in ("", self.runs.get(event.job_id, ("",))[0]):
+                self.runs.pop(event.job_id, None)  # (a report about an earlier run leaves the current one)
+
+    def nodes_of(self, owner: str) -> list[str]:
+        return sorted(name for name, o in self.owners.items() if o == owner)
+
+    def removal(self, name: str, reason: str, now: float) -> NodeLost:
+        """The node leaves the inventory; its id is derived, so a repeated removal is the same message."""
+        return NodeLost(id=derived_id(SERVICE, "removed", name, self.versions.get(name, 0)), ts=now, source=SERVICE,
+                        correlation_id=name, node=name, reason=reason, removed=True)
+
+    def reconcile(self, backend: str, listed: set[str] | None, now: float) -> list[EventBase]:
+        """Remove the nodes this cluster source does not serve: another owner's, and (`listed`: the nodes the
+        simulated cluster file lists) the simulated nodes it no longer lists."""
+        served = served_by(backend)
+        out: list[EventBase] = []
+        for name in sorted(self.specs):
+            owner = self.owners[name]
+            if owner != served:
+                out.append(self.removal(name, f"absent_from_source: announced by {OWNER_NAMES[owner]}, and the "
+                                              f"platform now runs {OWNER_NAMES[served]}", now))
+            elif listed is not None and name not in listed:
+                out.append(self.removal(name, "absent_from_source: the cluster file no longer lists it", now))
+        return out
+
+    def orphans(self, now: float) -> list[EventBase]:
+        """Each run with a replica on a node lost `grace_s` ago or more, reported evicted once."""
+        lost = {name for name, at in self.lost_at.items() if now - at >= self.grace_s}
+        out: list[EventBase] = []
+        for job_id, (run_id, nodes) in sorted(self.runs.items()):
+            if run_id not in self.reported and nodes & lost:
+                self.reported.add(run_id)
+                out.append(JobEvicted(id=report_id(run_id, "evicted"), ts=now, source=SERVICE, correlation_id=job_id,
+                                      job_id=job_id, run=run_id, reason="node_lost"))
+        return out
+
