@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from libs.runtime.settings import REPO_ROOT
+from libs.paths import REPO_ROOT
 
 ENDPOINTS_FILE = "endpoints.json"
 DEFAULT_NATS = "nats://127.0.0.1:4222"

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libs.bus.jetstream import BusConfig, NatsAuth, stream_replicas_from_env
+from libs.paths import REPO_ROOT
 
 # Default HTTP port of each service; admission's is the public API.
 DEFAULT_PORTS = {
@@ -41,7 +42,6 @@ PATH_BATCH_WAIT_MS = 0.0
 OFF_PATH_BATCH_WAIT_MS = 50.0
 MAX_BATCH_WAIT_MS = 1000.0
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_POLICY = REPO_ROOT / "infra" / "config" / "demo.toml"
 DEFAULT_CLUSTER = REPO_ROOT / "infra" / "config" / "demo-cluster.csv"
 
