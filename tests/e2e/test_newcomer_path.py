@@ -134,6 +134,11 @@ def test_demo_then_agents_then_fresh(tmp_path: Path, auth: bool) -> None:
         cli.until("the drained job runs elsewhere or waits", lambda: node not in nodes_of(cli.job(moved)))
         cli("cancel", moved)
 
+        # An operator removes the drained node: it leaves the inventory (audited), the other one stays.
+        cli("node", "remove", node, "--reason", "decommissioned")
+        cli.until("the removed node is gone", lambda: [n["name"] for n in cli("nodes")] == sorted(
+            {"agent-0", "agent-1"} - {node}))
+
     # 3. Back to the demo, afresh: the old log is archived, not deleted; nothing of it is left in the platform.
     with platform(data, env, "--fresh") as (api, _):
         cli = Cli({**cli_env, "GPUSCHED_API": api})
