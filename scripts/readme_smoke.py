@@ -4,8 +4,9 @@ background, with nothing of the platform set in the environment, then every comm
 in order, then Ctrl-C and a check that nothing the run command started is left running.
 
 The commands are read from README.md itself, so the README and this check cannot drift apart. In the
-steps, `<id>` stands for the id the first `submit` printed. A failing step is named with its output and
-the platform's; the exit code is non-zero.
+steps, `<id>` stands for the id the first `submit` printed. After the steps, every job a `submit` step
+made must end well (`gpusched wait` on each): a reader who waits on any of them gets an answer. A failing
+step is named with its output and the platform's; the exit code is non-zero.
 
     .venv/bin/python scripts/readme_smoke.py [--readme README.md] [--timeout 120]
 """
@@ -156,6 +157,7 @@ def main() -> int:
         wait_for_platform(proc, endpoints, log, args.timeout)
         print(f"  up after {time.monotonic() - started:.0f}s", flush=True)
         job_id: str | None = None
+        submitted: list[str] = []  # every job a step submitted, in order
         for command in steps:
             if "<id>" in command:
                 if job_id is None:
@@ -167,9 +169,19 @@ def main() -> int:
             if step.rc != 0:
                 raise SmokeFailure(f"step `{step.command}` failed (exit {step.rc}); its output:\n{step.output}\n"
                                    f"--- the platform's output (last lines):\n{tail(log)}")
-            if job_id is None and " submit " in f" {command} ":
+            if " submit " in f" {command} ":
                 found = UUID.search(step.output)
-                job_id = found.group(0) if found else None
+                submitted += [found.group(0)] if found else []
+                job_id = job_id or (found.group(0) if found else None)
+        for job in submitted:  # a job that never ends (no runtime: the simulated executor runs it for ever)
+            step = run_step(f".venv/bin/gpusched wait {job}", env)
+            results.append(step)
+            print(f"  [{'ok' if step.rc == 0 else 'FAILED'}] {step.command}  ({step.seconds:.1f}s: every job the "
+                  "README submits ends)", flush=True)
+            if step.rc != 0:
+                raise SmokeFailure(f"job {job}, which the README submits, did not succeed: `{step.command}` exited "
+                                   f"{step.rc}; its output:\n{step.output}\n--- the platform's output (last lines):\n"
+                                   f"{tail(log)}")
     except SmokeFailure as err:
         failure = str(err)
     finally:

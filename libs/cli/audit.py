@@ -205,18 +205,39 @@ def cmd_check(args: argparse.Namespace) -> None:
 
 
 def cmd_whatif(args: argparse.Namespace) -> None:
+    from datetime import timedelta
+
+    from rich.progress import BarColumn, TaskID, TextColumn, TimeElapsedColumn
+
     from contracts.codec import decode
     from libs.sim.pipeline import world_inputs
     from libs.sim.whatif import parse_change, what_if
 
     changes = [parse_change(text) for text in args.set]
-    log = [(seq, decode(raw)) for seq, raw in load_log(args.log)]
-    with console.status("replaying the history twice in virtual time..."):
-        result = what_if(world_inputs(log), changes, tick_s=args.tick)
+    events = [decode(raw) for _, raw in load_log(args.log)]
+    inputs = world_inputs(enumerate(events))
+    # The bar: virtual time replayed against the log's span (a replay under the change may run past its end).
+    span = max((e.ts for e in events), default=0.0) - min((e.ts for e in inputs), default=0.0)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        tasks: dict[str, TaskID] = {}
+
+        def show(which: str, logged: int, virtual_s: float) -> None:
+            if which not in tasks:
+                tasks[which] = progress.add_task(f"replaying {which} the change", total=max(span, 1.0), note="")
+            progress.update(tasks[which], completed=min(virtual_s, span),
+                            note=f"{logged:,} events, {timedelta(seconds=round(virtual_s))} of the log's "
+                                 f"{timedelta(seconds=round(span))} in virtual time")
+
+        result = what_if(inputs, changes, tick_s=args.tick, recorded=events, progress=show)
     if args.json:
         print(json.dumps(result, indent=2))
-        return
-    print_table("what if " + ", ".join(result["changes"]), WHATIF_COLUMNS, list(result["teams"].items()), wide(args))
+    else:
+        print_table("what if " + ", ".join(result["changes"]), WHATIF_COLUMNS, list(result["teams"].items()),
+                    wide(args))
+    if result["runtimes"]["note"]:  # how the jobs that declare no runtime ran, under the figures it explains
+        sys.stdout.flush()
+        console.print(result["runtimes"]["note"], markup=False, highlight=False, soft_wrap=True)
 
 
 TeamBeforeAfter = tuple[str, dict[str, Any]]  # a team, and its figures before and after the change
