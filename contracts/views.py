@@ -32,6 +32,28 @@ class RunRecord(msgspec.Struct, kw_only=True):
     exit_code: int | None = None
 
 
+def gpu_request(replicas: int = 1, gpus: int = 1, gpu_milli: int = 0, mig_profile: str = "",
+                models: Sequence[str] = (), short: bool = False) -> str:
+    """A job's GPUs in its user's terms, replicas x what each replica takes: "2 x 1 whole GPU", "1 x 250m of one
+    GPU", "1 x MIG 1g.10gb", with the models allowed after it ("(A100 or H100)"); `short`, for a table cell:
+    "2x1", "1x250m", "1x1g.10gb" (no models). The fields are JobSpec's, so that readers of the JSON views (which
+    leave out fields at their default) and the ledger render one request the same way."""
+    if mig_profile:
+        per, each = mig_profile, f"MIG {mig_profile}"
+    elif gpu_milli > 0:
+        per, each = f"{gpu_milli}m", f"{gpu_milli}m of one GPU"
+    else:
+        per, each = str(gpus), f"{gpus} whole GPU{'' if gpus == 1 else 's'}"
+    if short:
+        return f"{replicas}x{per}"
+    return f"{replicas} x {each}" + (f" ({' or '.join(models)})" if models else "")
+
+
+def spec_gpus(spec: JobSpec, short: bool = False) -> str:
+    """`gpu_request` of a spec, its allowed models included."""
+    return gpu_request(spec.replicas, spec.gpus, spec.gpu_milli, spec.mig_profile, spec.gpu_models, short)
+
+
 class JobView(msgspec.Struct, kw_only=True):
     id: str
     state: str
@@ -164,6 +186,8 @@ class JobCreated(msgspec.Struct, kw_only=True):
     id: str
     state: str
     duplicate: bool = False
+    # A submission's answer: the spec as stored (for a repeated idempotency key, the one its job was made with).
+    spec: JobSpec | None = None
 
 
 class NodeAction(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -1,4 +1,5 @@
-"""The CLI commands that talk to the API about jobs: jobs, job, explain, wait, cancel, usage."""
+"""The CLI commands that talk to the API about jobs: jobs, job, explain, wait, cancel, usage (how they read:
+libs/cli/job_views.py)."""
 
 from __future__ import annotations
 
@@ -8,98 +9,56 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
+from rich.text import Text
 
+from contracts.views import FINAL_JOB_STATES
 from libs.cli.client import Client
+from libs.cli.job_views import (
+    FIELD_COLUMNS,
+    doing,
+    is_active,
+    job_columns,
+    job_fields,
+    list_title,
+    sort_jobs,
+)
 from libs.cli.output import add_json_flag, add_table_flags, print_json, wide
 from libs.cli.tables import Column, print_table
-from libs.core.ledger import FINAL_STATES
 
 console = Console()
+ACTIVE_STATES = ("running", "pending")
 
 
-def _gpus(job: dict[str, Any]) -> str:
-    # Fields at their default are left out of the payload (see the JobSpec schema for the defaults).
-    spec = _spec(job)
-    per = f"{spec['gpu_milli']}m" if spec.get("gpu_milli") else str(spec.get("gpus", 1))
-    return f"{spec.get('replicas', 1)}x{per}"
-
-
-def age(seconds: float | None) -> str:
-    """A duration as kubectl shows an age: 42s, 7m, 5h, 3d."""
-    if seconds is None:
-        return "-"
-    seconds = max(seconds, 0.0)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds)}s"
-
-
-def _spec(job: dict[str, Any]) -> dict[str, Any]:
-    return job.get("spec") or {}
-
-
-def _nodes(job: dict[str, Any]) -> str:
-    return ",".join(dict.fromkeys(p["node"] for p in job.get("placements", [])))
-
-
-def job_columns(now: float) -> list[Column[dict[str, Any]]]:
-    """`gpusched jobs`: id, queue, state, GPUs and why it waits by default (the id alone takes 36 of 80
-    columns); the rest with -o wide."""
-    return [
-        Column("ID", lambda j: j["id"]),
-        Column("TEAM", lambda j: j["team"], wide=True),
-        Column("QUEUE", lambda j: j["queue"]),
-        Column("STATE", lambda j: j["state"]),
-        Column("PHASE", lambda j: j.get("phase"), wide=True),
-        Column("PRIORITY", lambda j: _spec(j).get("priority", "training"), wide=True),
-        Column("USER", lambda j: _spec(j).get("user"), wide=True),
-        Column("GPUS", _gpus),
-        Column("MODELS", lambda j: ",".join(_spec(j).get("gpu_models") or []) or "any", wide=True),
-        Column("NODES", _nodes, wide=True),
-        Column("EVICTIONS", lambda j: j.get("evictions", 0), wide=True, right=True),
-        Column("AGE", lambda j: age(now - j["submitted_at"]) if j.get("submitted_at") else None, wide=True,
-               right=True),
-        Column("REASON", lambda j: j.get("reason"), fit="cut"),
-        Column("MESSAGE", lambda j: j.get("message"), wide=True, fit="cut"),
-    ]
-
-
-def _when(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="seconds")
-
-
-FIELD_COLUMNS: list[Column[tuple[str, Any]]] = [
-    Column("FIELD", lambda f: f[0]),
-    Column("VALUE", lambda f: f[1], fit="wrap"),
-]
-# `gpusched job ID`: these fields by default, the others only with -o wide.
-JOB_FIELDS = ("id", "state", "phase", "team", "queue", "reason", "message", "submitted_at", "started_at",
-              "finished_at", "exit_code", "evictions", "gpu_seconds")
-WIDE_JOB_FIELDS = ("admitted_at", "first_started_at", "retries", "progress_s", "lost_gpu_seconds",
-                   "shortfall_milli", "seq")
-
-
-def job_fields(job: dict[str, Any], every: bool = False) -> list[tuple[str, Any]]:
-    """The job's fields as (name, value), times in UTC; `every`: the wide set."""
-    names = JOB_FIELDS + WIDE_JOB_FIELDS if every else JOB_FIELDS
-    fields = [(k, _when(job.get(k)) if k.endswith("_at") else job.get(k)) for k in names]
-    fields.append(("gpus", _gpus(job)))
-    if every:
-        spec = _spec(job)
-        fields += [("priority", spec.get("priority", "training")), ("user", spec.get("user")),
-                   ("models", ",".join(spec.get("gpu_models") or []) or "any")]
-    fields += [(f"replica {p['replica']}", f"{p['node']} GPUs {p['gpu_indices']} ({p['gpu_milli']}m)")
-               for p in job.get("placements", [])]
-    return fields
+def active_jobs(client: Client, args: argparse.Namespace) -> tuple[list[dict[str, Any]], int, bool]:
+    """The active jobs the filters match, how many finished ones were left out, and whether that count is only a
+    lower bound. One call when every job fits the limit; past it (the API lists oldest first) the active ones
+    come from the per-state lists, so that none is missed however many finished jobs there are."""
+    listed = client.jobs(queue=args.queue, team=args.team, limit=args.limit)
+    active = [j for j in listed if is_active(j)]
+    truncated = len(listed) >= args.limit
+    if truncated:
+        seen = {j["id"] for j in active}
+        for state in ACTIVE_STATES:
+            for job in client.jobs(queue=args.queue, state=state, team=args.team, limit=args.limit):
+                if job.get("state") == state and job["id"] not in seen:
+                    seen.add(job["id"])
+                    active.append(job)
+    return active, len(listed) - sum(is_active(j) for j in listed), truncated
 
 
 def cmd_jobs(args: argparse.Namespace) -> None:
-    jobs = Client().jobs(queue=args.queue, state=args.state, team=args.team, limit=args.limit)
-    if args.json:
-        print_json(jobs)
-        return
-    print_table(f"{len(jobs)} job(s)", job_columns(time.time()), jobs, wide(args))
+    """Active jobs by default (a table people read); -A, --state or --json: every job the filters match."""
+    client = Client()
+    if args.json or args.every or args.state:
+        jobs = client.jobs(queue=args.queue, state=args.state, team=args.team, limit=args.limit)
+        if args.json:
+            print_json(jobs)
+            return
+        title = list_title(len(jobs))
+    else:
+        jobs, hidden, at_least = active_jobs(client, args)
+        title = list_title(len(jobs), hidden, at_least, active_only=True)
+    print_table(title, job_columns(time.time()), sort_jobs(jobs)[:args.limit], wide(args))
 
 
 def cmd_job(args: argparse.Namespace) -> None:
@@ -107,7 +66,7 @@ def cmd_job(args: argparse.Namespace) -> None:
     if args.json:
         print_json(job)
         return
-    print_table(f"job {args.id}", FIELD_COLUMNS, job_fields(job, wide(args)), wide(args))
+    print_table(f"job {args.id}", FIELD_COLUMNS, job_fields(job, wide(args), time.time()), wide(args))
 
 
 def cmd_explain(args: argparse.Namespace) -> None:
@@ -127,23 +86,26 @@ def cmd_explain(args: argparse.Namespace) -> None:
 
 def cmd_wait(args: argparse.Namespace) -> None:
     """Until the job is final (as `kubectl wait`): exit 0 when it ends in the state asked for, 1 otherwise;
-    the state it is in shows on stderr meanwhile."""
+    what it is doing shows on stderr meanwhile (state, reason; how long a running job has run, against what it
+    declared)."""
     client, deadline = Client(), time.monotonic() + args.timeout
     with Console(stderr=True).status(f"waiting for {args.id} ...") as status:
         while True:
             job = client.job(args.id)
-            if job["state"] in FINAL_STATES or job["state"] == args.for_:
+            if job["state"] in FINAL_JOB_STATES or job["state"] == args.for_:
                 break
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"job {args.id} is still {job['state']} after {args.timeout:g}s"
-                                   + (f" ({job['reason']})" if job.get("reason") else ""))
-            status.update(f"waiting for {args.id}: {job['state']}" + (f" ({job['reason']})" if job.get("reason")
-                                                                      else ""))
+                raise TimeoutError(f"job {args.id} is not {args.for_} after {args.timeout:g}s: it is "
+                                   f"{doing(job, time.time())}")
+            # One line, never read as markup (a message may hold brackets), cut at the terminal's edge.
+            status.update(Text(f"waiting for {args.id}: {doing(job, time.time())}", no_wrap=True,
+                               overflow="ellipsis"))
             time.sleep(0.5)
     if args.json:
         print_json(job)
     else:
-        console.print(f"{args.id}: {job['state']}" + (f" ({job['reason']})" if job.get("reason") else ""))
+        console.print(f"{args.id}: {job['state']}" + (f" ({job['reason']})" if job.get("reason") else ""),
+                      markup=False)
     if job["state"] != args.for_:
         raise SystemExit(1)
 
@@ -172,11 +134,13 @@ def cmd_usage(args: argparse.Namespace) -> None:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("jobs", help="list jobs")
+    p = sub.add_parser("jobs", help="list active jobs: running first, then waiting ones in submission order (-A: "
+                                    "finished ones too, newest first; --json: every job the filters match)")
     p.add_argument("--queue")
-    p.add_argument("--state")
+    p.add_argument("--state", help="only jobs in this state (final ones included)")
     p.add_argument("--team")
-    p.add_argument("--limit", type=int, default=200)
+    p.add_argument("-A", "--all", dest="every", action="store_true", help="finished jobs too")
+    p.add_argument("--limit", type=int, default=200, help="at most this many jobs (default: 200)")
     add_table_flags(p)
     p.set_defaults(func=cmd_jobs)
     for name, func, text in (("job", cmd_job, "show one job"), ("cancel", cmd_cancel, "cancel a job"),

@@ -10,6 +10,7 @@ import json
 import sys
 from typing import Any
 
+from libs.cli import logs
 from libs.cli.audit import connect_live
 from libs.cli.client import Client
 from libs.cli.output import add_json_flag, add_table_flags, print_json, wide
@@ -24,13 +25,34 @@ def node_status(node: dict[str, Any]) -> str:
     return node.get("cordon") or "ready"
 
 
+def _by_mode(node: dict[str, Any], free: str, total: str, scale: float = 1.0) -> str | None:
+    """"free/total" of one sharing mode ("-" without such GPUs, or from an API without the figures)."""
+    if "gpu_modes" not in node or not node.get(total):
+        return None
+    return f"{node.get(free, 0) / scale:g}/{node[total]}"
+
+
+def _modes(node: dict[str, Any]) -> str:
+    modes = node.get("gpu_modes") or []
+    return ", ".join(f"{modes.count(m)} {m}" for m in ("whole", "split", "mig") if m in modes)
+
+
+# Free GPUs by how they are shared, since each takes other work: an idle GPU takes whole-GPU jobs and fractions, a
+# split GPU more fractions, a MIG-enabled GPU MIG instances only (its free share is no free GPU for anyone else).
+NODES_HELP = ("IDLE: healthy GPUs nothing holds (whole-GPU jobs or fractions); SPLIT-FREE: GPU share free/GPUs split "
+              "into fractions (0.75/1: a quarter of one GPU is held); MIG-FREE: free/all compute slices of the "
+              "MIG-enabled GPUs (MIG instances only; 1g takes one slice)")
 NODE_COLUMNS: list[Column[dict[str, Any]]] = [
     Column("NAME", lambda n: n["name"]),
     Column("STATUS", node_status),
     Column("MODELS", lambda n: ",".join(n.get("models", []))),
     Column("GPUS", lambda n: n.get("gpus", 0), right=True),
-    Column("ALLOCATED", lambda n: f"{n.get('allocated_gpus', 0.0):g}", right=True),
+    Column("ALLOCATED", lambda n: f"{n.get('allocated_gpus', 0.0):g}", wide=True, right=True),
     Column("HEALTHY", lambda n: n.get("healthy_gpus", 0), right=True),
+    Column("IDLE", lambda n: n.get("idle_gpus") if "gpu_modes" in n else None, right=True),
+    Column("SPLIT-FREE", lambda n: _by_mode(n, "split_free_milli", "split_gpus", 1000.0), right=True),
+    Column("MIG-FREE", lambda n: _by_mode(n, "mig_free_slices", "mig_slices"), right=True),
+    Column("MODES", _modes, wide=True),
     Column("FREE", lambda n: f"{sum(n.get('gpu_free_milli', [])) / 1000:g}", wide=True, right=True),
     Column("ONLINE", lambda n: n.get("online", True), wide=True),
     Column("CORDON-REASON", lambda n: n.get("cordon_reason"), wide=True, fit="cut"),
@@ -87,11 +109,7 @@ def cmd_fault(args: argparse.Namespace) -> None:
 
 
 def cmd_logs(args: argparse.Namespace) -> None:
-    result = Client().logs(args.job, args.tail)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        sys.stdout.write(result["log"])
+    logs.cmd_logs(args)  # its last lines, or followed until the job is final (libs/cli/logs.py)
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> None:
@@ -101,7 +119,8 @@ def cmd_checkpoint(args: argparse.Namespace) -> None:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     from services.agent.app import add_command as add_agent
 
-    p = sub.add_parser("nodes", help="list nodes: status, GPU models, GPUs allocated and healthy")
+    p = sub.add_parser("nodes", help="list nodes: status, GPU models, healthy GPUs, free GPUs by sharing mode (idle, "
+                                     "split into fractions, MIG)", description=NODES_HELP)
     add_table_flags(p)
     p.set_defaults(func=cmd_nodes)
     add_agent(sub)
@@ -129,10 +148,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heartbeat-s", type=float, help="heartbeat period (a slow node)")
     add_json_flag(p, help="accepted for symmetry: the agent's answer is always one JSON document")
     p.set_defaults(func=cmd_fault)
-    p = sub.add_parser("logs", help="a job's output, from the node agent that ran it")
-    p.add_argument("job")
-    p.add_argument("--tail", type=int, default=65536, help="bytes from the end")
-    add_json_flag(p, help="the log and where it came from as one JSON document")
+    p = sub.add_parser("logs", help="a job's output, from the node agent that ran it (-f: until it ends)")
+    logs.add_arguments(p)
+    add_json_flag(p, help="the lines shown and where they came from as one JSON document")
     p.set_defaults(func=cmd_logs)
     p = sub.add_parser("checkpoint", help="inside a job: record that its state is saved")
     p.add_argument("--progress", type=float, required=True, help="seconds of the job's work the state holds")

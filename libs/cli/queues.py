@@ -41,13 +41,14 @@ def _flavor(key: str) -> Callable[[QueueRow], str]:
     return lambda r: "-" if r[1] is None else _num(r[1].get(key))
 
 
-def _used(r: QueueRow) -> str:
-    # A queue without per-model quota shows what it holds reserved.
-    return _num(r[0].get("reserved_gpus")) if r[1] is None else _num(r[1].get("in_use_gpus"))
+def _quota(key: str, queue_key: str | None = None) -> Callable[[QueueRow], str]:
+    """A figure of the row's flavor, or (a queue without per-model quota) of the queue; "-" where the API gives
+    none (an older one)."""
+    return lambda r: _num(r[0].get(queue_key or key) if r[1] is None else r[1].get(key))
 
 
-# `gpusched queues`: quota and use per model, the jobs and the fair share by default; the tree, limits and
-# budgets with -o wide.
+# `gpusched queues`: quota per model, split into what placed jobs hold and what waiting jobs reserved, the jobs and
+# the fair share by default; the tree, limits, lending, total use and budgets with -o wide.
 QUEUE_COLUMNS: list[Column[QueueRow]] = [
     Column("QUEUE", lambda r: r[0]["name"]),
     Column("PARENT", lambda r: r[0].get("parent"), wide=True),
@@ -57,9 +58,11 @@ QUEUE_COLUMNS: list[Column[QueueRow]] = [
            right=True),
     Column("BORROW-LIMIT", _flavor("borrowing_limit_gpus"), wide=True, right=True),
     Column("LEND-LIMIT", _flavor("lending_limit_gpus"), wide=True, right=True),
-    Column("USED", _used, right=True),
+    Column("HELD", _quota("held_gpus"), right=True),
+    Column("UNPLACED", _quota("unplaced_gpus"), right=True),
+    Column("USED", _quota("in_use_gpus", "reserved_gpus"), wide=True, right=True),
     Column("BORROWED", _flavor("borrowed_gpus"), right=True),
-    Column("LENT", _flavor("lent_gpus"), right=True),
+    Column("LENT", _flavor("lent_gpus"), wide=True, right=True),
     Column("PEND", lambda r: r[0]["pending"], right=True),
     Column("RUN", lambda r: r[0]["running"], right=True),
     Column("WEIGHT", lambda r: _num(r[0].get("weight", 1.0)), wide=True, right=True),
@@ -67,6 +70,10 @@ QUEUE_COLUMNS: list[Column[QueueRow]] = [
     Column("BUDGET", lambda r: _num(r[0].get("budget_gpu_hours")), wide=True, right=True),
     Column("BUDGET-LEFT", lambda r: _num(r[0].get("budget_left_gpu_hours")), wide=True, right=True),
 ]
+# What the quota columns mean (the command's help and the README say the same).
+QUEUE_COLUMNS_HELP = ("HELD: quota (GPUs) held by the queue's jobs that have their GPUs (placed or running); "
+                      "UNPLACED: quota reserved by its jobs that wait for a node to take them (a job holds its quota "
+                      "while it waits for GPUs); -o wide: USED, their sum as quota counts it")
 
 
 def cmd_queues(args: argparse.Namespace) -> None:
@@ -143,8 +150,9 @@ def _int_or_none(text: str) -> int | str:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("queues", help="queues per GPU model: quota, use, borrowed, lent, jobs, fair share "
-                                      "(-o wide: the tree, limits, weight, budget)")
+    p = sub.add_parser("queues", help="queues per GPU model: quota, held and unplaced, borrowed, jobs, fair share "
+                                      "(-o wide: the tree, limits, lent, weight, budget)",
+                       description=QUEUE_COLUMNS_HELP)
     add_table_flags(p)
     p.set_defaults(func=cmd_queues)
     queue = sub.add_parser("queue", help="change the queue tree").add_subparsers(dest="queue_command", required=True)

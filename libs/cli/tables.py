@@ -103,10 +103,13 @@ def table_width(table: Table) -> int:
 
 def print_table(title: str | None, columns: Sequence[Column[Row]], rows: Sequence[Row], wide: bool = False,
                 console: Console | None = None) -> None:
-    """Print the table on standard output (or `console`), fitted to its width unless wide."""
+    """Print the table on standard output (or `console`), fitted to its width unless wide. The title goes on a line
+    of its own: as the table's caption rich would fold it at the table's width, however narrow the table."""
     out = console or Console()
     terminal = out.width
-    table = build_table(title, columns, rows, wide, terminal)
+    if title:
+        out.print(Text(title), soft_wrap=True)
+    table = build_table(None, columns, rows, wide, terminal)
     needed = table_width(table)
     if needed <= terminal:
         out.print(table)

@@ -32,15 +32,16 @@ from contracts import (
     ReplicaPlacement,
 )
 from contracts.model import JobSpec
-from contracts.views import FlavorUsage, JobView, NodeView, QueueView, TeamUsage
-from libs.core.cluster import FULL, Cluster
+from contracts.views import FINAL_JOB_STATES, FlavorUsage, JobView, NodeView, QueueView, TeamUsage, spec_gpus
+from libs.core.cluster import FULL, Cluster, Gpu
 from libs.core.policy import PolicyBook, declared_runtime, replica_milli
 from libs.core.quota import QuotaDecider
 from libs.core.retries import RetryBook
 from libs.core.runs import CurrentRuns
 from libs.core.usage import GpuRun, UsageBook
+from libs.core.view_books import HELD, UNPLACED, QuotaHolds, SplitGpus, close_run, open_run, start_run
 
-FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "rejected"})
+FINAL_STATES = FINAL_JOB_STATES
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +116,9 @@ class Ledger:
     last_ts: float = 0.0
     # Each job's current run: an executor's report about a run that is over is not folded (libs/core/runs.py).
     runs: CurrentRuns = field(default_factory=CurrentRuns)
+    # For the views: quota held by placed jobs and reserved by unplaced ones; GPUs split into fractions.
+    holds: QuotaHolds = field(default_factory=QuotaHolds)
+    split_gpus: SplitGpus = field(default_factory=SplitGpus)
 
     @property
     def policy(self) -> PolicyBook:
@@ -277,24 +281,34 @@ class Ledger:
                 view.phase, view.admitted_at = "admitted", event.ts
             case QuotaDeferred() | PlacementDeferred():
                 view.reason, view.message, view.shortfall_milli = event.code, event.message, event.shortfall_milli
+                if view.spec is not None and event.message:
+                    # The recorded reason says how many GPUs; what the job asks for, in its user's terms, is
+                    # said first (the decision's own text stays as it was recorded).
+                    view.message = f"{spec_gpus(view.spec)}: {event.message}"
             case QuotaReserved():
                 view.phase, view.reason, view.message, view.shortfall_milli = "reserved", "", "", 0
                 prio = view.spec.priority if view.spec else ""
                 self.waits.append(AdmissionWait(view.queue, prio, event.ts - (view.submitted_at or event.ts)))
                 self._queue_reserved(event)
+                self.holds.reserved(view.id, event.queue, event.flavor, event.gpu_milli)
             case QuotaReleased():
                 self._queue_reserved(event)
+                self.holds.released(view.id)
             case JobPlaced():
                 view.phase, view.placements, view.reason, view.message = "placed", event.placements, "", ""
                 view.shortfall_milli = 0
                 self.cluster.allocate(event.placements)
+                self.split_gpus.apply(event.placements, +1)
                 self._touch_nodes(event.placements)
+                open_run(view, event.id, event.placements, event.ts)
+                self._held(self.holds.placed(view.id))
             case JobStarted():
                 self._set_state(view, "running", seq)
                 # A start that crossed a cancellation (the executor started it before it saw the cancel) still
                 # ends as cancelled, whatever the eviction that follows says.
                 view.phase = "cancelling" if view.phase == "cancelling" else "running"
                 view.started_at = event.ts
+                start_run(view, event.ts)
                 if view.first_started_at is None:
                     view.first_started_at = event.ts
                     prio = view.spec.priority if view.spec else ""
@@ -303,15 +317,16 @@ class Ledger:
                     if is_long(view):
                         self.long_started.append(view.queue)
             case JobFailed() if (delay := self.retries.on_failed(event, view.spec, self.policy)) is not None:
-                self._end_run(view, ended)
+                self._end_run(view, ended, event.ts, "failed", event.reason, event.exit_code)
                 view.retries += 1
                 self._set_state(view, "pending", seq)
                 view.phase, view.exit_code = "retrying", event.exit_code
                 view.reason, view.message = event.reason, f"exit code {event.exit_code}: runs again in {delay:g} s"
                 self.retried.append((view.queue, event.reason))
             case JobFinished() | JobFailed():
-                self._end_run(view, ended)
                 ok = isinstance(event, JobFinished) and event.exit_code == 0
+                self._end_run(view, ended, event.ts, "succeeded" if ok else "failed",
+                              event.reason if isinstance(event, JobFailed) else "", event.exit_code)
                 self._set_state(view, "succeeded" if ok else "failed", seq)
                 view.phase, view.exit_code, view.finished_at = view.state, event.exit_code, event.ts
                 if isinstance(event, JobFailed):
@@ -323,8 +338,9 @@ class Ledger:
                     self._charge_loss(view, event, ended)
                     if is_long(view):
                         self.long_interrupted.append((view.queue, event.reason))
-                self._end_run(view, ended)
-                if event.reason == "cancelled" or view.phase == "cancelling":
+                cancelled = event.reason == "cancelled" or view.phase == "cancelling"
+                self._end_run(view, ended, event.ts, "cancelled" if cancelled else "evicted", event.reason)
+                if cancelled:
                     self._set_state(view, "cancelled", seq)
                     view.phase, view.finished_at = "cancelled", event.ts
                 else:
@@ -339,23 +355,56 @@ class Ledger:
                     view.phase, view.finished_at = "cancelled", event.ts
                 view.reason = event.reason
 
-    def _end_run(self, view: JobView, ended: list[GpuRun]) -> None:
+    def _end_run(self, view: JobView, ended: list[GpuRun], ts: float, outcome: str, reason: str = "",
+                 exit_code: int | None = None) -> None:
         self._charge(view, ended)
         self.cluster.release(view.placements)
+        self.split_gpus.apply(view.placements, -1)
         self._touch_nodes(view.placements)
         view.placements = ()
+        close_run(view, ts, outcome, reason, exit_code)
+        self._held(self.holds.run_ended(view.id))
+
+    def _held(self, queue: str | None) -> None:
+        """The queue's held and unplaced quota changed."""
+        if queue is not None:
+            self._queue(queue)
+            self.dirty_queues[queue] = None
 
     # --- views ---------------------------------------------------------------------------------
 
     def node_view(self, name: str) -> NodeView:
         node = self.cluster.nodes[name]
         free = tuple(g.free_milli for g in node.gpus)
+        modes = tuple(self._gpu_mode(name, g) for g in node.gpus)
         cordon, reason = self.cordons.get(name, ("", ""))
-        return NodeView(cordon=cordon, cordon_reason=reason,
+        view = NodeView(cordon=cordon, cordon_reason=reason,
             name=name, online=node.online, gpus=len(node.gpus),
             models=tuple(sorted({g.model for g in node.gpus})),
             allocated_gpus=sum(FULL - f for f in free) / FULL,
-            healthy_gpus=sum(1 for g in node.gpus if g.healthy), gpu_free_milli=free, seq=self.last_seq)
+            healthy_gpus=sum(1 for g in node.gpus if g.healthy), gpu_free_milli=free, gpu_modes=modes,
+            seq=self.last_seq)
+        # Free capacity by the kind of work each GPU takes: a MIG-enabled GPU's free share is free MIG slices,
+        # which no whole-GPU job or fraction can use (nor the other way round).
+        for g, mode in zip(node.gpus, modes, strict=True):
+            if not g.healthy:
+                continue
+            if mode == "mig":
+                view.mig_gpus += 1
+                view.mig_slices += g.mig_product.slices if g.mig_product is not None else 0
+                view.mig_free_slices += g.free_slices
+            elif mode == "split":
+                view.split_gpus += 1
+                view.split_free_milli += g.free_milli
+            elif g.idle:
+                view.idle_gpus += 1
+        return view
+
+    def _gpu_mode(self, node: str, g: Gpu) -> str:
+        """mig (MIG-enabled, or MIG instances still on it), split (fractions hold it) or whole."""
+        if g.mig_enabled or g.mig_instances:
+            return "mig"
+        return "split" if self.split_gpus.is_split(node, g.index) else "whole"
 
     def _queue_reserved(self, event: QuotaReserved | QuotaReleased) -> None:
         """Reserved GPUs per queue follow quota's own events."""
@@ -376,12 +425,14 @@ class Ledger:
                 borrowing_limit_gpus=None if lim.borrow is None else lim.borrow / FULL,
                 lending_limit_gpus=None if lim.lend == lim.nominal else lim.lend / FULL,
                 in_use_gpus=book.usage(name, flavor) / FULL, borrowed_gpus=book.borrowed(name, flavor) / FULL,
-                lent_gpus=book.lent(name, flavor) / FULL))
+                lent_gpus=book.lent(name, flavor) / FULL, held_gpus=self.holds.gpus(name, HELD, flavor),
+                unplaced_gpus=self.holds.gpus(name, UNPLACED, flavor)))
         governed = book.governed(name) or bool(book.children.get(name))
         left = quota.budget_left_s(name, self.last_ts)
         return QueueView(
             name=name, team=q.team, nominal_gpus=book.nominal_of(name) // FULL if governed else None,
-            reserved_gpus=q.reserved_gpus, pending=q.pending, running=q.running,
+            reserved_gpus=q.reserved_gpus, held_gpus=self.holds.gpus(name, HELD),
+            unplaced_gpus=self.holds.gpus(name, UNPLACED), pending=q.pending, running=q.running,
             parent=spec.parent if spec else "", cohort=book.cohort.get(name, ""),
             weight=spec.weight if spec else 1.0, flavors=flavors,
             fair_share=round(quota.fair_share(name, self.last_ts), 4) if spec else 0.0,

@@ -57,8 +57,9 @@ def test_up_submit_jobs_and_ctrl_c(tmp_path: Path, nats_server: EmbeddedServer, 
         assert set(seen) <= {"pending", "running", "succeeded"}
         shown = json.loads(run("job", job_id, "--json", env=cli_env))
         assert shown["started_at"] is not None and shown["finished_at"] >= shown["started_at"] + 1.9
-        table = run("jobs", env=cli_env)
+        table = run("jobs", "-A", env=cli_env)  # finished jobs too (the default table shows active ones)
         assert job_id[:8] in table and "succeeded" in table
+        assert job_id[:8] not in run("jobs", env=cli_env)
         listed = json.loads(run("jobs", "--json", env=cli_env))
         assert [j["state"] for j in listed if j["id"] == job_id] == ["succeeded"]
     finally:

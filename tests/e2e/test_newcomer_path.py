@@ -145,7 +145,7 @@ def test_demo_then_agents_then_fresh(tmp_path: Path, auth: bool) -> None:
         archives = list((data / "archive").iterdir())
         assert len(archives) == 1 and (archives[0] / "nats").is_dir() and (archives[0] / "audit.key").exists()
         cli.until("the demo's nodes, and only them", lambda: len(cli("nodes")) == DEMO_NODES)
-        assert cli("jobs", "-A") == [] if _has_all_flag(cli) else cli("jobs") == []
+        assert cli("jobs", "-A") == []
 
 
 def _nats_env(data: Path) -> dict[str, str]:
@@ -153,7 +153,3 @@ def _nats_env(data: Path) -> dict[str, str]:
     endpoints = json.loads((data / "endpoints.json").read_text())
     return {"NATS_URL": endpoints["NATS_URL"]}
 
-
-def _has_all_flag(cli: Cli) -> bool:
-    done = subprocess.run([*GPUSCHED, "jobs", "--help"], env=cli.env, capture_output=True, text=True, timeout=60)
-    return "--all" in done.stdout

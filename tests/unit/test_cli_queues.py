@@ -142,7 +142,8 @@ def test_queue_rows_one_row_per_flavor_and_one_for_a_parent() -> None:
     parent = QueueView(name="acme", team="acme", nominal_gpus=28, reserved_gpus=0.0, pending=0, running=0)
     demo = QueueView(name="demo", team="demo", parent="acme", cohort="acme", nominal_gpus=16, pending=2, running=3,
                      fair_share=1.234, flavors=[FlavorUsage(flavor="*", nominal_gpus=16.0, borrowing_limit_gpus=16.0,
-                                                            in_use_gpus=24.0, borrowed_gpus=8.0)])
+                                                            in_use_gpus=24.0, held_gpus=20.0, unplaced_gpus=4.0,
+                                                            borrowed_gpus=8.0)])
     vision = QueueView(name="vision", team="vision", parent="acme", cohort="acme", nominal_gpus=6,
                        budget_gpu_hours=500.0, budget_left_gpu_hours=499.5,
                        flavors=[FlavorUsage(flavor="A100", nominal_gpus=4.0, lent_gpus=1.5),
@@ -151,27 +152,30 @@ def test_queue_rows_one_row_per_flavor_and_one_for_a_parent() -> None:
     assert [(q["name"], f and f["flavor"]) for q, f in rows] == [
         ("acme", None), ("demo", "*"), ("vision", "A100"), ("vision", "T4")]
     assert [c.header for c in QUEUE_COLUMNS] == [
-        "QUEUE", "PARENT", "COHORT", "MODEL", "NOMINAL", "BORROW-LIMIT", "LEND-LIMIT", "USED", "BORROWED", "LENT",
-        "PEND", "RUN", "WEIGHT", "SHARE", "BUDGET", "BUDGET-LEFT"]
+        "QUEUE", "PARENT", "COHORT", "MODEL", "NOMINAL", "BORROW-LIMIT", "LEND-LIMIT", "HELD", "UNPLACED", "USED",
+        "BORROWED", "LENT", "PEND", "RUN", "WEIGHT", "SHARE", "BUDGET", "BUDGET-LEFT"]
     assert cells(QUEUE_COLUMNS, rows, wide=True) == [
-        ["acme", "-", "-", "-", "28", "-", "-", "0", "-", "-", "0", "0", "1", "0.00", "-", "-"],
-        ["demo", "acme", "acme", "*", "16", "16", "-", "24", "8", "0", "2", "3", "1", "1.23", "-", "-"],
-        ["vision", "acme", "acme", "A100", "4", "-", "-", "0", "0", "1.5", "0", "0", "1", "0.00", "500", "499.5"],
-        ["vision", "acme", "acme", "T4", "2", "0", "-", "0", "0", "0", "0", "0", "1", "0.00", "500", "499.5"],
+        ["acme", "-", "-", "-", "28", "-", "-", "0", "0", "0", "-", "-", "0", "0", "1", "0.00", "-", "-"],
+        ["demo", "acme", "acme", "*", "16", "16", "-", "20", "4", "24", "8", "0", "2", "3", "1", "1.23", "-", "-"],
+        ["vision", "acme", "acme", "A100", "4", "-", "-", "0", "0", "0", "0", "1.5", "0", "0", "1", "0.00", "500",
+         "499.5"],
+        ["vision", "acme", "acme", "T4", "2", "0", "-", "0", "0", "0", "0", "0", "0", "0", "1", "0.00", "500", "499.5"],
     ]
-    # By default: quota, use and jobs per queue and model (QUEUE MODEL NOMINAL USED BORROWED LENT PEND RUN SHARE).
+    # By default: quota held and reserved by unplaced jobs, and jobs per queue and model (QUEUE MODEL NOMINAL HELD
+    # UNPLACED BORROWED PEND RUN SHARE).
     assert cells(QUEUE_COLUMNS, rows) == [
-        ["acme", "-", "28", "0", "-", "-", "0", "0", "0.00"],
-        ["demo", "*", "16", "24", "8", "0", "2", "3", "1.23"],
-        ["vision", "A100", "4", "0", "0", "1.5", "0", "0", "0.00"],
+        ["acme", "-", "28", "0", "0", "-", "0", "0", "0.00"],
+        ["demo", "*", "16", "20", "4", "8", "2", "3", "1.23"],
+        ["vision", "A100", "4", "0", "0", "0", "0", "0", "0.00"],
         ["vision", "T4", "2", "0", "0", "0", "0", "0", "0.00"],
     ]
 
 
 def test_queue_rows_a_queue_without_quota_shows_no_limit_and_what_it_reserved() -> None:
-    free = QueueView(name="free", team="free", nominal_gpus=None, reserved_gpus=2.5, pending=1, running=1)
+    free = QueueView(name="free", team="free", nominal_gpus=None, reserved_gpus=2.5, held_gpus=2.0, unplaced_gpus=0.5,
+                     pending=1, running=1)
     assert cells(QUEUE_COLUMNS, queue_rows([as_json(free)]), wide=True) == [
-        ["free", "-", "-", "-", "-", "-", "-", "2.5", "-", "-", "1", "1", "1", "0.00", "-", "-"]]
+        ["free", "-", "-", "-", "-", "-", "-", "2", "0.5", "2.5", "-", "-", "1", "1", "1", "0.00", "-", "-"]]
 
 
 def test_queue_rows_of_nothing_is_nothing() -> None:

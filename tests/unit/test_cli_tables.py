@@ -32,14 +32,16 @@ QUEUES = [
      "running": 37, "parent": "acme", "cohort": "acme", "weight": 2.0, "fair_share": 1.087,
      "budget_gpu_hours": 5000.0, "budget_left_gpu_hours": 1234.5,
      "flavors": [{"flavor": "H100", "nominal_gpus": 32.0, "borrowing_limit_gpus": 16.0, "lending_limit_gpus": 8.0,
-                  "in_use_gpus": 40.0, "borrowed_gpus": 8.0, "lent_gpus": 0.0},
+                  "in_use_gpus": 40.0, "held_gpus": 36.0, "unplaced_gpus": 4.0, "borrowed_gpus": 8.0,
+                  "lent_gpus": 0.0},
                  {"flavor": "A100", "nominal_gpus": 32.0, "borrowing_limit_gpus": None, "lending_limit_gpus": None,
                   "in_use_gpus": 30.5, "borrowed_gpus": 0.0, "lent_gpus": 1.5}]},
     {"name": "production-inference", "team": "product", "nominal_gpus": 32, "reserved_gpus": 12.25, "pending": 3,
      "running": 12, "parent": "acme", "cohort": "acme", "weight": 1.0, "fair_share": 0.383,
      "budget_gpu_hours": None, "budget_left_gpu_hours": None,
      "flavors": [{"flavor": "T4", "nominal_gpus": 32.0, "borrowing_limit_gpus": 0.0, "lending_limit_gpus": 16.0,
-                  "in_use_gpus": 12.25, "borrowed_gpus": 0.0, "lent_gpus": 16.0}]},
+                  "in_use_gpus": 12.25, "held_gpus": 12.0, "unplaced_gpus": 0.25, "borrowed_gpus": 0.0,
+                  "lent_gpus": 16.0}]},
 ]
 
 JOBS: list[dict[str, Any]] = [
@@ -146,8 +148,9 @@ def test_json_prints_one_document_the_api_answer(command: str, flag: list[str],
 
 def test_the_rows_hold_the_figures(capsys: pytest.CaptureFixture[str]) -> None:
     rows = {tuple(line.split()[:2]): line.split() for line in run(capsys, "queues").splitlines()[2:]}
-    assert rows[("research", "H100")] == ["research", "H100", "32", "40", "8", "0", "128", "37", "1.09"]
-    assert rows[("production-inference", "T4")] == ["production-inference", "T4", "32", "12.25", "0", "16", "3",
+    # QUEUE MODEL NOMINAL HELD UNPLACED BORROWED PEND RUN SHARE
+    assert rows[("research", "H100")] == ["research", "H100", "32", "36", "4", "8", "128", "37", "1.09"]
+    assert rows[("production-inference", "T4")] == ["production-inference", "T4", "32", "12", "0.25", "0", "3",
                                                     "12", "0.38"]
     nodes = {line.split()[0]: line.split() for line in run(capsys, "nodes").splitlines()[2:]}
     assert nodes["gpu-node-018"][:2] == ["gpu-node-018", "draining"]
@@ -160,8 +163,8 @@ def test_a_long_reason_gives_way_with_an_ellipsis_and_shows_whole_when_wide(
         capsys: pytest.CaptureFixture[str]) -> None:
     short = run(capsys, "jobs")
     line = next(line for line in short.splitlines() if line.startswith("3f2b6c1e"))
-    assert "over_budget" in line and "…" in line and "over_budget_waits_for_idle_quota" not in line
-    assert line.split()[:4] == ["3f2b6c1e-8a47-4d2e-9b1a-0c5d7e9f1a23", "research", "pending", "2x4"]
+    assert "over_budge" in line and "…" in line and "over_budget_waits_for_idle_quota" not in line
+    assert line.split()[:5] == ["3f2b6c1e-8a47-4d2e-9b1a-0c5d7e9f1a23", "-", "research", "pending", "2x4"]
     wide = run(capsys, "jobs", "-o", "wide")
     line = next(line for line in wide.splitlines() if line.startswith("3f2b6c1e"))
     assert "over_budget_waits_for_idle_quota" in line and "alice" in line and "1h" in line
