@@ -5,6 +5,10 @@ command, so the caller gets its 4xx (with the reason code) immediately and the l
 node has registered, the cluster's capacity is unknown: a submission is then answered 503 `not_ready` with
 Retry-After, so that the caller retries once it can be checked. An accepted submission opens the job's
 trace: its `SubmitJob` carries the `traceparent` every later hop continues.
+
+An idempotency key names one job (libs/core/admission_keys.py): the same key and spec again answer 200 with
+that job as it stands (its stored spec and current state); the same key with another spec answers 409
+`idempotency_key_reused`, naming the fields that differ.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ import msgspec
 from aiohttp import web
 
 from contracts import CancelJob, JobSpec, SubmitJob
-from contracts.views import JOB_STATES, JobCreated, JobView
+from contracts.views import FINAL_JOB_STATES, JOB_STATES, JobCreated, JobView
 from libs.bus.jetstream import Bus
 from libs.core.admission import AdmissionDecider, job_id_for_key, validate
+from libs.core.admission_keys import Resubmission, key_reused, spec_fingerprint
 from libs.core.decider import derived_id
 from libs.runtime.http import HttpError, check_query, decode_body, error_response, json_response
 from libs.telemetry.tracing import ServiceTracing, current_tracing
@@ -33,6 +38,7 @@ from services.admission.auth import (
     require,
     require_team,
 )
+from services.admission.in_flight import InFlight
 from services.admission.openapi import openapi_document
 
 API = "api"
@@ -40,6 +46,10 @@ _spec_decoder = msgspec.json.Decoder(JobSpec)
 _LIST_PARAMETERS = frozenset({"queue", "state", "team", "limit", "offset"})
 # Redis indexes sorted sets with signed 64-bit integers; an offset beyond this would be a server error.
 _MAX_OFFSET = 1 << 60
+# The admission core's states of a job, as the API names them (it does not follow a job's runs: a job it has
+# admitted is "pending" to it until the read model says more).
+_DECIDED_STATES = {"submitted": "pending", "admitted": "pending", "rejected": "rejected", "cancelled": "cancelled",
+                   "succeeded": "succeeded", "failed": "failed"}
 
 
 def require_inventory(decider: AdmissionDecider) -> None:
@@ -58,6 +68,7 @@ class JobsApi:
         # None: the process's tracing (the admission reactor's, so API and reactor share the jobs' contexts).
         self._tracing = tracing
         self._openapi = msgspec.json.encode(openapi_document())
+        self._in_flight = InFlight(decider.jobs)
 
     @property
     def tracing(self) -> ServiceTracing | None:
@@ -79,20 +90,57 @@ class JobsApi:
         require_team(who, spec.team, "submit jobs")
         if spec.idempotency_key:
             job_id = job_id_for_key(spec.team, spec.idempotency_key)
-            if job_id in self.decider.jobs:
-                state = "rejected" if self.decider.jobs[job_id] == "rejected" else "pending"
-                return json_response(JobCreated(id=job_id, state=state, duplicate=True), status=200)
+            again = self._resubmission(job_id, spec)
+            if again is not None:
+                return await self._answer_again(again, spec)
+            # The command's id names the spec too: should another API process publish this key with another spec
+            # at the same moment, the server's de-duplication must not drop it silently; the core refuses it.
+            command_id = derived_id(API, "submit", job_id, spec_fingerprint(spec))
         else:
             job_id = str(uuid.uuid4())
+            command_id = derived_id(API, "submit", job_id)
         require_inventory(self.decider)
         rejection = validate(spec, self.decider.policy, self.decider.inventory)
         if rejection is not None:
             return error_response(422, rejection.code, rejection.message)
-        command = SubmitJob(id=derived_id(API, "submit", job_id), ts=time.time(), source=API,
-                            correlation_id=job_id, job_id=job_id, spec=spec)
-        await self._publish_traced(command, "submit", job_id, request.headers)
-        return json_response(JobCreated(id=job_id, state="pending"), status=201,
+        command = SubmitJob(id=command_id, ts=time.time(), source=API, correlation_id=job_id, job_id=job_id,
+                            spec=spec)
+        if spec.idempotency_key:
+            self._in_flight.add(job_id, spec)  # before the publish yields: a request meanwhile sees it
+        try:
+            await self._publish_traced(command, "submit", job_id, request.headers)
+        except BaseException:
+            self._in_flight.discard(job_id)
+            raise
+        return json_response(JobCreated(id=job_id, state="pending", spec=spec), status=201,
                              headers={"Location": f"/v1/jobs/{job_id}"})
+
+    def _resubmission(self, job_id: str, spec: JobSpec) -> Resubmission | None:
+        """The job that already holds this key, decided by the core or only published by this API."""
+        again = self.decider.resubmission(job_id, spec)
+        if again is None and (pending := self._in_flight.get(job_id)) is not None:
+            again = Resubmission(job_id, spec_fingerprint(pending) == spec_fingerprint(spec))
+        return again
+
+    async def _answer_again(self, again: Resubmission, spec: JobSpec) -> web.Response:
+        """200 with the key's job as it stands (its stored spec and current state), or 409 naming what differs.
+        The job is the caller's team's: its id (or key) is derived from that team."""
+        view = await self.store.job(again.job_id)
+        stored = ((view.spec if view is not None else None) or self.decider.specs.get(again.job_id)
+                  or self._in_flight.get(again.job_id))
+        if not again.same:
+            refusal = key_reused(again, stored, spec)
+            return error_response(409, refusal.code, refusal.message)
+        answer = JobCreated(id=again.job_id, state=self._state(again.job_id, view), duplicate=True, spec=stored or spec)
+        return json_response(answer, status=200, headers={"Location": f"/v1/jobs/{again.job_id}"})
+
+    def _state(self, job_id: str, view: JobView | None) -> str:
+        """The job's current state: the read model's, unless admission already knows it ended (the read model
+        trails the log) or the read model has no view of it yet."""
+        decided = _DECIDED_STATES.get(self.decider.jobs.get(job_id, ""))
+        if view is not None and view.state and (view.state in FINAL_JOB_STATES or decided not in FINAL_JOB_STATES):
+            return view.state
+        return decided or "pending"
 
     def _team_of(self, job_id: str, view: JobView) -> str:
         """The job's team: from its view, else from admission's own fold ("" when neither knows it yet)."""
@@ -103,8 +151,9 @@ class JobsApi:
         state = self.decider.jobs.get(job_id)
         if state is None:
             return None
-        return JobView(id=job_id, state="rejected" if state == "rejected" else "pending",
-                       team=self.decider.job_team.get(job_id, ""), queue="", phase=state)
+        return JobView(id=job_id, state=_DECIDED_STATES.get(state, "pending"),
+                       team=self.decider.job_team.get(job_id, ""), queue="", phase=state,
+                       spec=self.decider.specs.get(job_id))
 
     async def _job(self, who: Principal, job_id: str, projected_only: bool = False) -> JobView:
         """The job as this caller may see it. Another team's job is 404 exactly like a missing one, so that a

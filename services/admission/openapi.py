@@ -45,6 +45,12 @@ def _not_ready() -> dict[str, Any]:
                     "headers": {"Retry-After": _header("seconds to wait", {"type": "integer", "minimum": 1})}}}
 
 
+def _key_reused() -> dict[str, Any]:
+    """A submission whose idempotency key a job made with another spec holds."""
+    return {"409": {**_errors(409)["409"], "description": "`idempotency_key_reused`: the key belongs to a job made "
+                    "with another spec (the message names the fields that differ); that job is unchanged"}}
+
+
 _WRITES = ("post", "put", "patch", "delete")
 _BEARER = {"bearerAuth": {"type": "http", "scheme": "bearer",
                           "description": "a token from `gpusched token create`; without GPUSCHED_API_TOKENS_FILE the "
@@ -93,9 +99,12 @@ def openapi_document() -> dict[str, Any]:
                 "post": {
                     "summary": "Submit a job",
                     "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("JobSpec")}}},
-                    "responses": {"201": _json(_ref("JobCreated"), "accepted; follow the job by its id"),
-                                  "200": _json(_ref("JobCreated"), "the same idempotency key was seen before"),
-                                  **_errors(400, 413, 422), **_not_ready()},
+                    "responses": {"201": _json(_ref("JobCreated"), "accepted; follow the job by its id (`spec`: the "
+                                               "spec as stored)"),
+                                  "200": _json(_ref("JobCreated"), "the same idempotency key and spec were seen "
+                                               "before: the job they made (`duplicate`), its stored spec and current "
+                                               "state"),
+                                  **_errors(400, 413, 422), **_key_reused(), **_not_ready()},
                 },
                 "get": {"summary": "List jobs", "parameters": query,
                         "responses": {"200": _json({"type": "array", "items": _ref("JobView")}, "jobs"),

@@ -37,7 +37,7 @@ from tests.e2e.waiting import wait_for
 pytestmark = pytest.mark.e2e
 
 MIN_REQUESTS = 1000
-OPERATIONS = 19
+OPERATIONS = 20
 
 
 @schemathesis.check
