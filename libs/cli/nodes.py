@@ -1,4 +1,4 @@
-"""`gpusched nodes`, `gpusched agent`, `gpusched node cordon|drain|uncordon|remove|fault`, `gpusched logs`,
+"""`gpusched nodes`, `gpusched node cordon|drain|uncordon|remove|fault`, `gpusched logs`,
 `gpusched checkpoint`."""
 
 from __future__ import annotations
@@ -11,11 +11,9 @@ import sys
 from typing import Any
 
 from libs.cli import logs
-from libs.cli.audit import connect_live
 from libs.cli.client import Client
 from libs.cli.output import add_json_flag, add_table_flags, print_json, wide
 from libs.cli.tables import Column, print_table
-from libs.jobkit import checkpoint
 
 
 def node_status(node: dict[str, Any]) -> str:
@@ -67,18 +65,14 @@ def cmd_nodes(args: argparse.Namespace) -> None:
     print_table(f"{len(nodes)} node(s)", NODE_COLUMNS, nodes, wide(args))
 
 
-def cmd_agent(args: argparse.Namespace) -> None:
-    from services.agent.app import cmd_agent as run_agent  # the agent's dependencies load only here
-
-    run_agent(args)
-
-
 def cmd_node_action(args: argparse.Namespace) -> None:
     result = Client().node_action(args.name, args.node_command, args.reason, args.operator or getpass.getuser())
     print(json.dumps(result, indent=2) if args.json else f"{args.node_command} {args.name}: accepted")
 
 
 async def _send_fault(node: str, command: dict[str, object]) -> dict[str, object]:
+
+    from libs.cli.audit import connect_live  # the bus client loads only for this command
 
     bus = await connect_live("gpusched-cli")
     try:
@@ -113,18 +107,16 @@ def cmd_logs(args: argparse.Namespace) -> None:
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> None:
+    from libs.jobkit import checkpoint  # the bus client loads only for this command
+
     checkpoint(args.progress, args.ref)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from services.agent.app import add_command as add_agent
-
     p = sub.add_parser("nodes", help="list nodes: status, GPU models, healthy GPUs, free GPUs by sharing mode (idle, "
                                      "split into fractions, MIG)", description=NODES_HELP)
     add_table_flags(p)
     p.set_defaults(func=cmd_nodes)
-    add_agent(sub)
-    sub.choices["agent"].set_defaults(func=cmd_agent)
     node = sub.add_parser("node", help="operate nodes: cordon, drain, uncordon, remove, inject simulated faults")
     nsub = node.add_subparsers(dest="node_command", required=True)
     for action, text in (("cordon", "no new jobs on the node"),

@@ -7,6 +7,8 @@ import argparse
 import subprocess
 import sys
 
+import pytest
+
 from libs.cli.main import COMMANDS, build_parser
 
 
@@ -20,8 +22,10 @@ def test_the_table_names_every_command_and_each_loads_alone() -> None:
         assert command in choices(build_parser([command, "--help"]))
 
 
-def test_a_read_command_loads_no_decision_core_nor_the_bus() -> None:
-    probe = ("import sys; from libs.cli.main import build_parser; build_parser(['jobs']); "
+@pytest.mark.parametrize("command", ["jobs", "job", "explain", "wait", "usage", "queues", "nodes", "logs", "submit",
+                                     "cancel", "node"])
+def test_an_api_command_loads_no_decision_core_nor_the_bus(command: str) -> None:
+    probe = (f"import sys; from libs.cli.main import build_parser; build_parser([{command!r}]); "
              "print(sorted(m for m in sys.modules if m.startswith(('libs.core', 'nats', 'aiohttp', 'libs.bus'))))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"
