@@ -203,6 +203,8 @@ class Cluster:
                 self.register(event.node)
             case NodeLost():
                 self.set_online(event.node, False)
+                if event.removed:  # out of the inventory: it comes back as new, its cordon forgotten (as nodes.py)
+                    self.cordon(event.node, False)
             case NodeCordoned() | NodeUncordoned():
                 self.cordon(event.node, isinstance(event, NodeCordoned))
             case GpuHealthChanged():

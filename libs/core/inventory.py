@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from contracts import EventBase, NodeRegistered, NodeSpec
+from contracts import EventBase, NodeLost, NodeRegistered, NodeSpec
 from libs.core.decider import derived_id
 
 SERVICE = "node-telemetry"
@@ -26,12 +26,15 @@ class InventoryBook:
         self.versions: dict[str, int] = {}
 
     def input_types(self) -> Iterable[type[EventBase]]:
-        return (NodeRegistered,)
+        return (NodeRegistered, NodeLost)
 
     def evolve(self, event: EventBase) -> None:
         if isinstance(event, NodeRegistered):
             self.nodes[event.node.name] = event.node
             self.versions[event.node.name] = self.versions.get(event.node.name, 0) + 1
+        elif isinstance(event, NodeLost) and event.removed:
+            # Out of the inventory: announced again (a new version) if the source lists it at the next start.
+            self.nodes.pop(event.node, None)
 
     def changes(self, discovered: Iterable[NodeSpec], now: float) -> list[NodeRegistered]:
         out = []

@@ -40,6 +40,8 @@ class Fleet:
             case NodeRegistered():
                 self.healthy[event.node.name] = {g.index: (g.model, g.healthy) for g in event.node.gpus}
             case NodeLost():
+                if event.removed:  # out of the inventory: it comes back as new, its cordon forgotten (as nodes.py)
+                    self.cordoned.discard(event.node)
                 if self.healthy.pop(event.node, None) is None:
                     return
             case NodeCordoned():

@@ -23,6 +23,7 @@ from libs.telemetry.gpu import sample_forever
 from services.node_telemetry.gpu_samples import simulated_samples
 from services.node_telemetry.handler import NodeTelemetry
 from services.node_telemetry.heartbeats import HeartbeatWatch, watch_nodes
+from services.node_telemetry.roster import OWN_BACKEND
 from services.node_telemetry.sim_executor import SimExecutor
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ async def serve(settings: Settings) -> None:
         await sample_forever(lambda: simulated_samples(executor.inventory, executor.book.runs.values()),
                              min(period, 5.0))
 
+    watch.roster.served_here = OWN_BACKEND  # the simulated executor reports its own runs' evictions
     background: tuple[Task, ...] = (tick, sample, watch_liveness)
     await run_service(settings, NodeTelemetry(executor=executor, watch=watch), on_ready=announce_inventory,
                       background=background, on_start=use_bus)

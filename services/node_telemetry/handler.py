@@ -37,9 +37,7 @@ class NodeTelemetry:
             roots["inventory"], roots["runs"] = self.executor.inventory, self.executor.book
             roots["reports_made"] = self.executor.made  # applied to the book, not yet back through the log
         # What the roster folds from the log; when each agent was last heard is the wall clock's, not state.
-        roster = self.watch.roster
-        roots.update(node_specs=roster.specs, node_owners=roster.owners, node_versions=roster.versions,
-                     node_online=roster.online, node_lost_at=roster.lost_at, node_runs=roster.runs)
+        roots["roster"] = self.watch.roster
         return roots
 
     def snapshot_settled(self) -> bool:

@@ -32,6 +32,7 @@ class HeartbeatWatch:
     lost_after_s: float = 10.0
     last_seen: dict[str, float] = field(default_factory=dict)
     announced: set[str] = field(default_factory=set)  # nodes we re-registered, awaiting the log's echo
+    reported: set[str] = field(default_factory=set)  # runs on lost nodes this process reported evicted
 
     def fold(self, event: EventBase) -> None:
         self.roster.fold(event)
@@ -39,9 +40,11 @@ class HeartbeatWatch:
             self.announced.discard(event.node.name)
 
     def start_clock(self, now: float) -> None:
-        """After a restart every agent gets a whole `lost_after_s` to be heard from again."""
+        """After a restart every agent of an online node gets a whole `lost_after_s` to be heard from again; a
+        lost one comes back only when it is heard (the start is no sign of life)."""
         for name in self.roster.nodes_of(AGENTS):
-            self.last_seen.setdefault(name, now)
+            if self.roster.online.get(name):
+                self.last_seen.setdefault(name, now)
 
     def heard(self, node: str, now: float) -> None:
         self.last_seen[node] = now
@@ -53,7 +56,10 @@ class HeartbeatWatch:
         lost: list[EventBase] = []
         back: list[EventBase] = []
         for name in roster.nodes_of(AGENTS):
-            self.last_seen.setdefault(name, now)  # an agent registered since the clock started
+            if name not in self.last_seen:
+                if not roster.online.get(name):
+                    continue  # lost, and not heard since this process started
+                self.last_seen[name] = now  # an agent registered since the clock started
             silent = now - self.last_seen[name]
             version = roster.versions.get(name, 0)
             if roster.online.get(name) and silent > self.lost_after_s:
@@ -66,6 +72,10 @@ class HeartbeatWatch:
                                            source=SERVICE, correlation_id=name, node=roster.specs[name]))
                 self.announced.add(name)
         return lost, back
+
+    def orphans(self, now: float) -> list[EventBase]:
+        """The runs on nodes lost for the roster's grace, each reported evicted once by this process."""
+        return self.roster.orphans(now, self.reported)
 
 
 async def watch_nodes(bus: Bus, watch: HeartbeatWatch, every_s: float = 0.5) -> None:
@@ -86,7 +96,7 @@ async def watch_nodes(bus: Bus, watch: HeartbeatWatch, every_s: float = 0.5) -> 
             await asyncio.sleep(every_s)
             now = time.time()
             lost, back = watch.due(now)
-            for events in (lost, back, watch.roster.orphans(now)):
+            for events in (lost, back, watch.orphans(now)):
                 if events:
                     log.warning("%s", ", ".join(f"{type(e).__name__} {getattr(e, 'node', '')}".strip()
                                                  for e in events if not isinstance(e, JobEvicted)) or

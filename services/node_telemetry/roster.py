@@ -18,7 +18,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from contracts import EventBase, JobEvicted, JobFailed, JobFinished, JobPlaced, NodeLost, NodeRegistered, NodeSpec
+from contracts import (
+    EventBase,
+    JobCheckpointed,
+    JobEvicted,
+    JobFailed,
+    JobFinished,
+    JobPlaced,
+    NodeLost,
+    NodeRegistered,
+    NodeSpec,
+)
 from libs.core.decider import derived_id
 from libs.nodes.reports import report_id
 
@@ -51,11 +61,13 @@ class NodeRoster:
     online: dict[str, bool] = field(default_factory=dict)
     lost_at: dict[str, float] = field(default_factory=dict)  # node -> when the log said it was lost
     runs: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)  # job -> (run id, its nodes)
-    # Runs reported evicted by this process (not state: a restarted process reports them again, same ids).
-    reported: set[str] = field(default_factory=set)
+    # job -> (progress, reference) of its current run's last checkpoint: an eviction on its behalf keeps it.
+    saved: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # The owner whose runs an executor in this process reports itself (the simulated cluster's): not orphans.
+    served_here: str = ""
 
     def input_types(self) -> tuple[type[EventBase], ...]:
-        return (NodeRegistered, NodeLost, JobPlaced, JobFinished, JobFailed, JobEvicted)
+        return (NodeRegistered, NodeLost, JobPlaced, JobCheckpointed, JobFinished, JobFailed, JobEvicted)
 
     def fold(self, event: EventBase) -> None:
         match event:
@@ -71,15 +83,20 @@ class NodeRoster:
             case NodeLost() if event.node in self.specs:
                 self.online[event.node] = False
                 self.lost_at.setdefault(event.node, event.ts)
-                if event.removed:
-                    del self.specs[event.node], self.owners[event.node]
+                if event.removed:  # its owner stays known: a comeback registration in flight is still the owner's
+                    del self.specs[event.node]
             case JobPlaced():
                 self.runs[event.job_id] = (event.id, frozenset(p.node for p in event.placements))
+                self.saved.pop(event.job_id, None)
+            case JobCheckpointed() if event.run in ("", self.runs.get(event.job_id, ("",))[0]):
+                self.saved[event.job_id] = (event.progress_s, event.checkpoint)
             case JobFinished() | JobFailed() | JobEvicted() if event.run in ("", self.runs.get(event.job_id, ("",))[0]):
                 self.runs.pop(event.job_id, None)  # (a report about an earlier run leaves the current one)
+                self.saved.pop(event.job_id, None)
 
     def nodes_of(self, owner: str) -> list[str]:
-        return sorted(name for name, o in self.owners.items() if o == owner)
+        """The owner's nodes in the inventory (lost or not; removed ones are not)."""
+        return sorted(name for name, o in self.owners.items() if o == owner and name in self.specs)
 
     def removal(self, name: str, reason: str, now: float) -> NodeLost:
         """The node leaves the inventory; its id is derived, so a repeated removal is the same message."""
@@ -100,14 +117,19 @@ class NodeRoster:
                 out.append(self.removal(name, "absent_from_source: the cluster file no longer lists it", now))
         return out
 
-    def orphans(self, now: float) -> list[EventBase]:
-        """Each run with a replica on a node lost `grace_s` ago or more, reported evicted once."""
+    def orphans(self, now: float, reported: set[str]) -> list[EventBase]:
+        """Each run with a replica on a node lost `grace_s` ago or more, reported evicted once (`reported`: the
+        runs this process reported; not state: a restarted process reports them again, under the same ids)."""
         lost = {name for name, at in self.lost_at.items() if now - at >= self.grace_s}
         out: list[EventBase] = []
         for job_id, (run_id, nodes) in sorted(self.runs.items()):
-            if run_id not in self.reported and nodes & lost:
-                self.reported.add(run_id)
-                out.append(JobEvicted(id=report_id(run_id, "evicted"), ts=now, source=SERVICE, correlation_id=job_id,
-                                      job_id=job_id, run=run_id, reason="node_lost"))
+            if run_id in reported or not nodes & lost:
+                continue
+            if self.served_here and all(self.owners.get(n) == self.served_here for n in nodes):
+                continue  # this process's own executor stops it on NodeLost, with its progress
+            reported.add(run_id)
+            progress, ref = self.saved.get(job_id, (0.0, ""))  # its last checkpoint survives the node
+            out.append(JobEvicted(id=report_id(run_id, "evicted"), ts=now, source=SERVICE, correlation_id=job_id,
+                                  job_id=job_id, run=run_id, reason="node_lost", checkpoint=ref, progress_s=progress))
         return out
 

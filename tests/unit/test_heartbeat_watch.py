@@ -4,7 +4,7 @@ executor's own report ids; nodes of another cluster source than the platform's l
 
 from __future__ import annotations
 
-from contracts import JobEvicted, JobFinished, JobPlaced, NodeLost, NodeRegistered, ReplicaPlacement
+from contracts import JobCheckpointed, JobEvicted, JobFinished, JobPlaced, NodeLost, NodeRegistered, ReplicaPlacement
 from libs.nodes.reports import report_id
 from services.node_telemetry.heartbeats import HeartbeatWatch
 from services.node_telemetry.roster import NodeRoster
@@ -39,11 +39,11 @@ def test_a_silent_agent_loses_its_node_and_its_jobs_once() -> None:
     assert watch.due(112.0) == ([], [])  # reported once
     watch.fold(lost[0])
     # The jobs of the lost node, once the executor had its grace to say so itself, under its report ids.
-    assert watch.roster.orphans(lost[0].ts + 1.0) == []
-    evicted = watch.roster.orphans(lost[0].ts + 2.0)
+    assert watch.orphans(lost[0].ts + 1.0) == []
+    evicted = watch.orphans(lost[0].ts + 2.0)
     assert brief(evicted) == [("JobEvicted", "", "j1"), ("JobEvicted", "", "j2")]
     assert [e.id for e in evicted] == [report_id("run-j1", "evicted"), report_id("run-j2", "evicted")]
-    assert watch.roster.orphans(lost[0].ts + 3.0) == []  # once
+    assert watch.orphans(lost[0].ts + 3.0) == []  # once
 
     watch.heard("a", 120.0)
     watch.heard("b", 120.0)
@@ -77,7 +77,7 @@ def test_nodes_of_another_cluster_source_leave_with_their_jobs() -> None:
     for e in removals:
         roster.fold(e)
     assert sorted(roster.specs) == ["agent-0"] and roster.reconcile("agents", None, now=52.0) == []
-    assert brief(roster.orphans(52.0)) == [("JobEvicted", "", "on-sim")]
+    assert brief(roster.orphans(52.0, set())) == [("JobEvicted", "", "on-sim")]
     # Back to the simulated cluster with a file that lists only sim-2: the agent's node and sim-1 leave.
     roster = NodeRoster()
     for e in (registered("sim-1", source="node-telemetry"), registered("sim-2", source="node-telemetry"),
@@ -100,4 +100,25 @@ def test_an_eviction_already_reported_by_the_executor_ends_the_run_for_the_roste
               JobEvicted(id=report_id("run-j", "evicted"), ts=10.0, source="kube-bridge", job_id="j", run="run-j",
                          reason="node_lost")):
         roster.fold(e)
-    assert roster.orphans(100.0) == []
+    assert roster.orphans(100.0, set()) == []
+
+
+def test_an_eviction_on_the_executors_behalf_keeps_the_runs_last_checkpoint() -> None:
+    roster = NodeRoster()
+    for e in (registered("a"), placed("j", "a"),
+              JobCheckpointed(id="c", ts=5.0, source="agent/a", job_id="j", run="run-j", checkpoint="s3://j/7",
+                              progress_s=7.0),
+              NodeLost(id="l", ts=10.0, source="node-telemetry", node="a", reason="heartbeat_timeout")):
+        roster.fold(e)
+    [evicted] = roster.orphans(12.0, set())
+    assert isinstance(evicted, JobEvicted) and (evicted.checkpoint, evicted.progress_s) == ("s3://j/7", 7.0)
+
+
+def test_runs_the_simulated_executor_of_this_process_stops_itself_are_not_reported_twice() -> None:
+    roster = NodeRoster(served_here="node-telemetry")
+    for e in (registered("sim", source="node-telemetry"), registered("a"), placed("on-sim", "sim"),
+              placed("on-agent", "a"),
+              NodeLost(id="l1", ts=0.0, source="node-telemetry", node="sim", reason="x", removed=True),
+              NodeLost(id="l2", ts=0.0, source="node-telemetry", node="a", reason="x", removed=True)):
+        roster.fold(e)
+    assert brief(roster.orphans(10.0, set())) == [("JobEvicted", "", "on-agent")]
