@@ -39,7 +39,7 @@ from contracts import (
     SubmitJob,
 )
 from libs.core.admission_capacity import Inventory, Rejection, capacity_rejection, spec_problem
-from libs.core.admission_keys import KeyBook, Resubmission, key_reused, refused_id
+from libs.core.admission_keys import KEY_REUSED, KeyBook, Resubmission, key_reused, refused_id
 from libs.core.decider import Chain, Decisions, Trigger, derived_id
 from libs.core.policy import PolicyBook, demand_milli, replica_milli
 from libs.core.retries import RetryBook
@@ -52,8 +52,9 @@ TERMINAL = frozenset({"rejected", "cancelled", "succeeded", "failed"})
 
 
 def job_id_for_key(team: str, idempotency_key: str) -> str:
-    """Same team and key, same job id: a retried submission is recognised, never duplicated."""
-    return derived_id("job", team, idempotency_key)
+    """Same team and key, same job id: a retried submission is recognised, never duplicated. The team's length
+    goes first, so that no other team and key join into the same name ("ml/nlp" + "k" is not "ml" + "nlp/k")."""
+    return derived_id("job", len(team), team, idempotency_key)
 
 
 def validate(spec: JobSpec, policy: PolicyBook, inventory: Inventory) -> Rejection | None:
@@ -152,7 +153,7 @@ class AdmissionDecider:
             case JobRejected():
                 self.jobs[event.job_id] = "rejected"
                 if event.spec is not None:
-                    self.keys.decided(event.job_id, event.spec)
+                    self.keys.decided(event.job_id, event.spec, holds=event.code != KEY_REUSED)
             case JobCancelled():
                 self.jobs[event.job_id] = "cancelled"
                 self.services.replica_gone(event.job_id)

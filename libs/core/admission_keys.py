@@ -32,11 +32,21 @@ _FIELDS = tuple(f.name for f in msgspec.structs.fields(JobSpec))
 _VALUE_CHARS = 40  # a differing value is shown up to this long (commands and labels can be long)
 
 
+# Each field's default value: a field equal to it is left out of the fingerprint, however it was written.
+_DEFAULTS = {f.name: f.default if f.default is not msgspec.NODEFAULT else
+             f.default_factory() if f.default_factory is not msgspec.NODEFAULT else msgspec.NODEFAULT
+             for f in msgspec.structs.fields(JobSpec)}
+
+
 def spec_fingerprint(spec: JobSpec) -> str:
-    """Equal for equal specs however they were built: the spec goes through its wire form first (5 and 5.0
-    are one duration there) and is encoded with sorted keys (labels in any order are the same labels)."""
-    wire = msgspec.json.decode(msgspec.json.encode(spec), type=JobSpec)
-    return hashlib.blake2b(msgspec.json.encode(wire, order="sorted"), digest_size=16).hexdigest()
+    """Equal for equal specs however they were built: a field equal to its default counts as absent (a job
+    file that writes `priority: training` out is the spec that leaves it out), values are compared in their
+    wire form (5 and 5.0 are one duration) and labels in any order are the same labels."""
+    wire = msgspec.json.decode(msgspec.json.encode(spec), type=JobSpec)  # 5 becomes the 5.0 a float field holds
+    fields = {name: msgspec.to_builtins(value) for name in _FIELDS
+              if (value := getattr(wire, name)) != _DEFAULTS[name]}
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
 
 
 def spec_differences(stored: JobSpec, sent: JobSpec) -> list[str]:
@@ -91,11 +101,14 @@ class KeyBook:
     holders: dict[tuple[str, str], str] = field(default_factory=dict)
     fingerprints: dict[str, str] = field(default_factory=dict)
 
-    def decided(self, job_id: str, spec: JobSpec) -> None:
+    def decided(self, job_id: str, spec: JobSpec, holds: bool = True) -> None:
+        """`holds`: the decision made a job of this key (a refusal of a reused key did not: it holds nothing,
+        or the key's first real submission would be answered with that refusal)."""
         if not spec.idempotency_key:
             return
         self.fingerprints[job_id] = spec_fingerprint(spec)
-        self.holders.setdefault((spec.team, spec.idempotency_key), job_id)  # the first job keeps its key
+        if holds:
+            self.holders.setdefault((spec.team, spec.idempotency_key), job_id)  # the first job keeps its key
 
     def resubmission(self, job_id: str, spec: JobSpec, known: Container[str]) -> Resubmission | None:
         """For a keyed spec: the job that already holds its id (`known`: the ids decided) or its key, and whether

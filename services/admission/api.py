@@ -106,7 +106,7 @@ class JobsApi:
         command = SubmitJob(id=command_id, ts=time.time(), source=API, correlation_id=job_id, job_id=job_id,
                             spec=spec)
         if spec.idempotency_key:
-            self._in_flight.add(job_id, spec)  # before the publish yields: a request meanwhile sees it
+            self._in_flight.add(command)  # before the publish yields: a request meanwhile sees it
         try:
             await self._publish_traced(command, "submit", job_id, request.headers)
         except BaseException:
@@ -131,6 +131,11 @@ class JobsApi:
         if not again.same:
             refusal = key_reused(again, stored, spec)
             return error_response(409, refusal.code, refusal.message)
+        in_flight = self._in_flight.command(again.job_id)
+        if in_flight is not None:
+            # The first attempt's publish may still fail: the retry publishes the same command (the same id,
+            # so the server keeps one), and is told the job exists only once the log holds it.
+            await self.bus.publish([in_flight])
         answer = JobCreated(id=again.job_id, state=self._state(again.job_id, view), duplicate=True, spec=stored or spec)
         return json_response(answer, status=200, headers={"Location": f"/v1/jobs/{again.job_id}"})
 

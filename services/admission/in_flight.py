@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
-from contracts import JobSpec
+from contracts import JobSpec, SubmitJob
 
 # Long enough for any fold to catch up; an entry never folded (its publish failed after all) goes after this.
 KEEP_S = 120.0
@@ -22,16 +22,21 @@ KEEP_S = 120.0
 class InFlight:
     decided: Container[str]  # the job ids the core has decided (its `jobs`)
     clock: Callable[[], float] = time.monotonic
-    _specs: dict[str, tuple[JobSpec, float]] = field(default_factory=dict)
+    _specs: dict[str, tuple[SubmitJob, float]] = field(default_factory=dict)
 
-    def add(self, job_id: str, spec: JobSpec) -> None:
-        self._specs[job_id] = (spec, self.clock())
+    def add(self, command: SubmitJob) -> None:
+        self._specs[command.job_id] = (command, self.clock())
 
     def discard(self, job_id: str) -> None:
         self._specs.pop(job_id, None)
 
     def get(self, job_id: str) -> JobSpec | None:
         """The spec published for `job_id` while the core has not decided it; None otherwise."""
+        command = self.command(job_id)
+        return None if command is None else command.spec
+
+    def command(self, job_id: str) -> SubmitJob | None:
+        """The command published (or being published) for `job_id` while the core has not decided it."""
         self._prune()
         entry = self._specs.get(job_id)
         return None if entry is None else entry[0]

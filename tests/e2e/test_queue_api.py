@@ -244,7 +244,9 @@ def test_queue_set_changes_only_the_given_fields_and_creates_queues(platform: Pl
     done = cli(platform, "queue", "set", "demo", "--borrowing-limit", "2", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {**before, "borrowing_limit_gpus": 2}
-    view = wait_for(lambda: (q := platform.client.queue("demo"))["spec"].get("borrowing_limit_gpus") == 2 and q,
+    # The spec is admission's own; the flavors' figures are accounting's projection, a batch behind: wait for both.
+    view = wait_for(lambda: (q := platform.client.queue("demo"))["spec"].get("borrowing_limit_gpus") == 2
+                    and q["flavors"][0]["borrowing_limit_gpus"] == 2.0 and q,
                     "the borrowing limit never reached the view")
     assert view["spec"] == {**before, "borrowing_limit_gpus": 2}
     assert view["flavors"][0]["borrowing_limit_gpus"] == 2.0 and view["nominal_gpus"] == before["nominal_gpus"]

@@ -176,7 +176,7 @@ def test_job_id_for_key_is_stable_per_team_and_key_and_differs_across_teams_and_
     assert job_id_for_key("ml", "k1") == job_id_for_key("ml", "k1")
     assert job_id_for_key("ml", "k1") != job_id_for_key("cv", "k1")
     assert job_id_for_key("ml", "k1") != job_id_for_key("ml", "k2")
-    assert job_id_for_key("ml", "k1") == derived_id("job", "ml", "k1")
+    assert job_id_for_key("ml/nlp", "k1") != job_id_for_key("ml", "nlp/k1")  # no two (team, key) join alike
 
 
 def test_re_registering_a_node_replaces_its_gpus_in_the_inventory() -> None:
