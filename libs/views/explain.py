@@ -134,7 +134,7 @@ def _explain_capacity(out: Explanation, job: JobView, running: list[JobView], no
                       now: float) -> None:
     models = tuple(job.spec.gpu_models) if job.spec else ()
     eligible = [n for n in nodes if n.online and (not models or set(n.models) & set(models))]
-    free = sum(sum(n.gpu_free_milli) for n in eligible)
+    free = sum(_free_for(job, n) for n in eligible)
     label = ",".join(models) or "any model"
     shortfall = max(job.shortfall_milli, demand - free, 0) or demand
     relevant = [j for j in running if not models or any(p.model in models for p in j.placements)]
@@ -145,6 +145,17 @@ def _explain_capacity(out: Explanation, job: JobView, running: list[JobView], no
         out.estimated_start = when
     else:
         out.unblock.append(f"{_gpus(shortfall)} more of {label} (no running job declares when it ends)")
+
+
+def _free_for(job: JobView, node: NodeView) -> int:
+    """The node's free GPU capacity the job could use, in milli: a MIG instance's share is no plain GPU's, and a
+    whole-GPU job takes only GPUs that are wholly free (what is left of a split GPU holds fractions only)."""
+    modes = node.gpu_modes or ("whole",) * len(node.gpu_free_milli)
+    plain = [free for free, mode in zip(node.gpu_free_milli, modes, strict=False) if mode != "mig"]
+    spec = job.spec
+    if spec is not None and (spec.gpu_milli or spec.mig_profile):
+        return sum(plain) if not spec.mig_profile else sum(node.gpu_free_milli)
+    return sum(free for free in plain if free == FULL)
 
 
 def _at(ts: float) -> str:

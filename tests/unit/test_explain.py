@@ -72,3 +72,16 @@ def test_a_running_job_started_when_it_started_and_a_final_one_says_why_it_ended
     assert (running.state, running.reasons, running.estimated_start) == ("running", [], 900.0)
     rejected = explain(job("x", "rejected", "rejected", reason="unknown_queue"), QUEUE, [], [], NODES, NOW)
     assert [r.code for r in rejected.reasons] == ["unknown_queue"] and rejected.unblock == []
+
+
+def test_free_capacity_counts_what_the_job_could_use() -> None:
+    """A whole-GPU job counts only wholly free plain GPUs; a fraction counts what is left of split ones too;
+    neither counts a MIG-enabled GPU's share."""
+    from contracts import JobSpec
+    from contracts.views import JobView, NodeView
+    from libs.views.explain import _free_for
+
+    node = NodeView(name="n", gpu_free_milli=(1000, 750, 1000), gpu_modes=("whole", "split", "mig"))
+    whole = JobView(id="w", state="pending", team="t", queue="q", spec=JobSpec(team="t", queue="q", gpus=2))
+    part = JobView(id="p", state="pending", team="t", queue="q", spec=JobSpec(team="t", queue="q", gpu_milli=250))
+    assert (_free_for(whole, node), _free_for(part, node)) == (1000, 1750)
