@@ -67,7 +67,9 @@ async def serve(settings: Settings) -> None:
         return
 
     backend = make_backend(settings.node_backend, str(settings.cluster_csv))
-    executor = SimExecutor(bus=None, time_scale=settings.time_scale)
+    watch.roster.served_here = OWN_BACKEND  # the simulated executor reports its own runs' evictions
+    executor = SimExecutor(bus=None, time_scale=settings.time_scale,
+                           serves=lambda node: watch.roster.owners.get(node, OWN_BACKEND) == OWN_BACKEND)
 
     def use_bus(bus: Bus) -> None:
         executor.bus = bus  # before the catch-up: resuming the runs reads the log's latest reports
@@ -83,7 +85,6 @@ async def serve(settings: Settings) -> None:
         await sample_forever(lambda: simulated_samples(executor.inventory, executor.book.runs.values()),
                              min(period, 5.0))
 
-    watch.roster.served_here = OWN_BACKEND  # the simulated executor reports its own runs' evictions
     background: tuple[Task, ...] = (tick, sample, watch_liveness)
     await run_service(settings, NodeTelemetry(executor=executor, watch=watch), on_ready=announce_inventory,
                       background=background, on_start=use_bus)

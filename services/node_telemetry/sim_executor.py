@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from nats.js.errors import NotFoundError
 
@@ -47,9 +47,12 @@ class SimExecutor:
 
     name = "node-telemetry"
 
-    def __init__(self, bus: Bus | None, time_scale: float = 1.0) -> None:
+    def __init__(self, bus: Bus | None, time_scale: float = 1.0, serves: Callable[[str], bool] | None = None) -> None:
         self.bus = bus
         self.time_scale = time_scale
+        # Which nodes it runs jobs on: the simulated cluster's, not an agent's that registered beside it (whose
+        # agent runs them) nor a node of an earlier cluster source (which nobody serves). None: every node.
+        self.serves = serves
         self.inventory = InventoryBook()
         self.book = ExecutorBook(time_scale)
         self.timers: dict[str, asyncio.TimerHandle] = {}  # job id -> the finish of its current run
@@ -74,11 +77,20 @@ class SimExecutor:
 
     def replay(self, seq: int, event: EventBase) -> None:
         self._seen = seq
+        if self._elsewhere(event):
+            return
         self.inventory.evolve(event)
         self.book.fold(event)
 
+    def _elsewhere(self, event: EventBase) -> bool:
+        """A placement on a node this executor does not serve: another executor's run, never started here."""
+        return (self.serves is not None and isinstance(event, JobPlaced)
+                and not all(self.serves(p.node) for p in event.placements))
+
     def on_event(self, seq: int, event: EventBase) -> list[EventBase]:
         self._seen = seq
+        if self._elsewhere(event):
+            return self._resume() if 0 <= self._resume_at <= seq else []
         if self._resume_at > seq and not isinstance(event, REPORTS):
             # Until every report of the replaced process is read, the book may hold runs that already ended
             # (a preemption decided before a run's finish, read here before that finish): acting now could

@@ -138,8 +138,23 @@ def test_demo_then_agents_then_fresh(tmp_path: Path, auth: bool) -> None:
         cli("node", "remove", node, "--reason", "decommissioned")
         cli.until("the removed node is gone", lambda: [n["name"] for n in cli("nodes")] == sorted(
             {"agent-0", "agent-1"} - {node}))
+        # A job still running on an agent when the platform goes back to the demo.
+        left = cli("submit", "--team", "demo", "--queue", "demo", "--gpus", "1", "--duration", "2", "--",
+                   *sleeper)["id"]
+        agent_nodes = {"agent-0", "agent-1"}
+        cli.until("the job left behind runs on an agent", lambda: cli.job(left)["state"] == "running"
+                  and nodes_of(cli.job(left)) <= agent_nodes)
 
-    # 3. Back to the demo, afresh: the old log is archived, not deleted; nothing of it is left in the platform.
+    # 3. Back to the demo in the same folder: the agents' nodes leave, and the job left on one runs on the demo's.
+    with platform(data, env) as (api, _):
+        cli = Cli({**cli_env, "GPUSCHED_API": api})
+        cli.until("only the demo's nodes are listed", lambda: {n["name"] for n in cli("nodes")} == demo_nodes)
+        cli.until("the job left on an agent ends on the demo's nodes", lambda: cli.job(left)["state"] == "succeeded",
+                  timeout=120)
+        runs = cli.job(left)["runs"]
+        assert {p["node"] for p in runs[-1]["placements"]} <= demo_nodes
+
+    # 4. The demo again, afresh: the old log is archived, not deleted; nothing of it is left in the platform.
     with platform(data, env, "--fresh") as (api, _):
         cli = Cli({**cli_env, "GPUSCHED_API": api})
         archives = list((data / "archive").iterdir())

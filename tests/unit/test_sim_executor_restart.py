@@ -152,3 +152,14 @@ async def test_a_preemption_read_before_the_resume_spares_the_run_placed_after_i
     assert executor.on_event(6, placed("r2", 0.2)) == []
     out = executor.on_event(7, report(JobStarted, "r2", "started", 0.21))  # the resume
     assert out == [] and executor.book.runs[JOB].run_id == "r2" and JOB in executor.timers
+
+
+async def test_a_placement_on_a_node_it_does_not_serve_is_never_run_nor_resumed_here() -> None:
+    """An agent's node beside the simulated cluster, or a node of an earlier cluster source: another executor's
+    run (or nobody's, which node-telemetry's roster reports evicted), never started by the simulated one."""
+    executor = SimExecutor(bus=None, serves=lambda node: node != "n1")
+    executor.replay(1, JobSubmitted(id="s", ts=0.0, source="admission", job_id=JOB, spec=SPEC))
+    executor.replay(2, placed("r1", 0.0))
+    await executor.after_catch_up()
+    assert JOB not in executor.book.runs and JOB not in executor.timers
+    assert executor.on_event(3, placed("r2", 0.1)) == []
