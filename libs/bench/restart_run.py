@@ -45,8 +45,8 @@ from libs.runtime.settings import DEFAULT_CLUSTER
 from libs.runtime.snapshots import EVERY_EVENTS, SnapshotPolicy, Snapshotter
 from libs.sim.pipeline import run_virtual
 from libs.sim.workload import synthetic_inputs
+from libs.views.projector import Projector
 from libs.views.store import ViewStore
-from services.accounting.projector import Projector
 
 DECIDERS: dict[str, Callable[[], Decider]] = {"admission": AdmissionDecider, "quota": QuotaDecider,
                                               "placement": PlacementDecider, "preemption": PreemptionDecider}

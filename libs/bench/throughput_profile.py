@@ -31,7 +31,7 @@ ACTIVITIES: Activities = (
     ("decode", ("decode (contracts/codec.py)",)),
     ("encode", ("encode (contracts/codec.py)",)),
     ("ack", ("Msg.ack",)),
-    ("views (Redis)", ("after_batch (services/accounting/",)),
+    ("views (Redis)", ("after_batch (libs/views/projector",)),
     # The client's flusher writes whatever is pending to the socket: decisions, acks and fetch requests.
     ("socket writes", ("_flusher (nats/",)),
     ("publish", ("Bus.publish", "Bus._publish", "publish_async (nats/", "Bus.dead_letter")),

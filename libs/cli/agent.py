@@ -1,18 +1,18 @@
-"""`gpusched agent`: the node agent of this GPU server, whose dependencies load only for this command."""
+"""`gpusched agent`: the node agent of this GPU server. The CLI starts the edge's processes by module name, as
+`gpusched service` does (libs import nothing of services/), and the agent's dependencies load only here."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+
+AGENT_APP = "services.agent.app"
 
 
 def cmd_agent(args: argparse.Namespace) -> None:
-    from services.agent.app import cmd_agent as run_agent
-
-    run_agent(args)
+    importlib.import_module(AGENT_APP).cmd_agent(args)
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
-    from services.agent.app import add_command as add_agent
-
-    add_agent(sub)
+    importlib.import_module(AGENT_APP).add_command(sub)
     sub.choices["agent"].set_defaults(func=cmd_agent)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from libs.cli.output import add_json_flag, add_table_flags, wide
 from libs.cli.tables import Column, print_table
-from services.admission.auth import (
+from libs.runtime.api_tokens import (
     ROLES,
     TOKENS_ENV,
     TokenEntry,

@@ -22,10 +22,10 @@ from rich.table import Table
 
 from libs.cli.data_folder import archive
 from libs.files import write_whole
+from libs.runtime.api_tokens import TOKENS_ENV
 from libs.runtime.embedded import EmbeddedServer, free_port, port_open, start_nats, start_redis
 from libs.runtime.settings import DEFAULT_CLUSTER, DEFAULT_POLICY, DEFAULT_PORTS, SERVICES
 from libs.runtime.supervisor import Supervisor
-from services.admission.auth import TOKENS_ENV
 
 console = Console(stderr=True)
 

@@ -6,8 +6,8 @@ from libs.reports.rates import load_rates
 from libs.runtime.main import service_main
 from libs.runtime.service import run_service
 from libs.runtime.settings import Settings
+from libs.views.projector import Projector
 from libs.views.store import ViewStore
-from services.accounting.projector import Projector
 
 
 async def serve(settings: Settings) -> None:

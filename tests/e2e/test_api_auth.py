@@ -28,10 +28,11 @@ from libs.audit.log_reader import read_log
 from libs.bus.jetstream import Bus, BusConfig
 from libs.cli.client import Client
 from libs.cli.up import start_platform
+from libs.runtime.api_tokens import TOKENS_ENV
 from libs.runtime.embedded import EmbeddedServer, free_port
 from libs.runtime.settings import DEFAULT_CLUSTER, DEFAULT_POLICY, REPO_ROOT
 from libs.runtime.supervisor import Supervisor
-from services.admission.auth import BURST_ENV, RATE_ENV, TOKENS_ENV
+from services.admission.auth import BURST_ENV, RATE_ENV
 from tests.e2e.waiting import wait_for
 
 pytestmark = pytest.mark.e2e

@@ -29,9 +29,9 @@ from schemathesis.engine import events, from_schema
 
 from libs.cli.client import Client
 from libs.cli.up import start_platform
+from libs.runtime.api_tokens import TOKENS_ENV, TokenEntry, hash_token, new_token, write_tokens
 from libs.runtime.embedded import EmbeddedServer, free_port
 from libs.runtime.settings import DEFAULT_CLUSTER, DEFAULT_POLICY
-from services.admission.auth import TOKENS_ENV, TokenEntry, hash_token, new_token, write_tokens
 from tests.e2e.waiting import wait_for
 
 pytestmark = pytest.mark.e2e

@@ -42,8 +42,8 @@ from libs.runtime.embedded import EmbeddedServer
 from libs.runtime.handler import DeciderHandler, Handler
 from libs.runtime.reactor import Reactor
 from libs.telemetry.tracing import ServiceTracing, job_of, setup_tracing
+from libs.views.projector import Projector
 from libs.views.store import ViewStore
-from services.accounting.projector import Projector
 from services.admission.api import JobsApi
 from services.node_telemetry.sim_executor import SimExecutor
 

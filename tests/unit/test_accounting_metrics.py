@@ -20,8 +20,8 @@ from contracts import (
     ServiceSpec,
 )
 from libs.reports.rates import Rates
+from libs.views.projector import Projector
 from libs.views.store import ViewStore
-from services.accounting.projector import Projector
 from tests.unit.builders import EventFeed, job, node, of, pipeline, queue
 
 

@@ -22,20 +22,12 @@ from libs.bus.jetstream import Bus, BusConfig
 from libs.cli.client import Client
 from libs.cli.main import main as gpusched
 from libs.core.admission import AdmissionDecider
+from libs.runtime.api_tokens import TokenEntry, TokenFileError, hash_token, read_tokens, write_tokens
 from libs.runtime.http import base_app
 from libs.views.store import ViewStore
 from services.admission import auth
 from services.admission.api import JobsApi
-from services.admission.auth import (
-    RateLimiter,
-    TokenEntry,
-    TokenFile,
-    TokenFileError,
-    auth_middleware,
-    hash_token,
-    read_tokens,
-    write_tokens,
-)
+from services.admission.auth import RateLimiter, TokenFile, auth_middleware
 from services.admission.nodes_api import NodesApi
 from services.admission.queues_api import QueuesApi
 from tests.unit.builders import EventFeed, job, node, queue

@@ -88,7 +88,7 @@ def _scanned(user: str) -> set[type[EventBase]]:
 def _keeps_a_chain(user: str) -> bool:
     """The reactor publishes signed AuditCheckpoints for a handler with a decision chain."""
     from libs.runtime.handler import DeciderHandler
-    from services.accounting.projector import Projector
+    from libs.views.projector import Projector
     from services.agent.executor import ProcessExecutor
     from services.node_telemetry.handler import NodeTelemetry
 

@@ -12,8 +12,8 @@ import pytest
 
 from contracts import JobFinished, JobStarted
 from libs.runtime.embedded import EmbeddedServer, start_redis
+from libs.views.projector import Projector
 from libs.views.store import ViewStore, ViewsVanished
-from services.accounting.projector import Projector
 from tests.unit.builders import EventFeed, job, node, pipeline, queue
 
 

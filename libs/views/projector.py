@@ -26,8 +26,8 @@ from libs.core.cluster import FULL, Node
 from libs.core.ledger import Ledger
 from libs.reports.inference import ServiceTracker
 from libs.reports.rates import Rates
+from libs.views import metrics
 from libs.views.store import ViewStore, ViewsVanished
-from services.accounting import metrics
 
 log = logging.getLogger(__name__)
 
