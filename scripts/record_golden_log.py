@@ -18,8 +18,8 @@ from pathlib import Path
 from libs.audit.log_reader import read_log
 from libs.bus.jetstream import Bus, BusConfig
 from libs.cli.client import Client
-from libs.cli.up import start_platform
 from libs.runtime.embedded import free_port
+from libs.runtime.platform import start_platform
 from libs.runtime.settings import DEFAULT_CLUSTER, DEFAULT_POLICY
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden"

@@ -26,13 +26,13 @@ from typing import Any
 
 import aiohttp
 
-from libs.cli.up import start_platform, stop_all
 from libs.kube.client import ApiError, KubeClient, KubeConfig, Obj
 from libs.kube.devcluster import DevCluster, start_dev_cluster
 from libs.kube.fake_kubelet import create_nodes
 from libs.kube.reflector import Reflector
 from libs.kube.workloads import meta
 from libs.runtime.embedded import free_port
+from libs.runtime.platform import start_platform, stop_all
 
 POLICY = """
 [[queues]]

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from libs.cli.up import start_platform
 from libs.runtime.embedded import EmbeddedServer, free_port
+from libs.runtime.platform import start_platform
 from libs.runtime.supervisor import Supervisor
 
 

@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from libs.cli.client import Client
-from libs.cli.up import start_platform
 from libs.kube.devcluster import DevCluster, kubectl, start_dev_cluster
 from libs.runtime.embedded import EmbeddedServer, free_port
+from libs.runtime.platform import start_platform
 from libs.runtime.supervisor import Supervisor
 from tests.e2e.waiting import wait_for
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from libs.cli.client import Client
-from libs.cli.up import start_platform
 from libs.runtime.embedded import free_port
+from libs.runtime.platform import start_platform
 from libs.runtime.supervisor import Supervisor
 from tests.e2e.waiting import wait_for
 

@@ -27,9 +27,9 @@ from contracts.codec import decode
 from libs.audit.log_reader import read_log
 from libs.bus.jetstream import Bus, BusConfig
 from libs.cli.client import Client
-from libs.cli.up import start_platform
 from libs.runtime.api_tokens import TOKENS_ENV
 from libs.runtime.embedded import EmbeddedServer, free_port
+from libs.runtime.platform import start_platform
 from libs.runtime.settings import DEFAULT_CLUSTER, DEFAULT_POLICY, REPO_ROOT
 from libs.runtime.supervisor import Supervisor
 from services.admission.auth import BURST_ENV, RATE_ENV

@@ -28,9 +28,9 @@ import schemathesis
 from schemathesis.engine import events, from_schema
 
 from libs.cli.client import Client
-from libs.cli.up import start_platform
 from libs.runtime.api_tokens import TOKENS_ENV, TokenEntry, hash_token, new_token, write_tokens
 from libs.runtime.embedded import EmbeddedServer, free_port
+from libs.runtime.platform import start_platform
 from libs.runtime.settings import DEFAULT_CLUSTER, DEFAULT_POLICY
 from tests.e2e.waiting import wait_for
 

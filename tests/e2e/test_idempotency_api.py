@@ -18,8 +18,8 @@ import pytest
 
 from libs.cli.client import Client
 from libs.cli.main import main
-from libs.cli.up import start_platform
 from libs.runtime.embedded import EmbeddedServer, free_port
+from libs.runtime.platform import start_platform
 from libs.runtime.settings import DEFAULT_CLUSTER, DEFAULT_POLICY
 from libs.runtime.supervisor import Supervisor
 from tests.e2e.waiting import wait_for

@@ -34,10 +34,10 @@ from libs.bench.chaos_run import (
     wait_for_platform,
 )
 from libs.bus.jetstream import Bus, BusConfig
-from libs.cli.up import start_platform
 from libs.core.ledger import FINAL_STATES
 from libs.runtime.embedded import EmbeddedServer, free_port
 from libs.runtime.nats_cluster import NatsCluster, NatsNode, start_nats_cluster
+from libs.runtime.platform import start_platform
 from libs.runtime.supervisor import Supervisor
 
 pytestmark = pytest.mark.e2e

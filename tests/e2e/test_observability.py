@@ -30,9 +30,9 @@ import yaml
 from contracts import GpuHealthChanged, JobStarted, NodeLost
 from libs.bus.jetstream import Bus, BusConfig
 from libs.cli.client import Client
-from libs.cli.up import start_platform
 from libs.core.decider import derived_id
 from libs.runtime.embedded import free_port
+from libs.runtime.platform import start_platform
 from libs.runtime.settings import SERVICES
 from libs.runtime.supervisor import Supervisor
 from libs.sim.executor import SIM_EXIT_CODES

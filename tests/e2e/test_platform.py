@@ -31,10 +31,10 @@ from libs.audit.quota_audit import quota_violations
 from libs.audit.replay import replay
 from libs.bus.jetstream import Bus, BusConfig
 from libs.cli.client import ApiError, Client
-from libs.cli.up import start_platform
 from libs.reports.rates import Rates
 from libs.reports.usage import UsageHistory, usage_rows
 from libs.runtime.embedded import EmbeddedServer, free_port
+from libs.runtime.platform import start_platform
 from libs.runtime.settings import OFF_PATH, SERVICES
 from libs.runtime.supervisor import Supervisor
 from tests.usage_oracle import gpu_seconds_by_team

@@ -32,8 +32,8 @@ from libs.audit.quota_audit import quota_violations
 from libs.audit.replay import replay
 from libs.bus.jetstream import Bus, BusConfig
 from libs.cli.client import Client
-from libs.cli.up import start_platform
 from libs.runtime.embedded import EmbeddedServer, free_port
+from libs.runtime.platform import start_platform
 from libs.runtime.supervisor import Supervisor
 from libs.sim.executor import SIM_CHECKPOINT_S
 from tests.e2e.waiting import wait_for

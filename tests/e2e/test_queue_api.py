@@ -26,8 +26,8 @@ from contracts.codec import decode
 from libs.audit.log_reader import read_log
 from libs.bus.jetstream import Bus, BusConfig
 from libs.cli.client import ApiError, Client
-from libs.cli.up import start_platform
 from libs.runtime.embedded import EmbeddedServer, free_port
+from libs.runtime.platform import start_platform
 from libs.runtime.settings import DEFAULT_CLUSTER, DEFAULT_POLICY, REPO_ROOT
 from libs.runtime.supervisor import Supervisor
 from tests.e2e.waiting import wait_for

@@ -30,8 +30,8 @@ from libs.bus.jetstream import Bus, BusConfig, NatsAuth, inbox_prefix
 from libs.bus.permissions import AGENT, AUDITOR, OPERATOR, PUBLISHES, SERVICES, log_subject, render_config, users
 from libs.cli.client import Client
 from libs.cli.nats_config import write_secrets
-from libs.cli.up import start_platform
 from libs.runtime.embedded import EmbeddedServer, free_port, nats_server_binary, wait_port
+from libs.runtime.platform import start_platform
 from libs.runtime.settings import REPO_ROOT
 from libs.runtime.supervisor import Supervisor
 from tests.e2e.waiting import wait_for

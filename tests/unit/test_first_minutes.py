@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from libs.bus.jetstream import Bus, BusConfig
-from libs.cli import up
 from libs.cli.client import Client
 from libs.cli.endpoints import api_endpoint, nats_endpoint
-from libs.runtime import embedded
+from libs.runtime import embedded, platform
 from libs.runtime.embedded import StartError, free_port, port_open, start_redis
+from libs.runtime.settings import DEFAULT_CLUSTER, DEFAULT_POLICY
 
 FAILING_REDIS = """#!/bin/sh
 echo "*** FATAL CONFIG FILE ERROR ***"
@@ -66,15 +66,15 @@ def test_a_server_that_fails_is_named_with_what_it_said(clean_env: Path, failing
 def test_a_failed_start_stops_what_it_had_started(clean_env: Path, failing_redis: None,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     started: list[embedded.EmbeddedServer] = []
-    real_start_nats = up.start_nats
+    real_start_nats = platform.start_nats
 
     def recording_start_nats(data_dir: Path, port: int | None = None) -> embedded.EmbeddedServer:
         started.append(real_start_nats(data_dir, port))
         return started[-1]
 
-    monkeypatch.setattr(up, "start_nats", recording_start_nats)
+    monkeypatch.setattr(platform, "start_nats", recording_start_nats)
     with pytest.raises(StartError, match="redis"):
-        up.start_platform(Path(".data"), up.DEFAULT_CLUSTER, up.DEFAULT_POLICY, free_port(), own_servers=True)
+        platform.start_platform(Path(".data"), DEFAULT_CLUSTER, DEFAULT_POLICY, free_port(), own_servers=True)
     assert len(started) == 1
     assert started[0].proc.poll() is not None, "the NATS server outlived the failed start"
     assert not port_open(started[0].port)
