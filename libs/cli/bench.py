@@ -5,20 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from libs.cli.bench_output import console, fmt, interrupt, interruptible, report
 from libs.cli.output import add_json_flag
 from libs.runtime.settings import REPO_ROOT
 from libs.sim.declare import DECLARATIONS
 
-console = Console(stderr=True)
 # Read in place from the shared data next to the repository; never copied into it.
 DEFAULT_GENERATOR = REPO_ROOT.parent / "shared" / "data" / "kueue-baseline" / "generator.yaml"
 
@@ -34,7 +31,7 @@ def cmd_kueue_baseline(args: argparse.Namespace) -> None:
                         replica_gpus=args.replica_gpus, declare=args.declare)
     if not opts.generator.exists():
         raise FileNotFoundError(f"generator {opts.generator} not found (--generator PATH)")
-    signal.signal(signal.SIGTERM, _interrupt)  # stop the platform and its servers on SIGTERM too
+    signal.signal(signal.SIGTERM, interrupt)  # stop the platform and its servers on SIGTERM too
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
         starting = progress.add_task("starting NATS, Redis and the six services", total=None)
@@ -46,8 +43,8 @@ def cmd_kueue_baseline(args: argparse.Namespace) -> None:
             for task, done in zip(tasks.values(), (submitted, reserved, final), strict=True):
                 progress.update(task, completed=done, total=total, visible=True)
 
-        result = _interruptible(lambda: run_bench(opts, progress=show))
-    _report(args, result, comparison_table, failed=bool(result["timed_out"]))
+        result = interruptible(lambda: run_bench(opts, progress=show))
+    report(args, result, comparison_table, failed=bool(result["timed_out"]))
 
 
 def cmd_executor(args: argparse.Namespace) -> None:
@@ -55,7 +52,7 @@ def cmd_executor(args: argparse.Namespace) -> None:
 
     opts = ExecutorBenchOptions(jobs=args.jobs, gpus=args.gpus, duration_s=args.duration, timeout_s=args.timeout,
                                 data=Path(args.data) if args.data else None)
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
         task = progress.add_task("starting NATS, Redis, the six services and the node agent", total=None)
@@ -63,8 +60,8 @@ def cmd_executor(args: argparse.Namespace) -> None:
         def show(submitted: int, final: int, total: int) -> None:
             progress.update(task, description="jobs finished", completed=final, total=total)
 
-        result = _interruptible(lambda: run_executor_bench(opts, progress=show))
-    _report(args, result, executor_table, failed=bool(result["unfinished"]))
+        result = interruptible(lambda: run_executor_bench(opts, progress=show))
+    report(args, result, executor_table, failed=bool(result["unfinished"]))
 
 
 def executor_table(result: dict[str, Any]) -> Table:
@@ -87,7 +84,7 @@ def cmd_chaos(args: argparse.Namespace) -> None:
 
     opts = ChaosOptions(jobs=args.jobs, seed=args.seed, kill_every_s=args.kill_every, window_s=args.window,
                         time_scale=args.time_scale, timeout_s=args.timeout, data=Path(args.data) if args.data else None)
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(bar_width=30), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.fields[note]}"), console=console, transient=True) as progress:
         accepted = progress.add_task("starting", total=None, note="NATS, Redis and the six services")
@@ -98,8 +95,8 @@ def cmd_chaos(args: argparse.Namespace) -> None:
             progress.update(final, completed=p.final, total=p.total, visible=True,
                             note=f"kills {p.kills}, NATS restarts {p.nats_restarts}, Redis flushes {p.redis_flushes}")
 
-        result = _interruptible(lambda: run_chaos(opts, progress=show))
-    _report(args, result, chaos_table, failed=failed(result))
+        result = interruptible(lambda: run_chaos(opts, progress=show))
+    report(args, result, chaos_table, failed=failed(result))
 
 
 def chaos_table(result: dict[str, Any]) -> Table:
@@ -125,11 +122,11 @@ def cmd_inference(args: argparse.Namespace) -> None:
     if args.virtual:
         with console.status("a day through the deciders in virtual time"):
             result = run_day(seed=args.seed, declare=args.declare)
-        _report(args, result, inference_table, failed=failed(result))
+        report(args, result, inference_table, failed=failed(result))
         return
     opts = InferenceBenchOptions(time_scale=args.time_scale, report_every_s=args.report_every, seed=args.seed,
                                  data=Path(args.data) if args.data else None, declare=args.declare)
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         task = progress.add_task("starting NATS, Redis and the six services", total=24.0, note="")
@@ -137,8 +134,8 @@ def cmd_inference(args: argparse.Namespace) -> None:
         def show(hour: float, note: str) -> None:
             progress.update(task, description=f"day {hour:4.1f} h", completed=hour, note=note)
 
-        result = _interruptible(lambda: run_inference_bench(opts, progress=show))
-    _report(args, result, inference_table, failed=failed(result))
+        result = interruptible(lambda: run_inference_bench(opts, progress=show))
+    report(args, result, inference_table, failed=failed(result))
 
 
 def inference_table(result: dict[str, Any]) -> Table:
@@ -172,7 +169,7 @@ def cmd_throughput(args: argparse.Namespace) -> None:
                              off_path_nice=args.nice_off_path,
                              profile_dir=Path(args.profile) if args.profile else None,
                              data=Path(args.data) if args.data else None)
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=console, transient=True) as progress:
         task = progress.add_task("starting NATS, Redis and the six services", total=None, note="")
@@ -183,13 +180,13 @@ def cmd_throughput(args: argparse.Namespace) -> None:
             if p.result is not None:
                 r = p.result
                 verdict = "sustained" if r["sustained"] else "not sustained"
-                progress.console.print(f"{r['rate']:>7g} jobs/s offered: {_fmt(r['placed_per_s'])} placed/s, "
-                                       f"p50 {_fmt(r['p50_ms'])} ms, p99 {_fmt(r['p99_ms'])} ms, backlog at end "
+                progress.console.print(f"{r['rate']:>7g} jobs/s offered: {fmt(r['placed_per_s'])} placed/s, "
+                                       f"p50 {fmt(r['p50_ms'])} ms, p99 {fmt(r['p99_ms'])} ms, backlog at end "
                                        f"{r['backlog_at_end']:,}, all services caught up after "
-                                       f"{_fmt(r['caught_up_s'])} s: {verdict}")
+                                       f"{fmt(r['caught_up_s'])} s: {verdict}")
 
-        result = _interruptible(lambda: run_throughput(opts, progress=show))
-    _report(args, result, throughput_table, failed=result["placed"] < result["jobs"])
+        result = interruptible(lambda: run_throughput(opts, progress=show))
+    report(args, result, throughput_table, failed=result["placed"] < result["jobs"])
 
 
 def throughput_table(result: dict[str, Any]) -> Table:
@@ -198,19 +195,19 @@ def throughput_table(result: dict[str, Any]) -> Table:
     for c in ("", "measured", "target"):
         table.add_column(c)
     table.add_row("placed / submitted", f"{result['placed']:,} / {result['submitted']:,}", "")
-    table.add_row("placed per second (steady window)", _fmt(result["placed_per_s"]), f">= {result['rate']:g}")
+    table.add_row("placed per second (steady window)", fmt(result["placed_per_s"]), f">= {result['rate']:g}")
     table.add_row("submit-to-placed p50 / p99 / max",
-                  f"{_fmt(result['p50_ms'])} / {_fmt(result['p99_ms'])} / {_fmt(result['max_ms'])} ms",
+                  f"{fmt(result['p50_ms'])} / {fmt(result['p99_ms'])} / {fmt(result['max_ms'])} ms",
                   "p99 <= 250 ms at 500 jobs/s")
     table.add_row("p99 per hop: admission / quota / placement",
-                  " / ".join(f"{_fmt(result['stages_ms'][h]['p99_ms'])}" for h in ("admission", "quota", "placement"))
+                  " / ".join(f"{fmt(result['stages_ms'][h]['p99_ms'])}" for h in ("admission", "quota", "placement"))
                   + " ms", "")
     table.add_row("backlog when the arrivals stopped", f"{result['backlog_at_end']:,} jobs, drained in "
-                                                       f"{_fmt(result['drain_s'])} s", "")
-    table.add_row("every service caught up", f"{_fmt(result['caught_up_s'])} s after the arrivals stopped", "")
+                                                       f"{fmt(result['drain_s'])} s", "")
+    table.add_row("every service caught up", f"{fmt(result['caught_up_s'])} s after the arrivals stopped", "")
     table.add_row("events in the log per job", f"{result['events_per_job']:.2f}", "")
     table.add_row("CPU ms per job", ", ".join(f"{k} {v:g}" for k, v in result["cpu_ms_per_job"].items()), "")
-    table.add_row("highest sustained rate", _fmt(result["max_sustained_jobs_per_s"], " jobs/s")
+    table.add_row("highest sustained rate", fmt(result["max_sustained_jobs_per_s"], " jobs/s")
                   if result["search"] else "(--search)", ">= 1,000 jobs/s")
     return table
 
@@ -234,36 +231,6 @@ def _virtual(args: argparse.Namespace) -> None:
         console.print(comparison_table(result))
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-def _interruptible(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run a benchmark; Ctrl-C or SIGTERM stops it (its platform is stopped on the way out) with status 130."""
-    try:
-        return run()
-    except KeyboardInterrupt:
-        console.print("interrupted: the platform and its servers are stopped")
-        sys.exit(130)
-
-
-def _report(args: argparse.Namespace, result: dict[str, Any], table: Callable[[dict[str, Any]], Table],
-            failed: bool) -> None:
-    """The figures as JSON (--json) or a table; status 1 when the run failed its own checks."""
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        console.print(table(result))
-    if failed:
-        sys.exit(1)
-
-
-def _fmt(value: Any, unit: str = "") -> str:
-    if value is None:
-        return "-"
-    return f"{value:,.1f}{unit}" if isinstance(value, float) else f"{value:,}{unit}"
-
-
 def comparison_table(result: dict[str, Any]) -> Table:
     kueue: dict[str, Any] = result.get("kueue", {})
     kueue_tta: dict[str, float] = kueue.get("time_to_admission_s", {})
@@ -272,22 +239,22 @@ def comparison_table(result: dict[str, Any]) -> Table:
                         f"{result.get('replica_gpus', 1)}-GPU replicas){mode}")
     for column in ("", "gpusched", "Kueue (published)"):
         table.add_column(column, justify="right" if column else "left")
-    table.add_row("wall time", _fmt(result["wall_time_s"], " s"), _fmt(kueue.get("wall_time_s"), " s"))
+    table.add_row("wall time", fmt(result["wall_time_s"], " s"), fmt(kueue.get("wall_time_s"), " s"))
     for cls in sorted(set(result["time_to_admission_s"]) | set(kueue_tta)):
         p50 = result["time_to_admission_p50_s"].get(cls)
         p90 = result["time_to_admission_p90_s"].get(cls)
-        ours = _fmt(result["time_to_admission_s"].get(cls), " s")
+        ours = fmt(result["time_to_admission_s"].get(cls), " s")
         if p50 is not None:
             ours = f"{ours} mean (p50 {p50:.1f}, p90 {p90:.1f})"
-        table.add_row(f"time to admission, {cls}", ours, _fmt(kueue_tta.get(cls), " s"))
-    table.add_row("least-used queue's usage", _fmt(result["min_queue_usage_pct"], " %"),
-                  _fmt(kueue.get("min_queue_usage_pct"), " %"))
+        table.add_row(f"time to admission, {cls}", ours, fmt(kueue_tta.get(cls), " s"))
+    table.add_row("least-used queue's usage", fmt(result["min_queue_usage_pct"], " %"),
+                  fmt(kueue.get("min_queue_usage_pct"), " %"))
     table.add_row("jobs completed / submitted", f"{result['jobs_completed']:,} / {result['jobs_submitted']:,}", "")
     for label, key in (("evictions", "evictions"), ("preemptions", "preemptions"),
                        ("quota violations", "quota_violations"), ("events in the log", "events")):
-        table.add_row(label, _fmt(result[key]), "")
+        table.add_row(label, fmt(result[key]), "")
     if "submit_lag_max_s" in result:
-        table.add_row("submission lag, max", _fmt(result["submit_lag_max_s"], " s"), "")
+        table.add_row("submission lag, max", fmt(result["submit_lag_max_s"], " s"), "")
     cpu = result.get("cpu_s") or result.get("decider_s") or {}
     if cpu:
         table.add_row("CPU s per process" if "cpu_s" in result else "CPU s per decider",
@@ -295,7 +262,7 @@ def comparison_table(result: dict[str, Any]) -> Table:
     if result.get("decisions"):
         table.add_row("decisions (per decider CPU second)",
                       f"{result['decisions']:,} ({result['decisions_per_s']:,})", "")
-        table.add_row("cost of one decision", _fmt(result["us_per_decision"], " us"), "")
+        table.add_row("cost of one decision", fmt(result["us_per_decision"], " us"), "")
     if result["timed_out"]:
         table.add_row("[red]timed out[/red]", "not every job reached a final state", "")
     return table

@@ -11,7 +11,7 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from libs.cli.bench import _fmt, _interrupt, _interruptible, _report, console
+from libs.cli.bench_output import console, fmt, interrupt, interruptible, report
 from libs.cli.output import add_json_flag
 
 
@@ -20,7 +20,7 @@ def cmd_kube(args: argparse.Namespace) -> None:
 
     opts = KubeBenchOptions(nodes=args.nodes, gpus_per_node=args.gpus_per_node, demand=args.demand,
                             seed=args.seed, timeout_s=args.timeout, data=Path(args.data) if args.data else None)
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
         task = progress.add_task("starting", total=None)
@@ -28,8 +28,8 @@ def cmd_kube(args: argparse.Namespace) -> None:
         def show(what: str, done: int, total: int) -> None:
             progress.update(task, description=what, completed=done, total=total or None)
 
-        result = _interruptible(lambda: run_kube_bench(opts, progress=show))
-    _report(args, result, kube_table, failed=False)
+        result = interruptible(lambda: run_kube_bench(opts, progress=show))
+    report(args, result, kube_table, failed=False)
 
 
 def kube_table(result: dict[str, Any]) -> Table:
@@ -45,7 +45,7 @@ def kube_table(result: dict[str, Any]) -> Table:
             ("gangs bound whole", "gangs_whole", ""), ("gangs bound in part", "gangs_partial", ""),
             ("GPUs held by partial gangs", "gpus_in_partial_gangs", ""))
     for label, key, unit in rows:
-        table.add_row(label, _fmt(ours[key], unit), _fmt(theirs[key], unit))
+        table.add_row(label, fmt(ours[key], unit), fmt(theirs[key], unit))
     table.add_row("goal met (more pods/s, fewer GPUs stranded)", str(result["met"]), "")
     return table
 

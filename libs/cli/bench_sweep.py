@@ -14,7 +14,7 @@ from typing import Any
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from libs.cli.bench import _interrupt, _interruptible, console
+from libs.cli.bench_output import console, interrupt, interruptible
 from libs.cli.output import add_json_flag
 from libs.runtime.settings import REPO_ROOT
 
@@ -27,7 +27,7 @@ def cmd_queue_sweep(args: argparse.Namespace) -> None:
     from libs.bench.kueue_run import BenchOptions, run_bench
     from libs.bench.kueue_virtual import run_virtual_bench
 
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     runs: list[dict[str, Any]] = []
     with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), TimeElapsedColumn(), console=console,
                   transient=True) as progress:
@@ -38,7 +38,7 @@ def cmd_queue_sweep(args: argparse.Namespace) -> None:
                 result = run_virtual_bench(generator)
             else:
                 options = BenchOptions(generator=generator, timeout_s=args.timeout)
-                result = _interruptible(partial(run_bench, options))
+                result = interruptible(partial(run_bench, options))
             progress.remove_task(task)
             runs.append(summary(queues, generator, result))
     ratio = runs[-1]["us_per_decision"] / runs[0]["us_per_decision"] if runs[0]["us_per_decision"] else 0.0
