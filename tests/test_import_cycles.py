@@ -11,8 +11,6 @@ ROOT = Path(__file__).parents[1]
 PACKAGES = ("contracts", "libs", "services")
 # Each known circle, as the sorted names of its modules.
 KNOWN: set[tuple[str, ...]] = {
-    # The consumer the bus makes is built on in the streaming module, which imports the bus back.
-    ("libs.bus.jetstream", "libs.bus.streaming"),
     # Preemption's decider and the modules cut out of it, which take the decider back.
     ("libs.core.preemption", "libs.core.preemption_sim", "libs.core.reclaim", "libs.core.victim_sets"),
     # Quota's decider and the fourteen modules cut out of it, which take the decider back.

@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Callable
 import nats.errors
 from nats.aio.msg import Msg
 
-from libs.bus.jetstream import Bus, Consumer, stream_seq
+from libs.bus.consumer import Consumer, stream_seq
+from libs.bus.jetstream import Bus
 
 # How long a read waits for a log that has more to give but does not answer (a stream leader moving).
 STALL_LIMIT_S = 30.0

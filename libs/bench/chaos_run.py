@@ -46,7 +46,8 @@ from libs.bench import chaos_scenario as scenario
 from libs.bench.chaos_scenario import Submission
 from libs.bench.guarantee_figures import guarantee_figures
 from libs.bench.platform import bench_platform
-from libs.bus.jetstream import Bus, BusConfig, Consumer, stream_seq
+from libs.bus.consumer import Consumer, stream_seq
+from libs.bus.jetstream import Bus, BusConfig
 from libs.core.decider import derived_id
 from libs.core.ledger import FINAL_STATES, Ledger
 from libs.runtime.embedded import EmbeddedServer

@@ -9,7 +9,8 @@ import contextlib
 from nats.js.api import ConsumerInfo
 
 from libs.bench.kueue_run import Backlog
-from libs.bus.jetstream import Bus, stream_seq
+from libs.bus.consumer import stream_seq
+from libs.bus.jetstream import Bus
 
 
 async def consumers(bus: Bus) -> dict[str, ConsumerInfo]:

@@ -9,6 +9,8 @@ import logging
 from nats.js.errors import ServiceUnavailableError
 
 log = logging.getLogger(__name__)
+# How long a consumer or a publish waits for a stream or consumer without a leader before it gives up.
+FAILOVER_WAIT_S = 30.0
 
 
 class FailoverWait:

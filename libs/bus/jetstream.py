@@ -32,7 +32,9 @@ from nats.js.errors import NoStreamResponseError, NotFoundError, ServiceUnavaila
 
 from contracts.codec import encode
 from contracts.events import SUBJECT_PREFIX, EventBase, subject_for_type
-from libs.bus.failover import FailoverWait
+from libs.bus import streaming
+from libs.bus.consumer import REST_WAIT_S, Consumer
+from libs.bus.failover import FAILOVER_WAIT_S
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +48,6 @@ ACK_TIMEOUT_S = 10.0
 # How long a publish or a stream lookup waits for the stream to have a leader again: a NATS cluster elects
 # another within seconds of losing one (docs/scaling.md). Well inside the duplicate window, so a publish
 # sent again is still recognised.
-FAILOVER_WAIT_S = 30.0
 # The first pause before a publish is sent again; it doubles up to 1 s.
 FIRST_RETRY_S = 0.1
 # Each stream lookup's own wait, so that one made while no server leads the stream is asked again soon.
@@ -383,14 +384,12 @@ class Bus:
         with contextlib.suppress(NotFoundError):
             await self.js.delete_consumer(self.config.stream, durable)
         sub = await self.js.pull_subscribe(subject="", durable=durable, stream=self.config.stream, config=cfg)
-        from libs.bus.streaming import StreamingConsumer, streams  # it builds on Consumer, defined below
-
         wait = REST_WAIT_S if rest_wait_s is None else rest_wait_s
-        if streams(sub):
-            return StreamingConsumer(self, sub, durable, wait)
+        if streaming.streams(sub):  # (through the module: a test swaps it for a nats-py without them)
+            return streaming.StreamingConsumer(self.config.stream, self.nc, sub, durable, wait)
         log.warning("this nats-py's pull subscription is not the one the streaming consumer knows: %s fetches "
                     "batch by batch", durable)
-        return Consumer(self, sub, durable, wait)
+        return Consumer(self.config.stream, self.nc, sub, durable, wait)
 
     async def reader(self, subjects: Iterable[str], start_seq: int = 1) -> Consumer:
         """An ephemeral in-order reader of the log (replay, catch-up, audit); nothing is acknowledged."""
@@ -400,55 +399,11 @@ class Bus:
             mem_storage=True,
         )
         sub = await self.js.pull_subscribe(subject="", stream=self.config.stream, config=cfg)
-        return Consumer(self, sub, durable=None)
+        return Consumer(self.config.stream, self.nc, sub, durable=None)
 
     async def last_seq(self) -> int:
         info = await self.js.stream_info(self.config.stream)
         return int(info.state.last_seq)
-
-
-# How long a fetch waits for more once it has a first message, unless its consumer is given another wait:
-# the only latency batching may add. Services off the path to a placement wait longer (libs/runtime/settings.py).
-REST_WAIT_S = 0.005
-
-
-class Consumer:
-    def __init__(self, bus: Bus, sub: JetStreamContext.PullSubscription, durable: str | None,
-                 rest_wait_s: float = REST_WAIT_S) -> None:
-        if rest_wait_s < 0:
-            raise ValueError(f"a fetch's rest wait must be 0 or more, not {rest_wait_s}")
-        self.bus = bus
-        self.sub = sub
-        self.durable = durable
-        self.rest_wait_s = rest_wait_s
-        self._failover = FailoverWait(FAILOVER_WAIT_S)
-
-    async def fetch(self, batch: int, timeout: float) -> list[Msg]:
-        """Up to `batch` messages as soon as there is one: wait (up to `timeout`) for the first, then take
-        whatever else is already there or, when nothing is, whatever comes within the consumer's rest wait. A
-        single pull of `batch` would hold the first message until the batch fills or the pull expires, adding
-        up to `timeout` of latency to every hop when traffic is light."""
-        try:
-            first = await self.sub.fetch(1, timeout=timeout)
-        except (TimeoutError, nats.errors.TimeoutError):
-            self._failover.answered()
-            return []
-        except ServiceUnavailableError:
-            await self._failover.wait(self.durable, self.bus.config.stream, timeout)
-            return []
-        self._failover.answered()
-        if batch <= 1 or self.rest_wait_s == 0:
-            return first
-        try:
-            return first + await self.sub.fetch(batch - 1, timeout=self.rest_wait_s)
-        except (TimeoutError, nats.errors.TimeoutError, ServiceUnavailableError):
-            return first
-
-    async def close(self) -> None:
-        try:
-            await self.sub.unsubscribe()
-        except Exception:  # closing a reader whose server went away is not an error worth raising
-            log.debug("unsubscribe failed", exc_info=True)
 
 
 async def _log_nats_error(err: Exception) -> None:
@@ -477,7 +432,3 @@ async def _all_stored(futures: Sequence[asyncio.Future[Any]]) -> None:
 def _with_msg_id(event: EventBase, extra: Mapping[str, str] | None) -> dict[str, str]:
     # The id comes last: extra headers can never override the de-duplication key.
     return {"Nats-Msg-Id": event.id} if not extra else {**extra, "Nats-Msg-Id": event.id}
-
-
-def stream_seq(msg: Msg) -> int:
-    return int(msg.metadata.sequence.stream)

@@ -25,14 +25,14 @@ import time
 from typing import TYPE_CHECKING
 
 import nats.errors
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from libs.bus.jetstream import Consumer
+from libs.bus.consumer import Consumer
 
 if TYPE_CHECKING:
     from nats.js.client import JetStreamContext
 
-    from libs.bus.jetstream import Bus
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,9 @@ def streams(sub: JetStreamContext.PullSubscription) -> bool:
 
 
 class StreamingConsumer(Consumer):
-    def __init__(self, bus: Bus, sub: JetStreamContext.PullSubscription, durable: str, rest_wait_s: float) -> None:
-        super().__init__(bus, sub, durable, rest_wait_s)
+    def __init__(self, stream: str, nc: NatsClient, sub: JetStreamContext.PullSubscription, durable: str,
+                 rest_wait_s: float) -> None:
+        super().__init__(stream, nc, sub, durable, rest_wait_s)
         # nats-py keeps a pull subscription's inbox (where messages and status arrive) and the request subject
         # private; the public fetch sends one request per call, which is what this consumer avoids.
         self._inbox = sub._sub
@@ -115,7 +116,7 @@ class StreamingConsumer(Consumer):
             return False
         if status == "503":  # nobody leads the consumer (an election): wait, then ask again
             self.credits = 0
-            await self._failover.wait(self.durable, self.bus.config.stream, 0.5)
+            await self._failover.wait(self.durable, self.stream, 0.5)
             return True
         self._failover.answered()  # any other word comes from a server that leads the consumer
         if status == "100":  # heartbeat: an open request is still there
@@ -144,7 +145,7 @@ class StreamingConsumer(Consumer):
         if self.credits >= CREDITS // 2:
             return
         request = {"batch": CREDITS, "expires": int(EXPIRES_S * 1e9), "idle_heartbeat": int(HEARTBEAT_S * 1e9)}
-        await self.bus.nc.publish(self._request_subject, json.dumps(request).encode(), self._reply)
+        await self.nc.publish(self._request_subject, json.dumps(request).encode(), self._reply)
         if self.credits == 0:
             self._heard = time.monotonic()
         self.credits += CREDITS

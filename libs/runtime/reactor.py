@@ -30,7 +30,8 @@ from nats.errors import MsgAlreadyAckdError
 from contracts.codec import decode
 from contracts.events import EventBase
 from libs.audit.verify import make_checkpoint
-from libs.bus.jetstream import REST_WAIT_S, Bus, Consumer, stream_seq
+from libs.bus.consumer import REST_WAIT_S, Consumer, stream_seq
+from libs.bus.jetstream import Bus
 from libs.core.decider import Chain, derived_id
 from libs.runtime.handler import Handler
 from libs.runtime.snapshots import Snapshotter

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 
 from nats.aio.msg import Msg
 
+from libs.bus.consumer import Consumer
 from libs.bus.fencing import Deposed, Fence, FencedBus, ensure_fence_subjects
-from libs.bus.jetstream import Bus, Consumer
+from libs.bus.jetstream import Bus
 from libs.bus.lease import Lease, LeaseLost, lease_store
 from libs.runtime.reactor import Reactor
 from libs.telemetry import metrics

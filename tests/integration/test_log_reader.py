@@ -7,7 +7,8 @@ import pytest
 
 from libs.audit import log_reader
 from libs.audit.log_reader import read_log
-from libs.bus.jetstream import Bus, Consumer
+from libs.bus.consumer import Consumer
+from libs.bus.jetstream import Bus
 from tests.integration.test_reactor_on_jetstream import setup_events, submit
 
 

@@ -11,7 +11,8 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from contracts import GpuSpec, JobSpec, NodeRegistered, NodeSpec, QueuePolicyChanged, QueueSpec, SubmitJob
 from contracts.codec import decode, encode
 from libs.audit.log_reader import read_log
-from libs.bus.jetstream import REST_WAIT_S, Bus
+from libs.bus.consumer import REST_WAIT_S
+from libs.bus.jetstream import Bus
 from libs.core.admission import AdmissionDecider
 from libs.runtime.handler import DeciderHandler
 from libs.runtime.reactor import Reactor

@@ -12,7 +12,8 @@ from nats.aio.msg import Msg
 
 from contracts import ClockTick
 from libs.bus import streaming
-from libs.bus.jetstream import Bus, Consumer, stream_seq
+from libs.bus.consumer import Consumer, stream_seq
+from libs.bus.jetstream import Bus
 from libs.bus.streaming import StreamingConsumer
 
 SUBJECTS = ("ClockTick",)
