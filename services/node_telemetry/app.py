@@ -19,12 +19,12 @@ from libs.runtime.main import service_main
 from libs.runtime.reactor import Reactor
 from libs.runtime.service import Task, run_service
 from libs.runtime.settings import Settings
+from libs.sim.live_executor import SimExecutor
 from libs.telemetry.gpu import sample_forever
 from services.node_telemetry.gpu_samples import simulated_samples
 from services.node_telemetry.handler import NodeTelemetry
 from services.node_telemetry.heartbeats import HeartbeatWatch, watch_nodes
 from services.node_telemetry.roster import OWN_BACKEND
-from services.node_telemetry.sim_executor import SimExecutor
 
 log = logging.getLogger(__name__)
 SOURCE = "node-telemetry"

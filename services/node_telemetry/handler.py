@@ -9,8 +9,8 @@ from contracts import EventBase
 from libs.core.decider import Chain, run_decider
 from libs.core.nodes import SERVICE as NODE_HEALTH
 from libs.core.nodes import NodeDecider
+from libs.sim.live_executor import SimExecutor
 from services.node_telemetry.heartbeats import HeartbeatWatch
-from services.node_telemetry.sim_executor import SimExecutor
 
 
 class NodeTelemetry:

@@ -41,11 +41,11 @@ from libs.core.quota import QuotaDecider
 from libs.runtime.embedded import EmbeddedServer
 from libs.runtime.handler import DeciderHandler, Handler
 from libs.runtime.reactor import Reactor
+from libs.sim.live_executor import SimExecutor
 from libs.telemetry.tracing import ServiceTracing, job_of, setup_tracing
 from libs.views.projector import Projector
 from libs.views.store import ViewStore
 from services.admission.api import JobsApi
-from services.node_telemetry.sim_executor import SimExecutor
 
 TIME_SCALE = 20.0  # the job's 2 declared seconds run in 0.1 s
 

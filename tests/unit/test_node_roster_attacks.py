@@ -73,9 +73,9 @@ def test_the_simulated_cluster_comes_back_empty_after_a_turn_with_node_agents() 
     unchanged and announces nothing. The simulated cluster's nodes never register again; the platform runs the
     simulated backend with no node at all (every job waits for ever)."""
     from libs.core.inventory import registration_id
+    from libs.sim.live_executor import SimExecutor
     from services.node_telemetry.handler import NodeTelemetry
     from services.node_telemetry.heartbeats import HeartbeatWatch
-    from services.node_telemetry.sim_executor import SimExecutor
 
     cluster_file = [node("sim-1", 2), node("sim-2", 2)]
     log: list = []

@@ -18,7 +18,7 @@ from contracts import (
 )
 from libs.core.decider import derived_id
 from libs.sim.executor import SOURCE
-from services.node_telemetry.sim_executor import SimExecutor
+from libs.sim.live_executor import SimExecutor
 
 JOB = "job-1"
 SPEC = JobSpec(team="t", queue="q", gpus=1, duration_s=0.2)

@@ -35,10 +35,10 @@ from libs.core.runs import NO_RUN, RUN_REPORTS, CurrentRuns
 from libs.reports.inference import ServiceTimeline, ServiceTracker
 from libs.runtime.state_image import capture, restore
 from libs.sim.executor import SOURCE as SIM_EXECUTOR
+from libs.sim.live_executor import SimExecutor
 from libs.sim.pipeline import run_virtual
 from services.agent.executor import ProcessExecutor
 from services.node_telemetry.roster import NodeRoster
-from services.node_telemetry.sim_executor import SimExecutor
 from tests.unit.builders import EventFeed, brief, job, node, of, pipeline, queue
 
 JOB = "j"

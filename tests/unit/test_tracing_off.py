@@ -31,9 +31,9 @@ from libs.core.admission import AdmissionDecider
 from libs.runtime.handler import DeciderHandler
 from libs.runtime.reactor import Reactor
 from libs.runtime.settings import Settings
+from libs.sim.live_executor import SimExecutor
 from libs.telemetry.tracing import current_tracing, setup_tracing
 from services.admission.api import JobsApi
-from services.node_telemetry.sim_executor import SimExecutor
 
 # A traceparent an upstream producer might have sent.
 UPSTREAM = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}

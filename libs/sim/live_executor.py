@@ -1,4 +1,4 @@
-"""The simulated executor on the wall clock: the node-telemetry service's handler. It "runs" each placed
+"""The simulated executor on the wall clock, which node-telemetry runs for a simulated cluster. It "runs" each placed
 job for its actual runtime, at most its max_runtime_s (divided by the time scale; see libs/sim/executor.py)
 and reports what a real executor would. It is the world, not a decider; after a restart it rebuilds what is
 running from the log and re-arms the timers. Reports made by its timers carry their job's trace context, as
