@@ -1,13 +1,13 @@
 """The frozen net: on every run of libs/sim/frozen/sets.py (the scenario files, seeded pipeline sequences, node
-health sequences, a slice of Kueue's baseline and one of the Philly trace, all in virtual time) the deciders
-decide exactly what tests/golden/frozen/<set>.json recorded, byte for byte. A rewrite of the decision core that
-is to change nothing passes unchanged; a deliberate change of decisions re-records the sets it changes
-(`.venv/bin/python scripts/freeze_decisions.py --set NAME`) and states the difference in its commit message.
+health sequences, a contention case in Kueue's generator format and a slice of the Philly trace, all in virtual
+time) the deciders decide exactly what tests/golden/frozen/<set>.json recorded, byte for byte. A rewrite of the
+decision core that is to change nothing passes unchanged; a deliberate change of decisions re-records the sets it
+changes (`.venv/bin/python scripts/freeze_decisions.py --set NAME`) and states the difference in its commit.
 
-Runs are named <set>/<run>: `-k "not kueue and not philly"` leaves out the two slices of reference data (a few
-seconds each) when iterating locally. The two slices read the reference data next to the checkout
-(../shared/data), as the benchmarks do; where it is absent they are skipped with that reason, as the Kueue
-scenario test is (the rest of the net needs nothing outside the checkout)."""
+Runs are named <set>/<run>: `-k "not philly"` leaves out the slice of the Philly trace (a few seconds) when
+iterating locally. That slice reads the reference trace where the project keeps it, next to the checkout
+(../shared/data), in place: the trace is never copied into the checkout, so where that folder is absent those
+three runs are skipped with that reason. Every other run needs nothing outside the checkout."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from libs.sim.frozen.sets import SCENARIOS, SETS, SHARED_DATA, Runs, scenario_lo
 from libs.sim.frozen.store import FrozenFile, frozen_path, read_frozen, rerecord_hint
 
 # The sets that read the reference data next to the checkout.
-NEEDS_SHARED_DATA = frozenset({"kueue", "philly"})
+NEEDS_SHARED_DATA = frozenset({"philly"})
 
 
 @functools.cache

@@ -4,13 +4,15 @@ time, made only when asked (a check may want one run of a set).
 - scenarios: every file in tests/scenarios/, run as `gpusched sim scenario` runs it;
 - sequences: seeded world sequences of the stateful pipeline test's kinds of steps (sequences.py);
 - node-health: seeded sequences with node health deciding too (node_health.py);
-- kueue: Kueue's baseline in virtual time (`gpusched bench kueue-baseline --virtual`) at a fraction of its
-  workloads, once as the benchmark shapes jobs and once shaped on nodes with no runtime declared (contention,
-  fragmentation and preemption);
+- kueue: Kueue's generator format in virtual time (`gpusched bench kueue-baseline --virtual --generator ...`) on
+  this checkout's own contention case (libs/bench/generators/mixed-priorities.yaml: three priorities and sizes,
+  borrowing and reclaim), once as the benchmark shapes jobs and once shaped on nodes with no runtime declared
+  (fragmentation and preemption);
 - philly: three days of the Philly trace at a tenth of Helios's nodes (`gpusched sim trace`), shared quota with
   reclaim, with least attained service, and with noisy runtime declarations.
 
-The Kueue and Philly slices read the reference data next to the checkout (../shared/data), as the benchmarks do."""
+The Philly slice reads the reference data next to the checkout (../shared/data), in place, as the benchmarks
+do: the trace is never copied into the checkout."""
 
 from __future__ import annotations
 
@@ -33,13 +35,13 @@ from libs.sim.trace_run import TRACE_TICK_S, horizon_s, parse_setups, world_inpu
 
 SCENARIOS = REPO_ROOT / "tests" / "scenarios"
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
-KUEUE_GENERATOR = SHARED_DATA / "kueue-baseline" / "generator.yaml"
+KUEUE_GENERATOR = REPO_ROOT / "libs" / "bench" / "generators" / "mixed-priorities.yaml"
 PHILLY = SHARED_DATA / "philly"
 CHECKPOINT_EVERY = 50
 SEQUENCES = 100
 NODE_HEALTH_SEQUENCES = 30
 # run id -> (scale, GPUs per replica (0: shaped on 8-GPU nodes), runtime declaration)
-KUEUE_RUNS = {"scale-0.2": (0.2, 1, "oracle"), "scale-0.1-node-shaped-undeclared": (0.1, 0, "none")}
+KUEUE_RUNS = {"as-benchmarked": (1.0, 1, "oracle"), "node-shaped-undeclared": (1.0, 0, "none")}
 KUEUE_TICK_S = 1.0  # the benchmark's
 PHILLY_WINDOW = ("2017-10-01", "2017-10-04")
 PHILLY_SCALE = 0.1
@@ -83,7 +85,7 @@ def reference(path: Path) -> Path:
 
 
 def kueue_log(scale: float, replica_gpus: int, declare: str) -> Log:
-    inputs = kueue_inputs(reference(KUEUE_GENERATOR), scale, 8, replica_gpus, declare)
+    inputs = kueue_inputs(KUEUE_GENERATOR, scale, 8, replica_gpus, declare)
     return run_virtual(inputs, tick_s=KUEUE_TICK_S).log
 
 
