@@ -31,7 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from contracts import EventBase, FlavorQuota, QueueSpec
 from libs.core.quotas import check_tree
-from libs.sim.executor import SIM_EXIT_CODES
+from libs.sim import world_steps as steps
 from libs.sim.guarantee_check import ViolationLike, check_liveness, check_safety
 from libs.sim.pipeline import VirtualWorld
 from libs.sim.scenario import (
@@ -46,27 +46,26 @@ from libs.sim.scenario import (
 )
 from libs.sim.scenario_model import (
     Cluster,
-    Ended,
     Expect,
     NodeEntry,
-    Report,
     Scenario,
-    Settings,
     Step,
     Submit,
     parse_scenario,
 )
 from libs.sim.scenario_write import node_entry, write_scenario
+from libs.sim.world_steps import (
+    GAPS,
+    MIG_PROFILES,
+    MODELS,
+    NODES,
+    QUEUES,
+    REPORT_KINDS,
+    SETTINGS,
+    changed_queue,
+    report_step,
+)
 
-SETTINGS = Settings(tick_s=5.0, quiet_s=600.0, preempt_min_remaining_s=0.0, starvation_after_s=120.0)
-MODELS = ("A100", "H100", "T4")
-NODES = ("n0", "n1", "n2")
-QUEUES = ("a", "b")
-CLASSES = ("production-inference", "urgent", "training", "experiment", "batch")
-# Profiles of the 80 GB A100 and H100 (valid there), of other products, and no profile at all.
-MIG_PROFILES = ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb", "1g.20gb", "3g.20gb", "1g.5gb", "9g.90gb",
-                "banana")
-GAPS = (0.0, 0.0, 1.0, 5.0, 15.0, 40.0, 120.0)
 EXAMPLES = int(os.environ.get("GPUSCHED_SOAK_EXAMPLES", "0")) or 200
 T = TypeVar("T")
 COUNTEREXAMPLE_DIR = Path(tempfile.mkdtemp(prefix="gpusched-stateful-"))
@@ -107,28 +106,26 @@ def queues(draw: st.DrawFn) -> list[QueueSpec]:
 
 
 def mostly(common: Sequence[T], rare: Sequence[T], odds: int) -> st.SearchStrategy[T]:
-    """One of `common`, or one of `rare` about once in `odds` draws (one flat choice: cheap to draw and to
-    shrink, towards the first of `common`)."""
-    copies = max(1, round(len(rare) * (odds - 1) / len(common)))
-    return st.sampled_from([*common] * copies + [*rare])
+    """One of `common`, or one of `rare` about once in `odds` draws (libs/sim/world_steps.py's flat choice)."""
+    return st.sampled_from(steps.mostly(common, rare, odds))
 
 
 # Most submissions are ones the platform admits: bad queues, classes, models and sizes come rarely.
-QUEUE_OF_JOB = mostly(QUEUES, ["zz"], odds=12)
-SHAPE = st.sampled_from(["whole"] * 5 + ["fraction"] * 2 + ["mig", "huge"])
-WHOLE_GPUS = st.sampled_from([1, 1, 1, 2, 2, 4, 8])
-HUGE_GPUS = st.sampled_from([9, 16, 64])
-GPU_MILLI = st.sampled_from([100, 250, 500, 750, 999])
-GPU_MEMORY = mostly([0, 0, 8_192, 40_000], [200_000], odds=8)
+QUEUE_OF_JOB = st.sampled_from(steps.QUEUE_OF_JOB)
+SHAPE = st.sampled_from(steps.SHAPES)
+WHOLE_GPUS = st.sampled_from(steps.WHOLE_GPUS)
+HUGE_GPUS = st.sampled_from(steps.HUGE_GPUS)
+GPU_MILLI = st.sampled_from(steps.GPU_MILLI)
+GPU_MEMORY = st.sampled_from(steps.GPU_MEMORY)
 MIG_PROFILE = st.sampled_from(MIG_PROFILES)
-TOPOLOGY = mostly([""], ["node", "rack", "block"], odds=4)
-REPLICAS = mostly([1, 1, 1, 2, 2, 3], [4, 12], odds=8)
-PRIORITY = mostly(CLASSES, ["vip"], odds=16)
-SPREAD = mostly([False], [True], odds=6)
-MODELS_ALLOWED = mostly(["any", "any", "one", "several"], ["unknown"], odds=16)
-DURATION = st.sampled_from([None, 5.0, 20.0, 60.0, 60.0, 300.0])
-CHECKPOINT = st.sampled_from([None, None, 10.0])
-EXIT_PLAN = mostly([{}], [{SIM_EXIT_CODES: "137,0"}, {SIM_EXIT_CODES: "1"}], odds=6)
+TOPOLOGY = st.sampled_from(steps.TOPOLOGY)
+REPLICAS = st.sampled_from(steps.REPLICAS)
+PRIORITY = st.sampled_from(steps.PRIORITY)
+SPREAD = st.sampled_from(steps.SPREAD)
+MODELS_ALLOWED = st.sampled_from(steps.MODELS_ALLOWED)
+DURATION = st.sampled_from(steps.DURATION)
+CHECKPOINT = st.sampled_from(steps.CHECKPOINT)
+EXIT_PLAN = st.sampled_from(steps.EXIT_PLAN)
 
 
 @st.composite
@@ -160,52 +157,6 @@ def submissions(draw: st.DrawFn, job: str, models: list[str]) -> Submit:
         topology_required=bool(topology) and draw(st.booleans()), spread=draw(SPREAD), gpu_models=gpu_models,
         duration_s=draw(DURATION), checkpoint_interval_s=draw(CHECKPOINT), labels=draw(EXIT_PLAN),
         **fields)  # type: ignore[arg-type]
-
-
-def changed_queue(queue: QueueSpec, change: str, model: str) -> QueueSpec:
-    def flavors_with(**fields: object) -> tuple[FlavorQuota, ...]:
-        return tuple(msgspec.structs.replace(f, **fields) for f in queue.flavors)  # type: ignore[arg-type]
-
-    replace = msgspec.structs.replace
-    match change:
-        case "raise":
-            if queue.flavors:
-                return replace(queue, flavors=tuple(replace(f, nominal_gpus=f.nominal_gpus + 8)
-                                                     for f in queue.flavors))
-            return replace(queue, nominal_gpus=(queue.nominal_gpus or 0) + 8)
-        case "lower":  # below what it uses now, most likely
-            return replace(queue, flavors=flavors_with(nominal_gpus=0)) if queue.flavors else replace(
-                queue, nominal_gpus=0)
-        case "flavors":  # the last flavor removed, or quotas per model where there were none
-            if queue.flavors:
-                return replace(queue, flavors=queue.flavors[:-1])
-            return replace(queue, nominal_gpus=None, borrowing_limit_gpus=None, lending_limit_gpus=None,
-                           flavors=(FlavorQuota(model=model, nominal_gpus=2),))
-        case "limits":
-            if queue.flavors:
-                return replace(queue, flavors=flavors_with(borrowing_limit_gpus=0, lending_limit_gpus=0))
-            return replace(queue, borrowing_limit_gpus=0, lending_limit_gpus=0)
-        case "budget":
-            return replace(queue, budget_gpu_hours=0.01, budget_period="day",
-                           over_budget="wait" if queue.over_budget == "borrow" else "borrow")
-        case "user":
-            return replace(queue, user_max_gpus=2)
-        case "evictions":
-            return replace(queue, eviction_budget_gpus=1, eviction_window_s=60.0)
-    return replace(queue, reclaim_after_s=5.0)
-
-
-REPORT_KINDS = ("finish", "fail", "fail_retryable", "evict")
-
-
-def report_step(how: str, job: str, run: int | None = None) -> Step:
-    """An executor's report of one of REPORT_KINDS about the job's run `run` (None: its current run)."""
-    match how:
-        case "finish":
-            return Step(finish=job if run is None else Report(job=job, run=run))
-        case "fail" | "fail_retryable":
-            return Step(fail=Ended(job=job, run=run, exit_code=1 if how == "fail" else 137))
-    return Step(evict=Ended(job=job, run=run, reason="node_pressure"))
 
 
 # --- the machine ----------------------------------------------------------------------------------------------

@@ -2,65 +2,55 @@
 takes (submissions of every shape, cancellations, executors' reports current and late, nodes lost and
 registered again, cordons and drains, queue changes, clock ticks), drawn from `random.Random(seed)`.
 
-A copy of that test's strategies rather than an import of them, on purpose: what the frozen net feeds the
-deciders must not move when the property test's strategies are tuned. Like the test, a step may depend on
-what the world did so far (a report names a running job), so the inputs follow the decisions."""
+Both draw from one vocabulary (libs/sim/world_steps.py): changing it moves these inputs and calls for a
+re-record. Like the test, a step may depend on what the world did so far (a report names a running job), so
+the inputs follow the decisions."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
 from contracts import EventBase, FlavorQuota, QueueSpec
 from libs.core.quotas import check_tree
-from libs.sim.executor import SIM_EXIT_CODES
 from libs.sim.frozen.digest import Log
 from libs.sim.pipeline import VirtualWorld
 from libs.sim.scenario import POLICY_STEPS, StepIds, apply_input, header_inputs, node_spec, step_inputs
-from libs.sim.scenario_model import Cluster, Ended, NodeEntry, Report, Scenario, Settings, Step, Submit
+from libs.sim.scenario_model import Cluster, NodeEntry, Scenario, Step, Submit
 from libs.sim.scenario_write import node_entry
+from libs.sim.world_steps import (
+    CHECKPOINT,
+    DURATION,
+    EXIT_PLAN,
+    GAPS,
+    GPU_MEMORY,
+    GPU_MILLI,
+    HUGE_GPUS,
+    LABELS,
+    MIG_PROFILES,
+    MODELS,
+    MODELS_ALLOWED,
+    NODE_CHANGES,
+    NODES,
+    PRIORITY,
+    QUEUE_CHANGES,
+    QUEUE_OF_JOB,
+    QUEUES,
+    REPLICAS,
+    REPORT_KINDS,
+    SETTINGS,
+    SHAPES,
+    SPREAD,
+    TOPOLOGY,
+    WHOLE_GPUS,
+    changed_queue,
+    report_step,
+)
 
-SETTINGS = Settings(tick_s=5.0, quiet_s=600.0, preempt_min_remaining_s=0.0, starvation_after_s=120.0)
 STEPS = 40
-MODELS = ("A100", "H100", "T4")
-NODES = ("n0", "n1", "n2")
-QUEUES = ("a", "b")
-CLASSES = ("production-inference", "urgent", "training", "experiment", "batch")
-# Profiles of the 80 GB A100 and H100 (valid there), of other products, and no profile at all.
-MIG_PROFILES = ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb", "1g.20gb", "3g.20gb", "1g.5gb", "9g.90gb",
-                "banana")
-GAPS = (0.0, 0.0, 1.0, 5.0, 15.0, 40.0, 120.0)
-LABELS: tuple[dict[str, str], ...] = ({}, {"rack": "r1", "block": "b1"}, {"rack": "r2", "block": "b1"})
-QUEUE_CHANGES = ("raise", "lower", "flavors", "limits", "budget", "user", "evictions", "reclaim")
-NODE_CHANGES = ("same", "fewer", "mig", "model", "new")
-REPORT_KINDS = ("finish", "fail", "fail_retryable", "evict")
-T = TypeVar("T")
-
-
-def mostly(common: Sequence[T], rare: Sequence[T], odds: int) -> list[T]:
-    """One flat list to choose from: one of `rare` about once in `odds` draws."""
-    copies = max(1, round(len(rare) * (odds - 1) / len(common)))
-    return [*common] * copies + [*rare]
-
-
-# Most submissions are ones the platform admits: bad queues, classes, models and sizes come rarely.
-QUEUE_OF_JOB = mostly(QUEUES, ["zz"], odds=12)
-SHAPES = ["whole"] * 5 + ["fraction"] * 2 + ["mig", "huge"]
-WHOLE_GPUS = (1, 1, 1, 2, 2, 4, 8)
-HUGE_GPUS = (9, 16, 64)
-GPU_MILLI = (100, 250, 500, 750, 999)
-GPU_MEMORY = mostly([0, 0, 8_192, 40_000], [200_000], odds=8)
-TOPOLOGY = mostly([""], ["node", "rack", "block"], odds=4)
-REPLICAS = mostly([1, 1, 1, 2, 2, 3], [4, 12], odds=8)
-PRIORITY = mostly(CLASSES, ["vip"], odds=16)
-SPREAD = mostly([False], [True], odds=6)
-MODELS_ALLOWED = mostly(["any", "any", "one", "several"], ["unknown"], odds=16)
-DURATION = (None, 5.0, 20.0, 60.0, 60.0, 300.0)
-CHECKPOINT = (None, None, 10.0)
-EXIT_PLAN: list[dict[str, str]] = mostly([{}], [{SIM_EXIT_CODES: "137,0"}, {SIM_EXIT_CODES: "1"}], odds=6)
 
 
 def node_entry_of(rng: random.Random, name: str) -> NodeEntry:
@@ -116,49 +106,6 @@ def submission(rng: random.Random, job: str, models: list[str]) -> Submit:
                   topology=topology, topology_required=bool(topology) and rng.choice((False, True)),
                   spread=rng.choice(SPREAD), gpu_models=gpu_models, duration_s=rng.choice(DURATION),
                   checkpoint_interval_s=rng.choice(CHECKPOINT), labels=dict(rng.choice(EXIT_PLAN)), **fields)
-
-
-def changed_queue(queue: QueueSpec, change: str, model: str) -> QueueSpec:
-    replace = msgspec.structs.replace
-
-    def flavors_with(**fields: Any) -> tuple[FlavorQuota, ...]:
-        return tuple(replace(f, **fields) for f in queue.flavors)
-
-    match change:
-        case "raise":
-            if queue.flavors:
-                return replace(queue, flavors=tuple(replace(f, nominal_gpus=f.nominal_gpus + 8) for f in queue.flavors))
-            return replace(queue, nominal_gpus=(queue.nominal_gpus or 0) + 8)
-        case "lower":  # below what it uses now, most likely
-            return replace(queue, flavors=flavors_with(nominal_gpus=0)) if queue.flavors else replace(
-                queue, nominal_gpus=0)
-        case "flavors":  # the last flavor removed, or quotas per model where there were none
-            if queue.flavors:
-                return replace(queue, flavors=queue.flavors[:-1])
-            return replace(queue, nominal_gpus=None, borrowing_limit_gpus=None, lending_limit_gpus=None,
-                           flavors=(FlavorQuota(model=model, nominal_gpus=2),))
-        case "limits":
-            if queue.flavors:
-                return replace(queue, flavors=flavors_with(borrowing_limit_gpus=0, lending_limit_gpus=0))
-            return replace(queue, borrowing_limit_gpus=0, lending_limit_gpus=0)
-        case "budget":
-            return replace(queue, budget_gpu_hours=0.01, budget_period="day",
-                           over_budget="wait" if queue.over_budget == "borrow" else "borrow")
-        case "user":
-            return replace(queue, user_max_gpus=2)
-        case "evictions":
-            return replace(queue, eviction_budget_gpus=1, eviction_window_s=60.0)
-    return replace(queue, reclaim_after_s=5.0)
-
-
-def report_step(how: str, job: str, run: int | None = None) -> Step:
-    """An executor's report of one of REPORT_KINDS about the job's run `run` (None: its current run)."""
-    match how:
-        case "finish":
-            return Step(finish=job if run is None else Report(job=job, run=run))
-        case "fail" | "fail_retryable":
-            return Step(fail=Ended(job=job, run=run, exit_code=1 if how == "fail" else 137))
-    return Step(evict=Ended(job=job, run=run, reason="node_pressure"))
 
 
 class WorldSequence:
