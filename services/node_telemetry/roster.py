@@ -121,8 +121,10 @@ class NodeRoster:
         """Each run with a replica on a node lost `grace_s` ago or more, reported evicted once (`reported`: the
         runs this process reported; not state: a restarted process reports them again, under the same ids)."""
         lost = {name for name, at in self.lost_at.items() if now - at >= self.grace_s}
+        if not lost:
+            return []  # the common case, every half second: no run to look at
         out: list[EventBase] = []
-        for job_id, (run_id, nodes) in sorted(self.runs.items()):
+        for job_id, (run_id, nodes) in self.runs.items():  # in the order they were placed
             if run_id in reported or not nodes & lost:
                 continue
             if self.served_here and all(self.owners.get(n) == self.served_here for n in nodes):
