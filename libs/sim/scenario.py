@@ -124,8 +124,8 @@ def step_inputs(step: Step, eid: str, start: float, version: int = 1) -> list[Ev
             return make(SubmitJob, job_id=value.job, spec=value.spec())
         case "cancel":
             return make(CancelJob, job_id=value)
-        case "node_lost":
-            return make(NodeLost, node=value, reason="scenario")
+        case "node_lost" | "node_removed":
+            return make(NodeLost, node=value, reason="scenario", removed=name == "node_removed")
         case "register":
             return make(NodeRegistered, correlation_id=value.name, node=node_spec(value))
         case "cordon" | "drain":

@@ -95,6 +95,7 @@ class Step(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid
     submit: Submit | None = None
     cancel: str | None = None
     node_lost: str | None = None
+    node_removed: str | None = None  # the node leaves the inventory (an operator's removal, a source change)
     register: NodeEntry | None = None  # a node registers (again), maybe with another spec
     cordon: str | None = None
     drain: str | None = None

@@ -79,7 +79,7 @@ def step_of(event: EventBase, at: float) -> Step:
         case CancelJob():
             return Step(at=at, cancel=event.job_id)
         case NodeLost():
-            return Step(at=at, node_lost=event.node)
+            return Step(at=at, node_removed=event.node) if event.removed else Step(at=at, node_lost=event.node)
         case NodeRegistered():
             return Step(at=at, register=node_entry(event.node))
         case NodeCordoned():
