@@ -32,7 +32,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, for
     # Allowed GPU models; empty means any model.
     gpu_models: tuple[str, ...] = ()
     # The user's estimate of the job's runtime: what the deciders believe (backfill, shadows, ETAs; see
-    # `libs.core.policy.declared_runtime`). The simulated executor runs a job this long unless its
+    # `libs.core.kernel.policy.declared_runtime`). The simulated executor runs a job this long unless its
     # `sim/runtime-s` label says how long it really runs. Not enforced.
     duration_s: float | None = None
     # A declared limit, enforced: an executor stops a run at this many seconds of wall time (per run, as

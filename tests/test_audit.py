@@ -85,7 +85,7 @@ def test_a_reordered_sequence_and_non_canonical_bytes_are_caught(recorded) -> No
 
 def test_a_forger_who_recomputes_the_chain_is_caught_by_the_signed_checkpoints(recorded) -> None:
     from contracts.codec import encode
-    from libs.core.decider import GENESIS, chain_hash
+    from libs.core.kernel.decider import GENESIS, chain_hash
 
     heads: dict[str, str] = {}
     forged = []

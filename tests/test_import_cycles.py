@@ -12,12 +12,11 @@ PACKAGES = ("contracts", "libs", "services")
 # Each known circle, as the sorted names of its modules.
 KNOWN: set[tuple[str, ...]] = {
     # Preemption's decider and the modules cut out of it, which take the decider back.
-    ("libs.core.preemption", "libs.core.preemption_sim", "libs.core.reclaim", "libs.core.victim_sets"),
+    tuple(sorted(f"libs.core.preemption.{m}" for m in ("decider", "simulation", "reclaim", "victim_sets"))),
     # Quota's decider and the fourteen modules cut out of it, which take the decider back.
-    ("libs.core.quota", "libs.core.quota_calm", "libs.core.quota_fit", "libs.core.quota_fold", "libs.core.quota_heads",
-     "libs.core.quota_nomination", "libs.core.quota_order", "libs.core.quota_pass", "libs.core.quota_reach",
-     "libs.core.quota_reasons", "libs.core.quota_reclaim", "libs.core.quota_reserve", "libs.core.quota_starvation",
-     "libs.core.quota_timeout", "libs.core.quota_walk"),
+    tuple(sorted(f"libs.core.quota.{m}" for m in (
+        "decider", "calm", "fit", "fold", "heads", "nomination", "order", "scheduling_pass", "reach", "reasons",
+        "reclaim", "reserve", "starvation", "timeout", "walk"))),
 }
 
 

@@ -28,7 +28,7 @@ def test_the_recorded_log_replays_to_its_recorded_decisions_byte_for_byte(record
 
 def test_a_changed_placement_rule_is_reported_as_mismatches(recorded: list[tuple[int, bytes]],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    import libs.core.fit as fit
+    import libs.core.cluster.job_fit as fit
 
     # Spread instead of the recorded policy: the same jobs would land elsewhere.
     original = fit.choose

@@ -14,12 +14,12 @@ from multiprocessing.sharedctypes import Synchronized
 
 from contracts.codec import decode, encode
 from contracts.events import EventBase
-from libs.core.admission import AdmissionDecider
-from libs.core.decider import Decider, run_decider
-from libs.core.nodes import NodeDecider
-from libs.core.placement import PlacementDecider
-from libs.core.preemption import PreemptionDecider
-from libs.core.quota import QuotaDecider
+from libs.core.admission.decider import AdmissionDecider
+from libs.core.kernel.decider import Decider, run_decider
+from libs.core.node_health.decider import NodeDecider
+from libs.core.placement.decider import PlacementDecider
+from libs.core.preemption.decider import PreemptionDecider
+from libs.core.quota.decider import QuotaDecider
 
 DECIDERS: tuple[Callable[[], Decider], ...] = (AdmissionDecider, QuotaDecider, PlacementDecider, PreemptionDecider,
                                                NodeDecider)

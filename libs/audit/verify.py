@@ -11,7 +11,7 @@ import msgspec
 
 from contracts import AuditCheckpoint, EventBase
 from contracts.codec import decode, encode
-from libs.core.decider import GENESIS, chain_hash
+from libs.core.kernel.decider import GENESIS, chain_hash
 
 CHAINED = ("admission", "quota", "placement", "preemption", "node-health")
 

@@ -48,8 +48,8 @@ from libs.bench.guarantee_figures import guarantee_figures
 from libs.bench.platform import bench_platform
 from libs.bus.consumer import Consumer, stream_seq
 from libs.bus.jetstream import Bus, BusConfig
-from libs.core.decider import derived_id
-from libs.core.ledger import FINAL_STATES, Ledger
+from libs.core.accounting.ledger import FINAL_STATES, Ledger
+from libs.core.kernel.decider import derived_id
 from libs.runtime.embedded import EmbeddedServer
 from libs.runtime.settings import SERVICES
 from libs.runtime.supervisor import Supervisor

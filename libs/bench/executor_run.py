@@ -21,7 +21,7 @@ from libs.audit.log_reader import read_log_timed
 from libs.bench.kueue_run import Counts, cpu_seconds, proc_cpu, watch_progress
 from libs.bench.platform import bench_platform
 from libs.bus.jetstream import Bus, BusConfig
-from libs.core.decider import derived_id
+from libs.core.kernel.decider import derived_id
 from libs.runtime.embedded import EmbeddedServer, free_port
 from libs.runtime.supervisor import Supervisor
 

@@ -11,9 +11,9 @@ from contracts import DeployService, EventBase, ReportServiceLoad, SubmitJob
 from libs.bench import inference_scenario as scenario
 from libs.bench.guarantee_figures import guarantee_figures
 from libs.bench.inference_metrics import compute_metrics
-from libs.core.admission import job_id_for_key
-from libs.core.inventory import InventoryBook
-from libs.core.policy import PolicyBook
+from libs.core.admission.decider import job_id_for_key
+from libs.core.kernel.policy import PolicyBook
+from libs.core.node_health.announcements import InventoryBook
 from libs.runtime.policy_file import parse_policy, policy_changes
 from libs.sim.pipeline import run_virtual
 

@@ -41,7 +41,7 @@ from libs.bench.kueue_scenario import (
 from libs.bench.kueue_virtual import cost_of_decisions
 from libs.bench.platform import bench_platform
 from libs.bus.jetstream import Bus, BusConfig
-from libs.core.decider import derived_id
+from libs.core.kernel.decider import derived_id
 from libs.runtime.embedded import EmbeddedServer
 from libs.runtime.supervisor import Supervisor
 

@@ -14,8 +14,8 @@ from contracts import EventBase, SubmitJob
 from libs.bench.guarantee_figures import guarantee_figures
 from libs.bench.kueue_metrics import compute_metrics
 from libs.bench.kueue_scenario import cluster_csv, load_scenario, plan_jobs, policy_toml
-from libs.core.inventory import InventoryBook
-from libs.core.policy import PolicyBook
+from libs.core.kernel.policy import PolicyBook
+from libs.core.node_health.announcements import InventoryBook
 from libs.nodes.sim import load_cluster_csv
 from libs.runtime.policy_file import load_policy, policy_changes
 from libs.sim.pipeline import VirtualRun, run_virtual

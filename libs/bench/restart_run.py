@@ -32,11 +32,11 @@ from prometheus_client import REGISTRY
 
 from contracts import EventBase
 from libs.bus.jetstream import Bus, BusConfig
-from libs.core.admission import AdmissionDecider
-from libs.core.decider import Decider
-from libs.core.placement import PlacementDecider
-from libs.core.preemption import PreemptionDecider
-from libs.core.quota import QuotaDecider
+from libs.core.admission.decider import AdmissionDecider
+from libs.core.kernel.decider import Decider
+from libs.core.placement.decider import PlacementDecider
+from libs.core.preemption.decider import PreemptionDecider
+from libs.core.quota.decider import QuotaDecider
 from libs.reports.rates import load_rates
 from libs.runtime.embedded import start_nats, start_redis
 from libs.runtime.handler import DeciderHandler

@@ -24,7 +24,7 @@ from contracts.codec import decode, encode
 from libs.bench.kueue_run import proc_cpu
 from libs.bench.throughput_run import ThroughputOptions, plan_step
 from libs.bus.jetstream import Bus, BusConfig
-from libs.core.decider import derived_id
+from libs.core.kernel.decider import derived_id
 from libs.runtime.embedded import start_nats
 from libs.telemetry import metrics
 

@@ -9,7 +9,7 @@ from typing import Any
 from libs.cli.client import Client
 from libs.cli.output import add_json_flag, add_table_flags, wide
 from libs.cli.tables import Column, print_table
-from libs.core.services import METRICS
+from libs.core.admission.inference_services import METRICS
 
 SERVICE_COLUMNS: list[Column[dict[str, Any]]] = [
     Column("NAME", lambda s: s["name"]),

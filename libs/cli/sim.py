@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from libs.cli import sim_scenario, sim_trace
 from libs.cli.output import add_json_flag
-from libs.core.scoring import POLICIES
+from libs.core.cluster.scoring import POLICIES
 from libs.runtime.settings import DEFAULT_CLUSTER
 from libs.sim.fgd import DEFAULT_NODES, inflate_size, simulate
 from libs.sim.published import published_unallocated

@@ -8,7 +8,7 @@ import copy
 import json
 from datetime import UTC, datetime
 
-from libs.core.decider import derived_id
+from libs.core.kernel.decider import derived_id
 from libs.kube.client import Obj
 from libs.kube.workloads import JOB_ID_ANNOTATION, RESUME_ANNOTATION, RESUME_PROGRESS_ANNOTATION, RUN_ANNOTATION, meta
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contracts import GpuSpec
-from libs.core.decider import derived_id
+from libs.core.kernel.decider import derived_id
 from libs.kube.client import Obj
 from libs.kube.nodes import model_of, quantity_mib
 from libs.kube.workloads import Refusal, meta

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contracts import JobSpec
-from libs.core.decider import derived_id
+from libs.core.kernel.decider import derived_id
 from libs.kube.client import Obj
 from libs.kube.nodes import GPU_RESOURCE, MIG_RESOURCE_PREFIX, parse_quantity, quantity_mib, quantity_milli
 

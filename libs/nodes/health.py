@@ -1,7 +1,7 @@
 """What a node backend saw go wrong with a GPU, and which of those observations take the GPU out of service.
 
 Backends report observations; the agent sends XID and ECC ones to the log as `GpuFault`, and
-node-telemetry's core (libs/core/nodes.py) decides there which quarantine a GPU, by the same XID list.
+node-telemetry's core (libs/core/node_health/decider.py) decides there which quarantine a GPU, by the same XID list.
 `is_fatal` applies that rule to an observation for the backend's own view of its GPUs' health.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from libs.core.nodes import FATAL_XIDS
+from libs.core.node_health.decider import FATAL_XIDS
 
 KINDS = frozenset({"xid", "ecc", "thermal", "power"})
 __all__ = ["FATAL_XIDS", "KINDS", "HealthObservation", "is_fatal"]

@@ -4,7 +4,7 @@ the agent reports too, or an agent of another replica does, the server keeps onl
 
 from __future__ import annotations
 
-from libs.core.decider import derived_id
+from libs.core.kernel.decider import derived_id
 
 EXECUTOR = "executor"
 

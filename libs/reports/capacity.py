@@ -25,7 +25,7 @@ from contracts import (
     NodeLost,
     NodeRegistered,
 )
-from libs.core.ledger import ALL_MODELS, Ledger
+from libs.core.accounting.ledger import ALL_MODELS, Ledger
 
 DAY_S = 86400.0
 # Events after which demand cannot have changed: skipping them keeps the sweep fast on long logs.

@@ -21,7 +21,7 @@ from contracts import (
     ServiceDeployed,
     ServiceScaled,
 )
-from libs.core.runs import CurrentRuns
+from libs.core.kernel.runs import CurrentRuns
 
 
 @dataclass(slots=True)

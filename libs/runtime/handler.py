@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from contracts.events import EventBase
-from libs.core.decider import Chain, Decider, run_decider
+from libs.core.kernel.decider import Chain, Decider, run_decider
 
 
 class Handler(Protocol):

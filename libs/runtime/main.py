@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from libs.core.decider import Decider
+from libs.core.kernel.decider import Decider
 from libs.runtime.handler import DeciderHandler
 from libs.runtime.service import run_service
 from libs.runtime.settings import Settings

@@ -15,9 +15,9 @@ from contracts import (
     SchedulingSettings,
     SchedulingSettingsChanged,
 )
-from libs.core.decider import derived_id
-from libs.core.policy import DEFAULT_PRIORITY_CLASSES, PolicyBook
-from libs.core.quotas import check_tree
+from libs.core.kernel.decider import derived_id
+from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES, PolicyBook
+from libs.core.kernel.quota_math import check_tree
 
 OPERATOR = "operator"
 

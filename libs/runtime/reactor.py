@@ -32,7 +32,7 @@ from contracts.events import EventBase
 from libs.audit.verify import make_checkpoint
 from libs.bus.consumer import REST_WAIT_S, Consumer, stream_seq
 from libs.bus.jetstream import Bus
-from libs.core.decider import Chain, derived_id
+from libs.core.kernel.decider import Chain, derived_id
 from libs.runtime.handler import Handler
 from libs.runtime.snapshots import Snapshotter
 from libs.telemetry import metrics

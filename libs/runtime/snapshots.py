@@ -39,7 +39,7 @@ import numpy as np
 
 from libs.bus.jetstream import Bus
 from libs.bus.snapshot_store import Manifest, SnapshotMissing, SnapshotStore, ensure_snapshot_stream, sha256_hex
-from libs.core.decider import Chain
+from libs.core.kernel.decider import Chain
 from libs.runtime import state_image
 from libs.telemetry import metrics
 

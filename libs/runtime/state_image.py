@@ -35,7 +35,7 @@ from typing import Any
 
 import msgspec
 
-from libs.core.cluster import Cluster
+from libs.core.cluster.model import Cluster
 
 # Per class, the attribute holding a registry keyed by id(obj).
 IDENTITY_KEYED: Mapping[type, str] = {Cluster: "_watchers"}

@@ -35,9 +35,9 @@ from contracts import (
     PriorityClassesChanged,
     ReplicaPlacement,
 )
-from libs.core.decider import derived_id
-from libs.core.policy import DEFAULT_PRIORITY_CLASSES
-from libs.core.run_fit import RunOnNode, runs_to_stop
+from libs.core.cluster.runs_after_reregistration import RunOnNode, runs_to_stop
+from libs.core.kernel.decider import derived_id
+from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES
 
 SOURCE = "sim-executor"
 # A job label that scripts the simulated runs' exit codes, run after run: "137,0" fails the first run as if

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from contracts import JobSpec, NodeSpec
-from libs.core.cluster import FULL, Cluster
-from libs.core.fit import Placer
-from libs.core.pairing import fewest_gpus
-from libs.core.shapes import TypicalShapes, typical_shapes
+from libs.core.cluster.job_fit import Placer
+from libs.core.cluster.model import FULL, Cluster
+from libs.core.cluster.pairing import fewest_gpus
+from libs.core.cluster.shapes import TypicalShapes, typical_shapes
 from libs.nodes.sim import load_cluster_csv
 
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from contracts import JobSubmitted, NodeRegistered, QuotaReserved
-from libs.core.decider import run_decider
-from libs.core.placement import PlacementDecider
+from libs.core.kernel.decider import run_decider
+from libs.core.placement.decider import PlacementDecider
 from libs.nodes.sim import load_cluster_csv
 from libs.sim.fgd import load_pods
 

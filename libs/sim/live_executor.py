@@ -31,8 +31,8 @@ from contracts import (
     PriorityClassesChanged,
 )
 from libs.bus.jetstream import Bus
-from libs.core.decider import derived_id
-from libs.core.inventory import InventoryBook
+from libs.core.kernel.decider import derived_id
+from libs.core.node_health.announcements import InventoryBook
 from libs.sim.executor import REPORTS, SOURCE, ExecutorBook, Run
 from libs.telemetry.tracing import ServiceTracing, current_tracing
 

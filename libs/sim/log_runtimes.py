@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 import msgspec
 
 from contracts import CancelJob, DeleteService, DeployService, EventBase, SubmitJob
-from libs.core.decider import derived_id
-from libs.core.policy import declared_runtime
+from libs.core.kernel.decider import derived_id
+from libs.core.kernel.policy import declared_runtime
 from libs.sim.executor import SIM_RUNTIME_S, seconds_label
 from libs.sim.observed import observed_runs
 

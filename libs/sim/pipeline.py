@@ -20,11 +20,11 @@ from contracts import (
     JobPlaced,
     JobStarted,
 )
-from libs.core.admission import AdmissionDecider
-from libs.core.decider import Decider, derived_id, run_decider
-from libs.core.placement import PlacementDecider
-from libs.core.preemption import PreemptionDecider
-from libs.core.quota import QuotaDecider
+from libs.core.admission.decider import AdmissionDecider
+from libs.core.kernel.decider import Decider, derived_id, run_decider
+from libs.core.placement.decider import PlacementDecider
+from libs.core.preemption.decider import PreemptionDecider
+from libs.core.quota.decider import QuotaDecider
 from libs.sim.executor import REPORTS, ExecutorBook, Run
 from libs.sim.executor import SOURCE as EXECUTOR
 

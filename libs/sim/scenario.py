@@ -34,10 +34,10 @@ from contracts import (
     SchedulingSettingsChanged,
     SubmitJob,
 )
-from libs.core.decider import derived_id
-from libs.core.ledger import Ledger
-from libs.core.policy import PolicyBook
-from libs.core.quotas import check_tree
+from libs.core.accounting.ledger import Ledger
+from libs.core.kernel.decider import derived_id
+from libs.core.kernel.policy import PolicyBook
+from libs.core.kernel.quota_math import check_tree
 from libs.nodes.sim import (
     DEFAULT_GPU_MEMORY_MIB,
     GPU_MEMORY_MIB,

@@ -12,7 +12,7 @@ import msgspec
 import yaml
 
 from contracts import GpuSpec, JobSpec, PriorityClass, QueueSpec, SchedulingSettings
-from libs.core.policy import DEFAULT_PRIORITY_CLASSES
+from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES
 
 # An instant of virtual time (2027-01-15 08:00 UTC): budgets per calendar period need a calendar.
 START = 1_800_000_000.0

@@ -31,7 +31,7 @@ from contracts import (
     SchedulingSettingsChanged,
     SubmitJob,
 )
-from libs.core.policy import DEFAULT_PRIORITY_CLASSES
+from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES
 from libs.sim.pipeline import placement_number
 from libs.sim.scenario import node_spec
 from libs.sim.scenario_model import (

@@ -8,7 +8,8 @@ and one leaf queue per team with its share as nominal quota.
   borrowers after `reclaim_after_s` (the queue's `reclaim_after_s`);
 - `pooled`: no team quota at all, one queue of the whole cluster whose users are the teams (its round robin by
   GPUs held goes team by team): what the shared set-up's guarantees cost, measured against it;
-- `-las` after any of them: each queue orders its jobs by least attained service (libs/core/attained.py), a job
+- `-las` after any of them: each queue orders its jobs by least attained service
+  (libs/core/kernel/attained_service.py), a job
   that has held more than LAS_THRESHOLD_GPU_HOURS behind, and preempted for, those that have held less.
 
 Every job is of priority class `batch` (preemptible, one class for all so that only quota decides who
@@ -54,7 +55,7 @@ from contracts import (
 from contracts.events import RUNTIME_LIMIT
 from contracts.model import GpuSpec, NodeSpec
 from libs.bench.kueue_scenario import gang_shape
-from libs.core.policy import DEFAULT_PRIORITY_CLASSES
+from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES
 from libs.sim import executor as sim_executor
 from libs.sim.declare import check_declaration, declared
 from libs.sim.pipeline import VirtualWorld
@@ -101,7 +102,8 @@ class Setup:
     policy: str  # "platform", or a TEXTBOOK_POLICIES entry
     pool: str  # "partitioned" or "shared"
     declare: str = ""  # platform set-ups only
-    las: bool = False  # platform set-ups: each team's queue orders by least attained service (libs/core/attained.py)
+    # platform set-ups: each team's queue orders by least attained service (libs/core/kernel/attained_service.py)
+    las: bool = False
 
     @property
     def baseline(self) -> str:

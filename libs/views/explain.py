@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from contracts.views import Explanation, JobView, NodeView, QueueView, Reason
-from libs.core.policy import declared_runtime
+from libs.core.kernel.policy import declared_runtime
 
 FULL = 1000
 FAMILY = {

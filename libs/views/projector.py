@@ -22,8 +22,8 @@ from contracts import (
     ServiceDeployed,
     ServiceScaled,
 )
-from libs.core.cluster import FULL, Node
-from libs.core.ledger import Ledger
+from libs.core.accounting.ledger import Ledger
+from libs.core.cluster.model import FULL, Node
 from libs.reports.inference import ServiceTracker
 from libs.reports.rates import Rates
 from libs.views import metrics

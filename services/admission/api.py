@@ -6,7 +6,7 @@ node has registered, the cluster's capacity is unknown: a submission is then ans
 Retry-After, so that the caller retries once it can be checked. An accepted submission opens the job's
 trace: its `SubmitJob` carries the `traceparent` every later hop continues.
 
-An idempotency key names one job (libs/core/admission_keys.py): the same key and spec again answer 200 with
+An idempotency key names one job (libs/core/admission/idempotency_keys.py): the same key and spec again answer 200 with
 that job as it stands (its stored spec and current state); the same key with another spec answers 409
 `idempotency_key_reused`, naming the fields that differ.
 """
@@ -23,9 +23,9 @@ from aiohttp import web
 from contracts import CancelJob, JobSpec, SubmitJob
 from contracts.views import FINAL_JOB_STATES, JOB_STATES, JobCreated, JobView
 from libs.bus.jetstream import Bus
-from libs.core.admission import AdmissionDecider, job_id_for_key, validate
-from libs.core.admission_keys import Resubmission, key_reused, spec_fingerprint
-from libs.core.decider import derived_id
+from libs.core.admission.decider import AdmissionDecider, job_id_for_key, validate
+from libs.core.admission.idempotency_keys import Resubmission, key_reused, spec_fingerprint
+from libs.core.kernel.decider import derived_id
 from libs.runtime.http import HttpError, check_query, decode_body, error_response, json_response
 from libs.telemetry.tracing import ServiceTracing, current_tracing
 from libs.views.explain import explain

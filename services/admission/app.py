@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from libs.bus.jetstream import Bus
-from libs.core.admission import AdmissionDecider
+from libs.core.admission.decider import AdmissionDecider
 from libs.runtime.handler import DeciderHandler
 from libs.runtime.http import READY_DETAILS
 from libs.runtime.main import service_main

@@ -17,8 +17,8 @@ from nats.errors import NoRespondersError, TimeoutError
 from contracts import CordonNode, RemoveNode, UncordonNode
 from contracts.views import NodeAction
 from libs.bus.jetstream import Bus
-from libs.core.admission import AdmissionDecider
-from libs.core.decider import derived_id
+from libs.core.admission.decider import AdmissionDecider
+from libs.core.kernel.decider import derived_id
 from libs.runtime.http import check_query, decode_body, error_response, json_response
 from services.admission.auth import JOB_READERS, OPERATOR_ONLY, principal, require
 

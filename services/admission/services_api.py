@@ -19,8 +19,8 @@ from aiohttp import web
 from contracts import DeleteService, DeployService, ReportServiceLoad, ServiceSpec
 from contracts.views import LoadReport, ServiceAccepted, ServiceView
 from libs.bus.jetstream import Bus
-from libs.core.admission import AdmissionDecider
-from libs.core.services import METRICS, ServiceState
+from libs.core.admission.decider import AdmissionDecider
+from libs.core.admission.inference_services import METRICS, ServiceState
 from libs.runtime.http import HttpError, decode_body, error_response, json_response
 from services.admission.api import require_inventory
 from services.admission.auth import JOB_READERS, JOB_WRITERS, require, require_team

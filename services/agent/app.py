@@ -25,8 +25,8 @@ from prometheus_client import Gauge
 from contracts import GpuFault, NodeRegistered, NodeSpec
 from contracts.views import JobLogs
 from libs.bus.jetstream import Bus
-from libs.core.decider import derived_id
-from libs.core.inventory import registration_id
+from libs.core.kernel.decider import derived_id
+from libs.core.node_health.announcements import registration_id
 from libs.nodes.backend import AgentBackend, make_agent_backend
 from libs.nodes.sim import SimNodeBackend
 from libs.runtime.main import configure_logging

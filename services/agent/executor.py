@@ -51,9 +51,9 @@ from contracts import (
     ReplicaPlacement,
 )
 from libs.bus.jetstream import Bus
-from libs.core.policy import DEFAULT_PRIORITY_CLASSES
-from libs.core.run_fit import RunOnNode, runs_to_stop
-from libs.core.runs import CurrentRuns
+from libs.core.cluster.runs_after_reregistration import RunOnNode, runs_to_stop
+from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES
+from libs.core.kernel.runs import CurrentRuns
 from libs.jobkit import CHECKPOINT_FILE, READY_FILE, RESUME_CHECKPOINT, RESUME_PROGRESS, read_checkpoint
 from libs.nodes.reports import report_id
 

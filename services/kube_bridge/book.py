@@ -30,8 +30,8 @@ from contracts import (
     QueuePolicyChanged,
     ReplicaPlacement,
 )
-from libs.core.policy import DEFAULT_PRIORITY_CLASSES
-from libs.core.runs import CurrentRuns
+from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES
+from libs.core.kernel.runs import CurrentRuns
 
 KIND_LABEL = "kubernetes.io/kind"
 NAMESPACE_LABEL = "kubernetes.io/namespace"

@@ -39,7 +39,7 @@ from contracts import (
     QueuePolicyChanged,
     QuotaDeferred,
 )
-from libs.core.decider import derived_id
+from libs.core.kernel.decider import derived_id
 from libs.kube import bodies
 from libs.kube.client import Obj
 from libs.kube.run_reports import Run, batch_job_reports, pods_reports

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from contracts import CordonNode, EventBase, NodeLost, NodeRegistered, NodeSpec, UncordonNode
-from libs.core.decider import derived_id
-from libs.core.inventory import registration_id
+from libs.core.kernel.decider import derived_id
+from libs.core.node_health.announcements import registration_id
 from libs.kube.client import Obj
 from libs.kube.dra import GPU_DRIVER, gpus_of, node_devices
 from libs.kube.nodes import TopologyLabels, is_ready, is_unschedulable, node_spec

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from contracts import EventBase, JobSpec, SubmitJob
-from libs.core.decider import derived_id
+from libs.core.kernel.decider import derived_id
 from libs.kube.client import ApiError, KubeClient, Obj
 from libs.kube.dra import pod_claims, requested_gpus
 from libs.kube.reflector import DELETED

@@ -13,7 +13,7 @@ import time
 
 from contracts import ClockTick, NodeLost
 from libs.bus.jetstream import Bus
-from libs.core.decider import derived_id
+from libs.core.kernel.decider import derived_id
 from libs.nodes.backend import make_backend
 from libs.runtime.main import service_main
 from libs.runtime.reactor import Reactor

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
-from libs.core.inventory import InventoryBook
+from libs.core.node_health.announcements import InventoryBook
 from libs.nodes.nvml import GpuReading
 from libs.sim.executor import Run
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from contracts import EventBase
-from libs.core.decider import Chain, run_decider
-from libs.core.nodes import SERVICE as NODE_HEALTH
-from libs.core.nodes import NodeDecider
+from libs.core.kernel.decider import Chain, run_decider
+from libs.core.node_health.decider import SERVICE as NODE_HEALTH
+from libs.core.node_health.decider import NodeDecider
 from libs.sim.live_executor import SimExecutor
 from services.node_telemetry.heartbeats import HeartbeatWatch
 

@@ -19,8 +19,8 @@ from nats.aio.msg import Msg
 
 from contracts import EventBase, JobEvicted, NodeLost, NodeRegistered
 from libs.bus.jetstream import Bus
-from libs.core.decider import derived_id
-from libs.core.inventory import registration_id
+from libs.core.kernel.decider import derived_id
+from libs.core.node_health.announcements import registration_id
 from services.node_telemetry.roster import AGENTS, SERVICE, NodeRoster
 
 log = logging.getLogger(__name__)

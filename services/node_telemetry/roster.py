@@ -29,7 +29,7 @@ from contracts import (
     NodeRegistered,
     NodeSpec,
 )
-from libs.core.decider import derived_id
+from libs.core.kernel.decider import derived_id
 from libs.nodes.reports import report_id
 
 SERVICE = "node-telemetry"

@@ -7,7 +7,7 @@ import logging
 import time
 
 from libs.bus.jetstream import Bus
-from libs.core.quota import QuotaDecider
+from libs.core.quota.decider import QuotaDecider
 from libs.runtime.handler import DeciderHandler
 from libs.runtime.main import service_main
 from libs.runtime.policy_file import load_policy, policy_changes

@@ -14,7 +14,7 @@ import pytest
 
 from contracts import GpuSpec, NodeRegistered, NodeSpec
 from libs.bus.jetstream import Bus, BusConfig
-from libs.core.inventory import registration_id
+from libs.core.node_health.announcements import registration_id
 from libs.kube.devcluster import DevCluster
 from tests.e2e.kube_harness import KubeWorld, gpu_pod, start_world, wait_seconds
 from tests.e2e.waiting import wait_for

@@ -30,7 +30,7 @@ import yaml
 from contracts import GpuHealthChanged, JobStarted, NodeLost
 from libs.bus.jetstream import Bus, BusConfig
 from libs.cli.client import Client
-from libs.core.decider import derived_id
+from libs.core.kernel.decider import derived_id
 from libs.runtime.embedded import free_port
 from libs.runtime.platform import start_platform
 from libs.runtime.settings import SERVICES

@@ -40,7 +40,7 @@ from contracts import (
 from contracts.codec import encode
 from contracts.events import Event
 from libs.bus.jetstream import Bus, BusConfig
-from libs.core.admission import AdmissionDecider
+from libs.core.admission.decider import AdmissionDecider
 from libs.runtime.embedded import EmbeddedServer
 from libs.runtime.handler import DeciderHandler
 from libs.runtime.reactor import Reactor

@@ -13,7 +13,7 @@ from contracts import JobPlaced, ReplicaPlacement
 from libs.bus.fencing import Deposed, Fence, FencedBus, ensure_fence_subjects
 from libs.bus.jetstream import Bus
 from libs.bus.lease import Lease, LeaseLost, lease_store
-from libs.core.decider import derived_id
+from libs.core.kernel.decider import derived_id
 
 
 def placed(i: int) -> JobPlaced:

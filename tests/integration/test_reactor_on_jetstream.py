@@ -13,7 +13,7 @@ from contracts.codec import decode, encode
 from libs.audit.log_reader import read_log
 from libs.bus.consumer import REST_WAIT_S
 from libs.bus.jetstream import Bus
-from libs.core.admission import AdmissionDecider
+from libs.core.admission.decider import AdmissionDecider
 from libs.runtime.handler import DeciderHandler
 from libs.runtime.reactor import Reactor
 

@@ -14,11 +14,11 @@ from prometheus_client import REGISTRY
 from contracts import EventBase, SubmitJob
 from libs.bus.jetstream import Bus
 from libs.bus.snapshot_store import Manifest, SnapshotStore, sha256_hex
-from libs.core.admission import AdmissionDecider
-from libs.core.decider import Decider, run_decider
-from libs.core.placement import PlacementDecider
-from libs.core.preemption import PreemptionDecider
-from libs.core.quota import QuotaDecider
+from libs.core.admission.decider import AdmissionDecider
+from libs.core.kernel.decider import Decider, run_decider
+from libs.core.placement.decider import PlacementDecider
+from libs.core.preemption.decider import PreemptionDecider
+from libs.core.quota.decider import QuotaDecider
 from libs.runtime.handler import DeciderHandler
 from libs.runtime.reactor import Reactor
 from libs.runtime.settings import DEFAULT_CLUSTER

@@ -34,10 +34,10 @@ from contracts import (
 )
 from contracts.codec import decode
 from libs.bus.jetstream import Bus
-from libs.core.admission import AdmissionDecider
-from libs.core.placement import PlacementDecider
-from libs.core.preemption import PreemptionDecider
-from libs.core.quota import QuotaDecider
+from libs.core.admission.decider import AdmissionDecider
+from libs.core.placement.decider import PlacementDecider
+from libs.core.preemption.decider import PreemptionDecider
+from libs.core.quota.decider import QuotaDecider
 from libs.runtime.embedded import EmbeddedServer
 from libs.runtime.handler import DeciderHandler, Handler
 from libs.runtime.reactor import Reactor

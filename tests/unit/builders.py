@@ -26,13 +26,13 @@ from contracts import (
     QuotaReserved,
     SubmitJob,
 )
-from libs.core.admission import AdmissionDecider
-from libs.core.decider import Decider, run_decider
-from libs.core.ledger import Ledger
-from libs.core.placement import PlacementDecider
-from libs.core.policy import demand_milli
-from libs.core.preemption import PreemptionDecider
-from libs.core.quota import QuotaDecider
+from libs.core.accounting.ledger import Ledger
+from libs.core.admission.decider import AdmissionDecider
+from libs.core.kernel.decider import Decider, run_decider
+from libs.core.kernel.policy import demand_milli
+from libs.core.placement.decider import PlacementDecider
+from libs.core.preemption.decider import PreemptionDecider
+from libs.core.quota.decider import QuotaDecider
 
 GPU_MEMORY_MIB = 81_920
 E = TypeVar("E", bound=EventBase)

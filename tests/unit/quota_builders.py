@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from contracts import EventBase, QueueSpec, QuotaDeferred, QuotaReserved, SchedulingSettings, SchedulingSettingsChanged
-from libs.core.ledger import Ledger
-from libs.core.quota import QuotaDecider
+from libs.core.accounting.ledger import Ledger
+from libs.core.quota.decider import QuotaDecider
 from tests.unit.builders import EventFeed, Job, brief, job, of, pipeline
 
 DAY = 86_400.0

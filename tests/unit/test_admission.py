@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from contracts import CancelJob, JobAdmitted, JobFailed, JobFinished, JobRejected, JobSubmitted, NodeRegistered
-from libs.core.admission import AdmissionDecider, Inventory, Rejection, job_id_for_key, validate
-from libs.core.decider import derived_id
-from libs.core.policy import PolicyBook
+from libs.core.admission.decider import AdmissionDecider, Inventory, Rejection, job_id_for_key, validate
+from libs.core.kernel.decider import derived_id
+from libs.core.kernel.policy import PolicyBook
 from tests.unit.builders import EventFeed, Job, brief, job, node, queue
 
 # Two teams; ml has a quota-bound and an unlimited queue. The cluster: 8 A100 on `a`, 4 H100 on `b`.

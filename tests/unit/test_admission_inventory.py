@@ -7,9 +7,9 @@ import msgspec
 import pytest
 
 from contracts import GpuSpec, JobAdmitted, JobRejected, JobSubmitted, NodeLost, NodeRegistered, NodeSpec
-from libs.core import mig_profiles
-from libs.core.admission import AdmissionDecider, Inventory, Rejection, validate
-from libs.core.policy import PolicyBook
+from libs.core.admission.decider import AdmissionDecider, Inventory, Rejection, validate
+from libs.core.kernel import mig_profiles
+from libs.core.kernel.policy import PolicyBook
 from tests.unit.builders import EventFeed, Job, brief, job, node, of, queue
 
 QUEUES = (queue("ml-dev", "ml", None),)

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from contracts import EventBase, SubmitJob
 from libs.bus.jetstream import Bus
-from libs.core.admission import AdmissionDecider
+from libs.core.admission.decider import AdmissionDecider
 from libs.runtime.http import READY_DETAILS, base_app
 from libs.views.store import ViewStore
 from services.admission.api import JobsApi

@@ -21,7 +21,7 @@ from contracts.views import JobView, NodeView, QueueView, TeamUsage
 from libs.bus.jetstream import Bus, BusConfig
 from libs.cli.client import Client
 from libs.cli.main import main as gpusched
-from libs.core.admission import AdmissionDecider
+from libs.core.admission.decider import AdmissionDecider
 from libs.runtime.api_tokens import TokenEntry, TokenFileError, hash_token, read_tokens, write_tokens
 from libs.runtime.http import base_app
 from libs.views.store import ViewStore

@@ -15,7 +15,7 @@ from contracts import (
     QueuePolicyChanged,
     SubmitJob,
 )
-from libs.core.ledger import Ledger
+from libs.core.accounting.ledger import Ledger
 from libs.sim.pipeline import run_virtual
 from tests.unit.builders import job, node, queue
 

@@ -18,7 +18,7 @@ from contracts import (
     PlacementDeferred,
 )
 from contracts.views import RUN_HISTORY, gpu_request
-from libs.core.ledger import Ledger
+from libs.core.accounting.ledger import Ledger
 from tests.unit.builders import EventFeed, job, node, pipeline, queue
 
 A100_80 = 81_920

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from contracts import GpuSpec, NodeSpec
-from libs.core.arrays import ClusterArrays
-from libs.core.cluster import Cluster
-from libs.core.score_cache import ShapeScores
-from libs.core.scoring import FragModel, Request, choose
-from libs.core.shapes import Shape, TypicalShapes
+from libs.core.cluster.arrays import ClusterArrays
+from libs.core.cluster.model import Cluster
+from libs.core.cluster.score_cache import ShapeScores
+from libs.core.cluster.scoring import FragModel, Request, choose
+from libs.core.cluster.shapes import Shape, TypicalShapes
 
 
 def cluster_of(models: list[str]) -> Cluster:

@@ -25,9 +25,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from libs.core import quota_calm, quota_pass, quota_starvation, quota_walk, reclaim
-from libs.core.preemption import PreemptionDecider
-from libs.core.quota_state import QuotaJob
+from libs.core.preemption import reclaim
+from libs.core.preemption.decider import PreemptionDecider
+from libs.core.quota import calm as quota_calm
+from libs.core.quota import scheduling_pass as quota_pass
+from libs.core.quota import starvation as quota_starvation
+from libs.core.quota import walk as quota_walk
+from libs.core.quota.state import QuotaJob
 from libs.sim.pipeline import VirtualWorld
 from libs.sim.scenario import run_scenario
 from libs.sim.scenario_model import load_scenario

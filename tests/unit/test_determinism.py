@@ -7,11 +7,11 @@ import pytest
 
 from contracts import CancelJob, GpuHealthChanged, JobEvicted, JobFailed, JobFinished, JobStarted, NodeLost
 from contracts.codec import decode, encode
-from libs.core.admission import AdmissionDecider
-from libs.core.decider import run_decider
-from libs.core.placement import PlacementDecider
-from libs.core.preemption import PreemptionDecider
-from libs.core.quota import QuotaDecider
+from libs.core.admission.decider import AdmissionDecider
+from libs.core.kernel.decider import run_decider
+from libs.core.placement.decider import PlacementDecider
+from libs.core.preemption.decider import PreemptionDecider
+from libs.core.quota.decider import QuotaDecider
 from tests.unit.builders import EventFeed, job, node, pipeline, queue
 
 

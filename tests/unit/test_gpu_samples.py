@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contracts import NodeRegistered
-from libs.core.inventory import InventoryBook
+from libs.core.node_health.announcements import InventoryBook
 from libs.sim.executor import Run
 from services.node_telemetry.gpu_samples import intensity, simulated_samples
 from tests.unit.builders import node

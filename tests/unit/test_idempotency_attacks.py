@@ -1,4 +1,5 @@
-"""Attacks on idempotency keys (libs/core/admission_keys.py, libs/core/admission.py, services/admission/api.py,
+"""Attacks on idempotency keys (libs/core/admission/idempotency_keys.py, libs/core/admission/decider.py,
+services/admission/api.py,
 services/admission/in_flight.py): sequences of submissions that break a promise of docs/DESIGN.md's
 "Invariants". Each test is one finding and fails for the reason its docstring gives.
 
@@ -21,8 +22,8 @@ from contracts import EventBase, JobRejected, JobSpec, SubmitJob
 from contracts.codec import decode, encode
 from contracts.views import JobView
 from libs.bus.jetstream import Bus, BusConfig
-from libs.core.admission import AdmissionDecider, job_id_for_key
-from libs.core.admission_keys import refused_id
+from libs.core.admission.decider import AdmissionDecider, job_id_for_key
+from libs.core.admission.idempotency_keys import refused_id
 from libs.runtime.http import base_app
 from libs.views.store import ViewStore
 from services.admission.api import JobsApi

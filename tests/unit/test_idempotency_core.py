@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from contracts import JobFinished, JobRejected, JobSpec
-from libs.core.admission import AdmissionDecider
-from libs.core.admission_keys import KEY_REUSED, KeyBook, refused_id, spec_differences, spec_fingerprint
+from libs.core.admission.decider import AdmissionDecider
+from libs.core.admission.idempotency_keys import KEY_REUSED, KeyBook, refused_id, spec_differences, spec_fingerprint
 from tests.unit.builders import EventFeed, brief, job, node, queue
 
 QUEUES = (queue("ml-train", "ml", 8), queue("cv-train", "cv", 4))

@@ -1,4 +1,5 @@
-"""Least attained service inside a queue (libs/core/attained.py): the service each job held, the order of the
+"""Least attained service inside a queue (libs/core/kernel/attained_service.py):
+the service each job held, the order of the
 waiting jobs of one priority, and the preemption of a job above the threshold for one below it."""
 
 from __future__ import annotations
@@ -6,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from contracts import LEAST_ATTAINED_SERVICE, JobEvicted, JobStarted, PreemptionDecided, QueueSpec
-from libs.core.attained import AttainedService, threshold_milli_s
-from libs.core.quotas import check_tree
+from libs.core.kernel.attained_service import AttainedService, threshold_milli_s
+from libs.core.kernel.quota_math import check_tree
 from libs.sim.scenario import run_scenario
 from libs.sim.scenario_model import load_scenario
 

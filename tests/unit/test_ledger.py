@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from contracts import CancelJob, JobEvicted, JobFailed, JobFinished, JobStarted
-from libs.core.ledger import AdmissionWait, Ledger
+from libs.core.accounting.ledger import AdmissionWait, Ledger
 from tests.unit.builders import EventFeed, Job, job, node, pipeline, queue
 
 

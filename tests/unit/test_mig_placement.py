@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from contracts import GpuSpec, JobFinished, JobPlaced, JobSpec, NodeSpec, PlacementDeferred, QuotaReserved
-from libs.core.cluster import Cluster
-from libs.core.fit import Placer, Shortfall
-from libs.core.ledger import requested_gpus
-from libs.core.mig_profiles import compute_slices, instance_milli, lookup, memory_slices, product
-from libs.core.placement import PlacementDecider
-from libs.core.policy import demand_milli
+from libs.core.accounting.ledger import requested_gpus
+from libs.core.cluster.job_fit import Placer, Shortfall
+from libs.core.cluster.model import Cluster
+from libs.core.kernel.mig_profiles import compute_slices, instance_milli, lookup, memory_slices, product
+from libs.core.kernel.policy import demand_milli
+from libs.core.placement.decider import PlacementDecider
 from libs.sim.scenario import run_scenario
 from libs.sim.scenario_model import load_scenario
 from tests.unit.builders import EventFeed, job, of, pipeline, queue

@@ -53,13 +53,13 @@ def _published_in(path: Path) -> set[type[EventBase]]:
 
 
 def _core_service(path: Path) -> str | None:
-    """A decider module's SERVICE, the source of its decisions; a module named after a decider's module
-    (`quota_reserve.py` beside `quota.py`) is a part of that decider."""
+    """A decider module's SERVICE, the source of its decisions; a module beside a decider (`quota/reserve.py`
+    beside `quota/decider.py`) is a part of that decider."""
     for node in ast.parse(path.read_text()).body:
         if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SERVICE" for t in node.targets)
                 and isinstance(node.value, ast.Constant)):
             return str(node.value.value)
-    owner = path.with_name(path.stem.split("_")[0] + ".py")
+    owner = path.with_name("decider.py")
     return _core_service(owner) if owner != path and owner.exists() else None
 
 
@@ -79,7 +79,7 @@ def _scanned(user: str) -> set[type[EventBase]]:
     from services.node_telemetry.handler import NodeTelemetry  # it runs the node-health decider
 
     runs = {user, NodeTelemetry.chain_source} if user == "node-telemetry" else {user}
-    for path in (REPO_ROOT / "libs" / "core").glob("*.py"):
+    for path in (REPO_ROOT / "libs" / "core").glob("**/*.py"):
         if _core_service(path) in runs:
             found |= _published_in(path)
     return found

@@ -15,8 +15,8 @@ from contracts import (
     RemoveNode,
     UncordonNode,
 )
-from libs.core.ledger import Ledger
-from libs.core.nodes import NodeDecider
+from libs.core.accounting.ledger import Ledger
+from libs.core.node_health.decider import NodeDecider
 from tests.unit.builders import EventFeed, kinds, node
 
 

@@ -14,12 +14,12 @@ from contracts import (
     RemoveNode,
     UncordonNode,
 )
-from libs.core.admission import AdmissionDecider
-from libs.core.ledger import Ledger
-from libs.core.nodes import NodeDecider
-from libs.core.placement import PlacementDecider
-from libs.core.preemption import PreemptionDecider
-from libs.core.quota import QuotaDecider
+from libs.core.accounting.ledger import Ledger
+from libs.core.admission.decider import AdmissionDecider
+from libs.core.node_health.decider import NodeDecider
+from libs.core.placement.decider import PlacementDecider
+from libs.core.preemption.decider import PreemptionDecider
+from libs.core.quota.decider import QuotaDecider
 from tests.unit.builders import EventFeed, job, node, queue
 
 
@@ -72,7 +72,7 @@ def test_the_simulated_cluster_comes_back_empty_after_a_turn_with_node_agents() 
     InventoryBook folds only NodeRegistered: it still holds sim-1 and sim-2 as last registered, finds them
     unchanged and announces nothing. The simulated cluster's nodes never register again; the platform runs the
     simulated backend with no node at all (every job waits for ever)."""
-    from libs.core.inventory import registration_id
+    from libs.core.node_health.announcements import registration_id
     from libs.sim.live_executor import SimExecutor
     from services.node_telemetry.handler import NodeTelemetry
     from services.node_telemetry.heartbeats import HeartbeatWatch

@@ -9,10 +9,10 @@ import random
 import pytest
 
 from contracts import GpuSpec, JobSpec, NodeSpec
-from libs.core.cluster import Cluster
-from libs.core.fit import Placer
-from libs.core.pairing import FULL, PRICE_SCALE, fewest_gpus, pairing_prices
-from libs.core.shapes import Shape, typical_from_counts
+from libs.core.cluster.job_fit import Placer
+from libs.core.cluster.model import Cluster
+from libs.core.cluster.pairing import FULL, PRICE_SCALE, fewest_gpus, pairing_prices
+from libs.core.cluster.shapes import Shape, typical_from_counts
 
 
 def fills(sizes: list[int]) -> list[tuple[int, ...]]:

@@ -29,12 +29,12 @@ from contracts import (
     ReplicaPlacement,
 )
 from libs.audit.guarantees import check_safety
-from libs.core.arrays import FEW_NODES
-from libs.core.cluster import Cluster
-from libs.core.fit import GANG, Placer, Shortfall
-from libs.core.placement import PlacementDecider
-from libs.core.policy import demand_milli
-from libs.core.shapes import typical_shapes
+from libs.core.cluster.arrays import FEW_NODES
+from libs.core.cluster.job_fit import GANG, Placer, Shortfall
+from libs.core.cluster.model import Cluster
+from libs.core.cluster.shapes import typical_shapes
+from libs.core.kernel.policy import demand_milli
+from libs.core.placement.decider import PlacementDecider
 from tests.unit.builders import EventFeed, Job, job, node, of
 
 GIB = 1024

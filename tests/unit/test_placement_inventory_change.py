@@ -5,7 +5,7 @@ tried again (and told the true reason) when a node of its model registers, even 
 from __future__ import annotations
 
 from contracts import JobPlaced, JobSubmitted, PlacementDeferred, QuotaReleased, QuotaReserved
-from libs.core.placement import PlacementDecider
+from libs.core.placement.decider import PlacementDecider
 from tests.unit.builders import EventFeed, job, node, of, queue
 
 

@@ -25,12 +25,12 @@ from contracts import (
     SubmitJob,
 )
 from libs.audit.invariants import overallocations
-from libs.core.cluster import Cluster
-from libs.core.fit import Placer, Shortfall
-from libs.core.ledger import Ledger
-from libs.core.placement import PlacementDecider
-from libs.core.preemption import PreemptionDecider
-from libs.core.shapes import typical_shapes
+from libs.core.accounting.ledger import Ledger
+from libs.core.cluster.job_fit import Placer, Shortfall
+from libs.core.cluster.model import Cluster
+from libs.core.cluster.shapes import typical_shapes
+from libs.core.placement.decider import PlacementDecider
+from libs.core.preemption.decider import PreemptionDecider
 from libs.sim.executor import ExecutorBook
 from libs.sim.pipeline import run_virtual
 from tests.unit.builders import EventFeed, job, node, of, queue

@@ -23,8 +23,8 @@ from contracts import (
     QuotaDeferred,
     Victim,
 )
-from libs.core.policy import DEFAULT_PRIORITY_CLASSES
-from libs.core.preemption import PreemptionDecider, Running, Simulation
+from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES
+from libs.core.preemption.decider import PreemptionDecider, Running, Simulation
 from libs.sim.scenario import run_scenario
 from libs.sim.scenario_model import load_scenario
 from tests.unit.builders import EventFeed, brief, job, kinds, node, of, pipeline, queue
@@ -205,7 +205,7 @@ def test_no_eviction_when_a_cancelled_job_already_on_its_way_out_frees_enough() 
 
 def test_a_job_placed_after_its_cancellation_holds_its_gpus_and_is_never_chosen_as_a_victim() -> None:
     from contracts import JobCancelled, JobPlaced, JobSubmitted, ReplicaPlacement
-    from libs.core.preemption import PreemptionDecider
+    from libs.core.preemption.decider import PreemptionDecider
     from tests.unit.builders import spec_of
 
     feed = EventFeed(PreemptionDecider())

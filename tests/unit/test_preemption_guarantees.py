@@ -29,8 +29,8 @@ from contracts import (
     PriorityClassesChanged,
     QuotaReserved,
 )
-from libs.core.policy import DEFAULT_PRIORITY_CLASSES
-from libs.core.quota import QuotaDecider
+from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES
+from libs.core.quota.decider import QuotaDecider
 from tests.unit.builders import EventFeed, brief, job, kinds, node, of, pipeline, queue
 from tests.unit.quota_builders import D, cluster, on, outcome, q
 

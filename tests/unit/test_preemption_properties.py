@@ -68,7 +68,7 @@ from contracts import (
 from contracts.codec import encode
 from libs.audit.invariants import overallocations
 from libs.audit.quota_audit import quota_violations
-from libs.core.policy import DEFAULT_PRIORITY_CLASSES, demand_milli
+from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES, demand_milli
 from libs.sim.executor import SIM_EXIT_CODES
 from libs.sim.pipeline import run_virtual
 from tests.unit.builders import job, node

@@ -91,7 +91,7 @@ def test_a_run_over_whose_quota_is_not_released_yet_counts_as_leaving_its_queue(
         QuotaReserved,
         ReplicaPlacement,
     )
-    from libs.core.preemption import PreemptionDecider
+    from libs.core.preemption.decider import PreemptionDecider
 
     feed = EventFeed(PreemptionDecider(), t0=T0)
     feed.queues(QueueSpec(name="org", team="org"),

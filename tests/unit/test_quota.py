@@ -16,7 +16,7 @@ from contracts import (
     QuotaReleased,
     QuotaReserved,
 )
-from libs.core.quota import QuotaDecider
+from libs.core.quota.decider import QuotaDecider
 from tests.unit.builders import EventFeed, brief, job, queue
 
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contracts import FlavorQuota, QueueSpec
-from libs.core.quotas import QuotaBook
+from libs.core.kernel.quota_math import QuotaBook
 
 NAMES = ("a", "b", "c", "d", "p")
 MODELS = ("*", "H100", "A100")

@@ -19,9 +19,9 @@ from contracts import (
     NodeUncordoned,
     QuotaReleased,
 )
-from libs.core.quota import PLACEMENT_TIMEOUT
-from libs.core.quota_fleet import Fleet
-from libs.core.quotas import ANY
+from libs.core.kernel.quota_math import ANY
+from libs.core.quota.decider import PLACEMENT_TIMEOUT
+from libs.core.quota.fleet import Fleet
 from libs.sim.scenario import run_scenario
 from libs.sim.scenario_model import load_scenario
 

@@ -26,8 +26,8 @@ from contracts import (
     SchedulingSettingsChanged,
 )
 from contracts.views import JobView, QueueView
-from libs.core.quota import QuotaDecider
-from libs.core.starvation import UNKNOWN_START, Starving, backfills, holds
+from libs.core.kernel.starvation import UNKNOWN_START, Starving, backfills, holds
+from libs.core.quota.decider import QuotaDecider
 from libs.views.explain import explain
 from tests.unit.builders import EventFeed, kinds, node, of
 from tests.unit.quota_builders import D, cluster, on, outcome, q, quota, reserved, run, wait

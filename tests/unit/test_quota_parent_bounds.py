@@ -4,7 +4,7 @@ its quota of any model ("*") the subtree's usage of every model together, whiche
 from __future__ import annotations
 
 from contracts import FlavorQuota, QueueSpec
-from libs.core.quotas import ANY, QuotaBook
+from libs.core.kernel.quota_math import ANY, QuotaBook
 
 
 def book(parent_flavors: tuple[FlavorQuota, ...]) -> QuotaBook:

@@ -47,9 +47,9 @@ from contracts import (
     SchedulingSettings,
     SchedulingSettingsChanged,
 )
-from libs.core.policy import demand_milli
-from libs.core.quota import BEHIND_HIGHER_PRIORITY, QUOTA_LENT_OUT, QuotaDecider
-from libs.core.quotas import ANY, UNLIMITED, QuotaBook, flavor_matches
+from libs.core.kernel.policy import demand_milli
+from libs.core.kernel.quota_math import ANY, UNLIMITED, QuotaBook, flavor_matches
+from libs.core.quota.decider import BEHIND_HIGHER_PRIORITY, QUOTA_LENT_OUT, QuotaDecider
 from tests.unit.builders import EventFeed
 
 MODELS = ("H100", "A100")

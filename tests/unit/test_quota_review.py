@@ -27,11 +27,11 @@ from contracts import (
     QuotaDeferred,
 )
 from libs.audit.quota_audit import quota_violations
-from libs.core.decider import run_decider
-from libs.core.ledger import Ledger
-from libs.core.policy import DEFAULT_PRIORITY_CLASSES
-from libs.core.preemption import PreemptionDecider
-from libs.core.quota import QuotaDecider
+from libs.core.accounting.ledger import Ledger
+from libs.core.kernel.decider import run_decider
+from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES
+from libs.core.preemption.decider import PreemptionDecider
+from libs.core.quota.decider import QuotaDecider
 from tests.unit.builders import EventFeed, Job, kinds, node, of, spec_of
 from tests.unit.quota_builders import DAY, D, cluster, on, outcome, q, quota, reserved, run, wait
 

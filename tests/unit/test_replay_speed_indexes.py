@@ -21,9 +21,9 @@ from contracts import (
     SchedulingSettingsChanged,
     SubmitJob,
 )
-from libs.core.decider import Trigger, run_decider
-from libs.core.preemption import PLACEMENT, PreemptionDecider
-from libs.core.quota import BUDGET_WAITS, QuotaDecider
+from libs.core.kernel.decider import Trigger, run_decider
+from libs.core.preemption.decider import PLACEMENT, PreemptionDecider
+from libs.core.quota.decider import BUDGET_WAITS, QuotaDecider
 from libs.nodes.sim import load_cluster_csv
 from libs.runtime.settings import DEFAULT_CLUSTER
 from libs.sim.pipeline import run_virtual

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from contracts import GpuSpec, JobSpec, NodeSpec, ReplicaPlacement
-from libs.core import arrays as arrays_module
-from libs.core import scoring
-from libs.core.arrays import ClusterArrays
-from libs.core.cluster import FULL, Cluster
-from libs.core.scoring import FragModel, Request, choose, feasible_rows
-from libs.core.shapes import Shape, TypicalShapes, shared_pairing
+from libs.core.cluster import arrays as arrays_module
+from libs.core.cluster import scoring
+from libs.core.cluster.arrays import ClusterArrays
+from libs.core.cluster.model import FULL, Cluster
+from libs.core.cluster.scoring import FragModel, Request, choose, feasible_rows
+from libs.core.cluster.shapes import Shape, TypicalShapes, shared_pairing
 
 MODELS = ("A100", "V100", "T4")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contracts import GpuSpec, NodeSpec, ReplicaPlacement
-from libs.core.run_fit import RunOnNode, runs_to_stop
+from libs.core.cluster.runs_after_reregistration import RunOnNode, runs_to_stop
 
 
 def node(gpus: int = 2, model: str = "A100", memory: int = 81920, cpu: int = 64000, mem: int = 524288,

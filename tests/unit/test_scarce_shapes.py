@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from contracts import GpuSpec, JobSpec, NodeSpec
-from libs.core.arrays import ClusterArrays
-from libs.core.cluster import Cluster
-from libs.core.fit import Placer
-from libs.core.scoring import packing_shapes
-from libs.core.shapes import Shape, typical_from_counts
+from libs.core.cluster.arrays import ClusterArrays
+from libs.core.cluster.job_fit import Placer
+from libs.core.cluster.model import Cluster
+from libs.core.cluster.scoring import packing_shapes
+from libs.core.cluster.shapes import Shape, typical_from_counts
 
 ONE_GPU = Shape(cpu_milli=12000, gpu_milli=1000, gpus=1)
 BIG_JOB = Shape(cpu_milli=120000, gpu_milli=1000, gpus=8)  # only the 128-core nodes can take it

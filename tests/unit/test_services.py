@@ -27,7 +27,7 @@ from contracts import (
     ServiceScaled,
     ServiceSpec,
 )
-from libs.core.services import ServiceState, recommend, service_problem
+from libs.core.admission.inference_services import ServiceState, recommend, service_problem
 from tests.unit.builders import EventFeed, job, node, of, pipeline
 
 SCALING = Autoscaling(metric="requests_per_s", target_per_replica=100.0, scale_down_window_s=60.0)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from contracts import GpuSpec, JobSpec, NodeSpec, ReplicaPlacement
-from libs.core.arrays import ClusterArrays
-from libs.core.cluster import Cluster
-from libs.core.scoring import FragModel
-from libs.core.shapes import Shape, ShapeWindow, typical_from_counts, typical_shapes
+from libs.core.cluster.arrays import ClusterArrays
+from libs.core.cluster.model import Cluster
+from libs.core.cluster.scoring import FragModel
+from libs.core.cluster.shapes import Shape, ShapeWindow, typical_from_counts, typical_shapes
 
 ONE_GPU = Shape(cpu_milli=8000, gpu_milli=1000, gpus=1)
 

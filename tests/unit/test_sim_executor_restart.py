@@ -16,7 +16,7 @@ from contracts import (
     ReplicaPlacement,
     Victim,
 )
-from libs.core.decider import derived_id
+from libs.core.kernel.decider import derived_id
 from libs.sim.executor import SOURCE
 from libs.sim.live_executor import SimExecutor
 

@@ -25,10 +25,10 @@ from contracts import (
     Victim,
 )
 from contracts.views import JobView
-from libs.core.placement import PlacementDecider
-from libs.core.policy import PolicyBook, declared_runtime
-from libs.core.preemption import PreemptionDecider
-from libs.core.retries import RetryBook, retryable
+from libs.core.kernel.policy import PolicyBook, declared_runtime
+from libs.core.kernel.retries import RetryBook, retryable
+from libs.core.placement.decider import PlacementDecider
+from libs.core.preemption.decider import PreemptionDecider
 from libs.sim.executor import SIM_RUNTIME_S, ExecutorBook
 from libs.sim.scenario import job_outcomes, run_scenario
 from libs.sim.scenario_model import parse_scenario

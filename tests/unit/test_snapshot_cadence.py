@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from libs.bus.jetstream import BusConfig
-from libs.core.quota import QuotaDecider
+from libs.core.quota.decider import QuotaDecider
 from libs.runtime.handler import DeciderHandler
 from libs.runtime.snapshots import MAX_SHARE, SnapshotPolicy, Snapshotter
 

@@ -25,13 +25,13 @@ from contracts import (
 )
 from contracts.codec import encode
 from libs.audit.replay import replay
-from libs.core.admission import AdmissionDecider
-from libs.core.decider import derived_id, run_decider
-from libs.core.ledger import Ledger
-from libs.core.placement import PlacementDecider
-from libs.core.preemption import PreemptionDecider
-from libs.core.quota import QuotaDecider
-from libs.core.runs import NO_RUN, RUN_REPORTS, CurrentRuns
+from libs.core.accounting.ledger import Ledger
+from libs.core.admission.decider import AdmissionDecider
+from libs.core.kernel.decider import derived_id, run_decider
+from libs.core.kernel.runs import NO_RUN, RUN_REPORTS, CurrentRuns
+from libs.core.placement.decider import PlacementDecider
+from libs.core.preemption.decider import PreemptionDecider
+from libs.core.quota.decider import QuotaDecider
 from libs.reports.inference import ServiceTimeline, ServiceTracker
 from libs.runtime.state_image import capture, restore
 from libs.sim.executor import SOURCE as SIM_EXECUTOR

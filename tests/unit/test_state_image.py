@@ -8,9 +8,9 @@ import msgspec
 import pytest
 
 from contracts import GpuSpec, NodeSpec
-from libs.core.arrays import ClusterArrays
-from libs.core.cluster import Cluster
-from libs.core.placement import PlacementDecider
+from libs.core.cluster.arrays import ClusterArrays
+from libs.core.cluster.model import Cluster
+from libs.core.placement.decider import PlacementDecider
 from libs.runtime import state_image
 
 

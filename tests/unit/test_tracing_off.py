@@ -27,7 +27,7 @@ from contracts import (
 )
 from contracts.codec import encode
 from libs.bus.jetstream import Bus, BusConfig
-from libs.core.admission import AdmissionDecider
+from libs.core.admission.decider import AdmissionDecider
 from libs.runtime.handler import DeciderHandler
 from libs.runtime.reactor import Reactor
 from libs.runtime.settings import Settings

@@ -12,14 +12,14 @@ import msgspec
 
 from contracts import JobSpec
 from libs.audit.guarantees.world import PLACEMENT, QUOTA, JobState, World
-from libs.core.fit import fits
-from libs.core.policy import demand_milli
-from libs.core.quota import NOMINATION_TTL_S
-from libs.core.quota_fit import could_hold, smallest_servable
-from libs.core.quota_nomination import holding_nominee, nominees
-from libs.core.quota_starvation import may_starve
-from libs.core.quotas import ANY
-from libs.core.starvation import longest_waiting
+from libs.core.cluster.job_fit import fits
+from libs.core.kernel.policy import demand_milli
+from libs.core.kernel.quota_math import ANY
+from libs.core.kernel.starvation import longest_waiting
+from libs.core.quota.decider import NOMINATION_TTL_S
+from libs.core.quota.fit import could_hold, smallest_servable
+from libs.core.quota.nomination import holding_nominee, nominees
+from libs.core.quota.starvation import may_starve
 
 
 def _gpus(milli: int) -> str:
@@ -147,7 +147,7 @@ def starving_quota_hold(world: World, job_id: str, spec: JobSpec) -> str:
 
 def nominee_quota_hold(world: World, job_id: str, spec: JobSpec) -> str:
     """A preemptor of the job's cohort was nominated and waits for quota: the job's reservation, in every flavor
-    with room for it, would leave that preemptor without room (libs/core/quota_nomination.py)."""
+    with room for it, would leave that preemptor without room (libs/core/quota/nomination.py)."""
     job = world.quota.jobs.get(job_id)
     if job is None or not world.quota.nominated:
         return ""

@@ -1,13 +1,13 @@
 """The MIG profile table as the checker needs it: what one instance of a profile takes of its GPU (compute
-slices, memory, how many of it fit at most) and what the GPU has. Read from libs.core.mig_profiles, through
+slices, memory, how many of it fit at most) and what the GPU has. Read from libs.core.kernel.mig_profiles, through
 the few names every form of that table offers (`lookup`, and `product` or the slice constants)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from libs.core import mig_profiles
-from libs.core.cluster import MIG_SLICES
+from libs.core.cluster.model import MIG_SLICES
+from libs.core.kernel import mig_profiles
 
 
 @dataclass(frozen=True, slots=True)

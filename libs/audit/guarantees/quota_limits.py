@@ -21,7 +21,7 @@ from libs.audit.guarantees.violation import (
     Violation,
     gpus,
 )
-from libs.core.quotas import ANY, UNLIMITED, Limits, QuotaBook, reservation_model
+from libs.core.kernel.quota_math import ANY, UNLIMITED, Limits, QuotaBook, reservation_model
 
 UNBOUNDED = sys.maxsize
 
@@ -32,7 +32,7 @@ class Held:
     flavor: str
     milli: int
     over_budget: bool
-    model: str = ""  # the GPU model it is for (libs/core/quotas.py reservation_model): its flavor follows it
+    model: str = ""  # the GPU model it is for (libs/core/kernel/quota_math.py reservation_model): its flavor follows it
 
 
 def _gpus(milli: int) -> str:

@@ -8,8 +8,18 @@ from collections.abc import Callable
 from contracts import JobSpec
 from libs.audit.guarantees import holds
 from libs.audit.guarantees.world import PLACEMENT, QUOTA, JobState, World
-from libs.core import placement, quota, quota_fit, quota_nomination
-from libs.core.fit import FRAGMENTATION, GANG, INSUFFICIENT_CPU_MEMORY, INSUFFICIENT_GPUS, NO_MODEL_MATCH, TOPOLOGY
+from libs.core.cluster.job_fit import (
+    FRAGMENTATION,
+    GANG,
+    INSUFFICIENT_CPU_MEMORY,
+    INSUFFICIENT_GPUS,
+    NO_MODEL_MATCH,
+    TOPOLOGY,
+)
+from libs.core.placement import decider as placement
+from libs.core.quota import decider as quota
+from libs.core.quota import fit as quota_fit
+from libs.core.quota import nomination as quota_nomination
 
 Claim = Callable[[World, str, JobState], str]  # "" when the claim is true, else why it is not
 

@@ -21,7 +21,7 @@ from libs.audit.guarantees.holds import reclaim_due
 from libs.audit.guarantees.reclaimable import borrowers, reclaimable
 from libs.audit.guarantees.violation import RECLAIM_WITHIN_BOUND, Violation, gpus
 from libs.audit.guarantees.world import PLACEMENT, World
-from libs.core.policy import demand_milli
+from libs.core.kernel.policy import demand_milli
 
 MAX_JOBS_NAMED = 5
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from libs.audit.guarantees.holds import first_waiting, fits_now
 from libs.audit.guarantees.world import PLACEMENT, RUNNING, JobState, World
-from libs.core.policy import demand_milli
+from libs.core.kernel.policy import demand_milli
 
 
 def reclaimable(world: World, queue: str, flavor: str) -> bool:

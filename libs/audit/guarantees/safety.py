@@ -26,7 +26,7 @@ from libs.audit.guarantees.capacity import Capacity
 from libs.audit.guarantees.gangs import gang_violations
 from libs.audit.guarantees.quota_limits import QuotaLimits
 from libs.audit.guarantees.violation import Violation
-from libs.core.runs import CurrentRuns
+from libs.core.kernel.runs import CurrentRuns
 
 # Executor reports: what an executor says about its runs (a stop of runs a new node spec no longer fits among them).
 EXECUTOR_REPORTS = (JobStarted, JobReady, JobCheckpointed, JobFinished, JobFailed, JobEvicted)
@@ -40,7 +40,7 @@ def check_safety(events: Sequence[tuple[int, EventBase]]) -> list[Violation]:
     quota = QuotaLimits()
     specs: dict[str, JobSpec] = {}
     # An executor's report about a run that is over (a late finish racing an eviction, a slow agent's) does not
-    # release the job's current run: the core's own rule (libs/core/runs.py).
+    # release the job's current run: the core's own rule (libs/core/kernel/runs.py).
     runs = CurrentRuns()
     out: list[Violation] = []
     # Nodes registered again whose runs are judged once the executors had their say: node -> (seq, ts).

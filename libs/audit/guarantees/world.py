@@ -28,10 +28,10 @@ from contracts import (
     SubmitJob,
 )
 from libs.audit.guarantees.capacity import Capacity
-from libs.core.attained import least_served
-from libs.core.quota import PLACEMENT_TIMEOUT, QuotaDecider
-from libs.core.quotas import ANY
-from libs.core.runs import CurrentRuns
+from libs.core.kernel.attained_service import least_served
+from libs.core.kernel.quota_math import ANY
+from libs.core.kernel.runs import CurrentRuns
+from libs.core.quota.decider import PLACEMENT_TIMEOUT, QuotaDecider
 
 # Phases of a job as the log tells them.
 SUBMITTED = "submitted"  # no admission decision yet
@@ -75,7 +75,7 @@ class World:
     # Jobs whose quota is reserved and which wait for a place (an index of `jobs`: there are few of them).
     placing: dict[str, None] = field(default_factory=dict)
     now: float = 0.0
-    # Each job's current run: an executor's report about a run that is over changes nothing (libs/core/runs.py,
+    # Each job's current run: an executor's report about a run that is over changes nothing (libs/core/kernel/runs.py,
     # the rule every decider is run with), neither the job's phase nor the capacity of its current run.
     runs: CurrentRuns = field(default_factory=CurrentRuns)
     _quota_inputs: tuple[type[EventBase], ...] = ()

@@ -16,7 +16,7 @@ from contracts.codec import encode
 from contracts.events import ClockTick, EventBase
 from libs.sim.executor import SOURCE as EXECUTOR
 
-# The sources the deciders stamp on their decisions (the SERVICE constants of libs/core/admission.py, quota.py,
+# The sources the deciders stamp on their decisions (the SERVICE constants of libs/core/admission/decider.py, quota.py,
 # placement.py, preemption.py and nodes.py). Spelled out rather than imported: they are part of the log's
 # format, and the net must still load while the modules that define them are being moved about.
 DECIDERS = ("admission", "quota", "placement", "preemption", "node-health")

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from contracts import CordonNode, EventBase, GpuFault, RemoveNode, UncordonNode
-from libs.core.decider import derived_id
-from libs.core.nodes import NodeDecider
+from libs.core.kernel.decider import derived_id
+from libs.core.node_health.decider import NodeDecider
 from libs.sim.frozen.digest import Log
 from libs.sim.frozen.sequences import NODES, SETTINGS, WorldSequence
 from libs.sim.pipeline import VirtualWorld

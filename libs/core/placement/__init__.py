@@ -1,0 +1,1 @@
+"""Placement: which nodes and GPUs a job with quota runs on."""

@@ -1,0 +1,236 @@
+"""What the preemption decider knows: the jobs running (its victim candidates), the jobs waiting (its
+preemptors), the evictions decided and not yet done, and the indexes that keep clock ticks cheap."""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from dataclasses import dataclass, field
+
+from contracts import JobSpec, ReplicaPlacement
+from libs.core.kernel.attained_service import AttainedService
+from libs.core.kernel.policy import PolicyBook
+from libs.core.kernel.quota_math import ANY
+
+# A job still running this long after its declared end has overrun its estimate (its executor's report of
+# an end on time would have come by then): it is no longer about to end.
+OVERRUN_S = 1.0
+PLACEMENT = "placement"  # the waiting code of a job deferred by placement (it holds its quota)
+
+
+@dataclass(slots=True)
+class Running:
+    job_id: str
+    queue: str
+    priority: int
+    preemptible: bool
+    demand: int
+    started: float
+    placements: tuple[ReplicaPlacement, ...]
+    flavor: str = ANY
+    over_budget: bool = False
+    min_runtime_s: float = 0.0
+    ends_at: float | None = None  # from its declared duration
+    placed_order: int = 0  # breaks ties between jobs started at the same instant: later placed, first out
+    checkpoints_on_stop: bool = False  # it saves its state when told to stop: evicting it loses nothing
+    last_checkpoint: float | None = None
+
+    def victim_key(self, now: float) -> tuple[int, float, float, int, str]:
+        return (self.priority, self.lost(now), -self.started, -self.placed_order, self.job_id)
+
+    def lost(self, now: float) -> float:
+        """GPU-time (thousandths of GPU-seconds) an eviction now throws away: nothing for a job that
+        checkpoints when stopped, else everything since its last checkpoint (or its start)."""
+        if self.checkpoints_on_stop:
+            return 0.0
+        since = self.started if self.last_checkpoint is None else max(self.started, self.last_checkpoint)
+        return (now - since) * self.demand
+
+    def nodes(self) -> list[str]:
+        """The nodes it runs on, each once, in replica order."""
+        return list(dict.fromkeys(p.node for p in self.placements))
+
+
+@dataclass(slots=True)
+class Waiting:
+    code: str  # the quota deferral's code, or "placement"
+    since: float
+    grace_checked: bool = False  # considered once its queue's reclaim grace was over?
+    queue: str = ""
+    priority: int = 0
+
+
+@dataclass(slots=True)
+class PreemptionState:
+    specs: dict[str, JobSpec] = field(default_factory=dict)
+    running: dict[str, Running] = field(default_factory=dict)
+    # job -> (queue, flavor, milli, over budget) of its quota reservation
+    reserved: dict[str, tuple[str, str, int, bool]] = field(default_factory=dict)
+    # preemptor -> victims still being evicted; a victim -> its preemptor.
+    in_flight: dict[str, list[str]] = field(default_factory=dict)
+    victim_of: dict[str, str] = field(default_factory=dict)
+    waiting: dict[str, Waiting] = field(default_factory=dict)
+    placing: dict[str, None] = field(default_factory=dict)  # the waiting jobs that wait for placement
+    # job -> since when it waits for quota or GPUs (held by nothing else: not its user's limit, a budget or a
+    # failure's backoff): a reclaim grace counts from there, whatever reservations came and went meanwhile.
+    pending_since: dict[str, float] = field(default_factory=dict)
+    # job -> when quota reserved it (for its placement timeout); jobs placement told capacity is held for.
+    reserved_at: dict[str, float] = field(default_factory=dict)
+    capacity_held: dict[str, None] = field(default_factory=dict)
+    # queue -> priority -> how many of its jobs wait for quota at that priority
+    waiting_priorities: dict[str, dict[int, int]] = field(default_factory=dict)
+    cancelled: dict[str, None] = field(default_factory=dict)
+    # Jobs whose run is over (finished, failed, evicted) while quota still holds their reservation: quota
+    # releases it as it reads the report, so it is leaving its queue.
+    ended: dict[str, None] = field(default_factory=dict)
+    # victim -> the jobs it was evicted for: a victim never preempts any of its preemptors back.
+    preempted_by: dict[str, dict[str, None]] = field(default_factory=dict)
+    # queue -> [(when, GPUs in thousandths)] chosen for eviction, for the blast-radius budget.
+    evicted: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    # Indexes of `waiting`, so that clock ticks need not scan every waiting job:
+    # queue (of the job's spec) -> [(-priority, job id)] sorted: the queue's first waiting job, fast;
+    heads: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    head_of: dict[str, tuple[str, tuple[int, str]]] = field(default_factory=dict)
+    # queue -> [(waiting since, job id)] sorted, of the waiting jobs (for quota or placement) whose reclaim
+    # grace has not been checked yet.
+    grace: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+    grace_of: dict[str, tuple[str, tuple[float, str]]] = field(default_factory=dict)
+    # `running` by queue (each queue's victim candidates, without scanning every running job).
+    by_queue: dict[str, dict[str, Running]] = field(default_factory=dict)
+    # queue -> priority -> how many of its jobs run at that priority
+    running_priorities: dict[str, dict[int, int]] = field(default_factory=dict)
+    # Protections that run out with time, so that a tick knows when to look again: a heap of (when a
+    # running job's minimum runtime ends, job id), and the queues whose eviction budget grew back since.
+    protected_until: list[tuple[float, str]] = field(default_factory=list)
+    budget_freed: dict[str, None] = field(default_factory=dict)
+    # GPU time each job held over its runs: a queue of least attained service evicts by it (kernel/attained_service.py)
+    attained: AttainedService = field(default_factory=AttainedService)
+
+    # --- waiting jobs ----------------------------------------------------------------------------
+
+    def wait(self, job_id: str, queue: str, priority: int, code: str, now: float) -> None:
+        """The job waits (again) with `code`, since it began waiting to run (`pending_since`)."""
+        held = self.waiting.get(job_id)
+        if held is not None:
+            self.unwait(job_id)
+        since = held.since if held is not None else self.pending_since.get(job_id, now)
+        self.waiting[job_id] = Waiting(code, since, False, queue, priority)
+        if code == PLACEMENT:
+            self.placing[job_id] = None
+        # index(), inline: the head and (for quota) grace indexes, then the waiting priorities.
+        head = (-priority, job_id)
+        self.head_of[job_id] = (queue, head)
+        bisect.insort(self.heads.setdefault(queue, []), head)
+        entry = (since, job_id)  # a job waiting for placement may reclaim GPUs too (reclaim.placement_victims)
+        self.grace_of[job_id] = (queue, entry)
+        bisect.insort(self.grace.setdefault(queue, []), entry)
+        if code != PLACEMENT:
+            prios = self.waiting_priorities.setdefault(queue, {})
+            prios[priority] = prios.get(priority, 0) + 1
+
+    def index(self, job_id: str, queue: str, priority: int, grace: bool) -> None:
+        """Enter a waiting job into the indexes (`grace`: among those whose reclaim grace is unchecked)."""
+        head = (queue, (-priority, job_id))
+        self.head_of[job_id] = head
+        bisect.insort(self.heads.setdefault(head[0], []), head[1])
+        if grace:
+            entry = (queue, (self.waiting[job_id].since, job_id))
+            self.grace_of[job_id] = entry
+            bisect.insort(self.grace.setdefault(entry[0], []), entry[1])
+
+    def unindex(self, job_id: str) -> None:
+        head = self.head_of.pop(job_id, None)
+        if head is not None:
+            keys = self.heads[head[0]]
+            keys.pop(bisect.bisect_left(keys, head[1]))
+            if not keys:
+                del self.heads[head[0]]
+        self.ungrace(job_id)
+
+    def ungrace(self, job_id: str) -> None:
+        entry = self.grace_of.pop(job_id, None)
+        if entry is not None:
+            keys = self.grace[entry[0]]
+            keys.pop(bisect.bisect_left(keys, entry[1]))
+            if not keys:
+                del self.grace[entry[0]]
+
+    def unwait(self, job_id: str) -> None:
+        held = self.waiting.pop(job_id, None)
+        if held is None:
+            return
+        self.placing.pop(job_id, None)
+        self.unindex(job_id)
+        if held.code != PLACEMENT:
+            prios = self.waiting_priorities[held.queue]
+            prios[held.priority] -= 1
+            if not prios[held.priority]:
+                del prios[held.priority]
+
+    def rerank(self, policy: PolicyBook) -> None:
+        """Priority classes changed: running and waiting jobs take their class's new value."""
+        self.running_priorities = {}
+        for run in self.running.values():
+            spec = self.specs.get(run.job_id)
+            if spec is not None:
+                run.priority = policy.priority_of(spec)
+                run.preemptible = policy.preemptible(spec) or run.over_budget
+            prios = self.running_priorities.setdefault(run.queue, {})
+            prios[run.priority] = prios.get(run.priority, 0) + 1
+        self.waiting_priorities = {}
+        self.heads, self.head_of = {}, {}
+        for job_id in list(self.waiting):
+            w = self.waiting[job_id]
+            w.priority = policy.priority_of(self.specs[job_id]) if job_id in self.specs else w.priority
+            if w.code != PLACEMENT:
+                prios = self.waiting_priorities.setdefault(w.queue, {})
+                prios[w.priority] = prios.get(w.priority, 0) + 1
+            if job_id in self.specs:
+                spec = self.specs[job_id]
+                head = (spec.queue, (-policy.priority_of(spec), job_id))
+                self.head_of[job_id] = head
+                self.heads.setdefault(head[0], []).append(head[1])
+        for keys in self.heads.values():
+            keys.sort()
+
+    # --- running jobs ----------------------------------------------------------------------------
+
+    def run(self, run: Running) -> None:
+        """The job runs (a job placed again replaces its earlier run)."""
+        held = self.running.get(run.job_id)
+        if held is not None:
+            self.unindex_running(held)
+        self.running[run.job_id] = run
+        self.by_queue.setdefault(run.queue, {})[run.job_id] = run
+        prios = self.running_priorities.setdefault(run.queue, {})
+        prios[run.priority] = prios.get(run.priority, 0) + 1
+        if run.min_runtime_s > 0:
+            heapq.heappush(self.protected_until, (run.started + run.min_runtime_s, run.job_id))
+        if run.ends_at is not None:  # still running then, it overran its estimate: no longer about to end
+            heapq.heappush(self.protected_until, (run.ends_at + OVERRUN_S, run.job_id))
+
+    def unindex_running(self, run: Running) -> None:
+        jobs = self.by_queue[run.queue]
+        del jobs[run.job_id]
+        if not jobs:
+            del self.by_queue[run.queue]
+        prios = self.running_priorities[run.queue]
+        prios[run.priority] -= 1
+        if not prios[run.priority]:
+            del prios[run.priority]
+            if not prios:
+                del self.running_priorities[run.queue]
+
+    def unprotected(self, now: float) -> list[str]:
+        """The queues (sorted) of running jobs whose minimum runtime ended, that overran their declared end or
+        (least attained service) passed their queue's threshold, by `now` since last asked, and of queues whose
+        eviction budget grew back: new victims may be found there."""
+        queues = dict(self.budget_freed)
+        self.budget_freed = {}
+        heap = self.protected_until
+        while heap and heap[0][0] <= now:
+            _, job_id = heapq.heappop(heap)
+            run = self.running.get(job_id)
+            if run is not None:  # ended since: it protects nobody
+                queues[run.queue] = None
+        return sorted(queues)

@@ -1,0 +1,105 @@
+"""Whom to evict: the least harm that the simulation says makes room.
+
+A victim set comes from a greedy pass over the candidates in some order: each candidate the rules let go
+(`allowed`, asked with the victims taken so far gone) is taken until the simulation says the preemptor would
+be admitted and placed (`enough`); then each victim, last taken first, is given back while the others still
+suffice, so that no victim in the set is unneeded. Passes are made in victim order, then once per node with
+that node's candidates first: the work of one node may make room where cheaper victims spread over many
+nodes cannot, or cost less than the many victims of another node. (Past the node's own candidates a pass
+goes on only when placement already succeeds, i.e. quota still lacks: a node's pass is never a second
+search of the whole cluster.)
+
+Of the sets found within the need plus the slack (`acceptable`), the best is, in this order:
+  1. in a reclaim, the fewest GPUs taken from the preemptor's own queue: borrowers give back first;
+  2. the lowest priority of its highest-priority victim;
+  3. the least work lost (GPU-time since each victim's last checkpoint or start);
+  4. the fewest victims, then the fewest GPUs;
+  5. the victims in victim order (lowest priority, least lost, most recently started, id) compared one by
+     one: among equals, the set of the first victim in victim order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from libs.core.preemption.state import Running
+
+if TYPE_CHECKING:
+    from libs.core.preemption.simulation import Simulation
+
+VictimSetKey = tuple[int, int, float, int, int, tuple[tuple[int, float, float, int, str], ...]]
+
+
+def choose_victims(sim: Simulation, candidates: list[Running], enough: Callable[[], bool],
+                   allowed: Callable[[Running], bool], placed: Callable[[], bool],
+                   acceptable: Callable[[list[Running]], bool], own_queue: str | None) -> list[Running]:
+    """The best minimal victim set, [] when nothing needs to go or no acceptable set is enough. The
+    simulation is left as it was found."""
+    if enough():
+        return []
+    found: dict[tuple[str, ...], list[Running]] = {}
+    for first, rest in _orders(candidates):
+        victims = _greedy(sim, first, rest, enough, allowed, placed)
+        if victims is not None and acceptable(victims):
+            found.setdefault(tuple(sorted(v.job_id for v in victims)), victims)
+    if not found:
+        return []
+    return min(found.values(), key=lambda vs: set_key(vs, sim.now, own_queue))
+
+
+def set_key(victims: list[Running], now: float, own_queue: str | None) -> VictimSetKey:
+    own = sum(v.demand for v in victims if v.queue == own_queue) if own_queue is not None else 0
+    return (own, max(v.priority for v in victims), sum(v.lost(now) for v in victims), len(victims),
+            sum(v.demand for v in victims), tuple(sorted(v.victim_key(now) for v in victims)))
+
+
+def _orders(candidates: list[Running]) -> list[tuple[list[Running], list[Running]]]:
+    """(taken first, then the rest) per pass: victim order, then each node's candidates first (nodes in the
+    order their first candidate comes)."""
+    orders: list[tuple[list[Running], list[Running]]] = [(candidates, [])]
+    by_node: dict[str, list[Running]] = {}
+    for c in candidates:
+        for node in c.nodes():
+            by_node.setdefault(node, []).append(c)
+    if len(by_node) < 2:
+        return orders  # one node: its pass is the victim order's
+    for on_node in by_node.values():
+        chosen = {c.job_id for c in on_node}
+        orders.append((on_node, [c for c in candidates if c.job_id not in chosen]))
+    return orders
+
+
+def _greedy(sim: Simulation, first: list[Running], rest: list[Running], enough: Callable[[], bool],
+            allowed: Callable[[Running], bool], placed: Callable[[], bool]) -> list[Running] | None:
+    """Take `first`, then (while placement succeeds) `rest`, in order until enough; then minimise. None when
+    not enough; the simulation is left as it was found either way."""
+    try:
+        if _take(sim, first, enough, allowed) or (rest and sim.applied and placed()
+                                                  and _take(sim, rest, enough, allowed)):
+            _minimise(sim, enough)
+            return list(sim.applied)
+        return None
+    finally:
+        for v in list(sim.applied):
+            sim.restore(v)
+
+
+def _take(sim: Simulation, order: list[Running], enough: Callable[[], bool], allowed: Callable[[Running], bool]
+          ) -> bool:
+    for c in order:
+        if allowed(c):
+            sim.evict(c)
+            if enough():
+                return True
+    return False
+
+
+def _minimise(sim: Simulation, enough: Callable[[], bool]) -> None:
+    """Give back each victim, last taken first, that the others make unneeded."""
+    for v in reversed(list(sim.applied)):
+        at = sim.applied.index(v)
+        sim.restore(v)
+        if sim.applied and enough():
+            continue
+        sim.evict(v, at)

@@ -1,0 +1,46 @@
+"""What a pass keeps of each queue between passes: the job its walk starts from and that job's order key.
+
+A queue's head at the start of a pass, and its key, depend on the queue's own state (its waiting jobs, its usage,
+its users' usage, its nominations), the policy and flavors, and the fair order's epoch (quota_order.fair_epoch):
+kept with those, a pass over a cohort reads them back for every queue nothing touched instead of walking it and
+computing its fair share again. Not kept for a queue whose key reads more than its own state: one in a tree (its
+parent's share is part of its key), one with a budget (spent or not is a matter of time) or one with a job
+backing off (whether it may go is a matter of time)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from libs.core.quota.order import fair_epoch
+from libs.core.quota.state import Pass, QuotaJob
+
+if TYPE_CHECKING:
+    from libs.core.quota.decider import QuotaDecider
+
+
+def backing_off_queues(d: QuotaDecider) -> set[str]:
+    """The queues with a job backing off (a retry, or a reservation placement could not place in time)."""
+    if not d.backing_off and not d.requeued:
+        return set()
+    return {job.queue for waits in (d.backing_off, d.requeued) for j in waits if (job := d.jobs.get(j)) is not None}
+
+
+def keeps(d: QuotaDecider, queue: str, backing_off: set[str]) -> bool:
+    spec = d.policy.queues.get(queue)
+    return (spec is not None and not spec.parent and spec.budget_gpu_hours is None and queue not in backing_off
+            and not d.book.children.get(queue))
+
+
+def stamp(d: QuotaDecider, queue: str, p: Pass) -> tuple[object, ...]:
+    return (fair_epoch(d, p.now), d.policy_version, d.flavors_epoch, d.qver.get(queue, 0))
+
+
+def kept_head(d: QuotaDecider, queue: str, p: Pass) -> tuple[QuotaJob, tuple[object, ...]] | None:
+    known = d.heads.get(queue)
+    if known is None or known[0] != stamp(d, queue, p):
+        return None
+    return d.jobs[known[1]], known[2]
+
+
+def keep_head(d: QuotaDecider, queue: str, p: Pass, head: QuotaJob, key: tuple[object, ...]) -> None:
+    d.heads[queue] = (stamp(d, queue, p), head.job_id, key)

@@ -1,0 +1,107 @@
+"""Queues a scheduling pass need not walk: none of their waiting jobs could get quota in the pass, and trying
+them would tell nobody anything new.
+
+In a full cohort every waiting queue's head fails, so a pass that tried them all would cost as much as the
+cohort has waiting queues, on every event. A queue is out of reach when, in every flavor, its room is below
+the smallest waiting job that flavor could serve (below its nominal quota left, in a flavor whose borrowers
+are frozen this pass); and trying its jobs would change nothing: each is told
+already that it waits for quota (which defer does not repeat), no user limit, budget or backoff could tell
+one otherwise, every job fits its queue's quota as it is now and a node present could hold it; and none of
+its jobs fitting its own nominal quota could freeze borrowers (those flavors are frozen already, or its
+nominal quota is used). Quota only shrinks during a pass, so a queue out of reach stays so until it ends.
+Skipping such a queue decides exactly what trying it would (tests/unit/test_decision_shortcuts.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from libs.core.quota.fit import all_could_ever_fit, all_holdable, pass_servable, quota_left
+from libs.core.quota.state import Pass
+
+if TYPE_CHECKING:
+    from libs.core.quota.decider import QuotaDecider
+
+
+def out_of_reach(d: QuotaDecider, queue: str, p: Pass) -> bool:
+    """Could no waiting job of the queue get quota in this pass, trying them telling nobody anything new?
+    (`p.backing_off`, the queues with a job backing off as the pass began, may name more than are left: a
+    backoff ending on the way only makes the answer no where it could have been yes.)"""
+    flavors = d.book.limits.get(queue)
+    if not flavors or queue in p.backing_off or not nothing_to_tell(d, queue):
+        return False
+    smallest = pass_servable(d, queue, p)
+    for flavor in flavors:
+        need = smallest.get(flavor)
+        if need is None:
+            continue  # no waiting job of the queue could use it
+        nominal_left, room = quota_left(d, queue, flavor, p)
+        if flavor in p.no_borrowing:
+            if room >= need <= nominal_left:
+                return False  # it could take its own nominal quota (nobody borrows the flavor this pass)
+        elif room >= need or nominal_left >= need:
+            return False  # it could take quota, or, failing within its nominal quota, freeze the borrowers
+    return True
+
+
+def quiet(d: QuotaDecider, queue: str, backing_off: set[str]) -> bool:
+    """Is the waiting queue out of reach whenever its cohort has no idle lendable quota for the cohort's smallest
+    waiting job (no_room)? So when trying its jobs could tell nobody anything new (as out_of_reach asks) and its
+    room is only what its cohort lends: it has no guaranteed (unlendable) quota idle, and less of its nominal
+    quota left than its smallest waiting job (so it waits for no lent quota either). Everything asked is the
+    queue's own, or policy, flavors and nodes: the answer is kept until one of them changes. `backing_off`: the
+    queues with a job backing off (a pass knows them)."""
+    if queue in backing_off:
+        return False
+    stamp = (d.policy_version, d.flavors_epoch, d.fleet.inventory.version, d.qver.get(queue, 0))
+    known = d.quiet.get(queue)
+    if known is not None and known[0] == stamp:
+        return known[1]
+    answer = _quiet(d, queue)
+    d.quiet[queue] = (stamp, answer)
+    return answer
+
+
+def nothing_to_tell(d: QuotaDecider, queue: str) -> bool:
+    """Would trying the governed queue's waiting jobs (none backing off) tell none of them anything new? Each is
+    told it waits for quota already, no user limit or budget could tell it otherwise, its queue's quota could
+    hold it and a node present could."""
+    if d.loud.get(queue):
+        return False
+    spec = d.policy.queues.get(queue)
+    if spec is None or spec.user_max_gpus is not None or spec.budget_gpu_hours is not None:
+        return False
+    return all_holdable(d, queue) and all_could_ever_fit(d, queue)
+
+
+def _quiet(d: QuotaDecider, queue: str) -> bool:
+    flavors = d.book.limits.get(queue)
+    if not flavors or not nothing_to_tell(d, queue):
+        return False
+    smallest = min(min(demands) for demands in d.demands_by_models[queue].values())
+    for flavor, lim in flavors.items():
+        used = d.book.used.get((queue, flavor), 0)
+        if used < lim.guaranteed or lim.nominal - used >= smallest:
+            return False
+    return True
+
+
+def no_room(d: QuotaDecider, cohort: str) -> bool:
+    """Is the cohort's idle lendable quota of every flavor below its smallest waiting job? Then no quiet queue
+    of it could take quota (its room is at most what the cohort lends)."""
+    demands = d.cohort_demands.get(cohort)
+    if not demands:
+        return True
+    need = min(demands)
+    book = d.book
+    return all(book.pool[(cohort, f)] - book.pool_used[(cohort, f)] < need for f in cohort_flavors(d, cohort))
+
+
+def cohort_flavors(d: QuotaDecider, cohort: str) -> tuple[str, ...]:
+    """The flavors the cohort's pool has (kept per policy version)."""
+    version, known = d._cohort_flavors
+    if version != d.policy_version:
+        known = {}
+        for c, f in d.book.pool:
+            known[c] = (*known.get(c, ()), f)
+        d._cohort_flavors = (d.policy_version, known)
+    return known.get(cohort, ())

@@ -1,0 +1,145 @@
+"""Why a job waits for quota, and telling it so: the reason codes of QuotaDeferred (which the preemption
+service acts on and the guarantee checker verifies), the reason a queue cannot take a job now (by its first
+flavor, with the shortfall), and the rule that a job is told a reason only when it is new to it, waiting for
+quota counting as one reason whichever limit binds."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from contracts import QuotaDeferred
+from libs.core.kernel.decider import Decisions
+from libs.core.kernel.quota_math import ANY
+from libs.core.quota.fit import could_ever_fit, could_hold, flavors_of, may_borrow
+from libs.core.quota.state import Pass, QuotaJob
+
+if TYPE_CHECKING:
+    from libs.core.quota.decider import QuotaDecider
+
+QUEUE_QUOTA_EXHAUSTED = "queue_quota_exhausted"  # at nominal (plus borrowing limit, in a cohort)
+COHORT_QUOTA_EXHAUSTED = "cohort_quota_exhausted"  # must borrow; the cohort has nothing idle to lend
+QUOTA_LENT_OUT = "quota_lent_out"  # fits its nominal, but borrowers hold the lendable part: reclaim
+BEHIND_HIGHER_PRIORITY = "behind_higher_priority"
+USER_LIMIT = "user_limit"
+BUDGET_SPENT = "budget_spent"
+HELD_FOR_STARVING_JOB = "held_for_starving_job"
+OVER_BUDGET_WAITS = "over_budget_waits_for_idle_quota"
+RETRY_BACKOFF = "retry_backoff"
+EXCEEDS_QUEUE_QUOTA = "exceeds_queue_quota"  # more than its queue could ever hold, as its quota is now
+PARENT_QUOTA_EXHAUSTED = "parent_quota_exhausted"  # its queue has room, its parent's subtree does not
+NOMINAL_QUOTA_ONLY = "nominal_quota_only"  # a job that cannot be preempted never borrows: its queue is at nominal
+# No node present could hold it, not even with every running job gone: it is no starving job (it holds nobody
+# for starvation) until a node that could hold it registers or comes back.
+NO_NODE_COULD_HOLD = "no_node_could_hold"
+PLACEMENT_TIMED_OUT = "placement_timed_out"  # no node held it in time: its quota went back; it waits a backoff
+BACKING_OFF = frozenset({RETRY_BACKOFF, PLACEMENT_TIMED_OUT})
+# Deferrals that evicting other jobs can cure: the preemption service acts on these.
+PREEMPTION_MAY_HELP = frozenset({QUEUE_QUOTA_EXHAUSTED, COHORT_QUOTA_EXHAUSTED, QUOTA_LENT_OUT, PARENT_QUOTA_EXHAUSTED,
+                                 NOMINAL_QUOTA_ONLY})
+WAITING_FOR_QUOTA = PREEMPTION_MAY_HELP | {BEHIND_HIGHER_PRIORITY}
+# Who may be the starving job, by its last reason: one told no node could hold it too, as that may have changed
+# since (a node came back) with nothing to tell it yet; the inventory is asked again (quota_fit.could_hold).
+WAITING_OR_HELD = WAITING_FOR_QUOTA | {HELD_FOR_STARVING_JOB, NO_NODE_COULD_HOLD}
+BUDGET_WAITS = frozenset({BUDGET_SPENT, OVER_BUDGET_WAITS})
+
+
+def quota_reason(d: QuotaDecider, job: QuotaJob, p: Pass | None = None) -> tuple[str, str, int]:
+    """Why the job's queue cannot take it now (by its first flavor), with the shortfall. Within a pass
+    (`p`) the answer is kept until the next reservation."""
+    if p is None:
+        return reason(d, job)
+    key = (job.queue, job.demand if may_borrow(d, job) else -job.demand, flavors_of(d, job),
+           could_hold(d, job))  # (two jobs alike to quota may differ in shape, hence to the nodes)
+    found = p.reasons.get(key)
+    if found is None:
+        found = p.reasons[key] = reason(d, job)
+    return found
+
+
+def reason(d: QuotaDecider, job: QuotaJob) -> tuple[str, str, int]:
+    book = d.book
+    borrows = may_borrow(d, job)
+    if not could_ever_fit(d, job):
+        flavors = flavors_of(d, job)
+        most = max((book.ceiling(job.queue, f, borrows) for f in flavors), default=0)
+        models = ", ".join(job.spec.gpu_models) or "any model"
+        what = "borrowing included" if borrows else "within its nominal quota (the job cannot be preempted)"
+        held = (f"can hold at most {most / 1000:g} GPUs of {models}, {what}" if flavors
+                else f"has no quota for {models} any more")
+        return (EXCEEDS_QUEUE_QUOTA, f"the job needs {job.demand / 1000:g} GPUs; queue {job.queue} {held}: it "
+                "waits, holding nothing, until the queue's quota can hold it", job.demand - most)
+    if not could_hold(d, job):
+        return (NO_NODE_COULD_HOLD, f"the job needs {job.demand / 1000:g} GPUs and no node present (registered, "
+                "healthy, not cordoned) could hold it even with every running job gone: it holds no quota for "
+                "itself, and waits until a node that could hold it registers", job.demand)
+    flavor = (flavors_of(d, job) or (ANY,))[0]
+    lim = book.limits.get(job.queue, {}).get(flavor)
+    nominal = lim.nominal if lim is not None else 0
+    used = book.usage(job.queue, flavor)
+    room = book.room(job.queue, flavor)
+    shortfall = max(0, job.demand - room)
+    where = f"queue {job.queue}" + (f" ({flavor})" if flavor != ANY else "")
+    ceiling = book.ceiling(job.queue, flavor)
+    if not borrows and used + job.demand > nominal:
+        return (NOMINAL_QUOTA_ONLY, f"{where} holds {used / 1000:g} of its nominal {nominal / 1000:g} GPUs; the "
+                f"job needs {job.demand / 1000:g} and, as it cannot be preempted, never borrows",
+                used + job.demand - nominal)
+    if used + job.demand > ceiling:
+        return (QUEUE_QUOTA_EXHAUSTED, f"{where} holds {used / 1000:g} of at most {ceiling / 1000:g} GPUs "
+                f"(nominal {nominal / 1000:g}); the job needs {job.demand / 1000:g}", shortfall)
+    parent_room = book.parent_room(job.queue, flavor)
+    if parent_room < job.demand:
+        return (PARENT_QUOTA_EXHAUSTED, f"{where} has room, but its parent's quota bounds the queues under it and "
+                f"leaves {parent_room / 1000:g} GPUs; the job needs {job.demand / 1000:g}",
+                job.demand - parent_room)
+    if used + job.demand <= nominal:
+        # What of its own nominal quota the cohort does not leave it: the part lent out (not the shortfall).
+        lent = max(0, book.nominal_left(job.queue, flavor) - room)
+        return (QUOTA_LENT_OUT, f"{where} is under its nominal quota but {lent / 1000:g} GPUs of it are lent to "
+                f"other queues of its cohort; the job needs {job.demand / 1000:g}", shortfall)
+    return (COHORT_QUOTA_EXHAUSTED, f"{where} must borrow {shortfall / 1000:g} more GPUs and its cohort has "
+            "no idle quota to lend", shortfall)
+
+
+def tell_new(d: QuotaDecider, job: QuotaJob, now: float, out: Decisions) -> None:
+    """Tell a job that waits anew (admitted, or back in its queue) why, when no pass reached it."""
+    levels = d.pending.get(job.queue)
+    if levels and max(levels) > job.priority:
+        defer(d, job, BEHIND_HIGHER_PRIORITY, f"a job of higher priority waits for queue {job.queue}'s quota first",
+              0, out)
+    else:
+        defer(d, job, *quota_reason(d, job), out)
+
+
+def tells(d: QuotaDecider, job: QuotaJob, code: str) -> bool:
+    """Would deferring the job with `code` tell it something new (see defer)?"""
+    told = d.deferred.get(job.job_id)
+    return told != code and not (told in WAITING_FOR_QUOTA and code in WAITING_FOR_QUOTA)
+
+
+def defer(d: QuotaDecider, job: QuotaJob, code: str, message: str, shortfall: int, out: Decisions) -> None:
+    """Tell the job why it waits, unless it was told so already. Waiting for quota (whichever limit
+    binds, or behind a job of higher priority) counts as one reason here: which one applies shifts with
+    every reservation, and re-telling each waiting job every time would flood the log without changing
+    what anyone does about it."""
+    told = d.deferred.get(job.job_id)
+    if told != code and not (told in WAITING_FOR_QUOTA and code in WAITING_FOR_QUOTA):
+        out.emit(QuotaDeferred, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue, code=code,
+                 message=message, shortfall_milli=shortfall)
+
+
+def tell_no_node(d: QuotaDecider, out: Decisions) -> set[str]:
+    """Nodes went or shrank (lost, cordoned, a GPU sick, registered again smaller or with MIG on): a job waiting
+    for quota that no node present could hold any more is told so (preemption then stops acting for it), and
+    holds nobody from now on. The queues of the jobs that may have held others (those waiting for quota, or for
+    idle quota over budget), for a pass."""
+    queues: set[str] = set()
+    for job_id, code in list(d.deferred.items()):
+        job = d.jobs.get(job_id)
+        if (code not in WAITING_FOR_QUOTA and code != OVER_BUDGET_WAITS) or job is None or job.state != "pending":
+            continue
+        if not could_hold(d, job):
+            queues.add(job.queue)
+            if code in WAITING_FOR_QUOTA:
+                defer(d, job, *reason(d, job), out)
+    return queues
