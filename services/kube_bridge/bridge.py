@@ -191,7 +191,13 @@ class KubeBridge:
         if any(is_terminal(p) and notes_of(p).get(RUN_ANNOTATION) == job.run for p in pods):
             await self.observe(job)  # this run ended (while no bridge watched, say): reported, never run again
             return
-        if len(pods) < len(job.pods) or any(is_terminal(p) or is_going(p) for p in pods):
+        # A member still bound under an earlier run is an old incarnation: the run's end (`after_run`) may not
+        # have taken it back yet when the next placement comes straight after it in the log.
+        earlier = [p for p in pods if p.get("spec", {}).get("nodeName")
+                   and notes_of(p).get(RUN_ANNOTATION, job.run) != job.run]
+        if earlier:
+            await self.keep_templates(job)  # as `after_run` does before it deletes bare pods
+        if len(pods) < len(job.pods) or earlier or any(is_terminal(p) or is_going(p) for p in pods):
             await self.remake(job, pods)  # a retry or a rerun: the members are made again, then bound
             return
         targets = [(name, job.node_of(i) or "") for i, name in enumerate(job.pods)]

@@ -143,7 +143,7 @@ def test_a_node_not_ready_then_deleted_moves_its_pods_elsewhere(two_nodes: KubeW
              lambda: f"mover never ran again on {other}: on {w.node_of('mover')!r}, {w.phase_of('mover')}",
              timeout=40)
     job = w.platform_job("Pod", "mover")
-    assert job is not None and job["evictions"] == 1
+    assert job is not None and job["evictions"] == 1, job
     # The node comes back, and the other one is deleted: the pod moves back.
     asyncio.run(_set_ready(w, first, True))
     wait_for(lambda: _node(w, first)["online"], f"{first} never came back")
