@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contracts import EventBase, JobCheckpointed, JobEvicted, JobFailed, JobFinished, JobStarted
+from contracts import EventBase
 from libs.kube.client import Obj
 from libs.kube.workloads import exit_code, meta
-from libs.nodes.reports import report_id
+from libs.nodes.reports import RunReports
 
 EXECUTOR = "kubernetes"
 TERMINAL = ("Succeeded", "Failed")
@@ -19,33 +19,12 @@ FINAL_EXIT_CODE = 1
 
 
 @dataclass(frozen=True)
-class Run:
-    job_id: str
-    run: str  # the JobPlaced id
-    source: str
+class Run(RunReports):
+    """A run of pods: the shared reports (libs/nodes/reports.py), with what the pods' phases are read against."""
+
+    executor: str = EXECUTOR
     replicas: int = 0
     started_reported: bool = False
-
-    def started(self, now: float) -> EventBase:
-        return JobStarted(id=report_id(self.run, "started"), ts=now, source=self.source, correlation_id=self.job_id,
-                          job_id=self.job_id, run=self.run, executor=EXECUTOR)
-
-    def finished(self, now: float) -> EventBase:
-        return JobFinished(id=report_id(self.run, "finished"), ts=now, source=self.source,
-                           correlation_id=self.job_id, job_id=self.job_id, run=self.run)
-
-    def failed(self, now: float, code: int, reason: str) -> EventBase:
-        return JobFailed(id=report_id(self.run, "failed"), ts=now, source=self.source, correlation_id=self.job_id,
-                         job_id=self.job_id, run=self.run, exit_code=code, reason=reason)
-
-    def evicted(self, now: float, reason: str, saved: tuple[float, str] = (0.0, "")) -> EventBase:
-        return JobEvicted(id=report_id(self.run, "evicted"), ts=now, source=self.source, correlation_id=self.job_id,
-                          job_id=self.job_id, run=self.run, reason=reason, checkpoint=saved[1], progress_s=saved[0])
-
-    def checkpointed(self, now: float, saved: tuple[float, str]) -> EventBase:
-        return JobCheckpointed(id=report_id(self.run, f"checkpoint/{saved[0]:.3f}"), ts=now, source=self.source,
-                               correlation_id=self.job_id, job_id=self.job_id, run=self.run, checkpoint=saved[1],
-                               progress_s=saved[0])
 
 
 def phase(pod: Obj) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from contracts import (
     RUNTIME_LIMIT,
@@ -36,8 +35,8 @@ from contracts import (
     ReplicaPlacement,
 )
 from libs.core.cluster.runs_after_reregistration import RunOnNode, runs_to_stop
-from libs.core.kernel.decider import derived_id
 from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES
+from libs.nodes.reports import RunReports
 
 SOURCE = "sim-executor"
 # A job label that scripts the simulated runs' exit codes, run after run: "137,0" fails the first run as if
@@ -125,10 +124,9 @@ class ExecutorBook:
         self.replicas: dict[str, None] = {}  # inference service replicas: ready as soon as they run
         self.needs: dict[str, tuple[tuple[str, ...], str]] = {}  # job -> (GPU models allowed, MIG profile)
 
-    def report(self, kind: Any, run: Run, what: str, ts: float, **fields: Any) -> EventBase:
-        """One executor report (`kind` is JobStarted, JobFinished, JobFailed or JobEvicted)."""
-        return kind(id=derived_id(SOURCE, run.run_id, what), ts=ts, source=SOURCE, correlation_id=run.job_id,
-                    job_id=run.job_id, run=run.run_id, **fields)
+    def reports(self, run: Run) -> RunReports:
+        """The shared report model (libs/nodes/reports.py), with the ids this executor's logs were recorded with."""
+        return RunReports(run.job_id, run.run_id, SOURCE, executor=SOURCE, id_prefix=SOURCE)
 
     def about_other_run(self, event: EventBase) -> bool:
         """A report naming a run that is not the job's running one: over already (ended, or replaced by a
@@ -260,9 +258,9 @@ class ExecutorBook:
     def start(self, run: Run, now: float) -> list[EventBase]:
         """The run's start; a service replica is ready with it (the simulated model loads at once)."""
         run.started_at = now
-        started = [self.report(JobStarted, run, "started", now, executor=SOURCE)]
+        started = [self.reports(run).started(now)]
         if run.job_id in self.replicas:
-            started.append(self.report(JobReady, run, "ready", now))
+            started.append(self.reports(run).ready(now))
         return started
 
     def stop(self, run: Run, reason: str, now: float, at: float | None = None) -> list[EventBase]:
@@ -271,18 +269,19 @@ class ExecutorBook:
         it simply ends."""
         self.runs.pop(run.job_id, None)
         if reason == "cancelled" or run.checkpoint_every is None:
-            return [self.report(JobEvicted, run, "evicted", now, reason=reason, progress_s=run.done_before)]
+            return [self.reports(run).evicted(now, reason, (run.done_before, ""))]
         if reason not in ("preempted", "drained"):  # told to stop: it saves its state first
             ran = run.progress(now, self.time_scale) - run.done_before
             progress = round(run.done_before + ran // run.checkpoint_every * run.checkpoint_every, 3)
             self.saved[run.job_id] = progress
-            return [self.report(JobEvicted, run, "evicted", now, reason=reason, progress_s=progress)]
+            return [self.reports(run).evicted(now, reason, (progress, ""))]
         progress = round(run.progress(now, self.time_scale), 3)
         self.saved[run.job_id] = progress  # its own report is not folded back: apply it here
         ref = f"{run.job_id}/ckpt-{progress:.3f}"
         when = now if at is None else at  # the state saved is as of `now`; the reports come `at`
-        return [self.report(JobCheckpointed, run, "checkpoint", when, checkpoint=ref, progress_s=progress),
-                self.report(JobEvicted, run, "evicted", when, reason=reason, checkpoint=ref, progress_s=progress)]
+        reports = self.reports(run)
+        saved = (progress, ref)
+        return [reports.checkpointed(when, saved, what="checkpoint"), reports.evicted(when, reason, saved)]
 
     def arm_stop(self, run: Run) -> None:
         """Hand a signalled run's stop to the driver (once): due when its checkpoint is written, or when its
@@ -313,10 +312,10 @@ class ExecutorBook:
         self.ended_runs[run.job_id] = ended + 1  # its own report is not folded back: count it here
         if run.at_limit():  # stopped at its max_runtime_s, as Slurm's TIMEOUT: final, never retried
             self.saved.pop(run.job_id, None)
-            return self.report(JobFailed, run, "failed", now, exit_code=RUNTIME_LIMIT_EXIT_CODE, reason=RUNTIME_LIMIT)
+            return self.reports(run).failed(now, RUNTIME_LIMIT_EXIT_CODE, RUNTIME_LIMIT)
         plan = self.exit_plan.get(run.job_id, [])
         code = plan[ended] if ended < len(plan) else 0
         if code != 0:
             self.saved.pop(run.job_id, None)  # a failed run keeps nothing
-            return self.report(JobFailed, run, "failed", now, exit_code=code, reason="exit_code")
-        return self.report(JobFinished, run, "finished", now)
+            return self.reports(run).failed(now, code, "exit_code")
+        return self.reports(run).finished(now)

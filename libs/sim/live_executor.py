@@ -31,7 +31,6 @@ from contracts import (
     PriorityClassesChanged,
 )
 from libs.bus.jetstream import Bus
-from libs.core.kernel.decider import derived_id
 from libs.core.node_health.announcements import InventoryBook
 from libs.sim.executor import REPORTS, SOURCE, ExecutorBook, Run
 from libs.telemetry.tracing import ServiceTracing, current_tracing
@@ -122,7 +121,7 @@ class SimExecutor:
             # "finished, then started".
             if isinstance(event, JobStarted):
                 run = self.book.runs.get(event.job_id)
-                if run is not None and event.id == derived_id(SOURCE, run.run_id, "started"):
+                if run is not None and event.id == self.book.reports(run).report_id("started"):
                     self._arm(run)
             return []
         self.inventory.evolve(event)

@@ -87,12 +87,12 @@ class VirtualExecutor:
             run = self.book.runs.get(getattr(report, "job_id", ""))
             end = run.ends_at() if isinstance(report, JobStarted) and run is not None else None
             if run is not None and end is not None:
-                finish = self.book.report(JobFinished, run, "finished", end)
+                finish = self.book.reports(run).finished(end)
                 self.pending[finish.id] = run
                 self.schedule(finish)
         for due, run in self.book.later:
             # A stop that completes later: scheduled as its eviction, made real (or dropped) when due.
-            stop = self.book.report(JobEvicted, run, "evicted", due, reason="preempted")
+            stop = self.book.reports(run).evicted(due, "preempted")
             self.stopping[stop.id] = run
             self.schedule(stop)
         self.book.later.clear()
@@ -128,9 +128,8 @@ class VirtualExecutor:
         book.ended_runs[run.job_id] = book.ended_runs.get(run.job_id, 0) + 1  # its own report is not folded back
         if isinstance(event, JobFailed):
             book.saved.pop(run.job_id, None)  # a failed run keeps nothing
-            return [book.report(JobFailed, run, "failed", event.ts, exit_code=event.exit_code,
-                                reason=event.reason or "exit_code")]
-        return [book.report(JobFinished, run, "finished", event.ts)]
+            return [book.reports(run).failed(event.ts, event.exit_code, event.reason or "exit_code")]
+        return [book.reports(run).finished(event.ts)]
 
     def _late(self, event: JobFinished | JobFailed | JobEvicted, run_id: str) -> EventBase:
         """The executor's report, read now, of the job's run `run_id`, which is over: as the report it would

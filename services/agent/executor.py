@@ -38,7 +38,6 @@ from contracts import (
     JobFailed,
     JobFinished,
     JobPlaced,
-    JobReady,
     JobSpec,
     JobStarted,
     JobSubmitted,
@@ -55,7 +54,7 @@ from libs.core.cluster.runs_after_reregistration import RunOnNode, runs_to_stop
 from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES
 from libs.core.kernel.runs import CurrentRuns
 from libs.jobkit import CHECKPOINT_FILE, READY_FILE, RESUME_CHECKPOINT, RESUME_PROGRESS, read_checkpoint
-from libs.nodes.reports import report_id
+from libs.nodes.reports import NOTHING_SAVED, RunReports
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
@@ -288,9 +287,7 @@ class ProcessExecutor:
         spec = self.specs.get(run.job_id)
         if spec is None or not spec.command:
             self._forget(run)
-            await self._publish([JobFailed(id=report_id(run.run_id, "failed"), ts=time.time(), source=self.source,
-                                           correlation_id=run.job_id, job_id=run.job_id, run=run.run_id, exit_code=127,
-                                           reason="no_command")])
+            await self._publish([self.reports(run).failed(time.time(), 127, "no_command")])
             return
         resume = self.saved.get(run.job_id, (0.0, ""))
         ckpt = self.workdir / "checkpoints" / f"{run.job_id}.json"
@@ -318,16 +315,12 @@ class ProcessExecutor:
             log.warning("%s: cannot start %s: %s", self.node, run.job_id, err)
             self._kill(run, signal.SIGKILL)
             self._forget(run)
-            await self._publish([JobFailed(id=report_id(run.run_id, "failed"), ts=time.time(), source=self.source,
-                                           correlation_id=run.job_id, job_id=run.job_id, run=run.run_id, exit_code=127,
-                                           reason=f"spawn_failed: {err.strerror or err}")])
+            await self._publish([self.reports(run).failed(time.time(), 127, f"spawn_failed: {err.strerror or err}")])
             return
         if spec.max_runtime_s is not None:  # wall time of this run, from its processes' start
             run.limit_timer = asyncio.get_running_loop().call_later(spec.max_runtime_s, self._time_out, run)
         if run.leader:
-            started: list[EventBase] = [JobStarted(id=report_id(run.run_id, "started"), ts=time.time(),
-                                                   source=self.source, correlation_id=run.job_id, job_id=run.job_id,
-                                                   run=run.run_id, executor=self.source)]
+            started: list[EventBase] = [self.reports(run).started(time.time())]
             if spec.service and run.ready_file is None:  # a replica without a readiness signal serves once it runs
                 run.ready_reported = True
                 started.append(self._ready(run))
@@ -351,9 +344,7 @@ class ProcessExecutor:
             return  # the log ended it already (another reporter): nothing to say
         if run.stop_reason == RUNTIME_LIMIT:  # stopped at its limit: a final failure, not an eviction
             self._forget(run)
-            await self._publish([JobFailed(id=report_id(run.run_id, "failed"), ts=time.time(), source=self.source,
-                                           correlation_id=run.job_id, job_id=run.job_id, run=run.run_id,
-                                           exit_code=RUNTIME_LIMIT_EXIT_CODE, reason=RUNTIME_LIMIT)])
+            await self._publish([self.reports(run).failed(time.time(), RUNTIME_LIMIT_EXIT_CODE, RUNTIME_LIMIT)])
             return
         if run.stop_reason:
             self._report_end(run, run.stop_reason)
@@ -363,13 +354,9 @@ class ProcessExecutor:
         if failed is not None:
             assert failed.exit_code is not None
             reason = "killed_by_signal" if failed.exit_code > 128 else "exit_code"
-            await self._publish([JobFailed(id=report_id(run.run_id, "failed"), ts=time.time(), source=self.source,
-                                           correlation_id=run.job_id, job_id=run.job_id, run=run.run_id,
-                                           exit_code=failed.exit_code, reason=reason)])
+            await self._publish([self.reports(run).failed(time.time(), failed.exit_code, reason)])
         elif run.leader:
-            await self._publish([JobFinished(id=report_id(run.run_id, "finished"), ts=time.time(),
-                                             source=self.source, correlation_id=run.job_id, job_id=run.job_id,
-                                             run=run.run_id)])
+            await self._publish([self.reports(run).finished(time.time())])
 
     def _stop(self, job_id: str, reason: str, grace: float | None = None) -> None:
         run = self.placed.get(job_id)
@@ -411,19 +398,12 @@ class ProcessExecutor:
     def _report_end(self, run: LocalRun, reason: str) -> None:
         """The run is over here (stopped, or never started): report it evicted with its last checkpoint."""
         self._forget(run)
-        progress, ref = self.saved.get(run.job_id, (0.0, ""))
         found = read_checkpoint(self.workdir / "checkpoints" / f"{run.job_id}.json") if run.spawned else None
-        reports: list[EventBase] = []
-        now = time.time()
-        if found is not None and found[0] > progress:
-            progress, ref = found
-            reports.append(JobCheckpointed(id=report_id(run.run_id, f"checkpoint/{progress:.3f}"), ts=now,
-                                           source=self.source, correlation_id=run.job_id, job_id=run.job_id,
-                                           run=run.run_id, checkpoint=ref, progress_s=progress))
-        reports.append(JobEvicted(id=report_id(run.run_id, "evicted"), ts=now, source=self.source,
-                                  correlation_id=run.job_id, job_id=run.job_id, run=run.run_id, reason=reason,
-                                  checkpoint=ref, progress_s=progress))
-        self._task(self._publish(reports))
+        saved = self.saved.get(run.job_id, NOTHING_SAVED)
+        self._task(self._publish(self.reports(run).stopped(time.time(), reason, saved, found)))
+
+    def reports(self, run: LocalRun) -> RunReports:
+        return RunReports(run.job_id, run.run_id, self.source)
 
     def _forget(self, run: LocalRun) -> None:
         if self.placed.get(run.job_id) is run:
@@ -432,8 +412,7 @@ class ProcessExecutor:
     # --- checkpoints the jobs write ------------------------------------------------------------------
 
     def _ready(self, run: LocalRun) -> EventBase:
-        return JobReady(id=report_id(run.run_id, "ready"), ts=time.time(), source=self.source,
-                        correlation_id=run.job_id, job_id=run.job_id, run=run.run_id)
+        return self.reports(run).ready(time.time())
 
     def checkpoints(self) -> list[EventBase]:
         """Checkpoints running jobs wrote, and readiness service replicas signalled, since the last look (the
@@ -456,9 +435,7 @@ class ProcessExecutor:
             found = read_checkpoint(path)
             if found is not None and found[0] > run.reported_progress:
                 run.reported_progress = found[0]
-                out.append(JobCheckpointed(id=report_id(run.run_id, f"checkpoint/{found[0]:.3f}"), ts=time.time(),
-                                           source=self.source, correlation_id=run.job_id, job_id=run.job_id,
-                                           run=run.run_id, checkpoint=found[1], progress_s=found[0]))
+                out.append(self.reports(run).checkpointed(time.time(), found))
         return out
 
     # --- plumbing ------------------------------------------------------------------------------------

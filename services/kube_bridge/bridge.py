@@ -416,7 +416,7 @@ class KubeBridge:
             await self.stop_others(job, failed)
 
     def run_of(self, job: Tracked) -> Run:
-        return Run(job.job_id, job.run, SOURCE, len(job.placements), job.started_reported)
+        return Run(job.job_id, job.run, SOURCE, replicas=len(job.placements), started_reported=job.started_reported)
 
     async def stop_others(self, job: Tracked, failed: list[Obj]) -> None:
         """A gang cannot go on with a member gone: the others are stopped at once."""

@@ -30,7 +30,7 @@ from contracts import (
     NodeSpec,
 )
 from libs.core.kernel.decider import derived_id
-from libs.nodes.reports import report_id
+from libs.nodes.reports import RunReports
 
 SERVICE = "node-telemetry"
 AGENT_SOURCE = "agent/"
@@ -131,7 +131,6 @@ class NodeRoster:
                 continue  # this process's own executor stops it on NodeLost, with its progress
             reported.add(run_id)
             progress, ref = self.saved.get(job_id, (0.0, ""))  # its last checkpoint survives the node
-            out.append(JobEvicted(id=report_id(run_id, "evicted"), ts=now, source=SERVICE, correlation_id=job_id,
-                                  job_id=job_id, run=run_id, reason="node_lost", checkpoint=ref, progress_s=progress))
+            out.append(RunReports(job_id, run_id, SERVICE).evicted(now, "node_lost", (progress, ref)))
         return out
 
