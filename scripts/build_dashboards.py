@@ -4,7 +4,7 @@ five dashboards share their panel styles, datasource and variables. Run it after
     .venv/bin/python scripts/build_dashboards.py           # write the JSON files
     .venv/bin/python scripts/build_dashboards.py --check   # exit 1 when a committed file differs
 
-tests/unit/test_dashboards.py checks that the committed JSON is this script's output, and
+tests/unit/views/test_dashboards.py checks that the committed JSON is this script's output, and
 tests/e2e/test_observability.py that every query returns data from a real Prometheus scraping the platform.
 """
 

@@ -6,7 +6,7 @@ the map below into the server's `authorization` block (`gpusched nats-config`); 
 `$GPUSCHED_NATS_<USER>_PASSWORD` references the server resolves from its environment.
 
 `PUBLISHES` is declared rather than discovered: it is security policy and is reviewed like code. Two tests
-keep it equal to what the code does: tests/unit/test_nats_permissions_render.py finds, in each service's
+keep it equal to what the code does: tests/unit/runtime/test_nats_permissions_render.py finds, in each service's
 source, every event type it constructs or emits, and tests/integration/test_nats_permissions.py runs the
 platform under the rendered config and fails on any refused publish.
 

@@ -1,6 +1,6 @@
 """`gpusched submit`: a job from flags, from a job file (-f), or both (the flags override the file).
 
-Every JobSpec field has a flag, named as users know it from Slurm and Kubernetes (tests/unit/test_cli_submit.py
+Every JobSpec field has a flag, named as users know it from Slurm and Kubernetes (tests/unit/cli/test_cli_submit.py
 fails for a field without one). A flag's `dest` is the field it sets; flags not given are None and leave the
 file's field (or the default) alone.
 """

@@ -46,7 +46,7 @@ SIM_EXIT_CODES = "sim/exit-codes"
 SIM_CHECKPOINT_S = "sim/checkpoint-s"
 # A job label: how long (seconds of the job's work) the simulated job really runs, whatever its user declared
 # (`duration_s` is an estimate, `max_runtime_s` a limit). A property of the simulated world, like the two
-# above: the executor reads it, no decider or view does (tests/unit/test_sim_runtime.py checks). Without it
+# above: the executor reads it, no decider or view does (tests/unit/sim/test_sim_runtime.py checks). Without it
 # the job runs its `duration_s`, and without that until it is stopped.
 SIM_RUNTIME_S = "sim/runtime-s"
 # Why a run stops when its node registers again without one of the run's GPUs.

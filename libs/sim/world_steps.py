@@ -1,5 +1,5 @@
 """The steps a generated world is made of, and how often each kind comes: the vocabulary both the stateful
-pipeline test (tests/unit/test_pipeline_stateful.py, drawing with hypothesis) and the frozen sequences
+pipeline test (tests/unit/sim/test_pipeline_stateful.py, drawing with hypothesis) and the frozen sequences
 (libs/sim/frozen/sequences.py, drawing from a seeded random) build their worlds from. The choices are flat
 lists: one of a rare value about once in `odds` draws. Changing one moves the frozen sequences' inputs: re-record
 them (scripts/freeze_decisions.py --set sequences)."""

@@ -53,8 +53,8 @@ PIPELINE_SLACK_S = 5.0
 A_GPUS, B_GPUS = 2, 4
 # Which of A's jobs (a-0..a-7, placed two to a node in order) checkpoint. Victims that lose nothing come first,
 # so with half of them checkpointing every victim would be one (or, with one per node, reclaim finds nothing
-# to evict at all: see tests/unit/test_preemption_reclaim_gaps.py). Three, two of them sharing a node, make
-# b-0 evict a node of checkpointing jobs and b-1 the node of a-6 (checkpoints) and a-7 (does not).
+# to evict at all: see tests/unit/core/preemption/test_reclaim_on_a_fragmented_cohort.py). Three, two of them
+# sharing a node, make b-0 evict a node of checkpointing jobs and b-1 the node of a-6 (checkpoints) and a-7 (does not).
 CHECKPOINTING = frozenset({2, 3, 6})
 
 CLUSTER = """sn,cpu_milli,memory_mib,gpu,model

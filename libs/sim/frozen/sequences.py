@@ -1,4 +1,4 @@
-"""Seeded world sequences through the whole pipeline: the kinds of steps tests/unit/test_pipeline_stateful.py
+"""Seeded world sequences through the whole pipeline: the kinds of steps tests/unit/sim/test_pipeline_stateful.py
 takes (submissions of every shape, cancellations, executors' reports current and late, nodes lost and
 registered again, cordons and drains, queue changes, clock ticks), drawn from `random.Random(seed)`.
 

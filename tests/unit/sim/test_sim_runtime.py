@@ -34,7 +34,7 @@ from libs.sim.scenario import job_outcomes, run_scenario
 from libs.sim.scenario_model import parse_scenario
 from libs.views.explain import expected_end
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # Where the platform's beliefs live: none of it may know how long a job really runs.
 BELIEVERS = ("libs/core", "libs/views", "libs/audit")
 WORLD_ONLY = re.compile(r"SIM_RUNTIME_S|sim/runtime-s|libs\.sim\.executor")

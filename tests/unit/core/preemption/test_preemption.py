@@ -29,7 +29,7 @@ from libs.sim.scenario import run_scenario
 from libs.sim.scenario_model import load_scenario
 from tests.unit.builders import EventFeed, brief, job, kinds, node, of, pipeline, queue
 
-SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 
 
 def running(job_id: str, demand: int) -> Running:

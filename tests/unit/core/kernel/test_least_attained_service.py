@@ -12,7 +12,7 @@ from libs.core.kernel.quota_math import check_tree
 from libs.sim.scenario import run_scenario
 from libs.sim.scenario_model import load_scenario
 
-SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 
 
 def test_service_adds_up_over_runs_and_counts_the_run_going_on() -> None:

@@ -73,7 +73,7 @@ from libs.sim.executor import SIM_EXIT_CODES
 from libs.sim.pipeline import run_virtual
 from tests.unit.builders import job, node
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 T0 = 1_000_000.0
 CLASSES = tuple(c.name for c in DEFAULT_PRIORITY_CLASSES)
 EXIT_CODES = ("137,0", "1", "137,137,137", "0,137")

@@ -225,7 +225,7 @@ def test_no_gpu_of_the_models_in_service_is_said_as_such() -> None:
 
 
 def test_the_pipeline_tells_waiting_jobs_mig_mode_not_ill_health() -> None:
-    scenarios = Path(__file__).resolve().parents[1] / "scenarios"
+    scenarios = Path(__file__).resolve().parents[3] / "scenarios"
     run = run_scenario(load_scenario(scenarios / "no-gpu-reason-names-mig-mode.yaml"), scenarios)
     told = {e.job_id: e.message for _, e in run.log if isinstance(e, PlacementDeferred) and e.code == "no_model_match"}
     assert told == {"whole": "no GPU of any model takes whole GPUs: 1 MIG-enabled (MIG profiles only)",

@@ -19,8 +19,8 @@ from contracts import (
     SchedulingSettingsChanged,
 )
 from libs.audit.guarantees import check_liveness, check_safety
+from tests.unit.audit.test_guarantee_checker import Log, ids, on, spec
 from tests.unit.builders import node
-from tests.unit.test_guarantees import Log, ids, on, spec
 
 
 def _h100(nominal: int, lend: int | None = None) -> tuple[FlavorQuota, ...]:

@@ -12,7 +12,7 @@ from libs.bench.kueue_scenario import load_scenario, plan_jobs
 from libs.sim.declare import NOISY_F, check_declaration, declared
 from libs.sim.executor import SIM_RUNTIME_S
 
-GENERATORS = Path(__file__).resolve().parents[2] / "libs" / "bench" / "generators"
+GENERATORS = Path(__file__).resolve().parents[3] / "libs" / "bench" / "generators"
 
 
 def test_each_declaration_tells_its_own_and_the_world_keeps_the_truth() -> None:

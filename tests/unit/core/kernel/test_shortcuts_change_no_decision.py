@@ -40,7 +40,7 @@ from libs.sim.trace_run import Setup, world_inputs
 from tests.unit.many_queue_worlds import random_world, run_log
 
 TEAMS = {"a": 1, "b": 2, "c": 1}  # nodes of 8 GPUs: 32 GPUs
-SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 # Every scenario (among them held-job-tried-again-after-another-queues-reservation.yaml, where a shortcut once
 # decided otherwise than the long way).
 SCENARIO_FILES = sorted(p.name for p in SCENARIOS.glob("*.yaml"))

@@ -168,7 +168,7 @@ def test_exit_codes_checkpoints_and_completion_indexes_are_read_off_the_pod() ->
 
 
 def test_the_deployment_manifests_are_valid_objects() -> None:
-    folder = Path(__file__).resolve().parents[2] / "infra" / "kubernetes"
+    folder = Path(__file__).resolve().parents[3] / "infra" / "kubernetes"
     kinds = []
     for path in sorted(folder.glob("*.yaml")):
         if path.name == "kustomization.yaml":

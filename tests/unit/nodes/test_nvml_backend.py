@@ -21,7 +21,7 @@ from libs.nodes.sim import SimNodeBackend
 
 MIB = 1 << 20
 XID = 0x8
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # --- a fake pynvml --------------------------------------------------------------------------------------
 

@@ -13,7 +13,12 @@ from libs.core.cluster.arrays import ClusterArrays
 from libs.core.cluster.job_fit import Placer
 from libs.core.cluster.score_cache import ScoreCache, ShapeScores
 from libs.core.cluster.scoring import FragModel, Request, choose
-from tests.unit.test_replay_speed_scoring import random_cluster, random_model, random_request, random_typical
+from tests.unit.core.cluster.test_replay_speed_scoring import (
+    random_cluster,
+    random_model,
+    random_request,
+    random_typical,
+)
 
 
 def spec_of(req: Request, replicas: int = 1) -> JobSpec:

@@ -16,7 +16,7 @@ from libs.sim.scenario import job_outcomes, run_scenario, scenario_end, scenario
 from libs.sim.scenario_model import ScenarioError, parse_scenario
 from libs.sim.scenario_write import write_scenario
 
-SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 # Scenario files that fail today, each for a hole in the deciders (file stem -> the hole).
 KNOWN_HOLES: dict[str, str] = {}
 

@@ -25,7 +25,7 @@ from libs.core.quota.fleet import Fleet
 from libs.sim.scenario import run_scenario
 from libs.sim.scenario_model import load_scenario
 
-SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 
 
 def _node(name: str, model: str, gpus: int) -> NodeRegistered:

@@ -31,7 +31,7 @@ from libs.sim.pipeline import SCRIPT, VirtualWorld, world_inputs
 from libs.sim.whatif import parse_change, what_if
 from tests.unit.builders import node, queue
 
-GOLDEN = Path(__file__).parents[1] / "golden" / "demo-log.jsonl"
+GOLDEN = Path(__file__).parents[2] / "golden" / "demo-log.jsonl"
 T0 = 1_000_000.0
 ENDS_AT = 600.0  # job "a" ends this long after it started, though it never said so
 LOG_END = 900.0  # the log is cut here, with job "b" still running and job "c" still waiting

@@ -38,7 +38,7 @@ from libs.audit.invariants import overallocations
 from libs.cli.audit import _read_file
 from tests.unit.builders import node
 
-GOLDEN_LOG = Path(__file__).parents[1] / "golden" / "demo-log.jsonl"
+GOLDEN_LOG = Path(__file__).parents[2] / "golden" / "demo-log.jsonl"
 
 
 class Log:

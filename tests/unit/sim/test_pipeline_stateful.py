@@ -220,7 +220,7 @@ class PipelineMachine(RuleBasedStateMachine):
     def scenario(self, path: Path, name: str, why: str) -> str:
         """The sequence so far as a scenario file at `path` (its clock runs on to now); its text."""
         return write_scenario(self.inputs, path, settings=SETTINGS, until=self.now, name=name,
-                              description=f"found by tests/unit/test_pipeline_stateful.py: {why}",
+                              description=f"found by tests/unit/sim/test_pipeline_stateful.py: {why}",
                               expect=Expect(violations=[]))
 
     # --- the world ------------------------------------------------------------------------------------
