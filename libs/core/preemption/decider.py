@@ -70,9 +70,10 @@ from libs.core.kernel.quota_math import ANY, QuotaBook, reservation_model
 from libs.core.kernel.retries import RetryBook
 from libs.core.kernel.runs import CurrentRuns
 from libs.core.kernel.starvation import CAPACITY_HELD
-from libs.core.preemption.reclaim import borrowers, placement_victims, reclaim_victims
+from libs.core.preemption.candidates import candidates, las_level
+from libs.core.preemption.reclaim import placement_victims, reclaim_victims
 from libs.core.preemption.simulation import Simulation, smallest_waiting
-from libs.core.preemption.state import OVERRUN_S, PLACEMENT, PreemptionState, Running, Waiting
+from libs.core.preemption.state import PLACEMENT, PreemptionState, Running, Waiting
 from libs.core.quota.decider import WAITING_FOR_QUOTA
 from libs.core.quota.reasons import BUDGET_WAITS, RETRY_BACKOFF, USER_LIMIT
 
@@ -333,7 +334,8 @@ class PreemptionDecider:
             return None
         queue = self.policy.queues.get(spec.queue)
         grace_over = now >= waiting.since + (queue.reclaim_after_s if queue is not None else 0.0)
-        return (spec.queue, placement_shape(spec, ""), grace_over, self._las_level(spec.queue, job_id, now) is None)
+        below_las = las_level(self.s, self.policy, spec.queue, job_id, now) is None
+        return (spec.queue, placement_shape(spec, ""), grace_over, below_las)
 
     def _grace_ends(self, now: float) -> list[str]:
         """The waiting jobs whose reclaim grace has run out since they were last considered (so reclaim may
@@ -400,22 +402,6 @@ class PreemptionDecider:
         return [job_id for queue in sorted(targets) for _, job_id in self.s.heads.get(queue, ())
                 if job_id not in self.s.in_flight]
 
-    def eligible(self, r: Running, now: float, preemptor_id: str, reclaim: bool = False) -> bool:
-        """May `r` be evicted for the preemptor now? A reclaim (`reclaim`) may take a borrower whatever its class:
-        quota never lets a job that cannot be preempted borrow, so one that borrows became a borrower, or lost
-        its preemptibility, through a policy change after it started, and the lender is owed that quota back."""
-        return ((r.preemptible or reclaim) and r.job_id not in self.s.victim_of and r.job_id not in self.s.cancelled
-                and now - r.started >= r.min_runtime_s
-                and not self._about_to_end(r, now)
-                and r.job_id not in self.s.preempted_by.get(preemptor_id, {})  # never one's preemptor back
-                and preemptor_id not in self.s.preempted_by.get(r.job_id, {}))  # nor the same victim twice
-
-    def _about_to_end(self, r: Running, now: float) -> bool:
-        """Will the job end within preempt_min_remaining_s by its declared runtime? One still running OVERRUN_S
-        past its declared end overran its estimate: nobody knows when it ends (a tick then looks again:
-        PreemptionState.unprotected)."""
-        return r.ends_at is not None and -OVERRUN_S < r.ends_at - now <= self.policy.settings.preempt_min_remaining_s
-
     def _forget_old_evictions(self, now: float) -> None:
         """Evictions older than their queue's budget window no longer count: where a budget caps them, the
         queue may lose more again (a tick looks for victims there)."""
@@ -433,34 +419,6 @@ class PreemptionDecider:
             else:
                 del self.s.evicted[queue]
 
-    def budget_left(self, queue: str, now: float) -> int | None:
-        """GPUs (thousandths) the queue may still lose to eviction in its window; None: no budget."""
-        spec = self.policy.queues.get(queue)
-        if spec is None or spec.eviction_budget_gpus is None:
-            return None
-        recent = sum(m for t, m in self.s.evicted.get(queue, []) if now - t < spec.eviction_window_s)
-        return spec.eviction_budget_gpus * 1000 - recent
-
-    def candidates(self, preemptor: JobSpec, preemptor_id: str, now: float) -> list[Running]:
-        """Jobs of the preemptor's queue with a lower priority, in victim order; in a queue of least attained
-        service (kernel/attained_service.py), also those of its priority above the threshold while it is not."""
-        prio = self.policy.priority_of(preemptor)
-        las = self._las_level(preemptor.queue, preemptor_id, now)
-        attained = self.s.attained
-        cands = [r for r in self.s.by_queue.get(preemptor.queue, {}).values()
-                 if (r.priority < prio or (las is not None and r.priority == prio and attained.of(r.job_id, now) > las))
-                 and r.job_id != preemptor_id and self.eligible(r, now, preemptor_id)]
-        cands.sort(key=lambda r: r.victim_key(now))
-        return cands
-
-    def _las_level(self, queue: str, job_id: str, now: float) -> float | None:
-        """The queue's LAS threshold when the job has held no more than it (so it may preempt jobs of its
-        priority that have held more); None otherwise."""
-        threshold = threshold_milli_s(self.policy.queues.get(queue))
-        if threshold is None or self.s.attained.of(job_id, now) > threshold:
-            return None
-        return threshold
-
     def _watch_service(self, run: Running) -> None:
         """In a queue of least attained service, a tick looks again once the run passes the threshold: the
         queue's waiting jobs may then preempt it (PreemptionState.unprotected)."""
@@ -470,9 +428,6 @@ class PreemptionDecider:
         at = self.s.attained.crosses_at(run.job_id, threshold)
         if at is not None:
             heapq.heappush(self.s.protected_until, (at, run.job_id))
-
-    def borrowers(self, preemptor: JobSpec, flavor: str, now: float, preemptor_id: str = "") -> list[Running]:
-        return borrowers(self, preemptor, flavor, now, preemptor_id)
 
     def _may_evict_for(self, job_id: str) -> bool:
         """Could an eviction serve the job now? Only a waiting job, not already waiting for its victims to
@@ -503,22 +458,22 @@ class PreemptionDecider:
                 return  # quota gives its reservation back now: what an eviction freed would go to others
             held = s.reserved.get(job_id)
             flavor = held[1] if held is not None else ANY
-            cands = self.candidates(spec, job_id, now)
+            cands = candidates(self.s, self.policy, spec, job_id, now)
             reclaims = grace_over and held is not None
             if not (cands or reclaims):
                 return
             with self._simulation(spec, job_id, now) as sim:
                 victims = sim.choose(cands, lambda: sim.fits(flavor)) if cands else []
                 if not victims and reclaims and held is not None:
-                    victims = placement_victims(self, sim, held, job_id)
+                    victims = placement_victims(sim, held, job_id)
             self._decide(job_id, victims, out)
             return
         if self._behind_higher_priority(job_id, spec):
             return
         flavors = self.book.flavors_for(spec.queue, spec) or [ANY]
         with self._simulation(spec, job_id, now) as sim:
-            victims = reclaim_victims(self, sim, flavors, job_id) if grace_over else []
-            cands = [] if victims else self.candidates(spec, job_id, now)
+            victims = reclaim_victims(sim, flavors, job_id) if grace_over else []
+            cands = [] if victims else candidates(self.s, self.policy, spec, job_id, now)
             if cands:
 
                 def admitted_and_placed() -> bool:
@@ -561,7 +516,7 @@ class PreemptionDecider:
         # Jobs on their way out (cancelled, or victims of a preemptor that runs already or is gone) leave room
         # nobody has claimed; victims leaving for a preemptor still waiting do not: that room is its.
         leaving = [s.running[j] for j in sorted({**s.cancelled, **s.victim_of}) if j in s.running and unclaimed(j)]
-        return Simulation(self, spec, leaving, now, job_id)
+        return Simulation(s, self.policy, self.cluster, spec, leaving, now, job_id)
 
     def _decide(self, job_id: str, victims: list[Running], out: Decisions) -> None:
         if not victims:

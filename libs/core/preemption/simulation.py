@@ -13,19 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 import msgspec
 
 from contracts import JobSpec, ReplicaPlacement
 from libs.core.cluster.job_fit import Shortfall, fits, place_gang
-from libs.core.kernel.policy import demand_milli
+from libs.core.cluster.model import Cluster
+from libs.core.kernel.policy import PolicyBook, demand_milli
 from libs.core.kernel.quota_math import ANY, flavor_matches
+from libs.core.preemption.candidates import budget_left
 from libs.core.preemption.state import PLACEMENT, PreemptionState, Running
 from libs.core.preemption.victim_sets import choose_victims
-
-if TYPE_CHECKING:
-    from libs.core.preemption.decider import PreemptionDecider
 
 UsageChange = tuple[str, str, int, bool]  # (queue, flavor, milli, over budget)
 
@@ -33,9 +31,12 @@ UsageChange = tuple[str, str, int, bool]  # (queue, flavor, milli, over budget)
 class Simulation:
     """One preemptor's what-if world (see above); `applied` holds the victims tried, in the order taken."""
 
-    def __init__(self, decider: PreemptionDecider, spec: JobSpec, leaving: list[Running], now: float = 0.0,
-                 job_id: str = "") -> None:
-        self.d = decider
+    def __init__(self, state: PreemptionState, policy: PolicyBook, cluster: Cluster, spec: JobSpec,
+                 leaving: list[Running], now: float = 0.0, job_id: str = "") -> None:
+        self.state = state
+        self.policy = policy
+        self.book = policy.quotas
+        self.cluster = cluster
         self.spec = spec
         self.job_id = job_id
         self.demand = demand_milli(spec)
@@ -51,7 +52,7 @@ class Simulation:
     # --- the world the decided evictions leave --------------------------------------------------------
 
     def __enter__(self) -> Simulation:
-        s, book = self.d.s, self.d.book
+        s, book = self.state, self.book
         changes: list[UsageChange] = []
         for victim in sorted(s.victim_of):
             held = s.reserved.get(victim)
@@ -78,15 +79,15 @@ class Simulation:
         for v in list(self.applied):
             self.restore(v)
         for queue, flavor, milli, over_budget in reversed(self._settled):
-            self.d.book.add(queue, flavor, -milli, over_budget)
+            self.book.add(queue, flavor, -milli, over_budget)
         self._settled = []
 
     def _claimed_flavor(self, preemptor: str, spec: JobSpec) -> str:
         """The flavor a preemptor waiting for quota will get: that of its first victim it may use (a reclaim's
         victims all hold the flavor reclaimed), else its queue's first."""
-        flavors = self.d.book.flavors_for(spec.queue, spec)
-        for victim in self.d.s.in_flight[preemptor]:
-            run = self.d.s.running.get(victim)
+        flavors = self.book.flavors_for(spec.queue, spec)
+        for victim in self.state.in_flight[preemptor]:
+            run = self.state.running.get(victim)
             if run is not None and run.flavor in flavors:
                 return run.flavor
         return flavors[0] if flavors else ANY
@@ -94,11 +95,11 @@ class Simulation:
     # --- evictions ---------------------------------------------------------------------------------------
 
     def evict(self, v: Running, at: int | None = None) -> None:
-        self.d.book.add(v.queue, v.flavor, -v.demand, v.over_budget)
+        self.book.add(v.queue, v.flavor, -v.demand, v.over_budget)
         self.applied.insert(len(self.applied) if at is None else at, v)
 
     def restore(self, v: Running) -> None:
-        self.d.book.add(v.queue, v.flavor, v.demand, v.over_budget)
+        self.book.add(v.queue, v.flavor, v.demand, v.over_budget)
         self.applied.remove(v)
 
     def choose(self, candidates: list[Running], enough: Callable[[], bool],
@@ -108,7 +109,7 @@ class Simulation:
         is enough. `may_take` besides the blast-radius budget; `placed`: does placement alone succeed? In a
         reclaim (`reclaim`) the budget does not bind the borrowers of other queues: taking back lent quota is
         what a lender is promised, and a budget smaller than a borrower's job would otherwise shield it for ever."""
-        slack = self.d.policy.settings.preemption_slack_gpus * 1000
+        slack = self.policy.settings.preemption_slack_gpus * 1000
 
         def allowed(c: Running) -> bool:
             return ((reclaim and c.queue != self.spec.queue) or self.within_budget(c)) and (
@@ -122,20 +123,20 @@ class Simulation:
 
     def within_budget(self, c: Running) -> bool:
         """Would taking `c` too keep its queue within its blast-radius budget?"""
-        left = self.d.budget_left(c.queue, self.now)
+        left = budget_left(self.state, self.policy, c.queue, self.now)
         return left is None or c.demand + sum(v.demand for v in self.applied if v.queue == c.queue) <= left
 
     def gives_back_only_borrowed(self, c: Running) -> bool:
         """A reclaim takes from another queue only quota it borrows, never any of its nominal quota."""
         claimed = 0 if c.over_budget else self._claims.get((c.queue, c.flavor), 0)
-        return c.queue == self.spec.queue or self.d.book.gives_back_only_borrowed(c.queue, c.flavor,
+        return c.queue == self.spec.queue or self.book.gives_back_only_borrowed(c.queue, c.flavor,
                                                                                   c.demand + claimed, c.over_budget)
 
     def fits(self, flavor: str) -> bool:
         """Would placement find the preemptor room now (on GPUs of `flavor`), beside the room of the other
         preemptors whose victims are leaving (each placed, in id order, where its victims leave)?"""
         spec = _on_flavor(self.spec, flavor)
-        cluster = self.d.cluster
+        cluster = self.cluster
         for v in self.leaving:
             cluster.release(v.placements)
         claims = self._place_claims()  # before its own victims leave: their room is the preemptor's
@@ -156,7 +157,7 @@ class Simulation:
     def _place_claims(self) -> list[tuple[list[Running], tuple[ReplicaPlacement, ...]]]:
         """Place, for the simulation, every other preemptor not running yet on the room its victims leave (and
         any free room it needs besides): two preemptors never count on the same free GPUs."""
-        s, cluster = self.d.s, self.d.cluster
+        s, cluster = self.state, self.cluster
         claims: list[tuple[list[Running], tuple[ReplicaPlacement, ...]]] = []
         for preemptor in sorted(s.in_flight):
             spec = s.specs.get(preemptor)
@@ -177,19 +178,19 @@ class Simulation:
     def within_nominal(self, flavor: str, freed: int = 0) -> bool:
         """Would the preemptor fit its queue's nominal quota of the flavor (a reclaim borrows nothing), with
         `freed` more of the queue's usage gone?"""
-        lim = self.d.book.limits.get(self.spec.queue, {}).get(flavor)
-        return lim is not None and self.d.book.usage(self.spec.queue, flavor) - freed + self.demand <= lim.nominal
+        lim = self.book.limits.get(self.spec.queue, {}).get(flavor)
+        return lim is not None and self.book.usage(self.spec.queue, flavor) - freed + self.demand <= lim.nominal
 
     def admits(self, flavor: str) -> bool:
         """Would quota reserve the preemptor in this flavor now? Its queue and cohort must have room for it,
         and where it must borrow, it must be a job that may borrow (one that can be preempted), and no queue of its
         cohort may wait for quota lent out: while one does, quota lets no borrower grow."""
-        book, queue = self.d.book, self.spec.queue
+        book, queue = self.book, self.spec.queue
         if book.room(queue, flavor) < self.demand:
             return False
         if self.demand <= book.nominal_left(queue, flavor):
             return True
-        if not self.d.policy.preemptible(self.spec):
+        if not self.policy.preemptible(self.spec):
             return False  # a job that cannot be preempted never borrows
         cohort = book.cohort.get(queue, "")
         if not cohort:
@@ -210,7 +211,7 @@ class Simulation:
         Waiting does not change during a simulation: found once per flavor."""
         smallest = self._smallest.get(flavor)
         if smallest is None:
-            smallest = self._smallest[flavor] = smallest_waiting(self.d.s, flavor)
+            smallest = self._smallest[flavor] = smallest_waiting(self.state, flavor)
         return smallest
 
 

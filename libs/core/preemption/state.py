@@ -35,9 +35,6 @@ class Running:
     checkpoints_on_stop: bool = False  # it saves its state when told to stop: evicting it loses nothing
     last_checkpoint: float | None = None
 
-    def victim_key(self, now: float) -> tuple[int, float, float, int, str]:
-        return (self.priority, self.lost(now), -self.started, -self.placed_order, self.job_id)
-
     def lost(self, now: float) -> float:
         """GPU-time (thousandths of GPU-seconds) an eviction now throws away: nothing for a job that
         checkpoints when stopped, else everything since its last checkpoint (or its start)."""
