@@ -16,6 +16,7 @@ GPUs do not). It takes borrowers of any flavor, only as far as they borrow, unti
 from __future__ import annotations
 
 from contracts import JobSpec
+from libs.core.preemption import shortcuts
 from libs.core.preemption.candidates import candidates, eligible
 from libs.core.preemption.ordering import victim_order
 from libs.core.preemption.simulation import Simulation
@@ -74,13 +75,6 @@ def placement_victims(sim: Simulation, held: tuple[str, str, int, bool], preempt
     return []
 
 
-def could_fit_nominal(sim: Simulation, flavor: str, own: list[Running]) -> bool:
-    """Could the preemptor fit its queue's nominal quota of the flavor with some victims gone? Only evicting the
-    queue's own jobs (`own`) brings its usage down: if it would not fit with all of them gone, no victim set is
-    enough, and the search, which would try set after set to find that out, is skipped."""
-    return sim.within_nominal(flavor, freed=sum(run.demand for run in own))
-
-
 def reclaim_victims(sim: Simulation, flavors: list[str], preemptor_id: str) -> list[Running]:
     """The victims of the first flavor a reclaim can serve the preemptor in; [] when none can."""
     spec, now = sim.spec, sim.now
@@ -90,7 +84,7 @@ def reclaim_victims(sim: Simulation, flavors: list[str], preemptor_id: str) -> l
             continue
         # The queue's own jobs come after the borrowers': needed only where the queue is above its nominal.
         own = [run for run in candidates(sim.state, sim.policy, spec, preemptor_id, now) if run.flavor == flavor]
-        if not could_fit_nominal(sim, flavor, own):
+        if not shortcuts.could_fit_nominal(sim, flavor, own):
             continue
         others = borrowers(sim, spec, flavor, preemptor_id)
         if not others:

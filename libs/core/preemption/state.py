@@ -1,5 +1,6 @@
-"""What the preemption decider knows: the jobs running (its victim candidates), the jobs waiting (its
-preemptors), the evictions decided and not yet done, and the indexes that keep clock ticks cheap."""
+"""What the preemption decider knows, as data: the jobs running (its victim candidates), the jobs waiting (its
+preemptors), the evictions decided and not yet done, the indexes that keep clock ticks cheap, and (World) the
+policy, cluster and retries it reads beside them."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import heapq
 from dataclasses import dataclass, field
 
 from contracts import JobSpec, ReplicaPlacement
+from libs.core.cluster.model import Cluster
 from libs.core.kernel.attained_service import AttainedService
 from libs.core.kernel.policy import PolicyBook
 from libs.core.kernel.quota_math import ANY
+from libs.core.kernel.retries import RetryBook
 
 # A job still running this long after its declared end has overrun its estimate (its executor's report of
 # an end on time would have come by then): it is no longer about to end.
@@ -102,6 +105,8 @@ class PreemptionState:
     budget_freed: dict[str, None] = field(default_factory=dict)
     # GPU time each job held over its runs: a queue of least attained service evicts by it (kernel/attained_service.py)
     attained: AttainedService = field(default_factory=AttainedService)
+    placed_count: int = 0  # placements folded so far: each run's placed_order
+    changed: bool = False  # anything folded since the last tick's reconsideration?
 
     # --- waiting jobs ----------------------------------------------------------------------------
 
@@ -231,3 +236,14 @@ class PreemptionState:
             if run is not None:  # ended since: it protects nobody
                 queues[run.queue] = None
         return sorted(queues)
+
+
+@dataclass(slots=True)
+class World:
+    """Everything the preemption decider folds and decides from: its jobs (`state`), the policy (priority classes,
+    queues and their quota book, settings), the cluster's nodes and free GPUs, and the retries of failed jobs."""
+
+    state: PreemptionState = field(default_factory=PreemptionState)
+    policy: PolicyBook = field(default_factory=PolicyBook)
+    cluster: Cluster = field(default_factory=Cluster)
+    retries: RetryBook = field(default_factory=RetryBook)
