@@ -80,7 +80,7 @@ def no_shortcuts(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(quota_starvation, "_summed", one_by_one)
     monkeypatch.setattr(preemption_shortcuts, "could_fit_nominal", lambda sim, flavor, own: True)
-    monkeypatch.setattr(preemption_shortcuts, "alike_key", lambda world, job_id, now, preemptors: None)
+    monkeypatch.setattr(preemption_shortcuts, "alike_key", lambda state, policy, job_id, now, preemptors: None)
 
 
 @pytest.mark.parametrize("pool", ["partitioned", "shared"])

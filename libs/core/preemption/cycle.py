@@ -21,10 +21,10 @@ from libs.core.preemption.tick_jobs import could_evict_in, grace_ends, heads_of_
 
 def tick(world: World, now: float, out: Decisions) -> None:
     """A clock tick's cycle: look again at the waiting jobs a change may serve, and decide their evictions."""
-    state = world.state
+    state, book = world.state, world.policy.quotas
     # 1. What changed since the last tick: reclaim graces that ended, protections that ran out (minimum
     #    runtimes, budgets grown back), anything folded. Nothing: no job would decide otherwise than before.
-    due = grace_ends(world, now)
+    due = grace_ends(state, world.policy, now)
     unprotected = state.unprotected(now)
     if not (state.changed or due or unprotected):
         return
@@ -32,9 +32,9 @@ def tick(world: World, now: float, out: Decisions) -> None:
     # 2. The jobs to try, in this order, each once: the first waiting job of each queue, the jobs holding
     #    quota that wait for a place, the jobs whose grace ended, the jobs that could evict where a protection
     #    ran out.
-    jobs = heads_of_queues(world) + placement_waiters(state) + due + could_evict_in(world, unprotected)
+    jobs = heads_of_queues(state, book) + placement_waiters(state) + due + could_evict_in(state, book, unprotected)
     # 3. Try each (skipping a job alike to one that just found no victims: shortcuts.AlikeJobs).
-    alike = AlikeJobs(world, now)
+    alike = AlikeJobs(state, world.policy, now)
     for job_id in dict.fromkeys(jobs):
         if alike.skip(job_id):
             continue

@@ -4,19 +4,20 @@ tests/unit/test_decision_shortcuts.py turns each off to prove the decisions the 
 from __future__ import annotations
 
 from libs.core.cluster.job_fit import placement_shape
+from libs.core.kernel.policy import PolicyBook
 from libs.core.preemption.candidates import las_level
 from libs.core.preemption.simulation import Simulation
-from libs.core.preemption.state import PLACEMENT, Running, World
+from libs.core.preemption.state import PLACEMENT, PreemptionState, Running
 
 AlikeKey = tuple[object, ...]
 
 
-def alike_key(world: World, job_id: str, now: float, preemptors: set[str]) -> AlikeKey | None:
+def alike_key(state: PreemptionState, policy: PolicyBook, job_id: str, now: float, preemptors: set[str]
+              ) -> AlikeKey | None:
     """What the cycle reads of a job waiting for quota besides its id: its queue, class, request (as
     placement sees it), whether its reclaim grace is over and whether it is below its queue's LAS threshold.
     None for one whose id matters too: a preemptor or a victim of earlier evictions (never each other's
     victims again), one waiting for placement (its own reservation and timeout), one not waiting."""
-    state, policy = world.state, world.policy
     spec, waiting = state.specs.get(job_id), state.waiting.get(job_id)
     if spec is None or waiting is None or waiting.code == PLACEMENT or job_id in preemptors or (
             job_id in state.preempted_by):
@@ -31,17 +32,18 @@ class AlikeJobs:
     """Within one tick, waiting jobs alike to the cycle (alike_key) find victims alike: once one found none, with
     nothing decided since, the others would not either (a queue of many alike jobs waits often)."""
 
-    def __init__(self, world: World, now: float) -> None:
-        self.world = world
+    def __init__(self, state: PreemptionState, policy: PolicyBook, now: float) -> None:
+        self.state = state
+        self.policy = policy
         self.now = now
         self.came_to_nothing: set[AlikeKey] = set()
         # The preemptors of evictions decided before this tick (the tick's own decisions clear the set anyway).
-        self.preemptors = {preemptor for preemptors in world.state.preempted_by.values() for preemptor in preemptors}
+        self.preemptors = {preemptor for preemptors in state.preempted_by.values() for preemptor in preemptors}
         self._last: AlikeKey | None = None
 
     def skip(self, job_id: str) -> bool:
         """Did a job alike to this one come to nothing, with nothing decided since?"""
-        self._last = alike_key(self.world, job_id, self.now, self.preemptors)
+        self._last = alike_key(self.state, self.policy, job_id, self.now, self.preemptors)
         return self._last is not None and self._last in self.came_to_nothing
 
     def tried(self, decided: bool) -> None:

@@ -3,17 +3,17 @@ ends, a protection runs out, anything is folded), and only the jobs such a chang
 
 from __future__ import annotations
 
-from libs.core.kernel.policy import demand_milli
-from libs.core.preemption.state import PLACEMENT, PreemptionState, World
+from libs.core.kernel.policy import PolicyBook, demand_milli
+from libs.core.kernel.quota_math import QuotaBook
+from libs.core.preemption.state import PLACEMENT, PreemptionState
 
 
-def grace_ends(world: World, now: float) -> list[str]:
+def grace_ends(state: PreemptionState, policy: PolicyBook, now: float) -> list[str]:
     """The waiting jobs whose reclaim grace has run out since they were last considered (so reclaim may
     start for them), in id order. Each job counts once: it is considered on this tick, and marked."""
-    state = world.state
     due = []
     for name, keys in state.grace.items():  # per queue, the unchecked jobs by how long they have waited
-        queue = world.policy.queues.get(name)
+        queue = policy.queues.get(name)
         if queue is None or queue.reclaim_after_s <= 0:
             continue
         for since, job_id in keys:
@@ -27,12 +27,11 @@ def grace_ends(world: World, now: float) -> list[str]:
     return due
 
 
-def heads_of_queues(world: World) -> list[str]:
+def heads_of_queues(state: PreemptionState, book: QuotaBook) -> list[str]:
     """The first waiting job per queue (the index keeps each queue's waiting jobs in (-priority, id)
     order), not already waiting for its victims to leave; where that one can never reclaim (it waits for
     placement, or is above its queue's nominal quota in every flavor), also the first of its priority
     that can: it may reclaim while the first waits."""
-    state, book = world.state, world.policy.quotas
     heads = []
     for queue in sorted(state.heads):
         first_priority = None
@@ -42,11 +41,11 @@ def heads_of_queues(world: World) -> list[str]:
             if first_priority is None:
                 first_priority = negative_priority
                 heads.append(job_id)
-                if not book.cohort.get(queue, "") or may_reclaim(world, job_id):
+                if not book.cohort.get(queue, "") or may_reclaim(state, book, job_id):
                     break
             elif negative_priority != first_priority:
                 break
-            elif may_reclaim(world, job_id):
+            elif may_reclaim(state, book, job_id):
                 heads.append(job_id)
                 break
     return heads
@@ -58,9 +57,8 @@ def placement_waiters(state: PreemptionState) -> list[str]:
     return sorted(job_id for job_id in state.placing if job_id not in state.in_flight)
 
 
-def may_reclaim(world: World, job_id: str) -> bool:
+def may_reclaim(state: PreemptionState, book: QuotaBook, job_id: str) -> bool:
     """Does the waiting job wait for quota and fit its queue's nominal quota of some flavor it may use?"""
-    state, book = world.state, world.policy.quotas
     spec, waiting = state.specs.get(job_id), state.waiting.get(job_id)
     if spec is None or waiting is None or waiting.code == PLACEMENT:
         return False
@@ -68,10 +66,9 @@ def may_reclaim(world: World, job_id: str) -> bool:
     return any(demand <= limits[flavor].nominal for flavor in book.flavors_for(spec.queue, spec))
 
 
-def could_evict_in(world: World, queues: list[str]) -> list[str]:
+def could_evict_in(state: PreemptionState, book: QuotaBook, queues: list[str]) -> list[str]:
     """Every waiting job that could evict jobs of `queues`: theirs (within the queue) and their cohorts'
     (reclaim), by queue, then in each queue's (-priority, id) order."""
-    state, book = world.state, world.policy.quotas
     targets: dict[str, None] = {}
     for queue in queues:
         targets[queue] = None
