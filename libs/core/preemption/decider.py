@@ -57,8 +57,6 @@ from contracts import (
 from libs.core.cluster.model import Cluster
 from libs.core.kernel.decider import Chain, Decisions, Trigger
 from libs.core.kernel.policy import PolicyBook
-from libs.core.kernel.quota_math import QuotaBook
-from libs.core.kernel.retries import RetryBook
 from libs.core.kernel.runs import CurrentRuns
 from libs.core.preemption.cycle import consider, may_evict_for, tick
 from libs.core.preemption.fold import fold
@@ -70,7 +68,8 @@ SERVICE = "preemption"
 
 
 class PreemptionDecider:
-    """The preemption service's decider: the fold (fold.py) and the cycle (cycle.py) over one World."""
+    """The preemption service's decider: the fold (fold.py) and the cycle (cycle.py) over one World (state.py);
+    `state`, `policy` and `cluster` are the world's, for those who read them."""
 
     name = SERVICE
 
@@ -90,14 +89,6 @@ class PreemptionDecider:
     @property
     def cluster(self) -> Cluster:
         return self.world.cluster
-
-    @property
-    def retries(self) -> RetryBook:
-        return self.world.retries
-
-    @property
-    def book(self) -> QuotaBook:
-        return self.world.policy.quotas
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (NodeRegistered, NodeLost, GpuHealthChanged, NodeCordoned, NodeUncordoned, QueuePolicyChanged,
