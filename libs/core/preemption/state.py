@@ -127,8 +127,8 @@ class PreemptionState:
         self.grace_of[job_id] = (queue, entry)
         bisect.insort(self.grace.setdefault(queue, []), entry)
         if code != PLACEMENT:
-            prios = self.waiting_priorities.setdefault(queue, {})
-            prios[priority] = prios.get(priority, 0) + 1
+            counts = self.waiting_priorities.setdefault(queue, {})
+            counts[priority] = counts.get(priority, 0) + 1
 
     def index(self, job_id: str, queue: str, priority: int, grace: bool) -> None:
         """Enter a waiting job into the indexes (`grace`: among those whose reclaim grace is unchecked)."""
@@ -164,10 +164,10 @@ class PreemptionState:
         self.placing.pop(job_id, None)
         self.unindex(job_id)
         if held.code != PLACEMENT:
-            prios = self.waiting_priorities[held.queue]
-            prios[held.priority] -= 1
-            if not prios[held.priority]:
-                del prios[held.priority]
+            counts = self.waiting_priorities[held.queue]
+            counts[held.priority] -= 1
+            if not counts[held.priority]:
+                del counts[held.priority]
 
     def rerank(self, policy: PolicyBook) -> None:
         """Priority classes changed: running and waiting jobs take their class's new value."""
@@ -177,16 +177,17 @@ class PreemptionState:
             if spec is not None:
                 run.priority = policy.priority_of(spec)
                 run.preemptible = policy.preemptible(spec) or run.over_budget
-            prios = self.running_priorities.setdefault(run.queue, {})
-            prios[run.priority] = prios.get(run.priority, 0) + 1
+            counts = self.running_priorities.setdefault(run.queue, {})
+            counts[run.priority] = counts.get(run.priority, 0) + 1
         self.waiting_priorities = {}
         self.heads, self.head_of = {}, {}
         for job_id in list(self.waiting):
-            w = self.waiting[job_id]
-            w.priority = policy.priority_of(self.specs[job_id]) if job_id in self.specs else w.priority
-            if w.code != PLACEMENT:
-                prios = self.waiting_priorities.setdefault(w.queue, {})
-                prios[w.priority] = prios.get(w.priority, 0) + 1
+            waiting = self.waiting[job_id]
+            if job_id in self.specs:
+                waiting.priority = policy.priority_of(self.specs[job_id])
+            if waiting.code != PLACEMENT:
+                counts = self.waiting_priorities.setdefault(waiting.queue, {})
+                counts[waiting.priority] = counts.get(waiting.priority, 0) + 1
             if job_id in self.specs:
                 spec = self.specs[job_id]
                 head = (spec.queue, (-policy.priority_of(spec), job_id))
@@ -204,8 +205,8 @@ class PreemptionState:
             self.unindex_running(held)
         self.running[run.job_id] = run
         self.by_queue.setdefault(run.queue, {})[run.job_id] = run
-        prios = self.running_priorities.setdefault(run.queue, {})
-        prios[run.priority] = prios.get(run.priority, 0) + 1
+        counts = self.running_priorities.setdefault(run.queue, {})
+        counts[run.priority] = counts.get(run.priority, 0) + 1
         if run.min_runtime_s > 0:
             heapq.heappush(self.protected_until, (run.started + run.min_runtime_s, run.job_id))
         if run.ends_at is not None:  # still running then, it overran its estimate: no longer about to end
@@ -216,11 +217,11 @@ class PreemptionState:
         del jobs[run.job_id]
         if not jobs:
             del self.by_queue[run.queue]
-        prios = self.running_priorities[run.queue]
-        prios[run.priority] -= 1
-        if not prios[run.priority]:
-            del prios[run.priority]
-            if not prios:
+        counts = self.running_priorities[run.queue]
+        counts[run.priority] -= 1
+        if not counts[run.priority]:
+            del counts[run.priority]
+            if not counts:
                 del self.running_priorities[run.queue]
 
     def unprotected(self, now: float) -> list[str]:
