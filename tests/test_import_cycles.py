@@ -11,8 +11,6 @@ ROOT = Path(__file__).parents[1]
 PACKAGES = ("contracts", "libs", "services")
 # Each known circle, as the sorted names of its modules.
 KNOWN: set[tuple[str, ...]] = {
-    # Preemption's decider and the modules cut out of it, which take the decider back.
-    tuple(sorted(f"libs.core.preemption.{m}" for m in ("decider", "simulation", "reclaim", "victim_sets"))),
     # Quota's decider and the fourteen modules cut out of it, which take the decider back.
     tuple(sorted(f"libs.core.quota.{m}" for m in (
         "decider", "calm", "fit", "fold", "heads", "nomination", "order", "scheduling_pass", "reach", "reasons",

@@ -1,5 +1,6 @@
-"""What the preemption decider knows: the jobs running (its victim candidates), the jobs waiting (its
-preemptors), the evictions decided and not yet done, and the indexes that keep clock ticks cheap."""
+"""What the preemption decider knows, as data: the jobs running (its victim candidates), the jobs waiting (its
+preemptors), the evictions decided and not yet done, the indexes that keep clock ticks cheap, and (World) the
+policy, cluster and retries it reads beside them."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import heapq
 from dataclasses import dataclass, field
 
 from contracts import JobSpec, ReplicaPlacement
+from libs.core.cluster.model import Cluster
 from libs.core.kernel.attained_service import AttainedService
 from libs.core.kernel.policy import PolicyBook
 from libs.core.kernel.quota_math import ANY
+from libs.core.kernel.retries import RetryBook
 
 # A job still running this long after its declared end has overrun its estimate (its executor's report of
 # an end on time would have come by then): it is no longer about to end.
@@ -34,9 +37,6 @@ class Running:
     placed_order: int = 0  # breaks ties between jobs started at the same instant: later placed, first out
     checkpoints_on_stop: bool = False  # it saves its state when told to stop: evicting it loses nothing
     last_checkpoint: float | None = None
-
-    def victim_key(self, now: float) -> tuple[int, float, float, int, str]:
-        return (self.priority, self.lost(now), -self.started, -self.placed_order, self.job_id)
 
     def lost(self, now: float) -> float:
         """GPU-time (thousandths of GPU-seconds) an eviction now throws away: nothing for a job that
@@ -105,6 +105,8 @@ class PreemptionState:
     budget_freed: dict[str, None] = field(default_factory=dict)
     # GPU time each job held over its runs: a queue of least attained service evicts by it (kernel/attained_service.py)
     attained: AttainedService = field(default_factory=AttainedService)
+    placed_count: int = 0  # placements folded so far: each run's placed_order
+    changed: bool = False  # anything folded since the last tick's reconsideration?
 
     # --- waiting jobs ----------------------------------------------------------------------------
 
@@ -125,8 +127,8 @@ class PreemptionState:
         self.grace_of[job_id] = (queue, entry)
         bisect.insort(self.grace.setdefault(queue, []), entry)
         if code != PLACEMENT:
-            prios = self.waiting_priorities.setdefault(queue, {})
-            prios[priority] = prios.get(priority, 0) + 1
+            counts = self.waiting_priorities.setdefault(queue, {})
+            counts[priority] = counts.get(priority, 0) + 1
 
     def index(self, job_id: str, queue: str, priority: int, grace: bool) -> None:
         """Enter a waiting job into the indexes (`grace`: among those whose reclaim grace is unchecked)."""
@@ -162,10 +164,10 @@ class PreemptionState:
         self.placing.pop(job_id, None)
         self.unindex(job_id)
         if held.code != PLACEMENT:
-            prios = self.waiting_priorities[held.queue]
-            prios[held.priority] -= 1
-            if not prios[held.priority]:
-                del prios[held.priority]
+            counts = self.waiting_priorities[held.queue]
+            counts[held.priority] -= 1
+            if not counts[held.priority]:
+                del counts[held.priority]
 
     def rerank(self, policy: PolicyBook) -> None:
         """Priority classes changed: running and waiting jobs take their class's new value."""
@@ -175,16 +177,17 @@ class PreemptionState:
             if spec is not None:
                 run.priority = policy.priority_of(spec)
                 run.preemptible = policy.preemptible(spec) or run.over_budget
-            prios = self.running_priorities.setdefault(run.queue, {})
-            prios[run.priority] = prios.get(run.priority, 0) + 1
+            counts = self.running_priorities.setdefault(run.queue, {})
+            counts[run.priority] = counts.get(run.priority, 0) + 1
         self.waiting_priorities = {}
         self.heads, self.head_of = {}, {}
         for job_id in list(self.waiting):
-            w = self.waiting[job_id]
-            w.priority = policy.priority_of(self.specs[job_id]) if job_id in self.specs else w.priority
-            if w.code != PLACEMENT:
-                prios = self.waiting_priorities.setdefault(w.queue, {})
-                prios[w.priority] = prios.get(w.priority, 0) + 1
+            waiting = self.waiting[job_id]
+            if job_id in self.specs:
+                waiting.priority = policy.priority_of(self.specs[job_id])
+            if waiting.code != PLACEMENT:
+                counts = self.waiting_priorities.setdefault(waiting.queue, {})
+                counts[waiting.priority] = counts.get(waiting.priority, 0) + 1
             if job_id in self.specs:
                 spec = self.specs[job_id]
                 head = (spec.queue, (-policy.priority_of(spec), job_id))
@@ -202,8 +205,8 @@ class PreemptionState:
             self.unindex_running(held)
         self.running[run.job_id] = run
         self.by_queue.setdefault(run.queue, {})[run.job_id] = run
-        prios = self.running_priorities.setdefault(run.queue, {})
-        prios[run.priority] = prios.get(run.priority, 0) + 1
+        counts = self.running_priorities.setdefault(run.queue, {})
+        counts[run.priority] = counts.get(run.priority, 0) + 1
         if run.min_runtime_s > 0:
             heapq.heappush(self.protected_until, (run.started + run.min_runtime_s, run.job_id))
         if run.ends_at is not None:  # still running then, it overran its estimate: no longer about to end
@@ -214,11 +217,11 @@ class PreemptionState:
         del jobs[run.job_id]
         if not jobs:
             del self.by_queue[run.queue]
-        prios = self.running_priorities[run.queue]
-        prios[run.priority] -= 1
-        if not prios[run.priority]:
-            del prios[run.priority]
-            if not prios:
+        counts = self.running_priorities[run.queue]
+        counts[run.priority] -= 1
+        if not counts[run.priority]:
+            del counts[run.priority]
+            if not counts:
                 del self.running_priorities[run.queue]
 
     def unprotected(self, now: float) -> list[str]:
@@ -234,3 +237,14 @@ class PreemptionState:
             if run is not None:  # ended since: it protects nobody
                 queues[run.queue] = None
         return sorted(queues)
+
+
+@dataclass(slots=True)
+class World:
+    """Everything the preemption decider folds and decides from: its jobs (`state`), the policy (priority classes,
+    queues and their quota book, settings), the cluster's nodes and free GPUs, and the retries of failed jobs."""
+
+    state: PreemptionState = field(default_factory=PreemptionState)
+    policy: PolicyBook = field(default_factory=PolicyBook)
+    cluster: Cluster = field(default_factory=Cluster)
+    retries: RetryBook = field(default_factory=RetryBook)

@@ -21,17 +21,27 @@ Of the sets found within the need plus the slack (`acceptable`), the best is, in
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from libs.core.preemption.ordering import VictimOrder, victim_order
 from libs.core.preemption.state import Running
 
-if TYPE_CHECKING:
-    from libs.core.preemption.simulation import Simulation
-
-VictimSetKey = tuple[int, int, float, int, int, tuple[tuple[int, float, float, int, str], ...]]
+VictimSetKey = tuple[int, int, float, int, int, tuple[VictimOrder, ...]]
 
 
-def choose_victims(sim: Simulation, candidates: list[Running], enough: Callable[[], bool],
+class Trial(Protocol):
+    """The what-if the victims are tried in (simulation.Simulation): `applied` holds the victims taken, in the
+    order taken; `evict` takes one (at a place in that order), `restore` gives one back."""
+
+    now: float
+    applied: list[Running]
+
+    def evict(self, victim: Running, at: int | None = None) -> None: ...
+
+    def restore(self, victim: Running) -> None: ...
+
+
+def choose_victims(sim: Trial, candidates: list[Running], enough: Callable[[], bool],
                    allowed: Callable[[Running], bool], placed: Callable[[], bool],
                    acceptable: Callable[[list[Running]], bool], own_queue: str | None) -> list[Running]:
     """The best minimal victim set, [] when nothing needs to go or no acceptable set is enough. The
@@ -51,7 +61,7 @@ def choose_victims(sim: Simulation, candidates: list[Running], enough: Callable[
 def set_key(victims: list[Running], now: float, own_queue: str | None) -> VictimSetKey:
     own = sum(v.demand for v in victims if v.queue == own_queue) if own_queue is not None else 0
     return (own, max(v.priority for v in victims), sum(v.lost(now) for v in victims), len(victims),
-            sum(v.demand for v in victims), tuple(sorted(v.victim_key(now) for v in victims)))
+            sum(v.demand for v in victims), tuple(sorted(victim_order(v, now) for v in victims)))
 
 
 def _orders(candidates: list[Running]) -> list[tuple[list[Running], list[Running]]]:
@@ -59,18 +69,18 @@ def _orders(candidates: list[Running]) -> list[tuple[list[Running], list[Running
     order their first candidate comes)."""
     orders: list[tuple[list[Running], list[Running]]] = [(candidates, [])]
     by_node: dict[str, list[Running]] = {}
-    for c in candidates:
-        for node in c.nodes():
-            by_node.setdefault(node, []).append(c)
+    for candidate in candidates:
+        for node in candidate.nodes():
+            by_node.setdefault(node, []).append(candidate)
     if len(by_node) < 2:
         return orders  # one node: its pass is the victim order's
     for on_node in by_node.values():
-        chosen = {c.job_id for c in on_node}
-        orders.append((on_node, [c for c in candidates if c.job_id not in chosen]))
+        chosen = {candidate.job_id for candidate in on_node}
+        orders.append((on_node, [other for other in candidates if other.job_id not in chosen]))
     return orders
 
 
-def _greedy(sim: Simulation, first: list[Running], rest: list[Running], enough: Callable[[], bool],
+def _greedy(sim: Trial, first: list[Running], rest: list[Running], enough: Callable[[], bool],
             allowed: Callable[[Running], bool], placed: Callable[[], bool]) -> list[Running] | None:
     """Take `first`, then (while placement succeeds) `rest`, in order until enough; then minimise. None when
     not enough; the simulation is left as it was found either way."""
@@ -81,25 +91,25 @@ def _greedy(sim: Simulation, first: list[Running], rest: list[Running], enough: 
             return list(sim.applied)
         return None
     finally:
-        for v in list(sim.applied):
-            sim.restore(v)
+        for victim in list(sim.applied):
+            sim.restore(victim)
 
 
-def _take(sim: Simulation, order: list[Running], enough: Callable[[], bool], allowed: Callable[[Running], bool]
+def _take(sim: Trial, order: list[Running], enough: Callable[[], bool], allowed: Callable[[Running], bool]
           ) -> bool:
-    for c in order:
-        if allowed(c):
-            sim.evict(c)
+    for candidate in order:
+        if allowed(candidate):
+            sim.evict(candidate)
             if enough():
                 return True
     return False
 
 
-def _minimise(sim: Simulation, enough: Callable[[], bool]) -> None:
+def _minimise(sim: Trial, enough: Callable[[], bool]) -> None:
     """Give back each victim, last taken first, that the others make unneeded."""
-    for v in reversed(list(sim.applied)):
-        at = sim.applied.index(v)
-        sim.restore(v)
+    for victim in reversed(list(sim.applied)):
+        at = sim.applied.index(victim)
+        sim.restore(victim)
         if sim.applied and enough():
             continue
-        sim.evict(v, at)
+        sim.evict(victim, at)

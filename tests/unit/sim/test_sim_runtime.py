@@ -112,7 +112,7 @@ events:
             if isinstance(event, (*decider.input_types(), JobPlaced)):
                 decider.evolve(event)
     assert placement.ends["j"] == started.ts + 30.0
-    assert preemption.s.running["j"].ends_at == started.ts + 30.0
+    assert preemption.state.running["j"].ends_at == started.ts + 30.0
 
 
 def test_without_the_label_the_executor_runs_the_declared_duration() -> None:

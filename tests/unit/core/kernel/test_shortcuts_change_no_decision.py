@@ -6,14 +6,14 @@ set-up gives the same log, byte for byte, with each shortcut switched off.
 - quota releases the reservations without a declared end summed per queue when it looks for the starving job's
   shadow (quota_starvation._summed);
 - preemption skips the victim search of a reclaim whose queue could not fit its nominal quota even with all its
-  own candidates gone (reclaim.could_fit_nominal);
+  own candidates gone (libs/core/preemption/shortcuts.py could_fit_nominal);
 - quota does not walk a queue none of whose waiting jobs could get quota in the pass, when trying them would
   tell nobody anything new (quota_reach.out_of_reach), nor, while the cohort has no room, look at a queue
   that would then be such a queue (quota_reach.quiet);
 - quota reads back a queue's head and its order key from an earlier pass when nothing they depend on
   changed (quota_heads.kept_head), and keeps a cohort's calm queues ranked between passes (quota_calm);
 - on a tick, preemption considers no waiting job alike to one that found no victims since the last decision
-  (PreemptionDecider._alike_key).
+  (libs/core/preemption/shortcuts.py alike_key).
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from libs.core.preemption import reclaim
-from libs.core.preemption.decider import PreemptionDecider
+from libs.core.preemption import shortcuts as preemption_shortcuts
 from libs.core.quota import calm as quota_calm
 from libs.core.quota import scheduling_pass as quota_pass
 from libs.core.quota import starvation as quota_starvation
@@ -80,8 +79,8 @@ def no_shortcuts(monkeypatch: pytest.MonkeyPatch) -> None:
         return jobs
 
     monkeypatch.setattr(quota_starvation, "_summed", one_by_one)
-    monkeypatch.setattr(reclaim, "could_fit_nominal", lambda sim, flavor, own: True)
-    monkeypatch.setattr(PreemptionDecider, "_alike_key", lambda self, job_id, now, preemptors: None)
+    monkeypatch.setattr(preemption_shortcuts, "could_fit_nominal", lambda sim, flavor, own: True)
+    monkeypatch.setattr(preemption_shortcuts, "alike_key", lambda state, policy, job_id, now, preemptors: None)
 
 
 @pytest.mark.parametrize("pool", ["partitioned", "shared"])
@@ -110,7 +109,8 @@ def test_shortcuts_decide_as_the_long_way(monkeypatch: pytest.MonkeyPatch, pool:
 
 
 def count_shortcuts(monkeypatch: pytest.MonkeyPatch, taken: dict[str, int]) -> None:
-    held, summed, could = quota_walk.held_like_another, quota_starvation._summed, reclaim.could_fit_nominal
+    held, summed = quota_walk.held_like_another, quota_starvation._summed
+    could = preemption_shortcuts.could_fit_nominal
     reach, calm, kept = quota_pass.out_of_reach, quota_pass.quiet, quota_pass.kept_head
 
     def counted_quiet(*args: Any) -> bool:
@@ -145,7 +145,7 @@ def count_shortcuts(monkeypatch: pytest.MonkeyPatch, taken: dict[str, int]) -> N
 
     monkeypatch.setattr(quota_walk, "held_like_another", counted_held)
     monkeypatch.setattr(quota_starvation, "_summed", counted_summed)
-    monkeypatch.setattr(reclaim, "could_fit_nominal", counted_could)
+    monkeypatch.setattr(preemption_shortcuts, "could_fit_nominal", counted_could)
     monkeypatch.setattr(quota_pass, "out_of_reach", counted_reach)
     for module in (quota_pass, quota_calm):
         monkeypatch.setattr(module, "quiet", counted_quiet)

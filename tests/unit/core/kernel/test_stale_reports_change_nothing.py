@@ -76,7 +76,7 @@ def assert_still_running(feed: EventFeed, second: JobPlaced) -> None:
     assert quota.jobs[JOB].state == "reserved" and JOB in quota.reserved["ml-train"]
     assert placement.placed[JOB] == second.placements
     assert placement.cluster.nodes["a"].gpus[0].free_milli == 0  # its GPUs stay allocated
-    assert JOB in preemption.s.running
+    assert JOB in preemption.state.running
     assert admission.jobs[JOB] == "admitted"
     view = ledger_of(feed).jobs[JOB]
     assert (view.state, view.phase, view.placements, view.finished_at) == ("running", "running", second.placements,
@@ -88,7 +88,7 @@ def assert_still_running(feed: EventFeed, second: JobPlaced) -> None:
 def assert_ended(feed: EventFeed, decided: list[EventBase]) -> None:
     admission, quota, placement, preemption = deciders(feed)
     assert brief(decided) == [("QuotaReleased", JOB)]
-    assert JOB not in quota.jobs and JOB not in placement.placed and JOB not in preemption.s.running
+    assert JOB not in quota.jobs and JOB not in placement.placed and JOB not in preemption.state.running
     assert placement.cluster.nodes["a"].gpus[0].free_milli == 1000
     assert admission.jobs[JOB] == "succeeded"
     view = ledger_of(feed).jobs[JOB]

@@ -23,8 +23,10 @@ from contracts import (
     QuotaDeferred,
     Victim,
 )
-from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES
-from libs.core.preemption.decider import PreemptionDecider, Running, Simulation
+from libs.core.cluster.model import Cluster
+from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES, PolicyBook
+from libs.core.preemption.simulation import Simulation
+from libs.core.preemption.state import PreemptionState, Running
 from libs.sim.scenario import run_scenario
 from libs.sim.scenario_model import load_scenario
 from tests.unit.builders import EventFeed, brief, job, kinds, node, of, pipeline, queue
@@ -47,7 +49,7 @@ def running(job_id: str, demand: int) -> Running:
 ])
 def test_choose_victims_is_greedy_in_candidate_order_then_minimal(demands, need, chosen) -> None:
     cands = [running(j, d) for j, d in demands.items()]
-    sim = Simulation(PreemptionDecider(), job().spec, [])
+    sim = Simulation(PreemptionState(), PolicyBook(), Cluster(), job().spec, [])
     victims = sim.choose(cands, lambda: sum(v.demand for v in sim.applied) >= need)
     assert [v.job_id for v in victims] == chosen
 

@@ -215,8 +215,8 @@ def test_a_deferral_logged_after_the_cancellation_leaves_no_waiting_job_behind()
     feed.send(QuotaDeferred, job_id="x", queue="a", code="queue_quota_exhausted", message="")
     decider = feed.deciders[0]
     assert isinstance(decider, PreemptionDecider)
-    assert decider.s.waiting == {}
-    assert not any(decider.s.waiting_priorities.values())
+    assert decider.state.waiting == {}
+    assert not any(decider.state.waiting_priorities.values())
 
 
 # --- the ledger's quota mirror and the audit: decisions land after later inputs -------------------------

@@ -22,7 +22,8 @@ from contracts import (
     SubmitJob,
 )
 from libs.core.kernel.decider import Trigger, run_decider
-from libs.core.preemption.decider import PLACEMENT, PreemptionDecider
+from libs.core.preemption.decider import PreemptionDecider
+from libs.core.preemption.state import PLACEMENT
 from libs.core.quota.decider import BUDGET_WAITS, QuotaDecider
 from libs.nodes.sim import load_cluster_csv
 from libs.runtime.settings import DEFAULT_CLUSTER
@@ -59,7 +60,7 @@ def history(seed: int = 3, jobs: int = 220) -> list[tuple[int, EventBase]]:
 
 
 def check_preemption(d: PreemptionDecider) -> None:
-    s = d.s
+    s = d.state
     heads: dict[str, list[tuple[int, str]]] = {}
     grace: dict[str, list[tuple[float, str]]] = {}
     for job_id, w in s.waiting.items():
@@ -86,7 +87,7 @@ def check_quota(d: QuotaDecider) -> None:
 
 
 def _preemption_state(d: PreemptionDecider) -> object:
-    return d.snapshot(), d.changed, d.chain.head
+    return d.snapshot(), d.state.changed, d.chain.head
 
 
 def _quota_state(d: QuotaDecider) -> object:

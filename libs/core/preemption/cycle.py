@@ -1,0 +1,185 @@
+"""Preemption's cycle: for a waiting job, find the victims whose eviction lets it run, and decide it.
+
+A deferral by quota or placement asks about its job at once (consider); a clock tick asks about every waiting job
+whose circumstances may have changed (tick). The rules of who may be a victim are in candidates.py, the reclaim
+of lent quota in reclaim.py, the choice of the victim set in victim_sets.py, the what-if in simulation.py.
+"""
+
+from __future__ import annotations
+
+from contracts import LEAST_ATTAINED_SERVICE, RECLAIM, WITHIN_QUEUE_PRIORITY, JobSpec, PreemptionDecided, Victim
+from libs.core.kernel.attained_service import threshold_milli_s
+from libs.core.kernel.decider import Decisions
+from libs.core.kernel.quota_math import ANY
+from libs.core.preemption.candidates import candidates
+from libs.core.preemption.reclaim import placement_victims, reclaim_victims
+from libs.core.preemption.shortcuts import AlikeJobs
+from libs.core.preemption.simulation import Simulation, smallest_waiting
+from libs.core.preemption.state import PLACEMENT, Running, World
+from libs.core.preemption.tick_jobs import could_evict_in, grace_ends, heads_of_queues, placement_waiters
+
+
+def tick(world: World, now: float, out: Decisions) -> None:
+    """A clock tick's cycle: look again at the waiting jobs a change may serve, and decide their evictions."""
+    state, book = world.state, world.policy.quotas
+    # 1. What changed since the last tick: reclaim graces that ended, protections that ran out (minimum
+    #    runtimes, budgets grown back), anything folded. Nothing: no job would decide otherwise than before.
+    due = grace_ends(state, world.policy, now)
+    unprotected = state.unprotected(now)
+    if not (state.changed or due or unprotected):
+        return
+    state.changed = False
+    # 2. The jobs to try, in this order, each once: the first waiting job of each queue, the jobs holding
+    #    quota that wait for a place, the jobs whose grace ended, the jobs that could evict where a protection
+    #    ran out.
+    jobs = heads_of_queues(state, book) + placement_waiters(state) + due + could_evict_in(state, book, unprotected)
+    # 3. Try each (skipping a job alike to one that just found no victims: shortcuts.AlikeJobs).
+    alike = AlikeJobs(state, world.policy, now)
+    for job_id in dict.fromkeys(jobs):
+        if alike.skip(job_id):
+            continue
+        alike.tried(consider(world, job_id, now, out))
+
+
+def consider(world: World, job_id: str, now: float, out: Decisions) -> bool:
+    """Find victims for one waiting job and decide their eviction; True when an eviction was decided."""
+    # 1. Could an eviction serve it at all?
+    if not may_evict_for(world, job_id):
+        return False
+    state = world.state
+    spec, waiting = state.specs[job_id], state.waiting[job_id]
+    queue = world.policy.queues.get(spec.queue)
+    grace_over = now >= waiting.since + (queue.reclaim_after_s if queue is not None else 0.0)
+    # 2. The victims: for a job holding its quota, room on the GPUs; for a job waiting for quota, quota (and room).
+    if waiting.code == PLACEMENT:
+        victims = _victims_for_placement(world, job_id, spec, grace_over, now)
+    else:
+        victims = _victims_for_quota(world, job_id, spec, grace_over, now)
+    # 3. Decide their eviction.
+    if not victims:
+        return False
+    _decide(world, job_id, spec, victims, now, out)
+    return True
+
+
+def may_evict_for(world: World, job_id: str) -> bool:
+    """Could an eviction serve the job now? Only a waiting job, not already waiting for its victims to
+    leave, nor running; and only with candidates: without any there is nobody to evict, so no simulation
+    is set up. No job of the queue running at a lower priority: no candidate within the queue; no cohort
+    either: no borrower to reclaim from."""
+    state, policy = world.state, world.policy
+    spec = state.specs.get(job_id)
+    waiting = state.waiting.get(job_id)
+    if spec is None or waiting is None or job_id in state.in_flight or job_id in state.running:
+        return False
+    running, priority = state.running_priorities.get(spec.queue), policy.priority_of(spec)
+    if running is not None and min(running, default=priority) < priority:
+        return True
+    if running and threshold_milli_s(policy.queues.get(spec.queue)) is not None:
+        return True  # least attained service: jobs of its own priority may be candidates
+    return bool(policy.quotas.cohort.get(spec.queue, ""))
+
+
+def _victims_for_placement(world: World, job_id: str, spec: JobSpec, grace_over: bool, now: float
+                           ) -> list[Running]:
+    """A job holding its quota lacks only room on the GPUs: jobs of its queue of lower priority make it, or
+    (its grace over) borrowers of its cohort give back the GPUs its nominal quota stands for."""
+    state = world.state
+    if _giving_back(world, job_id, now):
+        return []  # quota gives its reservation back now: what an eviction freed would go to others
+    held = state.reserved.get(job_id)
+    flavor = held[1] if held is not None else ANY
+    found = candidates(state, world.policy, spec, job_id, now)
+    reclaims = grace_over and held is not None
+    if not (found or reclaims):
+        return []
+    sim = _simulation(world, spec, job_id, now)
+    victims = sim.choose(found, lambda: sim.fits(flavor)) if found else []
+    if not victims and reclaims and held is not None:
+        victims = placement_victims(sim, held, job_id)
+    return victims
+
+
+def _victims_for_quota(world: World, job_id: str, spec: JobSpec, grace_over: bool, now: float) -> list[Running]:
+    """A job waiting for quota: first (its grace over) a reclaim of the quota its queue lent, else jobs of its
+    queue of lower priority, so that quota admits it and placement places it."""
+    if _behind_higher_priority(world, spec):
+        return []
+    flavors = world.policy.quotas.flavors_for(spec.queue, spec) or [ANY]
+    sim = _simulation(world, spec, job_id, now)
+    victims = reclaim_victims(sim, flavors, job_id) if grace_over else []
+    found = [] if victims else candidates(world.state, world.policy, spec, job_id, now)
+    if found:
+
+        def admitted_and_placed() -> bool:
+            flavor = sim.quota_flavor(flavors)
+            return flavor is not None and sim.fits(flavor)
+
+        victims = sim.choose(found, admitted_and_placed, placed=lambda: any(sim.fits(f) for f in flavors))
+    return victims
+
+
+def _behind_higher_priority(world: World, spec: JobSpec) -> bool:
+    """Does a job of higher priority of the same queue wait for quota too? Freed quota goes to it first,
+    so evicting for this one would serve the other."""
+    priorities = world.state.waiting_priorities.get(spec.queue, {})
+    return bool(priorities) and max(priorities) > world.policy.priority_of(spec)
+
+
+def _giving_back(world: World, job_id: str, now: float) -> bool:
+    """Is the job's placement timeout over, so that quota gives its reservation back (as quota_timeout does:
+    unless capacity is held for it)? It is reserved again later, and may evict then."""
+    timeout = world.policy.settings.placement_timeout_s
+    reserved_at = world.state.reserved_at.get(job_id)
+    if timeout is None or reserved_at is None or now - reserved_at < timeout:
+        return False
+    return job_id not in world.state.capacity_held or _lender_waits(world, job_id)
+
+
+def _lender_waits(world: World, job_id: str) -> bool:
+    """Does another queue of the job's cohort wait for quota it lent, of the flavor the job borrows (as
+    quota_reclaim.lender_waits asks)? Then quota gives a starving borrower's reservation back all the same."""
+    held = world.state.reserved.get(job_id)
+    if held is None:
+        return False
+    queue, flavor, _, over_budget = held
+    book = world.policy.quotas
+    cohort = book.cohort.get(queue, "")
+    if not cohort or (not over_budget and book.borrowed(queue, flavor) <= 0):
+        return False
+    smallest = smallest_waiting(world.state, flavor)
+    return any(other != queue and other in smallest and book.waits_for_lent_quota(other, flavor, smallest[other])
+               for other in book.members[cohort])
+
+
+def _simulation(world: World, spec: JobSpec, job_id: str, now: float) -> Simulation:
+    """The preemptor's what-if (a view: the decider's book and cluster come out of it unchanged)."""
+    state = world.state
+
+    def unclaimed(job_id: str) -> bool:
+        preemptor = state.victim_of.get(job_id)
+        return preemptor is None or preemptor in state.running or preemptor not in state.specs
+
+    # Jobs on their way out (cancelled, or victims of a preemptor that runs already or is gone) leave room
+    # nobody has claimed; victims leaving for a preemptor still waiting do not: that room is its.
+    leaving = [state.running[other] for other in sorted({**state.cancelled, **state.victim_of})
+               if other in state.running and unclaimed(other)]
+    return Simulation(state, world.policy, world.cluster, spec, leaving, now, job_id)
+
+
+def _decide(world: World, job_id: str, spec: JobSpec, victims: list[Running], now: float, out: Decisions) -> None:
+    priority = world.policy.priority_of(spec)
+
+    def why(victim: Running) -> str:
+        if victim.queue != spec.queue:
+            return RECLAIM
+        return WITHIN_QUEUE_PRIORITY if victim.priority < priority else LEAST_ATTAINED_SERVICE
+
+    reasons = [why(victim) for victim in victims]
+    # The decision's code: the first of reclaim, priority, least attained service that one victim has.
+    code = next(c for c in (RECLAIM, WITHIN_QUEUE_PRIORITY, LEAST_ATTAINED_SERVICE) if c in reasons)
+    out.emit(PreemptionDecided, correlation_id=job_id, preemptor_id=job_id, code=code,
+             victims=tuple(Victim(job_id=victim.job_id, queue=victim.queue, priority=victim.priority,
+                                  gpu_milli=victim.demand, reason=reason,
+                                  lost_gpu_seconds=round(victim.lost(now) / 1000, 3), started_at=victim.started)
+                           for victim, reason in zip(victims, reasons, strict=True)))
