@@ -70,11 +70,10 @@ from libs.core.kernel.quota_math import ANY, QuotaBook, reservation_model
 from libs.core.kernel.retries import RetryBook
 from libs.core.kernel.runs import CurrentRuns
 from libs.core.kernel.starvation import CAPACITY_HELD
+from libs.core.kernel.wait_reasons import BUDGET_WAITS, RETRY_BACKOFF, USER_LIMIT, WAITING_FOR_QUOTA
 from libs.core.preemption.reclaim import borrowers, placement_victims, reclaim_victims
 from libs.core.preemption.simulation import Simulation, smallest_waiting
 from libs.core.preemption.state import OVERRUN_S, PLACEMENT, PreemptionState, Running, Waiting
-from libs.core.quota.decider import WAITING_FOR_QUOTA
-from libs.core.quota.reasons import BUDGET_WAITS, RETRY_BACKOFF, USER_LIMIT
 
 __all__ = ["PLACEMENT", "RECLAIM", "SERVICE", "WITHIN_QUEUE_PRIORITY", "PreemptionDecider", "PreemptionState",
            "Running", "Simulation", "Waiting"]
@@ -156,9 +155,7 @@ class PreemptionDecider:
                 else:
                     s.specs[event.job_id] = event.spec
             case JobFinished() | JobFailed() | JobEvicted():
-                again = isinstance(event, JobEvicted) or (
-                    isinstance(event, JobFailed)
-                    and self.retries.on_failed(event, s.specs.get(event.job_id), self.policy) is not None)
+                again = self.retries.runs_again(event, s.specs.get(event.job_id), self.policy)
                 s.attained.stopped(event.job_id, event.ts)
                 self._gone(event.job_id, final=not again or event.job_id in s.cancelled)
             case PlacementDeferred():
