@@ -227,7 +227,7 @@ def job_outcomes(log: list[tuple[int, EventBase]]) -> dict[str, JobOutcome]:
     """Each job's state and reason code at the end of the log, as accounting records them."""
     ledger = Ledger()
     for seq, event in log:
-        ledger.apply(event, seq)
+        ledger.fold(event, seq)
     return {job: JobOutcome(view.state, view.reason) for job, view in sorted(ledger.jobs.items())}
 
 
