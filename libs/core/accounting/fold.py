@@ -16,19 +16,13 @@ from contracts import (
     NodeUncordoned,
     PreemptionDecided,
     QueuePolicyChanged,
-    QuotaDeferred,
     QuotaReleased,
     QuotaReserved,
 )
 from libs.core.accounting.gpu_time import GpuRun
 from libs.core.accounting.job_books import touch
 from libs.core.accounting.job_fold import fold_job
-from libs.core.accounting.state import LedgerState
-from libs.core.quota.decider import QuotaDecider
-
-# What the quota mirror folds: quota's inputs and its own decisions.
-QUOTA_FOLD: tuple[type[EventBase], ...] = (*QuotaDecider().input_types(), QuotaReserved, QuotaReleased,
-                                           QuotaDeferred)
+from libs.core.accounting.state import QUOTA_FOLD, LedgerState
 
 # (the books, the event, its position in the log, the GPU runs the event ended)
 Fold = Callable[[LedgerState, Any, int, list[GpuRun]], None]

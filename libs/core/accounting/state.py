@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from contracts import EventBase, QuotaDeferred, QuotaReleased, QuotaReserved
 from contracts.model import JobSpec
 from contracts.views import FINAL_JOB_STATES, JobView, QueueView, TeamUsage
 from libs.core.accounting.gpu_time import GpuRun, UsageBook
@@ -20,6 +21,9 @@ FINAL_STATES = FINAL_JOB_STATES
 # The demand and capacity figure of the whole cluster, whatever the model.
 ALL_MODELS = "all"
 LONG_JOB_S = 3600.0
+# What the quota mirror (LedgerState.quota) folds: quota's inputs and its own decisions.
+QUOTA_FOLD: tuple[type[EventBase], ...] = (*QuotaDecider().input_types(), QuotaReserved, QuotaReleased,
+                                           QuotaDeferred)
 
 
 @dataclass(frozen=True, slots=True)
