@@ -37,7 +37,7 @@ from contracts import (
 from libs.core.accounting.ledger import Ledger
 from libs.core.kernel.decider import derived_id
 from libs.core.kernel.policy import PolicyBook
-from libs.core.kernel.quota_math import check_tree
+from libs.core.kernel.queue_limits import check_tree
 from libs.nodes.sim import (
     DEFAULT_GPU_MEMORY_MIB,
     GPU_MEMORY_MIB,

@@ -15,7 +15,7 @@ import numpy as np
 
 from contracts import EventBase, FlavorQuota, QueuePolicyChanged, QueueSpec
 from libs.core.accounting.ledger import Ledger
-from libs.core.kernel.quota_math import flavor_quotas
+from libs.core.kernel.queue_limits import flavor_quotas
 from libs.sim.log_runtimes import with_log_runtimes
 from libs.sim.pipeline import VirtualRun, VirtualWorld
 
