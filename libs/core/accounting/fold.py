@@ -40,7 +40,7 @@ def fold(books: LedgerState, event: EventBase, seq: int) -> None:
     if books.runs.is_stale(event):
         return
     books.runs.fold(event)
-    ended = books.usage.apply(event)
+    ended = books.usage.fold(event)
     if isinstance(event, QUOTA_FOLD):
         books.quota.evolve(event)
     FOLDS.get(type(event), fold_job)(books, event, seq, ended)
