@@ -48,7 +48,8 @@ from libs.bench.guarantee_figures import guarantee_figures
 from libs.bench.platform import bench_platform
 from libs.bus.consumer import Consumer, stream_seq
 from libs.bus.jetstream import Bus, BusConfig
-from libs.core.accounting.ledger import FINAL_STATES, Ledger
+from libs.core.accounting.ledger import Ledger
+from libs.core.accounting.state import FINAL_STATES
 from libs.core.kernel.decider import derived_id
 from libs.runtime.embedded import EmbeddedServer
 from libs.runtime.settings import SERVICES
@@ -227,7 +228,7 @@ class LogFollower:
         except Exception:  # dead-lettered by the services too
             return
         if type(event) not in COMMAND_TYPES:  # as the accounting projector folds it
-            self.ledger.apply(event, seq)
+            self.ledger.fold(event, seq)
 
     def settled(self, job_id: str) -> bool:
         return settled(self.ledger, job_id)
@@ -620,7 +621,7 @@ def fresh_fold(events: list[tuple[int, EventBase]]) -> Ledger:
     ledger = Ledger()
     for seq, e in events:
         if type(e) not in COMMAND_TYPES:
-            ledger.apply(e, seq)
+            ledger.fold(e, seq)
     return ledger
 
 

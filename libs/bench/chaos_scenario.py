@@ -18,7 +18,7 @@ from typing import Any, Literal
 import msgspec
 
 from contracts import JobSpec
-from libs.core.admission.decider import job_id_for_key
+from libs.core.admission.idempotency_keys import job_id_for_key
 
 TEAMS = ("alpha", "beta", "gamma")
 COHORT = "org"

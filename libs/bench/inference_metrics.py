@@ -21,7 +21,7 @@ def compute_metrics(log: Iterable[EventBase], start: float, end: float, total_gp
     victims = 0
     for event in log:
         tracker.apply(event)
-        runs.extend(usage.apply(event))
+        runs.extend(usage.fold(event))
         if isinstance(event, PreemptionDecided):
             victims += len(event.victims)
     tracker.finish(end)

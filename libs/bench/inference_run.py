@@ -27,7 +27,7 @@ from libs.bench.inference_metrics import compute_metrics
 from libs.bench.kueue_run import cpu_seconds, wait_for_policy_and_nodes
 from libs.bench.platform import bench_platform
 from libs.bus.jetstream import Bus, BusConfig
-from libs.core.admission.decider import job_id_for_key
+from libs.core.admission.idempotency_keys import job_id_for_key
 from libs.core.kernel.decider import derived_id
 from libs.runtime.embedded import EmbeddedServer
 from libs.runtime.supervisor import Supervisor

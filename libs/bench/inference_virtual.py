@@ -11,7 +11,7 @@ from contracts import DeployService, EventBase, ReportServiceLoad, SubmitJob
 from libs.bench import inference_scenario as scenario
 from libs.bench.guarantee_figures import guarantee_figures
 from libs.bench.inference_metrics import compute_metrics
-from libs.core.admission.decider import job_id_for_key
+from libs.core.admission.idempotency_keys import job_id_for_key
 from libs.core.kernel.policy import PolicyBook
 from libs.core.node_health.announcements import InventoryBook
 from libs.runtime.policy_file import parse_policy, policy_changes

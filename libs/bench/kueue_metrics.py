@@ -22,7 +22,7 @@ from contracts import (
 from libs.audit.quota_audit import quota_violations
 from libs.bench.kueue_scenario import CLASS_LABEL
 from libs.bench.stats import percentile
-from libs.core.kernel.quota_math import flavor_quotas
+from libs.core.kernel.queue_limits import flavor_quotas
 
 TimedLog = Sequence[tuple[int, float, EventBase]]  # (stream seq, stored at, event)
 

@@ -30,7 +30,7 @@ from libs.bench.throughput_metrics import step_figures, sustained
 from libs.bench.throughput_profile import Profiler
 from libs.bench.throughput_watch import backlogs, deliveries, read_range, sample_backlog
 from libs.bus.jetstream import Bus, BusConfig
-from libs.core.admission.decider import job_id_for_key
+from libs.core.admission.idempotency_keys import job_id_for_key
 from libs.core.kernel.decider import derived_id
 from libs.runtime.embedded import EmbeddedServer
 from libs.runtime.settings import OFF_PATH_NICE_ENV, REPO_ROOT, off_path_nice

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from libs.core.node_health.decider import FATAL_XIDS
+from libs.core.node_health.gpu_faults import FATAL_XIDS
 
 KINDS = frozenset({"xid", "ecc", "thermal", "power"})
 __all__ = ["FATAL_XIDS", "KINDS", "HealthObservation", "is_fatal"]

@@ -25,7 +25,8 @@ from contracts import (
     NodeLost,
     NodeRegistered,
 )
-from libs.core.accounting.ledger import ALL_MODELS, Ledger
+from libs.core.accounting.ledger import Ledger
+from libs.core.accounting.state import ALL_MODELS
 
 DAY_S = 86400.0
 # Events after which demand cannot have changed: skipping them keeps the sweep fast on long logs.
@@ -49,7 +50,7 @@ class CapacitySweep:
     buckets: dict[tuple[int, str], Bucket] = field(default_factory=dict)
 
     def apply(self, seq: int, event: EventBase) -> None:
-        self.ledger.apply(event, seq)
+        self.ledger.fold(event, seq)
         if isinstance(event, NodeRegistered | NodeLost | GpuHealthChanged):
             self._recount(event.node.name if isinstance(event, NodeRegistered) else event.node)
         elif not isinstance(event, _DEMAND_EVENTS):

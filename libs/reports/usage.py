@@ -46,7 +46,7 @@ class UsageHistory:
             if current.is_stale(event):
                 continue  # about a run already over, as the ledger takes it: it ends nothing
             current.fold(event)
-            history.runs.extend(book.apply(event))
+            history.runs.extend(book.fold(event))
         history.runs.extend(book.open_runs())
         return history
 

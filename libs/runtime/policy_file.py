@@ -17,7 +17,7 @@ from contracts import (
 )
 from libs.core.kernel.decider import derived_id
 from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES, PolicyBook
-from libs.core.kernel.quota_math import check_tree
+from libs.core.kernel.queue_limits import check_tree
 
 OPERATOR = "operator"
 

@@ -37,7 +37,7 @@ from contracts import (
 from libs.core.accounting.ledger import Ledger
 from libs.core.kernel.decider import derived_id
 from libs.core.kernel.policy import PolicyBook
-from libs.core.kernel.quota_math import check_tree
+from libs.core.kernel.queue_limits import check_tree
 from libs.nodes.sim import (
     DEFAULT_GPU_MEMORY_MIB,
     GPU_MEMORY_MIB,
@@ -227,7 +227,7 @@ def job_outcomes(log: list[tuple[int, EventBase]]) -> dict[str, JobOutcome]:
     """Each job's state and reason code at the end of the log, as accounting records them."""
     ledger = Ledger()
     for seq, event in log:
-        ledger.apply(event, seq)
+        ledger.fold(event, seq)
     return {job: JobOutcome(view.state, view.reason) for job, view in sorted(ledger.jobs.items())}
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from contracts import EventBase, FlavorQuota, QueuePolicyChanged, QueueSpec
 from libs.core.accounting.ledger import Ledger
-from libs.core.kernel.quota_math import flavor_quotas
+from libs.core.kernel.queue_limits import flavor_quotas
 from libs.sim.log_runtimes import with_log_runtimes
 from libs.sim.pipeline import VirtualRun, VirtualWorld
 
@@ -115,7 +115,7 @@ def team_figures(log: Iterable[tuple[int, EventBase]], end: float) -> dict[str, 
     t0: float | None = None
     for seq, event in log:
         t0 = event.ts if t0 is None else t0
-        ledger.apply(event, seq)
+        ledger.fold(event, seq)
     capacity = sum(len(n.gpus) for n in ledger.cluster.sorted_nodes())
     gpu_seconds = {team: usage.gpu_seconds for team, usage in ledger.teams.items()}
     for run in ledger.usage.open_runs():  # still running at the end

@@ -124,7 +124,7 @@ class Projector:
             self._dirty_services[name] = None
         if isinstance(event, ReportServiceLoad):
             return
-        self.ledger.apply(event, seq)
+        self.ledger.fold(event, seq)
         job_id = getattr(event, "job_id", None)
         if job_id is not None and job_id in self.ledger.jobs:
             self.first_seq.setdefault(job_id, seq)

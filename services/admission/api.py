@@ -23,8 +23,9 @@ from aiohttp import web
 from contracts import CancelJob, JobSpec, SubmitJob
 from contracts.views import FINAL_JOB_STATES, JOB_STATES, JobCreated, JobView
 from libs.bus.jetstream import Bus
-from libs.core.admission.decider import AdmissionDecider, job_id_for_key, validate
-from libs.core.admission.idempotency_keys import Resubmission, key_reused, spec_fingerprint
+from libs.core.admission.decider import AdmissionDecider
+from libs.core.admission.idempotency_keys import Resubmission, job_id_for_key, key_reused, spec_fingerprint
+from libs.core.admission.validation import validate
 from libs.core.kernel.decider import derived_id
 from libs.runtime.http import HttpError, check_query, decode_body, error_response, json_response
 from libs.telemetry.tracing import ServiceTracing, current_tracing

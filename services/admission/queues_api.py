@@ -13,7 +13,7 @@ from contracts.views import QueueView
 from libs.bus.jetstream import Bus
 from libs.core.admission.decider import AdmissionDecider
 from libs.core.kernel.decider import derived_id
-from libs.core.kernel.quota_math import check_tree
+from libs.core.kernel.queue_limits import check_tree
 from libs.runtime.http import decode_body, error_response, json_response
 from libs.views.store import ViewStore
 from services.admission.auth import CLUSTER_READERS, OPERATOR_ONLY, require

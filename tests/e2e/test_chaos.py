@@ -13,7 +13,8 @@ import pytest
 from contracts import NodeRegistered
 from libs.bench import chaos_scenario as scenario
 from libs.bench.chaos_run import FAIL_KEYS, ChaosOptions, run_chaos
-from libs.core.admission.decider import AdmissionDecider, validate
+from libs.core.admission.decider import AdmissionDecider
+from libs.core.admission.validation import validate
 from libs.core.kernel.policy import PolicyBook
 from libs.nodes.sim import CsvClusterBackend
 from libs.runtime.policy_file import load_policy, policy_changes

@@ -34,7 +34,7 @@ from libs.bench.chaos_run import (
     wait_for_platform,
 )
 from libs.bus.jetstream import Bus, BusConfig
-from libs.core.accounting.ledger import FINAL_STATES
+from libs.core.accounting.state import FINAL_STATES
 from libs.runtime.embedded import EmbeddedServer, free_port
 from libs.runtime.nats_cluster import NatsCluster, NatsNode, start_nats_cluster
 from libs.runtime.platform import start_platform

@@ -111,7 +111,7 @@ class EventFeed:
             self.seq += 1
             self.log.append(ev)
             if self.ledger is not None:
-                self.ledger.apply(ev, self.seq)
+                self.ledger.fold(ev, self.seq)
             for d in self.deciders:
                 if type(ev) in tuple(d.input_types()):
                     out = run_decider(d, ev, self.seq)

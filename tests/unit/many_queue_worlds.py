@@ -52,7 +52,8 @@ from contracts import (
 from contracts.model import GpuSpec, NodeSpec
 from libs.core.kernel.decider import derived_id
 from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES, PolicyBook
-from libs.core.kernel.quota_math import QuotaBook, check_tree
+from libs.core.kernel.queue_limits import check_tree
+from libs.core.kernel.quota_math import QuotaBook
 from libs.runtime.policy_file import PolicyFile, policy_changes, tree_order
 from libs.sim import executor as sim_executor
 from libs.sim.pipeline import VirtualWorld

@@ -13,10 +13,10 @@ import msgspec
 from contracts import JobSpec
 from libs.audit.guarantees.world import PLACEMENT, QUOTA, JobState, World
 from libs.core.cluster.job_fit import fits
+from libs.core.kernel.nomination import NOMINATION_TTL_S
 from libs.core.kernel.policy import demand_milli
 from libs.core.kernel.quota_math import ANY
 from libs.core.kernel.starvation import longest_waiting
-from libs.core.quota.decider import NOMINATION_TTL_S
 from libs.core.quota.fit import could_hold, smallest_servable
 from libs.core.quota.nomination import holding_nominee, nominees
 from libs.core.quota.starvation import may_starve

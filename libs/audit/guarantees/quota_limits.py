@@ -21,7 +21,8 @@ from libs.audit.guarantees.violation import (
     Violation,
     gpus,
 )
-from libs.core.kernel.quota_math import ANY, UNLIMITED, Limits, QuotaBook, reservation_model
+from libs.core.kernel.queue_limits import Limits
+from libs.core.kernel.quota_math import ANY, UNLIMITED, QuotaBook, reservation_model
 
 UNBOUNDED = sys.maxsize
 

@@ -16,10 +16,18 @@ from libs.core.cluster.job_fit import (
     NO_MODEL_MATCH,
     TOPOLOGY,
 )
-from libs.core.placement import decider as placement
-from libs.core.quota import decider as quota
+from libs.core.kernel.wait_reasons import (
+    BUDGET_SPENT,
+    HELD_FOR_PREEMPTOR,
+    HELD_FOR_STARVING_JOB,
+    NO_NODE_COULD_HOLD,
+    OVER_BUDGET_WAITS,
+    RESERVED_FOR_PREEMPTOR,
+    RETRY_BACKOFF,
+    USER_LIMIT,
+    WAITING_FOR_QUOTA,
+)
 from libs.core.quota import fit as quota_fit
-from libs.core.quota import nomination as quota_nomination
 
 Claim = Callable[[World, str, JobState], str]  # "" when the claim is true, else why it is not
 
@@ -58,24 +66,23 @@ def _not_fitting(world: World, job_id: str, job: JobState) -> str:
 
 
 QUOTA_CLAIMS: dict[str, Claim] = {
-    **dict.fromkeys(quota.WAITING_FOR_QUOTA, _quota_lacking),
-    quota.USER_LIMIT: _negate(holds.user_limit_hold, "its user is within the queue's per-user limit"),
-    quota.BUDGET_SPENT: _negate(holds.budget_hold, "its queue's GPU-hour budget is not spent"),
-    quota.OVER_BUDGET_WAITS: _negate(holds.budget_hold, "its queue is within budget, or its cohort lends enough"),
-    quota.RETRY_BACKOFF: _negate(holds.backoff_hold, "its retry backoff is over"),
-    quota.HELD_FOR_STARVING_JOB: _negate(holds.starving_quota_hold, "no job of its cohort waits past the "
-                                                                     "starvation limit"),
-    quota.NO_NODE_COULD_HOLD: _no_node_could_hold,
-    quota_nomination.HELD_FOR_PREEMPTOR: _negate(holds.nominee_quota_hold, "no preemptor waiting for quota would "
-                                                                            "be left without room by it"),
+    **dict.fromkeys(WAITING_FOR_QUOTA, _quota_lacking),
+    USER_LIMIT: _negate(holds.user_limit_hold, "its user is within the queue's per-user limit"),
+    BUDGET_SPENT: _negate(holds.budget_hold, "its queue's GPU-hour budget is not spent"),
+    OVER_BUDGET_WAITS: _negate(holds.budget_hold, "its queue is within budget, or its cohort lends enough"),
+    RETRY_BACKOFF: _negate(holds.backoff_hold, "its retry backoff is over"),
+    HELD_FOR_STARVING_JOB: _negate(holds.starving_quota_hold, "no job of its cohort waits past the starvation limit"),
+    NO_NODE_COULD_HOLD: _no_node_could_hold,
+    HELD_FOR_PREEMPTOR: _negate(holds.nominee_quota_hold, "no preemptor waiting for quota would be left without room "
+                                                          "by it"),
 }
 PLACEMENT_CLAIMS: dict[str, Claim] = {
     **dict.fromkeys((NO_MODEL_MATCH, INSUFFICIENT_GPUS, FRAGMENTATION, INSUFFICIENT_CPU_MEMORY, TOPOLOGY, GANG),
                     _not_fitting),
-    placement.RESERVED_FOR_PREEMPTOR: _negate(holds.nomination_hold, "no preemptor of higher priority (nor a "
-                                                                      "reclaim of another queue) holds capacity"),
-    placement.HELD_FOR_STARVING_JOB: _negate(holds.starving_placement_hold, "no job waits for a place past the "
-                                                                             "starvation limit"),
+    RESERVED_FOR_PREEMPTOR: _negate(holds.nomination_hold, "no preemptor of higher priority (nor a reclaim of "
+                                                           "another queue) holds capacity"),
+    HELD_FOR_STARVING_JOB: _negate(holds.starving_placement_hold, "no job waits for a place past the starvation "
+                                                                  "limit"),
 }
 
 

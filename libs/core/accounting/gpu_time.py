@@ -77,7 +77,7 @@ class UsageBook:
     # GPUs held right now per (team, model): the allocated-GPUs gauge.
     held: dict[tuple[str, str], float] = field(default_factory=dict)
 
-    def apply(self, event: EventBase) -> list[GpuRun]:
+    def fold(self, event: EventBase) -> list[GpuRun]:
         """Fold one event; returns the runs it ended (with their end time set)."""
         match event:
             case JobSubmitted():

@@ -99,9 +99,9 @@ class QuotaHolds:
 # --- GPUs split into fractions -------------------------------------------------------------------------------
 
 
-def splits(p: ReplicaPlacement) -> bool:
+def splits(placement: ReplicaPlacement) -> bool:
     """Is it a fraction of a GPU outside MIG (a GPU it lands on is split)?"""
-    return 0 < p.gpu_milli < FULL and not p.mig_slices
+    return 0 < placement.gpu_milli < FULL and not placement.mig_slices
 
 
 @dataclass(slots=True)
@@ -111,14 +111,14 @@ class SplitGpus:
     holders: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def apply(self, placements: tuple[ReplicaPlacement, ...], sign: int) -> None:
-        for p in placements:
-            if splits(p):
-                for index in p.gpu_indices:
-                    count = self.holders.get((p.node, index), 0) + sign
+        for placement in placements:
+            if splits(placement):
+                for index in placement.gpu_indices:
+                    count = self.holders.get((placement.node, index), 0) + sign
                     if count > 0:
-                        self.holders[p.node, index] = count
+                        self.holders[placement.node, index] = count
                     else:
-                        self.holders.pop((p.node, index), None)
+                        self.holders.pop((placement.node, index), None)
 
     def is_split(self, node: str, index: int) -> bool:
         return (node, index) in self.holders

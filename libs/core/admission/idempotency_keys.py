@@ -38,6 +38,12 @@ _DEFAULTS = {f.name: f.default if f.default is not msgspec.NODEFAULT else
              for f in msgspec.structs.fields(JobSpec)}
 
 
+def job_id_for_key(team: str, idempotency_key: str) -> str:
+    """Same team and key, same job id: a retried submission is recognised, never duplicated. The team's length
+    goes first, so that no other team and key join into the same name ("ml/nlp" + "k" is not "ml" + "nlp/k")."""
+    return derived_id("job", len(team), team, idempotency_key)
+
+
 def spec_fingerprint(spec: JobSpec) -> str:
     """Equal for equal specs however they were built: a field equal to its default counts as absent (a job
     file that writes `priority: training` out is the spec that leaves it out), values are compared in their

@@ -111,10 +111,11 @@ class ServiceState:
     def ready(self) -> int:
         return sum(1 for _, ready in self.replicas.values() if ready)
 
-    def bounded(self, n: int) -> int:
+    def bounded(self, replicas: int) -> int:
+        """`replicas` within the service's bounds (without autoscaling it runs min_replicas, at least one)."""
         low = self.spec.min_replicas if self.spec.autoscaling is not None else max(1, self.spec.min_replicas)
         high = self.spec.max_replicas if self.spec.autoscaling is not None else low
-        return min(max(n, low), high)
+        return min(max(replicas, low), high)
 
     def next_desired(self, now: float, value: float) -> int:
         """Fold a load report in; the desired count it leads to (the current one when nothing changes)."""
@@ -138,10 +139,10 @@ class ServiceState:
     def next_replica_id(self) -> str:
         return replica_job_id(self.epoch, self.next_ordinal)
 
-    def to_cancel(self, n: int) -> list[str]:
-        """Which `n` replicas a scale-down stops: those not ready yet first, then the newest."""
+    def to_cancel(self, count: int) -> list[str]:
+        """Which `count` replicas a scale-down stops: those not ready yet first, then the newest."""
         order = sorted(self.replicas, key=lambda j: (self.replicas[j][1], -self.replicas[j][0]))
-        return order[:n]
+        return order[:count]
 
 
 @dataclass(slots=True)

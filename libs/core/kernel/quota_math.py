@@ -14,7 +14,7 @@ within the parent's nominal (plus its borrowing limit when the parent is itself 
 below is also bounded by what each such ancestor has left. A parent's "*" flavor bounds the subtree's usage of
 every flavor together; a parent's flavor of one model bounds that model. Children's nominal quotas may add up
 to more than their parent's: a child's nominal is then guaranteed only as far as its parent's quota reaches.
-All amounts are in thousandths of a GPU.
+All amounts are in thousandths of a GPU. A queue's own limits, as its spec states them, are kernel/queue_limits.py.
 """
 
 from __future__ import annotations
@@ -23,38 +23,8 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from contracts import FlavorQuota, JobSpec, QueueSpec
-
-ANY = "*"
-UNLIMITED = 1 << 60
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    nominal: int
-    borrow: int | None  # None: as far as the cohort lends
-    lend: int  # the lendable part of nominal (<= nominal)
-
-    @property
-    def guaranteed(self) -> int:
-        return self.nominal - self.lend
-
-
-def flavor_quotas(spec: QueueSpec) -> tuple[FlavorQuota, ...]:
-    """A queue's flavors; the `nominal_gpus` shorthand is one "*" flavor."""
-    if spec.flavors:
-        return spec.flavors
-    if spec.nominal_gpus is None:
-        return ()
-    return (FlavorQuota(model=ANY, nominal_gpus=spec.nominal_gpus, borrowing_limit_gpus=spec.borrowing_limit_gpus,
-                        lending_limit_gpus=spec.lending_limit_gpus),)
-
-
-def _limits(f: FlavorQuota) -> Limits:
-    nominal = f.nominal_gpus * 1000
-    lend = nominal if f.lending_limit_gpus is None else min(nominal, f.lending_limit_gpus * 1000)
-    borrow = None if f.borrowing_limit_gpus is None else f.borrowing_limit_gpus * 1000
-    return Limits(nominal=nominal, borrow=borrow, lend=lend)
+from contracts import JobSpec, QueueSpec
+from libs.core.kernel.queue_limits import ANY, UNLIMITED, Limits, flavor_quotas, limits_of, subtree_cap
 
 
 def flavor_name(model: str) -> str:
@@ -87,49 +57,6 @@ def charged_flavor(limits: dict[str, Limits], flavor: str, model: str) -> str:
     return ANY if ANY in limits else flavor
 
 
-def check_tree(queues: dict[str, QueueSpec], candidate: QueueSpec) -> str | None:
-    """Why `candidate` cannot join the tree (unknown parent, a cycle, bad limits), or None."""
-    if candidate.flavors and (candidate.nominal_gpus is not None or candidate.borrowing_limit_gpus is not None
-                              or candidate.lending_limit_gpus is not None):
-        return "set either flavors or nominal_gpus (with its limits), not both"
-    models = [f.model for f in candidate.flavors]
-    if len(set(models)) != len(models):
-        return "a flavor is listed twice"
-    for f in flavor_quotas(candidate):
-        for name, value in (("nominal_gpus", f.nominal_gpus), ("borrowing_limit_gpus", f.borrowing_limit_gpus),
-                            ("lending_limit_gpus", f.lending_limit_gpus)):
-            if value is not None and value < 0:
-                return f"{name} must be >= 0 (flavor {f.model})"
-    if candidate.weight <= 0:
-        return "weight must be > 0"
-    if candidate.budget_period not in ("day", "week", "month"):
-        return f"budget_period must be day, week or month, not {candidate.budget_period!r}"
-    if candidate.over_budget not in ("borrow", "wait"):
-        return f"over_budget must be borrow or wait, not {candidate.over_budget!r}"
-    if candidate.budget_gpu_hours is not None and candidate.budget_gpu_hours < 0:
-        return "budget_gpu_hours must be >= 0"
-    if candidate.user_max_gpus is not None and candidate.user_max_gpus < 0:
-        return "user_max_gpus must be >= 0"
-    if candidate.reclaim_after_s < 0:
-        return "reclaim_after_s must be >= 0"
-    if candidate.eviction_budget_gpus is not None and candidate.eviction_budget_gpus < 0:
-        return "eviction_budget_gpus must be >= 0"
-    if candidate.eviction_window_s <= 0:
-        return "eviction_window_s must be > 0"
-    if candidate.las_threshold_gpu_hours is not None and candidate.las_threshold_gpu_hours <= 0:
-        return "las_threshold_gpu_hours must be > 0"
-    parent = candidate.parent
-    seen = {candidate.name}
-    while parent:
-        if parent in seen:
-            return f"parent {candidate.parent!r} would make a cycle"
-        if parent not in queues:
-            return f"parent queue {parent!r} does not exist"
-        seen.add(parent)
-        parent = queues[parent].parent
-    return None
-
-
 @dataclass(slots=True)
 class QuotaBook:
     """The queue tree's limits and usage per (queue, flavor); usage changes in O(1)."""
@@ -151,7 +78,7 @@ class QuotaBook:
 
     def set_queues(self, queues: Iterable[QueueSpec]) -> None:
         self.queues = {q.name: q for q in queues}
-        self.limits = {name: {f.model: _limits(f) for f in flavor_quotas(q)} for name, q in self.queues.items()}
+        self.limits = {name: {f.model: limits_of(f) for f in flavor_quotas(q)} for name, q in self.queues.items()}
         self.children = {}
         for name in sorted(self.queues):
             parent = self.queues[name].parent
@@ -180,7 +107,7 @@ class QuotaBook:
         limits, its cohort's membership and its cohort's pool change; anything else rebuilds the book."""
         name = spec.name
         old = self.queues.get(name)
-        limits = {f.model: _limits(f) for f in flavor_quotas(spec)}
+        limits = {f.model: limits_of(f) for f in flavor_quotas(spec)}
         reshaped = (old is None and name in self.children) or (old is not None and old.parent != spec.parent) or (
             bool(limits) != bool(self.limits.get(name)) and name in self.children)
         if reshaped:
@@ -459,11 +386,3 @@ class QuotaBook:
             key = (ancestor, flavor)
             self.subtree[key] = self.subtree.get(key, 0) + milli
             self.subtree_all[ancestor] = self.subtree_all.get(ancestor, 0) + milli
-
-
-def subtree_cap(lim: Limits, in_cohort: bool) -> int:
-    """The most a parent's subtree may hold of a flavor: the parent's nominal, plus its borrowing limit when
-    the parent is itself in a cohort (no borrowing limit there: no bound beyond its cohort's)."""
-    if not in_cohort:
-        return lim.nominal
-    return UNLIMITED if lim.borrow is None else lim.nominal + lim.borrow

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from contracts import RUNTIME_LIMIT, JobFailed, JobSpec
+from contracts import RUNTIME_LIMIT, JobEvicted, JobFailed, JobFinished, JobSpec
 from libs.core.kernel.policy import PolicyBook
 
 INFRASTRUCTURE_REASONS = frozenset({"node_lost", "gpu_unhealthy", "gpu_xid", "executor_lost"})
@@ -39,6 +39,15 @@ class RetryBook:
             self.failures.pop(event.job_id, None)
             return None
         return cls.retry_backoff_s * 2 ** (count - 1)
+
+    def runs_again(self, event: JobFinished | JobFailed | JobEvicted, spec: JobSpec | None,
+                   policy: PolicyBook) -> bool:
+        """Does the job whose run ended (as `event` reports) run again, or is it over? An evicted job goes back to
+        its queue; a failed one runs again when its failure is retried (counted, as on_failed); a finished one
+        never does. Every decider that forgets a job once it is over asks this, so none forgets it early."""
+        if isinstance(event, JobEvicted):
+            return True
+        return isinstance(event, JobFailed) and self.on_failed(event, spec, policy) is not None
 
     def forget(self, job_id: str) -> None:
         self.failures.pop(job_id, None)

@@ -57,6 +57,7 @@ from libs.core.cluster.scoring import DEFAULT_POLICY
 from libs.core.cluster.shapes import ShapeWindow
 from libs.core.kernel.attained_service import least_served
 from libs.core.kernel.decider import Chain, Decisions, Trigger
+from libs.core.kernel.nomination import NOMINATION_TTL_S
 from libs.core.kernel.policy import PolicyBook, declared_runtime, demand_milli, runtime_bound
 from libs.core.kernel.retries import RetryBook
 from libs.core.kernel.runs import CurrentRuns
@@ -70,19 +71,15 @@ from libs.core.kernel.starvation import (
     longest_waiting,
     takes_usable_gpus,
 )
+from libs.core.kernel.wait_reasons import HELD_FOR_STARVING_JOB, RESERVED_FOR_PREEMPTOR
 
 SERVICE = "placement"
-RESERVED_FOR_PREEMPTOR = "reserved_for_preemptor"
-HELD_FOR_STARVING_JOB = "held_for_starving_job"
 # Deferral codes that name something other than too few free GPUs: a job told one is tried again even when
 # the free GPUs cannot hold it, so that it is told the reason that holds now.
 _TOLD_ELSE = (NO_MODEL_MATCH, RESERVED_FOR_PREEMPTOR, HELD_FOR_STARVING_JOB)
 # Ties between equally good nodes go to the first in one fixed pseudo-random node order: the same order
 # for every job consolidates work (random ties per job scatter it: 89.6 % vs 95.3 % allocated under FGD).
 NODE_ORDER_SALT = 0
-# A nomination lapses after this long on the log's clock, so a preemptor that never gets its quota
-# cannot hold capacity back forever.
-NOMINATION_TTL_S = 120.0
 
 WaitKey = tuple[int, int, str]  # (-priority, reservation order, job id)
 
@@ -205,9 +202,7 @@ class PlacementDecider:
                 if placements is not None:
                     self.cluster.release(placements)
                     self.generation += 1
-                again = isinstance(event, JobEvicted) or (
-                    isinstance(event, JobFailed)
-                    and self.retries.on_failed(event, self.specs.get(event.job_id), self.policy) is not None)
+                again = self.retries.runs_again(event, self.specs.get(event.job_id), self.policy)
                 if not again or event.job_id in self.cancelled:
                     self.specs.pop(event.job_id, None)
                     self.submitted.pop(event.job_id, None)

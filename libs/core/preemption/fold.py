@@ -39,9 +39,8 @@ from libs.core.kernel.attained_service import threshold_milli_s
 from libs.core.kernel.policy import PolicyBook, declared_runtime, demand_milli
 from libs.core.kernel.quota_math import ANY, reservation_model
 from libs.core.kernel.starvation import CAPACITY_HELD
+from libs.core.kernel.wait_reasons import BUDGET_WAITS, RETRY_BACKOFF, USER_LIMIT, WAITING_FOR_QUOTA
 from libs.core.preemption.state import PLACEMENT, PreemptionState, Running, World
-from libs.core.quota.decider import WAITING_FOR_QUOTA
-from libs.core.quota.reasons import BUDGET_WAITS, RETRY_BACKOFF, USER_LIMIT
 
 # Quota deferrals of a job held by its own circumstances, not by others' use of quota or GPUs: its reclaim
 # grace starts again once it waits for quota again.
@@ -106,9 +105,7 @@ def fold_job_submitted(world: World, event: JobSubmitted) -> None:
 def fold_run_over(world: World, event: JobFinished | JobFailed | JobEvicted) -> None:
     """A run ended; the job is gone for good unless it runs again (evicted, or a failure it retries)."""
     state = world.state
-    again = isinstance(event, JobEvicted) or (
-        isinstance(event, JobFailed)
-        and world.retries.on_failed(event, state.specs.get(event.job_id), world.policy) is not None)
+    again = world.retries.runs_again(event, state.specs.get(event.job_id), world.policy)
     state.attained.stopped(event.job_id, event.ts)
     _gone(world, event.job_id, final=not again or event.job_id in state.cancelled)
 

@@ -68,22 +68,19 @@ from libs.core.accounting.budgets import BudgetBook
 from libs.core.kernel.attained_service import AttainedService
 from libs.core.kernel.decider import Chain, Decisions, Trigger
 from libs.core.kernel.fairness import DecayedUsage
+from libs.core.kernel.nomination import NOMINATION_TTL_S
 from libs.core.kernel.policy import PolicyBook
 from libs.core.kernel.quota_math import QuotaBook
 from libs.core.kernel.retries import RetryBook
 from libs.core.kernel.runs import CurrentRuns
-from libs.core.quota.fit import group_of, groups
-from libs.core.quota.fleet import Fleet
-from libs.core.quota.fold import fold
-from libs.core.quota.nomination import HELD_FOR_PREEMPTOR, NOMINATION_TTL_S
-from libs.core.quota.order import fair_share as queue_fair_share
-from libs.core.quota.reasons import (
+from libs.core.kernel.wait_reasons import (
     BACKING_OFF,
     BEHIND_HIGHER_PRIORITY,
     BUDGET_SPENT,
     BUDGET_WAITS,
     COHORT_QUOTA_EXHAUSTED,
     EXCEEDS_QUEUE_QUOTA,
+    HELD_FOR_PREEMPTOR,
     HELD_FOR_STARVING_JOB,
     NO_NODE_COULD_HOLD,
     NOMINAL_QUOTA_ONLY,
@@ -97,9 +94,12 @@ from libs.core.quota.reasons import (
     USER_LIMIT,
     WAITING_FOR_QUOTA,
     WAITING_OR_HELD,
-    tell_new,
-    tell_no_node,
 )
+from libs.core.quota.fit import group_of, groups
+from libs.core.quota.fleet import Fleet
+from libs.core.quota.fold import fold
+from libs.core.quota.order import fair_share as queue_fair_share
+from libs.core.quota.reasons import tell_new, tell_no_node
 from libs.core.quota.scheduling_pass import schedule
 from libs.core.quota.state import QuotaJob
 from libs.core.quota.timeout import (

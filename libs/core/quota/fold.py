@@ -34,12 +34,12 @@ from contracts import (
 )
 from libs.core.kernel.attained_service import DEMOTED, least_served, threshold_milli_s
 from libs.core.kernel.fairness import DecayedUsage
+from libs.core.kernel.nomination import NOMINATION_TTL_S
 from libs.core.kernel.policy import demand_milli
 from libs.core.kernel.quota_math import ANY, reservation_model
+from libs.core.kernel.wait_reasons import BUDGET_WAITS, NO_NODE_COULD_HOLD, WAITING_FOR_QUOTA
 from libs.core.quota.fit import could_ever_fit, could_hold
 from libs.core.quota.fleet import FLEET_EVENTS
-from libs.core.quota.nomination import NOMINATION_TTL_S
-from libs.core.quota.reasons import BUDGET_WAITS, NO_NODE_COULD_HOLD, WAITING_FOR_QUOTA
 from libs.core.quota.state import QuotaJob
 from libs.core.quota.timeout import PLACEMENT_TIMEOUT, end_placement_backoffs, placement_backoff_s
 

@@ -26,10 +26,6 @@ from libs.core.quota.state import QuotaJob
 if TYPE_CHECKING:
     from libs.core.quota.decider import QuotaDecider
 
-HELD_FOR_PREEMPTOR = "held_for_preemptor"
-# A preemptor's claim on the quota its victims free lapses after this long (as placement's nomination).
-NOMINATION_TTL_S = 120.0
-
 
 def nominees(d: QuotaDecider, group: list[str], now: float) -> list[QuotaJob]:
     """The nominated jobs of the group's queues still waiting for quota (not backing off), in nomination order."""

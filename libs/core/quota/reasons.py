@@ -10,37 +10,23 @@ from typing import TYPE_CHECKING
 from contracts import QuotaDeferred
 from libs.core.kernel.decider import Decisions
 from libs.core.kernel.quota_math import ANY
+from libs.core.kernel.wait_reasons import (
+    BEHIND_HIGHER_PRIORITY,
+    COHORT_QUOTA_EXHAUSTED,
+    EXCEEDS_QUEUE_QUOTA,
+    NO_NODE_COULD_HOLD,
+    NOMINAL_QUOTA_ONLY,
+    OVER_BUDGET_WAITS,
+    PARENT_QUOTA_EXHAUSTED,
+    QUEUE_QUOTA_EXHAUSTED,
+    QUOTA_LENT_OUT,
+    WAITING_FOR_QUOTA,
+)
 from libs.core.quota.fit import could_ever_fit, could_hold, flavors_of, may_borrow
 from libs.core.quota.state import Pass, QuotaJob
 
 if TYPE_CHECKING:
     from libs.core.quota.decider import QuotaDecider
-
-QUEUE_QUOTA_EXHAUSTED = "queue_quota_exhausted"  # at nominal (plus borrowing limit, in a cohort)
-COHORT_QUOTA_EXHAUSTED = "cohort_quota_exhausted"  # must borrow; the cohort has nothing idle to lend
-QUOTA_LENT_OUT = "quota_lent_out"  # fits its nominal, but borrowers hold the lendable part: reclaim
-BEHIND_HIGHER_PRIORITY = "behind_higher_priority"
-USER_LIMIT = "user_limit"
-BUDGET_SPENT = "budget_spent"
-HELD_FOR_STARVING_JOB = "held_for_starving_job"
-OVER_BUDGET_WAITS = "over_budget_waits_for_idle_quota"
-RETRY_BACKOFF = "retry_backoff"
-EXCEEDS_QUEUE_QUOTA = "exceeds_queue_quota"  # more than its queue could ever hold, as its quota is now
-PARENT_QUOTA_EXHAUSTED = "parent_quota_exhausted"  # its queue has room, its parent's subtree does not
-NOMINAL_QUOTA_ONLY = "nominal_quota_only"  # a job that cannot be preempted never borrows: its queue is at nominal
-# No node present could hold it, not even with every running job gone: it is no starving job (it holds nobody
-# for starvation) until a node that could hold it registers or comes back.
-NO_NODE_COULD_HOLD = "no_node_could_hold"
-PLACEMENT_TIMED_OUT = "placement_timed_out"  # no node held it in time: its quota went back; it waits a backoff
-BACKING_OFF = frozenset({RETRY_BACKOFF, PLACEMENT_TIMED_OUT})
-# Deferrals that evicting other jobs can cure: the preemption service acts on these.
-PREEMPTION_MAY_HELP = frozenset({QUEUE_QUOTA_EXHAUSTED, COHORT_QUOTA_EXHAUSTED, QUOTA_LENT_OUT, PARENT_QUOTA_EXHAUSTED,
-                                 NOMINAL_QUOTA_ONLY})
-WAITING_FOR_QUOTA = PREEMPTION_MAY_HELP | {BEHIND_HIGHER_PRIORITY}
-# Who may be the starving job, by its last reason: one told no node could hold it too, as that may have changed
-# since (a node came back) with nothing to tell it yet; the inventory is asked again (quota_fit.could_hold).
-WAITING_OR_HELD = WAITING_FOR_QUOTA | {HELD_FOR_STARVING_JOB, NO_NODE_COULD_HOLD}
-BUDGET_WAITS = frozenset({BUDGET_SPENT, OVER_BUDGET_WAITS})
 
 
 def quota_reason(d: QuotaDecider, job: QuotaJob, p: Pass | None = None) -> tuple[str, str, int]:

@@ -10,23 +10,22 @@ from typing import TYPE_CHECKING
 
 from contracts import QuotaReserved
 from libs.core.kernel.decider import Decisions
+from libs.core.kernel.nomination import NOMINATION_TTL_S
 from libs.core.kernel.policy import runtime_bound
 from libs.core.kernel.quota_math import ANY, UNLIMITED, flavor_name
-from libs.core.quota.fit import could_ever_fit, could_hold, entitled, flavors_of, may_borrow, over_budget, quota_left
-from libs.core.quota.nomination import HELD_FOR_PREEMPTOR, NOMINATION_TTL_S, holding_nominee
-from libs.core.quota.reasons import (
+from libs.core.kernel.wait_reasons import (
     BUDGET_SPENT,
     COHORT_QUOTA_EXHAUSTED,
     EXCEEDS_QUEUE_QUOTA,
+    HELD_FOR_PREEMPTOR,
     HELD_FOR_STARVING_JOB,
     OVER_BUDGET_WAITS,
     USER_LIMIT,
     WAITING_FOR_QUOTA,
-    defer,
-    quota_reason,
-    reason,
-    tells,
 )
+from libs.core.quota.fit import could_ever_fit, could_hold, entitled, flavors_of, may_borrow, over_budget, quota_left
+from libs.core.quota.nomination import holding_nominee
+from libs.core.quota.reasons import defer, quota_reason, reason, tells
 from libs.core.quota.starvation import held_for_starving
 from libs.core.quota.state import Pass, QuotaJob
 

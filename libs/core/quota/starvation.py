@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from libs.core.kernel.policy import declared_runtime, runtime_bound
 from libs.core.kernel.quota_math import ANY, QuotaBook
 from libs.core.kernel.starvation import RoomEffect, Shadow, Starving, find_shadow, holds, longest_waiting
+from libs.core.kernel.wait_reasons import WAITING_OR_HELD
 from libs.core.quota.fit import could_ever_fit, could_hold, flavors_of
-from libs.core.quota.reasons import WAITING_OR_HELD
 from libs.core.quota.state import Pass, QuotaJob
 
 if TYPE_CHECKING:

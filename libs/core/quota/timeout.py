@@ -14,7 +14,8 @@ from contracts import QuotaReleased, QuotaReserved
 from libs.core.kernel.decider import Decisions
 from libs.core.kernel.quota_math import flavor_name
 from libs.core.kernel.starvation import CAPACITY_HELD
-from libs.core.quota.reasons import PLACEMENT_TIMED_OUT, defer
+from libs.core.kernel.wait_reasons import PLACEMENT_TIMED_OUT
+from libs.core.quota.reasons import defer
 from libs.core.quota.reclaim import lender_waits
 from libs.core.quota.state import Pass, QuotaJob
 

@@ -7,17 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from libs.core.kernel.decider import Decisions
+from libs.core.kernel.wait_reasons import BACKING_OFF, BEHIND_HIGHER_PRIORITY, RETRY_BACKOFF, WAITING_FOR_QUOTA
 from libs.core.quota.fit import flavors_of
 from libs.core.quota.order import Order
-from libs.core.quota.reasons import (
-    BACKING_OFF,
-    BEHIND_HIGHER_PRIORITY,
-    RETRY_BACKOFF,
-    WAITING_FOR_QUOTA,
-    defer,
-    quota_reason,
-    tells,
-)
+from libs.core.quota.reasons import defer, quota_reason, tells
 from libs.core.quota.reserve import held_like_another, usable_flavors
 from libs.core.quota.state import Pass, QuotaJob
 

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from contracts import EventBase, FlavorQuota, QueueSpec
-from libs.core.kernel.quota_math import check_tree
+from libs.core.kernel.queue_limits import check_tree
 from libs.sim.frozen.digest import Log
 from libs.sim.pipeline import VirtualWorld
 from libs.sim.scenario import POLICY_STEPS, StepIds, apply_input, header_inputs, node_spec, step_inputs

@@ -123,7 +123,7 @@ def test_folding_the_same_log_again_gives_the_same_views() -> None:
     feed.at(1020.0).send(JobEvicted, job_id="w", reason="preempted")
     again = Ledger()
     for seq, event in enumerate(feed.log, start=1):
-        again.apply(event, seq)
+        again.fold(event, seq)
     first = ledger(feed)
     enc = msgspec.json.encode
     assert [enc(v) for v in first.jobs.values()] == [enc(v) for v in again.jobs.values()]

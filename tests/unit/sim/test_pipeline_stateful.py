@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from contracts import EventBase, FlavorQuota, QueueSpec
-from libs.core.kernel.quota_math import check_tree
+from libs.core.kernel.queue_limits import check_tree
 from libs.sim import world_steps as steps
 from libs.sim.guarantee_check import ViolationLike, check_liveness, check_safety
 from libs.sim.pipeline import VirtualWorld

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from contracts import CancelJob, JobEvicted, JobFailed, JobFinished, JobStarted
-from libs.core.accounting.ledger import AdmissionWait, Ledger
+from libs.core.accounting.ledger import Ledger
+from libs.core.accounting.state import AdmissionWait
 from tests.unit.builders import EventFeed, Job, job, node, pipeline, queue
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 
 from contracts import CancelJob, JobAdmitted, JobFailed, JobFinished, JobRejected, JobSubmitted, NodeRegistered
-from libs.core.admission.decider import AdmissionDecider, Inventory, Rejection, job_id_for_key, validate
+from libs.core.admission.capacity import Inventory, Rejection
+from libs.core.admission.decider import AdmissionDecider
+from libs.core.admission.idempotency_keys import job_id_for_key
+from libs.core.admission.validation import validate
 from libs.core.kernel.decider import derived_id
 from libs.core.kernel.policy import PolicyBook
 from tests.unit.builders import EventFeed, Job, brief, job, node, queue

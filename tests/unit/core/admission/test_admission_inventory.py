@@ -7,7 +7,9 @@ import msgspec
 import pytest
 
 from contracts import GpuSpec, JobAdmitted, JobRejected, JobSubmitted, NodeLost, NodeRegistered, NodeSpec
-from libs.core.admission.decider import AdmissionDecider, Inventory, Rejection, validate
+from libs.core.admission.capacity import Inventory, Rejection
+from libs.core.admission.decider import AdmissionDecider
+from libs.core.admission.validation import validate
 from libs.core.kernel import mig_profiles
 from libs.core.kernel.policy import PolicyBook
 from tests.unit.builders import EventFeed, Job, brief, job, node, of, queue

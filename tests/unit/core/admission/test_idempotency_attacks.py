@@ -22,8 +22,8 @@ from contracts import EventBase, JobRejected, JobSpec, SubmitJob
 from contracts.codec import decode, encode
 from contracts.views import JobView
 from libs.bus.jetstream import Bus, BusConfig
-from libs.core.admission.decider import AdmissionDecider, job_id_for_key
-from libs.core.admission.idempotency_keys import refused_id
+from libs.core.admission.decider import AdmissionDecider
+from libs.core.admission.idempotency_keys import job_id_for_key, refused_id
 from libs.runtime.http import base_app
 from libs.views.store import ViewStore
 from services.admission.api import JobsApi

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from contracts import GpuSpec, JobFinished, JobPlaced, JobSpec, NodeSpec, PlacementDeferred, QuotaReserved
-from libs.core.accounting.ledger import requested_gpus
+from libs.core.accounting.state import requested_gpus
 from libs.core.cluster.job_fit import Placer, Shortfall
 from libs.core.cluster.model import Cluster
 from libs.core.kernel.mig_profiles import compute_slices, instance_milli, lookup, memory_slices, product

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from contracts import LEAST_ATTAINED_SERVICE, JobEvicted, JobStarted, PreemptionDecided, QueueSpec
 from libs.core.kernel.attained_service import AttainedService, threshold_milli_s
-from libs.core.kernel.quota_math import check_tree
+from libs.core.kernel.queue_limits import check_tree
 from libs.sim.scenario import run_scenario
 from libs.sim.scenario_model import load_scenario
 

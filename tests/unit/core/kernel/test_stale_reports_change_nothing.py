@@ -198,7 +198,7 @@ def replayed(events: list[EventBase]) -> tuple[list[bytes], Ledger, list[list[by
     world = [AdmissionDecider(), QuotaDecider(), PlacementDecider(), PreemptionDecider()]
     ledger, decided = Ledger(), []
     for seq, event in enumerate(events, start=1):
-        ledger.apply(event, seq)
+        ledger.fold(event, seq)
         decided.append([encode(msgspec.structs.replace(d, trigger_seq=0, chain=""))
                         for decider in world if isinstance(event, tuple(decider.input_types()))
                         for d in run_decider(decider, event, seq)])

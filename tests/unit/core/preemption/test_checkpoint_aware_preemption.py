@@ -54,7 +54,7 @@ def test_a_preempted_job_resumes_from_its_checkpoint(checkpoint_every: float | N
     assert finished == {"urgent": pytest.approx(50.0), "long": pytest.approx(finish_at)}
     ledger = Ledger()
     for seq, e in log:
-        ledger.apply(e, seq)
+        ledger.fold(e, seq)
     assert ledger.jobs["long"].lost_gpu_seconds == pytest.approx(lost)
     assert ledger.teams["ml"].lost_gpu_seconds == pytest.approx(lost)
 
@@ -123,7 +123,7 @@ def test_retryable_failures_run_again_with_backoff(exit_codes: str, outcome: str
     assert bool(finished) == (outcome == "finished")
     ledger = Ledger()
     for seq, e in log:
-        ledger.apply(e, seq)
+        ledger.fold(e, seq)
     view = ledger.jobs["j"]
     assert view.state == ("succeeded" if outcome == "finished" else "failed")
     assert view.retries == (failures if outcome == "finished" else failures - 1)

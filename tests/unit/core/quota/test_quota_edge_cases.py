@@ -240,7 +240,7 @@ def test_the_ledger_folds_a_reservation_logged_after_the_jobs_cancellation() -> 
     assert kinds(released) == ["QuotaReleased"]
     ledger = Ledger()
     for seq, ev in enumerate([*inputs, cancel, *decided, *released], 1):  # as a batching quota service logs it
-        ledger.apply(ev, seq)
+        ledger.fold(ev, seq)
     assert ledger.queue_view("a").reserved_gpus == 0.0
 
 

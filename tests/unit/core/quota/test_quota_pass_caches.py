@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from libs.core.kernel.decider import Decisions
+from libs.core.kernel.wait_reasons import WAITING_FOR_QUOTA
 from libs.core.quota import calm as quota_calm
 from libs.core.quota import heads as quota_heads
 from libs.core.quota import reach as quota_reach
 from libs.core.quota import scheduling_pass as quota_pass
 from libs.core.quota.decider import QuotaDecider
 from libs.core.quota.order import Order, order_key
-from libs.core.quota.reasons import WAITING_FOR_QUOTA
 from libs.core.quota.state import Pass, QuotaJob
 from tests.unit.many_queue_worlds import random_world, run_log
 

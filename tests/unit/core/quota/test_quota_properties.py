@@ -49,7 +49,8 @@ from contracts import (
 )
 from libs.core.kernel.policy import demand_milli
 from libs.core.kernel.quota_math import ANY, UNLIMITED, QuotaBook, flavor_matches
-from libs.core.quota.decider import BEHIND_HIGHER_PRIORITY, QUOTA_LENT_OUT, QuotaDecider
+from libs.core.kernel.wait_reasons import BEHIND_HIGHER_PRIORITY, QUOTA_LENT_OUT
+from libs.core.quota.decider import QuotaDecider
 from tests.unit.builders import EventFeed
 
 MODELS = ("H100", "A100")

@@ -22,9 +22,10 @@ from contracts import (
     SubmitJob,
 )
 from libs.core.kernel.decider import Trigger, run_decider
+from libs.core.kernel.wait_reasons import BUDGET_WAITS
 from libs.core.preemption.decider import PreemptionDecider
 from libs.core.preemption.state import PLACEMENT
-from libs.core.quota.decider import BUDGET_WAITS, QuotaDecider
+from libs.core.quota.decider import QuotaDecider
 from libs.nodes.sim import load_cluster_csv
 from libs.runtime.settings import DEFAULT_CLUSTER
 from libs.sim.pipeline import run_virtual

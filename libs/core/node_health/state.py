@@ -1,0 +1,16 @@
+"""Node health's state as plain data, folded from the log (node_health/fold.py): each registered node's GPUs with
+the health the log last gave them, and which nodes are cordoned (or draining)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from libs.core.kernel.decider import Chain
+
+
+@dataclass(slots=True)
+class NodeHealthState:
+    chain: Chain = field(default_factory=Chain)
+    # node -> healthy flag per GPU index, as the log last said
+    healthy: dict[str, dict[int, bool]] = field(default_factory=dict)
+    cordoned: dict[str, bool] = field(default_factory=dict)  # node -> drain
