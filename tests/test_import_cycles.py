@@ -13,10 +13,6 @@ PACKAGES = ("contracts", "libs", "services")
 KNOWN: set[tuple[str, ...]] = {
     # Preemption's decider and the modules cut out of it, which take the decider back.
     tuple(sorted(f"libs.core.preemption.{m}" for m in ("decider", "simulation", "reclaim", "victim_sets"))),
-    # Quota's decider and the fourteen modules cut out of it, which take the decider back.
-    tuple(sorted(f"libs.core.quota.{m}" for m in (
-        "decider", "calm", "fit", "fold", "heads", "nomination", "order", "scheduling_pass", "reach", "reasons",
-        "reclaim", "reserve", "starvation", "timeout", "walk"))),
 }
 
 

@@ -64,16 +64,8 @@ from contracts import (
     QuotaReleased,
     SchedulingSettingsChanged,
 )
-from libs.core.accounting.budgets import BudgetBook
-from libs.core.kernel.attained_service import AttainedService
 from libs.core.kernel.decider import Chain, Decisions, Trigger
-from libs.core.kernel.fairness import DecayedUsage
-from libs.core.kernel.policy import PolicyBook
-from libs.core.kernel.quota_math import QuotaBook
-from libs.core.kernel.retries import RetryBook
-from libs.core.kernel.runs import CurrentRuns
 from libs.core.quota.fit import group_of, groups
-from libs.core.quota.fleet import Fleet
 from libs.core.quota.fold import fold
 from libs.core.quota.nomination import HELD_FOR_PREEMPTOR, NOMINATION_TTL_S
 from libs.core.quota.order import fair_share as queue_fair_share
@@ -101,7 +93,7 @@ from libs.core.quota.reasons import (
     tell_no_node,
 )
 from libs.core.quota.scheduling_pass import schedule
-from libs.core.quota.state import QuotaJob
+from libs.core.quota.state import QuotaState
 from libs.core.quota.timeout import (
     PLACEMENT_BACKOFF_MAX_S,
     PLACEMENT_BACKOFF_S,
@@ -146,85 +138,15 @@ SERVICE = "quota"
 _CAPACITY_GREW = (NodeRegistered, NodeUncordoned, GpuHealthChanged)
 
 
-class QuotaDecider:
+class QuotaDecider(QuotaState):
+    """The quota decider: its state (QuotaState), folded by libs/core/quota/fold.py, and its react, which runs
+    a scheduling pass (libs/core/quota/scheduling_pass.py) over the groups of queues a trigger may change."""
+
     name = SERVICE
 
     def __init__(self) -> None:
+        super().__init__()
         self.chain = Chain()
-        self.runs = CurrentRuns()  # executors' reports about runs that are over never reach it (run_decider)
-        self.policy = PolicyBook()
-        self.jobs: dict[str, QuotaJob] = {}
-        # queue -> priority -> user -> [(arrival, job id)] sorted
-        self.pending: dict[str, dict[int, dict[str, list[tuple[int, str]]]]] = {}
-        # (queue, priority) -> pending demand -> count: the smallest demand of a level, fast
-        self.demands: dict[tuple[str, int], dict[int, int]] = {}
-        # (queue, priority) -> allowed GPU models -> count: is the level all one kind of request?
-        self.models: dict[tuple[str, int], dict[tuple[str, ...], int]] = {}
-        # queue -> allowed GPU models -> pending demand -> count: the smallest request a flavor could serve
-        self.demands_by_models: dict[str, dict[tuple[str, ...], dict[int, int]]] = {}
-        # Pending jobs by how long they have waited: (since, arrival, job id), for starvation.
-        self.by_wait: list[tuple[float, int, str]] = []
-        self.by_wait_in: dict[str, list[tuple[float, int, str]]] = {}  # the same, per queue
-        self.reserved: dict[str, dict[str, None]] = {}  # queue -> jobs holding quota
-        self.queue_used: dict[str, int] = {}
-        self.user_used: dict[tuple[str, str], int] = {}
-        self.decayed: dict[str, DecayedUsage] = {}
-        self.budgets = BudgetBook()
-        self.attained = AttainedService()  # GPU time each job held over its runs (least attained service)
-        # Reserved jobs placement has not placed yet (in reservation order): the placement timeout looks at these.
-        self.unplaced: dict[str, None] = {}
-        self._placed_while_pending: str | None = None  # the job whose JobPlaced, just folded, found it waiting
-        self.deferred: dict[str, str] = {}
-        # The deferred jobs waiting for a budget (BUDGET_SPENT, OVER_BUDGET_WAITS): clock ticks look at these.
-        self.budget_deferred: dict[str, None] = {}
-        # The jobs told no node could hold them: capacity that grows may let them be told their quota reason.
-        self.no_node_deferred: dict[str, None] = {}
-        self._arrivals = 0
-        self._specs: dict[str, JobSubmitted] = {}
-        self.policy_version = 0  # bumps on every policy event: cached per-job answers go stale
-        self.fleet = Fleet()  # the GPU models the cluster has: a flavor none of its nodes could serve is passed over
-        self.flavors_epoch = 0  # bumps with the policy or the fleet: each job's cached flavors go stale
-        self.retries = RetryBook()
-        self.retry_in: dict[str, float] = {}  # job that failed and runs again -> its backoff
-        self.backing_off: dict[str, float] = {}  # job -> not before
-        # job whose reservation went back unplaced -> not before (kept apart: a retry is work still to come,
-        # this is a job waiting for the cluster to change)
-        self.requeued: dict[str, float] = {}
-        # preemptor -> when its victims were chosen: quota they free goes to it first (until it lapses)
-        self.nominated: dict[str, float] = {}
-        # The preemptors with a victim chosen by least attained service (of their queue and priority): no
-        # starving job holds the quota their victims free against them (quota_starvation.held_for_starving).
-        self.las_nominated: dict[str, None] = {}
-        # preemptor -> (when its victims were chosen, their job ids): its placement timeout waits for them to leave
-        self.victims_of: dict[str, tuple[float, tuple[str, ...]]] = {}
-        self._left_waiting: str | None = None
-        self._lapsed: list[str] = []  # the queues of nominations this clock tick let lapse, for react
-        self._backoffs_ended: list[str] = []  # the queues of jobs whose placement backoff new capacity ended
-        # (queue, demand, flavors) -> could the queue ever hold that much (quota_fit.could_ever_fit), at policy version
-        self._ever_fits: dict[tuple[str, int, tuple[str, ...]], bool] = {}
-        self._ever_fits_version = -1
-        self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
-        # queue -> (inventory version, flavors epoch, could the present nodes hold each of its waiting jobs)
-        self._holdable: dict[str, tuple[int, int, bool]] = {}
-        # queue -> (policy version, flavors epoch, could the queue ever hold each of its waiting jobs)
-        self._fitting: dict[str, tuple[int, int, bool]] = {}
-        # queue -> its waiting jobs not told they wait for quota (a pass may have something to tell them)
-        self.loud: dict[str, dict[str, None]] = {}
-        self.qver: dict[str, int] = {}  # queue -> bumps whenever something of its own changes (quota_fold.touched)
-        self.cohort_demands: dict[str, dict[int, int]] = {}  # cohort -> waiting demand -> jobs
-        # queue -> (when, its head at the start of a pass, that head's order key): see quota_heads
-        self.heads: dict[str, tuple[tuple[object, ...], str, tuple[object, ...]]] = {}
-        # The calm queues of each cohort in fair order (libs/core/quota/calm.py): cohort -> its waiting queues,
-        # its heap of calm ones, the versions it was ranked at, those touched since a pass looked, and those not
-        # calm when last looked at.
-        self.waiting_in: dict[str, dict[str, None]] = {}
-        self.calm: dict[str, list[tuple[tuple[object, ...], str, tuple[object, ...]]]] = {}
-        self.calm_at: dict[str, tuple[object, ...]] = {}
-        self.stirred: dict[str, dict[str, None]] = {}
-        self.restless: dict[str, dict[str, None]] = {}
-        # queue -> (when, is it quiet: see quota_reach.quiet)
-        self.quiet: dict[str, tuple[tuple[int, ...], bool]] = {}
-        self._cohort_flavors: tuple[int, dict[str, tuple[str, ...]]] = (-1, {})
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (QueuePolicyChanged, PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, JobAdmitted,
@@ -238,19 +160,8 @@ class QuotaDecider:
                 PriorityClassesChanged, SchedulingSettingsChanged, ClockTick, JobPlaced, *_CAPACITY_GREW, NodeLost,
                 NodeCordoned)
 
-    @property
-    def book(self) -> QuotaBook:
-        return self.policy.quotas
-
     def evolve(self, event: EventBase) -> None:
         fold(self, event)
-
-    def budget_left_s(self, queue: str, now: float) -> float | None:
-        """GPU-seconds left in the queue's budget period: what its jobs ran in it, runs going on up to now."""
-        spec = self.policy.queues.get(queue)
-        if spec is None or spec.budget_gpu_hours is None:
-            return None
-        return spec.budget_gpu_hours * 3600 - self.budgets.spent_s(queue, now, spec.budget_period)
 
     def fair_share(self, queue: str, now: float) -> float:
         """Weighted (decayed) usage relative to nominal quota: 1.0 is exactly the queue's share."""
@@ -261,16 +172,16 @@ class QuotaDecider:
     def react(self, trigger: Trigger) -> list[EventBase]:
         event = trigger.event
         if (isinstance(event, ClockTick) and not self.budget_deferred and not self.backing_off and not self.requeued
-                and not self.unplaced and not self._lapsed):
+                and not self.unplaced and not self.lapsed):
             return []  # no job waits for time to pass (see the case below)
-        if isinstance(event, JobPlaced) and self._placed_while_pending is None:
+        if isinstance(event, JobPlaced) and self.placed_while_waiting is None:
             return []
         out = Decisions(SERVICE, trigger, self.evolve, self.chain)
         now = event.ts
-        left_waiting = self._left_waiting  # read first: folding our own decisions resets it
-        lapsed = self._lapsed
-        backoffs_ended = self._backoffs_ended
-        placed_while_pending = self._placed_while_pending
+        left_waiting = self.left_waiting  # read first: folding our own decisions resets it
+        lapsed = self.lapsed
+        backoffs_ended = self.backoffs_ended
+        placed_while_pending = self.placed_while_waiting
         match event:
             case JobPlaced() if placed_while_pending is not None:
                 take_back(self, self.jobs[placed_while_pending], out)

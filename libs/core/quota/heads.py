@@ -9,38 +9,34 @@ backing off (whether it may go is a matter of time)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from libs.core.quota.order import fair_epoch
-from libs.core.quota.state import Pass, QuotaJob
-
-if TYPE_CHECKING:
-    from libs.core.quota.decider import QuotaDecider
+from libs.core.quota.state import Pass, QuotaJob, QuotaState
 
 
-def backing_off_queues(d: QuotaDecider) -> set[str]:
+def backing_off_queues(state: QuotaState) -> set[str]:
     """The queues with a job backing off (a retry, or a reservation placement could not place in time)."""
-    if not d.backing_off and not d.requeued:
+    if not state.backing_off and not state.requeued:
         return set()
-    return {job.queue for waits in (d.backing_off, d.requeued) for j in waits if (job := d.jobs.get(j)) is not None}
+    return {job.queue for waits in (state.backing_off, state.requeued) for j in waits
+            if (job := state.jobs.get(j)) is not None}
 
 
-def keeps(d: QuotaDecider, queue: str, backing_off: set[str]) -> bool:
-    spec = d.policy.queues.get(queue)
+def keeps(state: QuotaState, queue: str, backing_off: set[str]) -> bool:
+    spec = state.policy.queues.get(queue)
     return (spec is not None and not spec.parent and spec.budget_gpu_hours is None and queue not in backing_off
-            and not d.book.children.get(queue))
+            and not state.book.children.get(queue))
 
 
-def stamp(d: QuotaDecider, queue: str, p: Pass) -> tuple[object, ...]:
-    return (fair_epoch(d, p.now), d.policy_version, d.flavors_epoch, d.qver.get(queue, 0))
+def stamp(state: QuotaState, queue: str, p: Pass) -> tuple[object, ...]:
+    return (fair_epoch(state, p.now), state.policy_version, state.flavors_epoch, state.qver.get(queue, 0))
 
 
-def kept_head(d: QuotaDecider, queue: str, p: Pass) -> tuple[QuotaJob, tuple[object, ...]] | None:
-    known = d.heads.get(queue)
-    if known is None or known[0] != stamp(d, queue, p):
+def kept_head(state: QuotaState, queue: str, p: Pass) -> tuple[QuotaJob, tuple[object, ...]] | None:
+    known = state.heads.get(queue)
+    if known is None or known[0] != stamp(state, queue, p):
         return None
-    return d.jobs[known[1]], known[2]
+    return state.jobs[known[1]], known[2]
 
 
-def keep_head(d: QuotaDecider, queue: str, p: Pass, head: QuotaJob, key: tuple[object, ...]) -> None:
-    d.heads[queue] = (stamp(d, queue, p), head.job_id, key)
+def keep_head(state: QuotaState, queue: str, p: Pass, head: QuotaJob, key: tuple[object, ...]) -> None:
+    state.heads[queue] = (stamp(state, queue, p), head.job_id, key)

@@ -8,84 +8,80 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from libs.core.quota.fit import entitled, flavors_of, over_budget
 from libs.core.quota.nomination import in_queue
-from libs.core.quota.state import Pass, QuotaJob
-
-if TYPE_CHECKING:
-    from libs.core.quota.decider import QuotaDecider
+from libs.core.quota.state import Pass, QuotaJob, QuotaState
 
 EPOCHS_PER_HALF_LIFE = 1024
 
 
-def fair_share(d: QuotaDecider, queue: str, now: float) -> float:
+def fair_share(state: QuotaState, queue: str, now: float) -> float:
     """Weighted (decayed) usage relative to nominal quota: 1.0 is exactly the queue's share."""
-    spec = d.policy.queues.get(queue)
-    half_life = d.policy.settings.fair_share_half_life_s
-    used = subtree_used(d, queue, now, half_life)
-    nominal = max(d.book.nominal_of(queue), 1)
+    spec = state.policy.queues.get(queue)
+    half_life = state.policy.settings.fair_share_half_life_s
+    used = subtree_used(state, queue, now, half_life)
+    nominal = max(state.book.nominal_of(queue), 1)
     return used / nominal / (spec.weight if spec is not None else 1.0)
 
 
-def subtree_used(d: QuotaDecider, queue: str, now: float, half_life: float) -> float:
-    current = d.queue_used.get(queue, 0)
-    decayed = d.decayed.get(queue)
+def subtree_used(state: QuotaState, queue: str, now: float, half_life: float) -> float:
+    current = state.queue_used.get(queue, 0)
+    decayed = state.decayed.get(queue)
     own = (current + decayed.value(current, now, half_life)) / 2 if decayed is not None else current / 2
-    children = d.book.children.get(queue)
-    return own + sum(subtree_used(d, c, now, half_life) for c in children) if children else own
+    children = state.book.children.get(queue)
+    return own + sum(subtree_used(state, c, now, half_life) for c in children) if children else own
 
 
-def fair_key(d: QuotaDecider, queue: str, now: float) -> tuple[float, ...]:
+def fair_key(state: QuotaState, queue: str, now: float) -> tuple[float, ...]:
     """The queue's fair shares level by level, from the root of its tree down to it."""
-    spec = d.policy.queues.get(queue)
+    spec = state.policy.queues.get(queue)
     if spec is None or not spec.parent:
-        return (fair_share(d, queue, now),)  # (most queues: no tree above)
+        return (fair_share(state, queue, now),)  # (most queues: no tree above)
     path = [queue]
-    while (parent := d.policy.queues[path[-1]].parent if path[-1] in d.policy.queues else ""):
+    while (parent := state.policy.queues[path[-1]].parent if path[-1] in state.policy.queues else ""):
         path.append(parent)
-    return tuple(fair_share(d, q, now) for q in reversed(path))
+    return tuple(fair_share(state, q, now) for q in reversed(path))
 
 
-def order_key(d: QuotaDecider, job: QuotaJob, p: Pass) -> tuple[object, ...]:
+def order_key(state: QuotaState, job: QuotaJob, p: Pass) -> tuple[object, ...]:
     """A job that preempted others goes first: the quota its victims free is its. A queue whose head
     must borrow still ranks as entitled when a smaller job of the head's priority fits its nominal
     quota: that job comes right after the head fails, and quota freed for it (say by a reclaim) must not
     go to a borrower meanwhile."""
     key = p.keys.get(job.job_id)
     if key is None:
-        key = p.keys[job.job_id] = (job.job_id not in d.nominated,
-                                    not (entitled(d, job, p) or level_entitled(d, job, p)),
-                                    pass_fair_key(d, job.queue, p), -job.priority, job.arrival, job.job_id)
+        key = p.keys[job.job_id] = (job.job_id not in state.nominated,
+                                    not (entitled(state, job, p) or level_entitled(state, job, p)),
+                                    pass_fair_key(state, job.queue, p), -job.priority, job.arrival, job.job_id)
     return key
 
 
-def pass_fair_key(d: QuotaDecider, queue: str, p: Pass) -> tuple[float, ...]:
+def pass_fair_key(state: QuotaState, queue: str, p: Pass) -> tuple[float, ...]:
     key = p.fair.get(queue)
     if key is None:
-        key = p.fair[queue] = fair_key(d, queue, fair_epoch(d, p.now))
+        key = p.fair[queue] = fair_key(state, queue, fair_epoch(state, p.now))
     return key
 
 
-def fair_epoch(d: QuotaDecider, now: float) -> float:
+def fair_epoch(state: QuotaState, now: float) -> float:
     """The instant the fair order reads decayed usage at: the start of the current epoch, a 1024th of the
     half-life long (about ten minutes for a week). Between two epochs a queue's place in the fair order then
     changes only when its own usage does, so a pass can keep what it found of the queues nothing changed
     (quota_heads); decay over a 1024th of a half-life moves a share by under 0.07 %. (Slurm likewise
     recomputes fair-share priorities periodically, not per event.)"""
-    half_life = d.policy.settings.fair_share_half_life_s
+    half_life = state.policy.settings.fair_share_half_life_s
     if half_life <= 0:
         return now
     step = half_life / EPOCHS_PER_HALF_LIFE
     return math.floor(now / step) * step
 
 
-def level_entitled(d: QuotaDecider, job: QuotaJob, p: Pass) -> bool:
-    if over_budget(d, job.queue, p) or not d.book.governed(job.queue):
+def level_entitled(state: QuotaState, job: QuotaJob, p: Pass) -> bool:
+    if over_budget(state, job.queue, p) or not state.book.governed(job.queue):
         return False
-    smallest = min(d.demands.get((job.queue, job.priority), {job.demand: 0}))
-    return any(d.book.nominal_left(job.queue, f) >= smallest for f in flavors_of(d, job))
+    smallest = min(state.demands.get((job.queue, job.priority), {job.demand: 0}))
+    return any(state.book.nominal_left(job.queue, f) >= smallest for f in flavors_of(state, job))
 
 
 class Order:
@@ -94,12 +90,12 @@ class Order:
     arrival. Robust to the job just yielded leaving the queue (being reserved) before the next is asked for;
     `skip_level` jumps to the next (lower) priority."""
 
-    def __init__(self, decider: QuotaDecider, queue: str) -> None:
-        self.d = decider
+    def __init__(self, state: QuotaState, queue: str) -> None:
+        self.state = state
         self.queue = queue
-        self.levels = sorted(decider.pending.get(queue, {}), reverse=True)
+        self.levels = sorted(state.pending.get(queue, {}), reverse=True)
         self._skip = False
-        self.first = in_queue(decider, queue)
+        self.first = in_queue(state, queue)
         # The one walk over the queue, resumed by each call for the next head.
         self.walk = self._nominated_first() if self.first else self._jobs()
 
@@ -110,7 +106,7 @@ class Order:
         self._skip = True
 
     def _nominated_first(self) -> Iterator[QuotaJob]:
-        jobs = self.d.jobs
+        jobs = self.state.jobs
         for job_id in self.first:
             job = jobs.get(job_id)
             if job is not None and job.state == "pending":
@@ -122,10 +118,10 @@ class Order:
                 yield job
 
     def _jobs(self) -> Iterator[QuotaJob]:
-        jobs = self.d.jobs
+        jobs = self.state.jobs
         for level in self.levels:
             self._skip = False
-            users = self.d.pending.get(self.queue, {}).get(level, {})
+            users = self.state.pending.get(self.queue, {}).get(level, {})
             if len(users) != 1:
                 yield from self._users(users)
                 continue
@@ -142,14 +138,14 @@ class Order:
     def _users(self, users: dict[str, list[tuple[int, str]]]) -> Iterator[QuotaJob]:
         """Round robin by GPUs held: the user holding least goes next, counting what this pass gives."""
         index = dict.fromkeys(users, 0)
-        heap = [(self.d.user_used.get((self.queue, u), 0), keys[0][0], u) for u, keys in users.items() if keys]
+        heap = [(self.state.user_used.get((self.queue, u), 0), keys[0][0], u) for u, keys in users.items() if keys]
         heapq.heapify(heap)
         while heap:
             used, _, user = heapq.heappop(heap)
             keys, i = users[user], index[user]
             if i >= len(keys):
                 continue
-            job = self.d.jobs[keys[i][1]]
+            job = self.state.jobs[keys[i][1]]
             yield job
             if self._skip:
                 return

@@ -13,28 +13,23 @@ Skipping such a queue decides exactly what trying it would (tests/unit/test_deci
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from libs.core.quota.fit import all_could_ever_fit, all_holdable, pass_servable, quota_left
-from libs.core.quota.state import Pass
-
-if TYPE_CHECKING:
-    from libs.core.quota.decider import QuotaDecider
+from libs.core.quota.state import Pass, QuotaState
 
 
-def out_of_reach(d: QuotaDecider, queue: str, p: Pass) -> bool:
+def out_of_reach(state: QuotaState, queue: str, p: Pass) -> bool:
     """Could no waiting job of the queue get quota in this pass, trying them telling nobody anything new?
     (`p.backing_off`, the queues with a job backing off as the pass began, may name more than are left: a
     backoff ending on the way only makes the answer no where it could have been yes.)"""
-    flavors = d.book.limits.get(queue)
-    if not flavors or queue in p.backing_off or not nothing_to_tell(d, queue):
+    flavors = state.book.limits.get(queue)
+    if not flavors or queue in p.backing_off or not nothing_to_tell(state, queue):
         return False
-    smallest = pass_servable(d, queue, p)
+    smallest = pass_servable(state, queue, p)
     for flavor in flavors:
         need = smallest.get(flavor)
         if need is None:
             continue  # no waiting job of the queue could use it
-        nominal_left, room = quota_left(d, queue, flavor, p)
+        nominal_left, room = quota_left(state, queue, flavor, p)
         if flavor in p.no_borrowing:
             if room >= need <= nominal_left:
                 return False  # it could take its own nominal quota (nobody borrows the flavor this pass)
@@ -43,7 +38,7 @@ def out_of_reach(d: QuotaDecider, queue: str, p: Pass) -> bool:
     return True
 
 
-def quiet(d: QuotaDecider, queue: str, backing_off: set[str]) -> bool:
+def quiet(state: QuotaState, queue: str, backing_off: set[str]) -> bool:
     """Is the waiting queue out of reach whenever its cohort has no idle lendable quota for the cohort's smallest
     waiting job (no_room)? So when trying its jobs could tell nobody anything new (as out_of_reach asks) and its
     room is only what its cohort lends: it has no guaranteed (unlendable) quota idle, and less of its nominal
@@ -52,56 +47,56 @@ def quiet(d: QuotaDecider, queue: str, backing_off: set[str]) -> bool:
     queues with a job backing off (a pass knows them)."""
     if queue in backing_off:
         return False
-    stamp = (d.policy_version, d.flavors_epoch, d.fleet.inventory.version, d.qver.get(queue, 0))
-    known = d.quiet.get(queue)
+    stamp = (state.policy_version, state.flavors_epoch, state.fleet.inventory.version, state.qver.get(queue, 0))
+    known = state.quiet.get(queue)
     if known is not None and known[0] == stamp:
         return known[1]
-    answer = _quiet(d, queue)
-    d.quiet[queue] = (stamp, answer)
+    answer = _quiet(state, queue)
+    state.quiet[queue] = (stamp, answer)
     return answer
 
 
-def nothing_to_tell(d: QuotaDecider, queue: str) -> bool:
+def nothing_to_tell(state: QuotaState, queue: str) -> bool:
     """Would trying the governed queue's waiting jobs (none backing off) tell none of them anything new? Each is
     told it waits for quota already, no user limit or budget could tell it otherwise, its queue's quota could
     hold it and a node present could."""
-    if d.loud.get(queue):
+    if state.loud.get(queue):
         return False
-    spec = d.policy.queues.get(queue)
+    spec = state.policy.queues.get(queue)
     if spec is None or spec.user_max_gpus is not None or spec.budget_gpu_hours is not None:
         return False
-    return all_holdable(d, queue) and all_could_ever_fit(d, queue)
+    return all_holdable(state, queue) and all_could_ever_fit(state, queue)
 
 
-def _quiet(d: QuotaDecider, queue: str) -> bool:
-    flavors = d.book.limits.get(queue)
-    if not flavors or not nothing_to_tell(d, queue):
+def _quiet(state: QuotaState, queue: str) -> bool:
+    flavors = state.book.limits.get(queue)
+    if not flavors or not nothing_to_tell(state, queue):
         return False
-    smallest = min(min(demands) for demands in d.demands_by_models[queue].values())
+    smallest = min(min(demands) for demands in state.demands_by_models[queue].values())
     for flavor, lim in flavors.items():
-        used = d.book.used.get((queue, flavor), 0)
+        used = state.book.used.get((queue, flavor), 0)
         if used < lim.guaranteed or lim.nominal - used >= smallest:
             return False
     return True
 
 
-def no_room(d: QuotaDecider, cohort: str) -> bool:
+def no_room(state: QuotaState, cohort: str) -> bool:
     """Is the cohort's idle lendable quota of every flavor below its smallest waiting job? Then no quiet queue
     of it could take quota (its room is at most what the cohort lends)."""
-    demands = d.cohort_demands.get(cohort)
+    demands = state.cohort_demands.get(cohort)
     if not demands:
         return True
     need = min(demands)
-    book = d.book
-    return all(book.pool[(cohort, f)] - book.pool_used[(cohort, f)] < need for f in cohort_flavors(d, cohort))
+    book = state.book
+    return all(book.pool[(cohort, f)] - book.pool_used[(cohort, f)] < need for f in cohort_flavors(state, cohort))
 
 
-def cohort_flavors(d: QuotaDecider, cohort: str) -> tuple[str, ...]:
+def cohort_flavors(state: QuotaState, cohort: str) -> tuple[str, ...]:
     """The flavors the cohort's pool has (kept per policy version)."""
-    version, known = d._cohort_flavors
-    if version != d.policy_version:
+    version, known = state.cohort_flavors_at
+    if version != state.policy_version:
         known = {}
-        for c, f in d.book.pool:
+        for c, f in state.book.pool:
             known[c] = (*known.get(c, ()), f)
-        d._cohort_flavors = (d.policy_version, known)
+        state.cohort_flavors_at = (state.policy_version, known)
     return known.get(cohort, ())

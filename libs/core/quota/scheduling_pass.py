@@ -8,7 +8,6 @@ this pass (quota only shrinks during a pass)."""
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
 
 from libs.core.kernel.decider import Decisions
 from libs.core.quota.calm import CalmEntry, calm_heap, valid
@@ -19,51 +18,48 @@ from libs.core.quota.reach import no_room, out_of_reach, quiet
 from libs.core.quota.reclaim import lent_out
 from libs.core.quota.reserve import try_reserve
 from libs.core.quota.starvation import find_starving
-from libs.core.quota.state import Pass, QuotaJob
+from libs.core.quota.state import Pass, QuotaJob, QuotaState
 from libs.core.quota.walk import next_head
 
-if TYPE_CHECKING:
-    from libs.core.quota.decider import QuotaDecider
 
-
-def schedule(d: QuotaDecider, group: list[str], now: float, out: Decisions) -> None:
+def schedule(state: QuotaState, group: list[str], now: float, out: Decisions) -> None:
     p = Pass(now=now)
-    p.nominees = nominees(d, group, now)
-    find_starving(d, group, p)
-    p.backing_off = backing_off_queues(d)
-    p.cohort = d.book.cohort.get(group[0], "") if group else ""
+    p.nominees = nominees(state, group, now)
+    find_starving(state, group, p)
+    p.backing_off = backing_off_queues(state)
+    p.cohort = state.book.cohort.get(group[0], "") if group else ""
     if not p.cohort:  # a queue without a cohort
-        waiting = [q for q in group if d.pending.get(q)]
+        waiting = [q for q in group if state.pending.get(q)]
         p.one_queue = True
-        lent_out(d, waiting, p)
-        run_pass(d, waiting, [], p, out)
+        lent_out(state, waiting, p)
+        run_pass(state, waiting, [], p, out)
         return
     # (Whether one queue waits is asked before any queue is left out: a pass over one queue knows more, see
     # Pass.one_queue, and leaving out queues that decide nothing must not change what a pass knows.)
-    p.one_queue = len(d.waiting_in.get(p.cohort, ())) == 1
+    p.one_queue = len(state.waiting_in.get(p.cohort, ())) == 1
     # The calm queues (quota_calm) wait for no lent quota (lent_out would find none): only the others are asked.
-    restless = calm_heap(d, p.cohort, p, out)
-    lent_out(d, restless, p)
+    restless = calm_heap(state, p.cohort, p, out)
+    lent_out(state, restless, p)
     if p.one_queue:
-        run_pass(d, list(d.waiting_in[p.cohort]), [], p, out)
-    elif no_room(d, p.cohort):
+        run_pass(state, list(state.waiting_in[p.cohort]), [], p, out)
+    elif no_room(state, p.cohort):
         # A quiet queue is out of reach while its cohort has no room for its smallest waiting job: the pass
         # need not look at the calm ones at all, nor at the quiet among the others.
-        run_pass(d, [q for q in restless if not quiet(d, q, p.backing_off)], [], p, out)
+        run_pass(state, [q for q in restless if not quiet(state, q, p.backing_off)], [], p, out)
     else:
-        run_pass(d, restless, d.calm[p.cohort], p, out)
+        run_pass(state, restless, state.calm[p.cohort], p, out)
 
 
-def run_pass(d: QuotaDecider, waiting: list[str], calm: list[CalmEntry], p: Pass, out: Decisions) -> None:
+def run_pass(state: QuotaState, waiting: list[str], calm: list[CalmEntry], p: Pass, out: Decisions) -> None:
     """Try the best head among the queues, again and again: `waiting` the queues to rank now, `calm` the
     cohort's heap of calm queues, ranked already (left as it was found, less the entries gone stale)."""
     if p.one_queue:  # one queue waits: its own order is the pass's
         for queue in waiting:
-            if out_of_reach(d, queue, p):
+            if out_of_reach(state, queue, p):
                 continue
-            order = Order(d, queue)
-            while (head := next_head(d, queue, order, p, out)) is not None:
-                if try_reserve(d, head, p, out):
+            order = Order(state, queue)
+            while (head := next_head(state, queue, order, p, out)) is not None:
+                if try_reserve(state, head, p, out):
                     p.reserved()
         return
     # The queues' heads in a heap by order key (with the calm heap beside it: the best of the two comes
@@ -80,20 +76,20 @@ def run_pass(d: QuotaDecider, waiting: list[str], calm: list[CalmEntry], p: Pass
 
     def enter(q: str) -> None:
         fresh = q not in orders  # nothing of the queue was tried yet in this pass
-        keep = fresh and keeps(d, q, p.backing_off)
-        kept = kept_head(d, q, p) if keep else None
+        keep = fresh and keeps(state, q, p.backing_off)
+        kept = kept_head(state, q, p) if keep else None
         if kept is not None:
             head, key = kept
         else:
-            order = orders.get(q) or Order(d, q)
-            found = next_head(d, q, order, p, out)
+            order = orders.get(q) or Order(state, q)
+            found = next_head(state, q, order, p, out)
             if found is None:
                 orders.pop(q, None)
                 return
             orders[q] = order
-            head, key = found, order_key(d, found, p)
+            head, key = found, order_key(state, found, p)
             if keep:
-                keep_head(d, q, p, head, key)
+                keep_head(state, q, p, head, key)
         heads[q] = head
         current[q] = key
         heapq.heappush(heap, (key, q))
@@ -101,13 +97,13 @@ def run_pass(d: QuotaDecider, waiting: list[str], calm: list[CalmEntry], p: Pass
     for q in waiting:
         enter(q)
     while True:
-        while calm and not valid(d, calm[0], p):
+        while calm and not valid(state, calm[0], p):
             heapq.heappop(calm)  # something of that queue changed: it is ranked again by the next pass
         if calm and (not heap or calm[0][:2] < heap[0]):
             entry = heapq.heappop(calm)
             taken.append(entry)
             key, q, _ = entry
-            best = d.jobs[d.heads[q][1]]
+            best = state.jobs[state.heads[q][1]]
         elif heap:
             key, q = heapq.heappop(heap)
             if current.get(q) != key:
@@ -116,27 +112,27 @@ def run_pass(d: QuotaDecider, waiting: list[str], calm: list[CalmEntry], p: Pass
             del current[q]
         else:
             break
-        if out_of_reach(d, q, p):
+        if out_of_reach(state, q, p):
             orders.pop(q, None)
             continue
         if q not in orders:  # its head was kept: its walk starts now, at that same job
-            orders[q] = Order(d, q)
-            next_head(d, q, orders[q], p, out)
-        if try_reserve(d, best, p, out):
+            orders[q] = Order(state, q)
+            next_head(state, q, orders[q], p, out)
+        if try_reserve(state, best, p, out):
             p.reserved()
-            in_tree = d.policy.queues.get(q) is not None and bool(d.policy.queues[q].parent)
+            in_tree = state.policy.queues.get(q) is not None and bool(state.policy.queues[q].parent)
             for other in list(heads) if in_tree else ():
-                current[other] = order_key(d, heads[other], p)
+                current[other] = order_key(state, heads[other], p)
                 heapq.heappush(heap, (current[other], other))
-            if no_room(d, p.cohort):
+            if no_room(state, p.cohort):
                 # The quiet queues are out of reach from now on: only the others are looked at.
                 calm = []
-                for other in [o for o in heads if quiet(d, o, p.backing_off)]:
+                for other in [o for o in heads if quiet(state, o, p.backing_off)]:
                     del heads[other], current[other], orders[other]
         enter(q)
     # What the pass took out of the calm heap and is still in its place goes back.
     if taken:
-        cohort_calm = d.calm[p.cohort]
+        cohort_calm = state.calm[p.cohort]
         for entry in taken:
-            if valid(d, entry, p):
+            if valid(state, entry, p):
                 heapq.heappush(cohort_calm, entry)

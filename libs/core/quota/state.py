@@ -1,12 +1,27 @@
-"""What the quota decider knows of one job, and what one scheduling pass learns as it goes."""
+"""The quota decider's state as data: what it knows of each job (QuotaJob), everything its fold keeps
+(QuotaState: the waiting jobs' indexes, usage, nominations, backoffs, and what passes keep between them), and
+what one scheduling pass learns as it goes (Pass). Functions of the package take the state they read; the
+decider (libs/core/quota/decider.py) is this state with its decision chain and its react."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from contracts import JobSpec
-from libs.core.kernel.quota_math import ANY
+from contracts import JobSpec, JobSubmitted
+from libs.core.accounting.budgets import BudgetBook
+from libs.core.kernel.attained_service import AttainedService
+from libs.core.kernel.fairness import DecayedUsage
+from libs.core.kernel.policy import PolicyBook
+from libs.core.kernel.quota_math import ANY, QuotaBook
+from libs.core.kernel.retries import RetryBook
+from libs.core.kernel.runs import CurrentRuns
 from libs.core.kernel.starvation import RoomEffect, Starving
+from libs.core.quota.fleet import Fleet
+
+# (when, its head at the start of a pass, that head's order key): see libs/core/quota/heads.py
+KeptHead = tuple[tuple[object, ...], str, tuple[object, ...]]
+# (order key, queue, the stamp of what the key was found from): an entry of a cohort's heap of calm queues
+CalmEntry = tuple[tuple[object, ...], str, tuple[object, ...]]
 
 
 @dataclass(slots=True)
@@ -33,6 +48,103 @@ class QuotaJob:
     placed_while_pending: bool = False  # placed before placement read that its quota went back
     timeouts: int = 0  # how often its reservation went back unplaced (its backoff doubles each time)
     timed_out_flavor: str | None = None  # the flavor of its last reservation that went back unplaced
+
+
+@dataclass(eq=False)
+class QuotaState:
+    """Everything the quota decider's fold keeps. Nothing here decides: the scheduling pass reads it, the fold
+    (libs/core/quota/fold.py) writes it."""
+
+    runs: CurrentRuns = field(default_factory=CurrentRuns)  # executors' reports of runs over never reach it
+    policy: PolicyBook = field(default_factory=PolicyBook)
+    jobs: dict[str, QuotaJob] = field(default_factory=dict)
+    # queue -> priority -> user -> [(arrival, job id)] sorted
+    pending: dict[str, dict[int, dict[str, list[tuple[int, str]]]]] = field(default_factory=dict)
+    # (queue, priority) -> pending demand -> count: the smallest demand of a level, fast
+    demands: dict[tuple[str, int], dict[int, int]] = field(default_factory=dict)
+    # (queue, priority) -> allowed GPU models -> count: is the level all one kind of request?
+    models: dict[tuple[str, int], dict[tuple[str, ...], int]] = field(default_factory=dict)
+    # queue -> allowed GPU models -> pending demand -> count: the smallest request a flavor could serve
+    demands_by_models: dict[str, dict[tuple[str, ...], dict[int, int]]] = field(default_factory=dict)
+    # Pending jobs by how long they have waited: (since, arrival, job id), for starvation.
+    by_wait: list[tuple[float, int, str]] = field(default_factory=list)
+    by_wait_in: dict[str, list[tuple[float, int, str]]] = field(default_factory=dict)  # the same, per queue
+    reserved: dict[str, dict[str, None]] = field(default_factory=dict)  # queue -> jobs holding quota
+    queue_used: dict[str, int] = field(default_factory=dict)
+    user_used: dict[tuple[str, str], int] = field(default_factory=dict)
+    decayed: dict[str, DecayedUsage] = field(default_factory=dict)
+    budgets: BudgetBook = field(default_factory=BudgetBook)
+    # GPU time each job held over its runs (least attained service)
+    attained: AttainedService = field(default_factory=AttainedService)
+    # Reserved jobs placement has not placed yet (in reservation order): the placement timeout looks at these.
+    unplaced: dict[str, None] = field(default_factory=dict)
+    placed_while_waiting: str | None = None  # the job whose JobPlaced, just folded, found it waiting
+    deferred: dict[str, str] = field(default_factory=dict)  # job -> the reason code it was last told
+    # The deferred jobs waiting for a budget (BUDGET_SPENT, OVER_BUDGET_WAITS): clock ticks look at these.
+    budget_deferred: dict[str, None] = field(default_factory=dict)
+    # The jobs told no node could hold them: capacity that grows may let them be told their quota reason.
+    no_node_deferred: dict[str, None] = field(default_factory=dict)
+    arrivals: int = 0  # admissions so far: each admitted job's place in line
+    submitted: dict[str, JobSubmitted] = field(default_factory=dict)  # submissions not admitted yet
+    policy_version: int = 0  # bumps on every policy event: cached per-job answers go stale
+    # The GPU models the cluster has: a flavor none of its nodes could serve is passed over.
+    fleet: Fleet = field(default_factory=Fleet)
+    flavors_epoch: int = 0  # bumps with the policy or the fleet: each job's cached flavors go stale
+    retries: RetryBook = field(default_factory=RetryBook)
+    retry_in: dict[str, float] = field(default_factory=dict)  # job that failed and runs again -> its backoff
+    backing_off: dict[str, float] = field(default_factory=dict)  # job -> not before
+    # job whose reservation went back unplaced -> not before (kept apart: a retry is work still to come,
+    # this is a job waiting for the cluster to change)
+    requeued: dict[str, float] = field(default_factory=dict)
+    # preemptor -> when its victims were chosen: quota they free goes to it first (until it lapses)
+    nominated: dict[str, float] = field(default_factory=dict)
+    # The preemptors with a victim chosen by least attained service (of their queue and priority): no
+    # starving job holds the quota their victims free against them (quota_starvation.held_for_starving).
+    las_nominated: dict[str, None] = field(default_factory=dict)
+    # preemptor -> (when its victims were chosen, their job ids): its placement timeout waits for them to leave
+    victims_of: dict[str, tuple[float, tuple[str, ...]]] = field(default_factory=dict)
+    # What the last folded event leaves for react: the queue of a waiting job it ended, the queues of the
+    # nominations it let lapse, and those of the jobs whose placement backoff new capacity ended.
+    left_waiting: str | None = None
+    lapsed: list[str] = field(default_factory=list)
+    backoffs_ended: list[str] = field(default_factory=list)
+    # (queue, demand, flavors) -> could the queue ever hold that much (quota_fit.could_ever_fit), at policy version
+    ever_fits: dict[tuple[str, int, tuple[str, ...]], bool] = field(default_factory=dict)
+    ever_fits_version: int = -1
+    interned_flavors: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict)
+    # queue -> (inventory version, flavors epoch, could the present nodes hold each of its waiting jobs)
+    holdable: dict[str, tuple[int, int, bool]] = field(default_factory=dict)
+    # queue -> (policy version, flavors epoch, could the queue ever hold each of its waiting jobs)
+    fitting: dict[str, tuple[int, int, bool]] = field(default_factory=dict)
+    # queue -> its waiting jobs not told they wait for quota (a pass may have something to tell them)
+    loud: dict[str, dict[str, None]] = field(default_factory=dict)
+    # queue -> bumps whenever something of its own changes (quota_fold.touched)
+    qver: dict[str, int] = field(default_factory=dict)
+    cohort_demands: dict[str, dict[int, int]] = field(default_factory=dict)  # cohort -> waiting demand -> jobs
+    heads: dict[str, KeptHead] = field(default_factory=dict)  # queue -> its kept head: see quota_heads
+    # The calm queues of each cohort in fair order (libs/core/quota/calm.py): cohort -> its waiting queues,
+    # its heap of calm ones, the versions it was ranked at, those touched since a pass looked, and those not
+    # calm when last looked at.
+    waiting_in: dict[str, dict[str, None]] = field(default_factory=dict)
+    calm: dict[str, list[CalmEntry]] = field(default_factory=dict)
+    calm_at: dict[str, tuple[object, ...]] = field(default_factory=dict)
+    stirred: dict[str, dict[str, None]] = field(default_factory=dict)
+    restless: dict[str, dict[str, None]] = field(default_factory=dict)
+    # queue -> (when, is it quiet: see quota_reach.quiet)
+    quiet: dict[str, tuple[tuple[int, ...], bool]] = field(default_factory=dict)
+    # (policy version, cohort -> the flavors of its pool): see quota_reach.cohort_flavors
+    cohort_flavors_at: tuple[int, dict[str, tuple[str, ...]]] = field(default_factory=lambda: (-1, {}))
+
+    @property
+    def book(self) -> QuotaBook:
+        return self.policy.quotas
+
+    def budget_left_s(self, queue: str, now: float) -> float | None:
+        """GPU-seconds left in the queue's budget period: what its jobs ran in it, runs going on up to now."""
+        spec = self.policy.queues.get(queue)
+        if spec is None or spec.budget_gpu_hours is None:
+            return None
+        return spec.budget_gpu_hours * 3600 - self.budgets.spent_s(queue, now, spec.budget_period)
 
 
 @dataclass(slots=True)

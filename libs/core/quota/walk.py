@@ -4,8 +4,6 @@ pass (quota only shrinks during a pass) are skipped and told why, once."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from libs.core.kernel.decider import Decisions
 from libs.core.quota.fit import flavors_of
 from libs.core.quota.order import Order
@@ -19,22 +17,19 @@ from libs.core.quota.reasons import (
     tells,
 )
 from libs.core.quota.reserve import held_like_another, usable_flavors
-from libs.core.quota.state import Pass, QuotaJob
-
-if TYPE_CHECKING:
-    from libs.core.quota.decider import QuotaDecider
+from libs.core.quota.state import Pass, QuotaJob, QuotaState
 
 
-def next_head(d: QuotaDecider, queue: str, order: Order, p: Pass, out: Decisions) -> QuotaJob | None:
+def next_head(state: QuotaState, queue: str, order: Order, p: Pass, out: Decisions) -> QuotaJob | None:
     """The next job of the queue worth trying; jobs that cannot fit are told why (once) on the way."""
-    backing_off = d.backing_off
-    requeued = d.requeued
+    backing_off = state.backing_off
+    requeued = state.requeued
     # None of these changes while the queue's next head is looked for (only trying a head does).
     held = p.held_below.get(queue)
     held_all = p.held_all.get(queue)
     failures = p.failed
-    deferred = d.deferred
-    version = d.flavors_epoch
+    deferred = state.deferred
+    version = state.flavors_epoch
     waiting_for_quota = WAITING_FOR_QUOTA
     # The last flavors (interned: see quota_fit.flavors_of) and level seen, with what the pass knows of them.
     seen_flavors: tuple[str, ...] | None = None
@@ -48,19 +43,19 @@ def next_head(d: QuotaDecider, queue: str, order: Order, p: Pass, out: Decisions
             if not_before is not None:
                 if not_before > p.now:
                     if deferred.get(job.job_id) not in BACKING_OFF:
-                        defer(d, job, RETRY_BACKOFF, f"it failed and runs again after {not_before:.0f}", 0, out)
+                        defer(state, job, RETRY_BACKOFF, f"it failed and runs again after {not_before:.0f}", 0, out)
                     continue
                 del backoffs[job.job_id]
         if held is not None and ((held_all is not None and job.priority < held_all)
-                                 or not usable_flavors(d, job, p)):
+                                 or not usable_flavors(state, job, p)):
             if held_all is not None and job.priority < held_all and deferred.get(job.job_id) in WAITING_FOR_QUOTA:
                 return None  # everything after it is of lower priority still, held in every flavor, and told
-            if tells(d, job, BEHIND_HIGHER_PRIORITY):
-                defer(d, job, BEHIND_HIGHER_PRIORITY, f"a job of higher priority waits for queue {queue}'s quota first",
-                      0, out)
+            if tells(state, job, BEHIND_HIGHER_PRIORITY):
+                defer(state, job, BEHIND_HIGHER_PRIORITY,
+                      f"a job of higher priority waits for queue {queue}'s quota first", 0, out)
             continue
         if failures:
-            flavors = job.flavors if job.flavors_version == version else flavors_of(d, job)
+            flavors = job.flavors if job.flavors_version == version else flavors_of(state, job)
             if flavors is not seen_flavors:
                 seen_flavors, seen_failed, seen_level = flavors, failures.get((queue, flavors)), -1
             failed = seen_failed
@@ -71,15 +66,15 @@ def next_head(d: QuotaDecider, queue: str, order: Order, p: Pass, out: Decisions
                         level = (queue, seen_level)
                         smallest = p.smallest.get(level)
                         if smallest is None:
-                            smallest = p.smallest[level] = min(d.demands[level])
+                            smallest = p.smallest[level] = min(state.demands[level])
                         # Nothing of this level is smaller or asks for other models: skip the level.
-                        level_skips = failed <= smallest and len(d.models[level]) == 1
+                        level_skips = failed <= smallest and len(state.models[level]) == 1
                     if level_skips:
                         order.skip_level()
                     continue
-                defer(d, job, *quota_reason(d, job, p), out)
+                defer(state, job, *quota_reason(state, job, p), out)
                 continue
-        if p.held_for_starving and held_like_another(d, job, p):
+        if p.held_for_starving and held_like_another(state, job, p):
             continue
         return job
     return None
