@@ -65,6 +65,7 @@ from contracts import (
     SchedulingSettingsChanged,
 )
 from libs.core.kernel.decider import Chain, Decisions, Trigger
+from libs.core.quota.cycle import schedule
 from libs.core.quota.fit import group_of, groups
 from libs.core.quota.fold import fold
 from libs.core.quota.nomination import HELD_FOR_PREEMPTOR, NOMINATION_TTL_S
@@ -92,7 +93,6 @@ from libs.core.quota.reasons import (
     tell_new,
     tell_no_node,
 )
-from libs.core.quota.scheduling_pass import schedule
 from libs.core.quota.state import QuotaState
 from libs.core.quota.timeout import (
     PLACEMENT_BACKOFF_MAX_S,

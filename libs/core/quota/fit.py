@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from libs.core.kernel.quota_math import ANY, UNLIMITED
-from libs.core.quota.state import Pass, QuotaJob, QuotaState
+from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 
 def flavors_of(state: QuotaState, job: QuotaJob) -> tuple[str, ...]:
@@ -107,46 +107,47 @@ def smallest_servable(state: QuotaState, queue: str, flavors: list[str], now: fl
     return smallest
 
 
-def pass_servable(state: QuotaState, queue: str, p: Pass) -> dict[str, int]:
+def pass_servable(state: QuotaState, queue: str, cycle: Cycle) -> dict[str, int]:
     """smallest_servable over all the queue's flavors, kept until the pass reserves."""
-    smallest = p.servable.get(queue)
+    smallest = cycle.servable.get(queue)
     if smallest is None:
-        smallest = p.servable[queue] = smallest_servable(state, queue, list(state.book.limits.get(queue, ())), p.now)
+        flavors = list(state.book.limits.get(queue, ()))
+        smallest = cycle.servable[queue] = smallest_servable(state, queue, flavors, cycle.now)
     return smallest
 
 
-def over_budget(state: QuotaState, queue: str, p: Pass) -> bool:
-    if queue not in p.over_budget:
-        left = state.budget_left_s(queue, p.now)
-        p.over_budget[queue] = left is not None and left <= 0
-    return p.over_budget[queue]
+def over_budget(state: QuotaState, queue: str, cycle: Cycle) -> bool:
+    if queue not in cycle.over_budget:
+        left = state.budget_left_s(queue, cycle.now)
+        cycle.over_budget[queue] = left is not None and left <= 0
+    return cycle.over_budget[queue]
 
 
-def quota_left(state: QuotaState, queue: str, flavor: str, p: Pass) -> tuple[int, int]:
+def quota_left(state: QuotaState, queue: str, flavor: str, cycle: Cycle) -> tuple[int, int]:
     """What is left of the queue's nominal quota of the flavor, and its room; kept until the pass reserves."""
     key = (queue, flavor)
-    left = p.quota.get(key)
+    left = cycle.quota.get(key)
     if left is None:
-        left = p.quota[key] = (state.book.nominal_left(queue, flavor), state.book.room(queue, flavor))
+        left = cycle.quota[key] = (state.book.nominal_left(queue, flavor), state.book.room(queue, flavor))
     return left
 
 
-def entitled(state: QuotaState, job: QuotaJob, p: Pass) -> bool:
+def entitled(state: QuotaState, job: QuotaJob, cycle: Cycle) -> bool:
     """Would the job fit within its queue's own nominal quota (lent out or not)? A queue over budget is
     never entitled: it only borrows."""
     if not state.book.governed(job.queue):
         return True
     flavors = flavors_of(state, job)
     key = (job.queue, job.demand, flavors)
-    within = p.within.get(key)
+    within = cycle.within.get(key)
     if within is None:
         within = False
-        if not over_budget(state, job.queue, p):
+        if not over_budget(state, job.queue, cycle):
             for f in flavors:
-                if quota_left(state, job.queue, f, p)[0] >= job.demand:
+                if quota_left(state, job.queue, f, cycle)[0] >= job.demand:
                     within = True
                     break
-        p.within[key] = within
+        cycle.within[key] = within
     return within
 
 

@@ -59,7 +59,7 @@ def fold(state: QuotaState, event: EventBase) -> None:
             return
     if isinstance(event, FLEET_EVENTS):
         fleet_version = state.fleet.version
-        state.fleet.evolve(event)
+        state.fleet.fold(event)
         if state.fleet.version != fleet_version:
             state.flavors_epoch += 1
     match event:  # policy events (which no case names) last
@@ -105,7 +105,7 @@ def fold(state: QuotaState, event: EventBase) -> None:
         case PreemptionDecided() if event.preemptor_id in state.jobs:
             if state.jobs[event.preemptor_id].state == "pending":  # (one holding its quota already waits for GPUs)
                 state.nominated[event.preemptor_id] = event.ts
-                touched(state, state.jobs[event.preemptor_id].queue)
+                queue_changed(state, state.jobs[event.preemptor_id].queue)
             if least_served(event):
                 state.las_nominated[event.preemptor_id] = None
             else:
@@ -120,7 +120,7 @@ def fold(state: QuotaState, event: EventBase) -> None:
                 lapsed = state.jobs.get(job_id)
                 if lapsed is not None and lapsed.state == "pending":
                     state.lapsed.append(lapsed.queue)  # the jobs it held may go now
-                    touched(state, lapsed.queue)
+                    queue_changed(state, lapsed.queue)
         case JobFailed() if event.job_id in state.jobs and state.jobs[event.job_id].state == "reserved":
             delay = state.retries.on_failed(event, state.jobs[event.job_id].spec, state.policy)
             if delay is not None:
@@ -185,13 +185,13 @@ def released(state: QuotaState, event: QuotaReleased) -> None:
         state.budgets.forget(job.job_id)
 
 
-def touched(state: QuotaState, queue: str) -> None:
+def queue_changed(state: QuotaState, queue: str) -> None:
     """Something of the queue's own changed (its waiting jobs, its usage, what they were told, a nomination):
     what a pass kept of it (quota_heads, quota_reach.quiet) goes stale."""
-    state.qver[queue] = state.qver.get(queue, 0) + 1
+    state.queue_version[queue] = state.queue_version.get(queue, 0) + 1
     cohort = state.book.cohort.get(queue, "")
     if cohort:
-        state.stirred.setdefault(cohort, {})[queue] = None
+        state.changed_queues.setdefault(cohort, {})[queue] = None
 
 
 def count_demand(state: QuotaState, queue: str, demand: int, sign: int) -> None:
@@ -214,7 +214,7 @@ def count_demand(state: QuotaState, queue: str, demand: int, sign: int) -> None:
 
 def enqueue(state: QuotaState, job: QuotaJob) -> None:
     job.state = "pending"
-    touched(state, job.queue)
+    queue_changed(state, job.queue)
     count_demand(state, job.queue, job.demand, 1)
     las = threshold_milli_s(state.policy.queues.get(job.queue))
     if las is not None and job.arrival < DEMOTED and state.attained.held.get(job.job_id, 0.0) > las:
@@ -236,11 +236,11 @@ def enqueue(state: QuotaState, job: QuotaJob) -> None:
     if fitting is not None and fitting[2] and not could_ever_fit(state, job):
         state.fitting[job.queue] = (*fitting[:2], False)
     if state.deferred.get(job.job_id) not in WAITING_FOR_QUOTA:
-        state.loud.setdefault(job.queue, {})[job.job_id] = None
+        state.untold.setdefault(job.queue, {})[job.job_id] = None
 
 
 def dequeue(state: QuotaState, job: QuotaJob) -> None:
-    touched(state, job.queue)
+    queue_changed(state, job.queue)
     levels = state.pending[job.queue]
     users = levels[job.priority]
     keys = users[job.user]
@@ -273,8 +273,8 @@ def dequeue(state: QuotaState, job: QuotaJob) -> None:
         del state.holdable[job.queue]  # it may have been the one no node could hold
     if (fitting := state.fitting.get(job.queue)) is not None and not fitting[2]:
         del state.fitting[job.queue]  # it may have been the one its queue could not hold
-    if (loud := state.loud.get(job.queue)) is not None:
-        loud.pop(job.job_id, None)
+    if (untold := state.untold.get(job.queue)) is not None:
+        untold.pop(job.job_id, None)
     key = (job.since, job.arrival, job.job_id)
     for waits in (state.by_wait, state.by_wait_in.get(job.queue, [])):
         i = bisect.bisect_left(waits, key)
@@ -312,7 +312,7 @@ def relevel(state: QuotaState, queue: str) -> None:
 
 def use(state: QuotaState, job: QuotaJob, sign: int, now: float) -> None:
     """Usage of the job's queue, user and flavor changes by its demand."""
-    touched(state, job.queue)
+    queue_changed(state, job.queue)
     half_life = state.policy.settings.fair_share_half_life_s
     decayed = state.decayed.setdefault(job.queue, DecayedUsage(since=now))
     decayed.advance(state.queue_used.get(job.queue, 0), now, half_life)
@@ -353,7 +353,7 @@ def placement_report(state: QuotaState, event: JobPlaced | JobStarted | Placemen
                 flavor = state.book.recharge_placed(job.queue, job.flavor, job.model, job.demand, job.over_budget)
                 if flavor != job.flavor:
                     job.flavor = flavor
-                    touched(state, job.queue)  # its usage moved between its flavors
+                    queue_changed(state, job.queue)  # its usage moved between its flavors
             else:  # placed before placement read that its quota went back: react takes the quota again
                 job.placed_while_pending = True
                 state.placed_while_waiting = job.job_id
@@ -373,12 +373,12 @@ def note_deferred(state: QuotaState, event: QuotaDeferred) -> None:
     state.deferred[event.job_id] = event.code
     job = state.jobs.get(event.job_id)
     if job is not None and job.state == "pending":
-        touched(state, job.queue)
+        queue_changed(state, job.queue)
         if event.code in WAITING_FOR_QUOTA:
-            if (loud := state.loud.get(job.queue)) is not None:
-                loud.pop(job.job_id, None)
+            if (untold := state.untold.get(job.queue)) is not None:
+                untold.pop(job.job_id, None)
         else:
-            state.loud.setdefault(job.queue, {})[job.job_id] = None
+            state.untold.setdefault(job.queue, {})[job.job_id] = None
     if event.code in BUDGET_WAITS:
         state.budget_deferred[event.job_id] = None
     else:

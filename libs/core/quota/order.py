@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from libs.core.quota.fit import entitled, flavors_of, over_budget
 from libs.core.quota.nomination import in_queue
-from libs.core.quota.state import Pass, QuotaJob, QuotaState
+from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 EPOCHS_PER_HALF_LIFE = 1024
 
@@ -44,23 +44,23 @@ def fair_key(state: QuotaState, queue: str, now: float) -> tuple[float, ...]:
     return tuple(fair_share(state, q, now) for q in reversed(path))
 
 
-def order_key(state: QuotaState, job: QuotaJob, p: Pass) -> tuple[object, ...]:
+def order_key(state: QuotaState, job: QuotaJob, cycle: Cycle) -> tuple[object, ...]:
     """A job that preempted others goes first: the quota its victims free is its. A queue whose head
     must borrow still ranks as entitled when a smaller job of the head's priority fits its nominal
     quota: that job comes right after the head fails, and quota freed for it (say by a reclaim) must not
     go to a borrower meanwhile."""
-    key = p.keys.get(job.job_id)
+    key = cycle.keys.get(job.job_id)
     if key is None:
-        key = p.keys[job.job_id] = (job.job_id not in state.nominated,
-                                    not (entitled(state, job, p) or level_entitled(state, job, p)),
-                                    pass_fair_key(state, job.queue, p), -job.priority, job.arrival, job.job_id)
+        key = cycle.keys[job.job_id] = (job.job_id not in state.nominated,
+                                    not (entitled(state, job, cycle) or level_entitled(state, job, cycle)),
+                                    pass_fair_key(state, job.queue, cycle), -job.priority, job.arrival, job.job_id)
     return key
 
 
-def pass_fair_key(state: QuotaState, queue: str, p: Pass) -> tuple[float, ...]:
-    key = p.fair.get(queue)
+def pass_fair_key(state: QuotaState, queue: str, cycle: Cycle) -> tuple[float, ...]:
+    key = cycle.fair.get(queue)
     if key is None:
-        key = p.fair[queue] = fair_key(state, queue, fair_epoch(state, p.now))
+        key = cycle.fair[queue] = fair_key(state, queue, fair_epoch(state, cycle.now))
     return key
 
 
@@ -77,8 +77,8 @@ def fair_epoch(state: QuotaState, now: float) -> float:
     return math.floor(now / step) * step
 
 
-def level_entitled(state: QuotaState, job: QuotaJob, p: Pass) -> bool:
-    if over_budget(state, job.queue, p) or not state.book.governed(job.queue):
+def level_entitled(state: QuotaState, job: QuotaJob, cycle: Cycle) -> bool:
+    if over_budget(state, job.queue, cycle) or not state.book.governed(job.queue):
         return False
     smallest = min(state.demands.get((job.queue, job.priority), {job.demand: 0}))
     return any(state.book.nominal_left(job.queue, f) >= smallest for f in flavors_of(state, job))
@@ -97,10 +97,10 @@ class Order:
         self._skip = False
         self.first = in_queue(state, queue)
         # The one walk over the queue, resumed by each call for the next head.
-        self.walk = self._nominated_first() if self.first else self._jobs()
+        self.remaining = self._nominated_first() if self.first else self._jobs()
 
     def __iter__(self) -> Iterator[QuotaJob]:
-        return self.walk
+        return self.remaining
 
     def skip_level(self) -> None:
         self._skip = True

@@ -9,7 +9,7 @@ from contracts import QuotaDeferred
 from libs.core.kernel.decider import Decisions
 from libs.core.kernel.quota_math import ANY
 from libs.core.quota.fit import could_ever_fit, could_hold, flavors_of, may_borrow
-from libs.core.quota.state import Pass, QuotaJob, QuotaState
+from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 QUEUE_QUOTA_EXHAUSTED = "queue_quota_exhausted"  # at nominal (plus borrowing limit, in a cohort)
 COHORT_QUOTA_EXHAUSTED = "cohort_quota_exhausted"  # must borrow; the cohort has nothing idle to lend
@@ -38,16 +38,16 @@ WAITING_OR_HELD = WAITING_FOR_QUOTA | {HELD_FOR_STARVING_JOB, NO_NODE_COULD_HOLD
 BUDGET_WAITS = frozenset({BUDGET_SPENT, OVER_BUDGET_WAITS})
 
 
-def quota_reason(state: QuotaState, job: QuotaJob, p: Pass | None = None) -> tuple[str, str, int]:
+def quota_reason(state: QuotaState, job: QuotaJob, cycle: Cycle | None = None) -> tuple[str, str, int]:
     """Why the job's queue cannot take it now (by its first flavor), with the shortfall. Within a pass
     (`p`) the answer is kept until the next reservation."""
-    if p is None:
+    if cycle is None:
         return reason(state, job)
     key = (job.queue, job.demand if may_borrow(state, job) else -job.demand, flavors_of(state, job),
            could_hold(state, job))  # (two jobs alike to quota may differ in shape, hence to the nodes)
-    found = p.reasons.get(key)
+    found = cycle.reasons.get(key)
     if found is None:
-        found = p.reasons[key] = reason(state, job)
+        found = cycle.reasons[key] = reason(state, job)
     return found
 
 

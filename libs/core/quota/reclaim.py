@@ -14,33 +14,33 @@ by then."""
 from __future__ import annotations
 
 from libs.core.quota.fit import group_of, over_budget, pass_servable, quota_left
-from libs.core.quota.state import Pass, QuotaJob, QuotaState
+from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 
-def lent_flavors(state: QuotaState, queue: str, p: Pass) -> list[str]:
+def lent_flavors(state: QuotaState, queue: str, cycle: Cycle) -> list[str]:
     """The flavors whose quota the queue waits for while it is lent out: its smallest job that the flavor could
     serve would fit the queue's own nominal quota of it but not the room its cohort left it. A job held by its
     own user limit or backing off waits for neither (smallest_servable leaves them out)."""
     book = state.book
-    if not state.pending.get(queue) or not book.governed(queue) or over_budget(state, queue, p):
+    if not state.pending.get(queue) or not book.governed(queue) or over_budget(state, queue, cycle):
         return []
-    lent = [(f, left, room) for f in book.limits[queue] if (left := (q := quota_left(state, queue, f, p))[0])
+    lent = [(f, left, room) for f in book.limits[queue] if (left := (q := quota_left(state, queue, f, cycle))[0])
             > (room := q[1])]
     if not lent:
         return []
-    smallest = pass_servable(state, queue, p)
+    smallest = pass_servable(state, queue, cycle)
     return [f for f, left, room in lent if (need := smallest.get(f)) is not None and left >= need > room]
 
 
-def lent_out(state: QuotaState, group: list[str], p: Pass) -> None:
+def lent_out(state: QuotaState, group: list[str], cycle: Cycle) -> None:
     """No borrower of a flavor some queue of the group waits for while it is lent out grows this pass,
     whichever of that queue's jobs comes first in its own order."""
     for q in group:
-        p.no_borrowing.update(lent_flavors(state, q, p))
+        cycle.no_borrowing.update(lent_flavors(state, q, cycle))
 
 
-def lender_waits(state: QuotaState, job: QuotaJob, p: Pass) -> bool:
+def lender_waits(state: QuotaState, job: QuotaJob, cycle: Cycle) -> bool:
     """Does another queue of the job's cohort wait for quota of the job's flavor that the job borrows?"""
     if not job.over_budget and state.book.borrowed(job.queue, job.flavor) <= 0:
         return False
-    return any(q != job.queue and job.flavor in lent_flavors(state, q, p) for q in group_of(state, job.queue))
+    return any(q != job.queue and job.flavor in lent_flavors(state, q, cycle) for q in group_of(state, job.queue))

@@ -26,10 +26,10 @@ from libs.core.quota.reasons import (
     tells,
 )
 from libs.core.quota.starvation import held_for_starving
-from libs.core.quota.state import Pass, QuotaJob, QuotaState
+from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 
-def try_reserve(state: QuotaState, job: QuotaJob, p: Pass, out: Decisions) -> bool:
+def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) -> bool:
     queue = state.policy.queues.get(job.queue)
     limit = queue.user_max_gpus if queue is not None else None
     # (Codes that do not wait for quota are told whenever they are new: see tells.)
@@ -39,9 +39,9 @@ def try_reserve(state: QuotaState, job: QuotaJob, p: Pass, out: Decisions) -> bo
                   f"{state.user_used.get((job.queue, job.user), 0) / 1000:g} GPUs in queue {job.queue} "
                   f"(limit {limit})", 0, out)
         return False
-    spent = p.over_budget.get(job.queue)
+    spent = cycle.over_budget.get(job.queue)
     if spent is None:
-        spent = over_budget(state, job.queue, p)
+        spent = over_budget(state, job.queue, cycle)
     if spent and queue is not None and queue.over_budget == "wait":
         if state.deferred.get(job.job_id) != BUDGET_SPENT:
             defer(state, job, BUDGET_SPENT, f"queue {job.queue} spent its {queue.budget_gpu_hours:g} GPU-hour "
@@ -52,7 +52,7 @@ def try_reserve(state: QuotaState, job: QuotaJob, p: Pass, out: Decisions) -> bo
         if tells(state, job, EXCEEDS_QUEUE_QUOTA):
             defer(state, job, *reason(state, job), out)
         return False
-    flavors = usable_flavors(state, job, p)
+    flavors = usable_flavors(state, job, cycle)
     if job.timed_out_flavor is not None and len(flavors) > 1 and job.timed_out_flavor in flavors:
         # Placement could not place its last reservation of that flavor: another with room is tried first.
         flavors = (*(f for f in flavors if f != job.timed_out_flavor), job.timed_out_flavor)
@@ -60,8 +60,8 @@ def try_reserve(state: QuotaState, job: QuotaJob, p: Pass, out: Decisions) -> bo
     held_by: QuotaJob | None = None  # the preemptor the quota it could take is held for
     borrows = may_borrow(state, job)
     for flavor in flavors:
-        nominal_left, room = quota_left(state, job.queue, flavor, p)
-        if flavor in p.no_borrowing and (spent or job.demand > nominal_left):
+        nominal_left, room = quota_left(state, job.queue, flavor, cycle)
+        if flavor in cycle.no_borrowing and (spent or job.demand > nominal_left):
             continue  # a queue under nominal waits for lent quota: no borrower grows meanwhile
         if spent:  # only what peers lend, never its own nominal
             room = state.book.borrow_only_room(job.queue, flavor)
@@ -69,11 +69,11 @@ def try_reserve(state: QuotaState, job: QuotaJob, p: Pass, out: Decisions) -> bo
             room = min(room, nominal_left)
         if job.demand > room:
             continue
-        if p.rule is not None and held_for_starving(state, job, flavor, nominal_left, spent, p):
+        if cycle.rule is not None and held_for_starving(state, job, flavor, nominal_left, spent, cycle):
             held_for_starving_job = True
             continue
-        if p.nominees and (nominee := holding_nominee(state, p.nominees, job, flavor, spent,
-                                                      p.nominee_effects)) is not None:
+        if cycle.nominees and (nominee := holding_nominee(state, cycle.nominees, job, flavor, spent,
+                                                      cycle.nominee_effects)) is not None:
             held_by = nominee
             continue
         borrowed = job.demand if spent else max(0, job.demand - nominal_left)
@@ -89,31 +89,31 @@ def try_reserve(state: QuotaState, job: QuotaJob, p: Pass, out: Decisions) -> bo
                   f"{at + NOMINATION_TTL_S:.0f}", 0, out)
         return False
     if held_for_starving_job:
-        starving = p.starving
-        if p.one_queue and runtime_bound(job.spec) is None:
-            p.held_for_starving[starving_key(state, job)] = (p.holds, len(p.no_borrowing))
+        starving = cycle.starving
+        if cycle.one_queue and runtime_bound(job.spec) is None:
+            cycle.held_for_starving[starving_key(state, job)] = (cycle.holds, len(cycle.no_borrowing))
         if starving is not None and state.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB:
-            if not p.held_message:
-                p.held_message = (f"quota is held for job {starving.job_id}, waiting since {starving.since:.0f}; "
+            if not cycle.held_message:
+                cycle.held_message = (f"quota is held for job {starving.job_id}, waiting since {starving.since:.0f}; "
                                   "only jobs ending before it can start, or leaving it its room, may go first")
-            defer(state, job, HELD_FOR_STARVING_JOB, p.held_message, 0, out)
+            defer(state, job, HELD_FOR_STARVING_JOB, cycle.held_message, 0, out)
         return False
-    return _not_reserved(state, job, flavors, borrows, spent, p, out)
+    return _not_reserved(state, job, flavors, borrows, spent, cycle, out)
 
 
-def _not_reserved(state: QuotaState, job: QuotaJob, flavors: tuple[str, ...], borrows: bool, spent: bool, p: Pass,
+def _not_reserved(state: QuotaState, job: QuotaJob, flavors: tuple[str, ...], borrows: bool, spent: bool, cycle: Cycle,
                   out: Decisions) -> bool:
     """No flavor had room for the job: what the pass learns from that, and what the job is told."""
-    is_entitled = entitled(state, job, p)
+    is_entitled = entitled(state, job, cycle)
     if borrows:  # (one that may not borrow failing says nothing of those that may)
         key = (job.queue, flavors_of(state, job))
-        p.failed[key] = min(p.failed.get(key, UNLIMITED), job.demand)
+        cycle.failed[key] = min(cycle.failed.get(key, UNLIMITED), job.demand)
     # A job no node present could hold, even with every running job gone, holds nobody: quota kept for it
     # could not start it, so neither the jobs below it nor borrowers wait for it (nor does anyone reclaim
     # for it: it is told so, which preemption does not act on).
     holds_others = could_hold(state, job)
     if holds_others:
-        hold_below(state, job, p)
+        hold_below(state, job, cycle)
     if spent:
         # Only idle quota of its peers may serve it; evicting anyone for it would be wrong.
         if tells(state, job, OVER_BUDGET_WAITS):
@@ -123,23 +123,23 @@ def _not_reserved(state: QuotaState, job: QuotaJob, flavors: tuple[str, ...], bo
     # Every quota reason waits for quota: a job told it waits for quota is not told again (see defer).
     tell = state.deferred.get(job.job_id) not in WAITING_FOR_QUOTA or not holds_others
     if tell:
-        code, message, shortfall = quota_reason(state, job, p)
-        if p.no_borrowing and code == COHORT_QUOTA_EXHAUSTED:
+        code, message, shortfall = quota_reason(state, job, cycle)
+        if cycle.no_borrowing and code == COHORT_QUOTA_EXHAUSTED:
             message = ("a queue under its nominal quota waits for quota lent out first; no queue borrows more "
                        "meanwhile")
     if is_entitled and holds_others:
         # It fits its own nominal, yet no room: that quota is lent out. No borrower of it grows now.
-        p.no_borrowing.update(f for f in flavors if quota_left(state, job.queue, f, p)[0] >= job.demand)
+        cycle.no_borrowing.update(f for f in flavors if quota_left(state, job.queue, f, cycle)[0] >= job.demand)
     if tell:
         defer(state, job, code, message, shortfall, out)
     return False
 
 
-def usable_flavors(state: QuotaState, job: QuotaJob, p: Pass) -> tuple[str, ...]:
+def usable_flavors(state: QuotaState, job: QuotaJob, cycle: Cycle) -> tuple[str, ...]:
     """The flavors the job may take quota of in this pass: its own, less those a job of higher priority
     of its queue waits for (which holds lower jobs back there)."""
     flavors = flavors_of(state, job) if state.book.governed(job.queue) else (ANY,)
-    held = p.held_below.get(job.queue)
+    held = cycle.held_below.get(job.queue)
     if not held:
         return flavors
     return tuple(f for f in flavors if held.get(f, job.priority) <= job.priority)
@@ -150,18 +150,18 @@ def starving_key(state: QuotaState, job: QuotaJob) -> tuple[str, int, int, tuple
     return (job.queue, job.priority, job.demand, flavors_of(state, job), may_borrow(state, job))
 
 
-def held_like_another(state: QuotaState, job: QuotaJob, p: Pass) -> bool:
+def held_like_another(state: QuotaState, job: QuotaJob, cycle: Cycle) -> bool:
     """Would trying the job only hold it for the starving job again, as it was told already? So when, in a pass
     over one queue (where the job would be tried right now), a job of its key (starving_key) was held that way
     with the same holds and no reservation since, and the job, neither the starving job nor a nominated
     preemptor, has no runtime limit and no user limit binding it: its rooms, usable flavors and the rule's
     effect are then those the other job met, flavor by flavor. (In a pass over several queues another queue's
     head may be tried, and reserved, between the two: there the job is tried.)"""
-    seen = p.held_for_starving.get(starving_key(state, job))
-    if (seen is None or seen != (p.holds, len(p.no_borrowing))
+    seen = cycle.held_for_starving.get(starving_key(state, job))
+    if (seen is None or seen != (cycle.holds, len(cycle.no_borrowing))
             or state.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB):
         return False
-    if (p.starving is None or job.job_id == p.starving.job_id or job.job_id in state.nominated
+    if (cycle.starving is None or job.job_id == cycle.starving.job_id or job.job_id in state.nominated
             or runtime_bound(job.spec) is not None):
         return False
     queue = state.policy.queues.get(job.queue)
@@ -169,13 +169,13 @@ def held_like_another(state: QuotaState, job: QuotaJob, p: Pass) -> bool:
     return limit is None or state.user_used.get((job.queue, job.user), 0) + job.demand <= limit * 1000
 
 
-def hold_below(state: QuotaState, job: QuotaJob, p: Pass) -> None:
+def hold_below(state: QuotaState, job: QuotaJob, cycle: Cycle) -> None:
     """The job did not get quota: lower jobs of its queue wait behind it in the flavors it could use."""
-    p.holds += 1
-    held = p.held_below.setdefault(job.queue, {})
+    cycle.holds += 1
+    held = cycle.held_below.setdefault(job.queue, {})
     for f in flavors_of(state, job) if state.book.governed(job.queue) else (ANY,):
         if held.get(f, job.priority) <= job.priority:
             held[f] = job.priority
     everywhere = [held.get(f) for f in (state.book.limits.get(job.queue) or (ANY,))]
     if all(prio is not None for prio in everywhere):
-        p.held_all[job.queue] = min(prio for prio in everywhere if prio is not None)
+        cycle.held_all[job.queue] = min(prio for prio in everywhere if prio is not None)

@@ -13,7 +13,7 @@ from libs.core.kernel.quota_math import ANY, QuotaBook
 from libs.core.kernel.starvation import RoomEffect, Shadow, Starving, find_shadow, holds, longest_waiting
 from libs.core.quota.fit import could_ever_fit, could_hold, flavors_of
 from libs.core.quota.reasons import WAITING_OR_HELD
-from libs.core.quota.state import Pass, QuotaJob, QuotaState
+from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 # A reservation's usage as the book counts it: (queue, flavor, milli, over budget).
 Charge = tuple[str, str, int, bool]
@@ -77,29 +77,29 @@ def reservation_effect(book: QuotaBook, starving: QuotaJob, flavors: tuple[str, 
     return (any(a < b for a, b in zip(after, before, strict=True)), any(a >= starving.demand for a in after))
 
 
-def find_starving(state: QuotaState, group: list[str], p: Pass) -> None:
+def find_starving(state: QuotaState, group: list[str], cycle: Cycle) -> None:
     """The group's starving job, by the rule placement shares (starvation.longest_waiting): its longest-waiting
     job past the limit that may starve (may_starve), and when its quota frees up by the reserved jobs'
     declared runtimes (the shadow time backfill must end by; unknown when they do not say: then no job
     backfills)."""
     limit = state.policy.settings.starvation_after_s
-    if limit is None or not state.by_wait or p.now - state.by_wait[0][0] < limit:
+    if limit is None or not state.by_wait or cycle.now - state.by_wait[0][0] < limit:
         return
     # The group's waiting jobs, longest waiting first (as in by_wait).
     waits = [w for q in group if (w := state.by_wait_in.get(q))]
     oldest = longest_waiting(((since, state.jobs[job_id]) for since, _, job_id in
-                              (waits[0] if len(waits) == 1 else heapq.merge(*waits))), p.now, limit,
+                              (waits[0] if len(waits) == 1 else heapq.merge(*waits))), cycle.now, limit,
                              lambda job: may_starve(state, job))
     if oldest is None:
         return
     flavors = flavors_of(state, oldest) or (ANY,)
     holding = [j for q in group for j_id in state.reserved.get(q, {}) if (j := state.jobs[j_id]).flavor in flavors]
-    shadow = reservations_shadow(state.book, oldest, flavors, holding, p.now)
+    shadow = reservations_shadow(state.book, oldest, flavors, holding, cycle.now)
     if shadow is None:
         return  # it could not fit even with every reservation gone: it holds nobody
-    p.starving = oldest
-    p.rule = Starving(job_id=oldest.job_id, priority=oldest.priority, shadow=shadow.at)
-    p.ending = shadow.ending
+    cycle.starving = oldest
+    cycle.rule = Starving(job_id=oldest.job_id, priority=oldest.priority, shadow=shadow.at)
+    cycle.ending = shadow.ending
 
 
 def may_starve(state: QuotaState, job: QuotaJob) -> bool:
@@ -109,31 +109,32 @@ def may_starve(state: QuotaState, job: QuotaJob) -> bool:
 
 
 def held_for_starving(state: QuotaState, job: QuotaJob, flavor: str, nominal_left: int, over_budget: bool,
-                      p: Pass) -> bool:
+                      cycle: Cycle) -> bool:
     """Must the job, about to take quota of `flavor`, wait for the starving job (libs/core/kernel/starvation.py)?
     A job of another queue within its own queue's nominal quota never does: that quota is its queue's,
     whoever starves elsewhere."""
-    starving = p.starving
+    starving = cycle.starving
     if starving is None or (job.queue != starving.queue and not over_budget and job.demand <= nominal_left):
         return False
     if job.job_id in state.las_nominated and job.job_id in state.nominated:
         # Its victims, of its own queue and priority, leave for it: held for the starving job, which its
         # nomination holds in turn, they would have been evicted for nothing (placement exempts it alike).
         return False
-    return holds(p.rule, job.job_id, job.priority, runtime_bound(job.spec), p.now,
-                 lambda: room_effect(state, job, flavor, over_budget, p))
+    return holds(cycle.rule, job.job_id, job.priority, runtime_bound(job.spec), cycle.now,
+                 lambda: room_effect(state, job, flavor, over_budget, cycle))
 
 
-def room_effect(state: QuotaState, job: QuotaJob, flavor: str, over_budget: bool, p: Pass) -> RoomEffect:
+def room_effect(state: QuotaState, job: QuotaJob, flavor: str, over_budget: bool, cycle: Cycle) -> RoomEffect:
     """Would reserving the job in `flavor` shrink the room the starving job could use, and would the
     starving job still fit beside it at its shadow time (the reservations ending by then gone)?"""
     key = (job.queue, flavor, job.demand, over_budget)
-    effect = p.effects.get(key)
+    effect = cycle.effects.get(key)
     if effect is not None:
         return effect
-    starving = p.starving
+    starving = cycle.starving
     if starving is None:
         return (False, False)
-    effect = p.effects[key] = reservation_effect(state.book, starving, flavors_of(state, starving) or (ANY,), p.ending,
-                                                 job, flavor, over_budget)
+    flavors = flavors_of(state, starving) or (ANY,)
+    effect = cycle.effects[key] = reservation_effect(state.book, starving, flavors, cycle.ending, job, flavor,
+                                                     over_budget)
     return effect

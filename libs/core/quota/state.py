@@ -21,7 +21,7 @@ from libs.core.quota.fleet import Fleet
 # (when, its head at the start of a pass, that head's order key): see libs/core/quota/heads.py
 KeptHead = tuple[tuple[object, ...], str, tuple[object, ...]]
 # (order key, queue, the stamp of what the key was found from): an entry of a cohort's heap of calm queues
-CalmEntry = tuple[tuple[object, ...], str, tuple[object, ...]]
+RankedEntry = tuple[tuple[object, ...], str, tuple[object, ...]]
 
 
 @dataclass(slots=True)
@@ -117,21 +117,21 @@ class QuotaState:
     # queue -> (policy version, flavors epoch, could the queue ever hold each of its waiting jobs)
     fitting: dict[str, tuple[int, int, bool]] = field(default_factory=dict)
     # queue -> its waiting jobs not told they wait for quota (a pass may have something to tell them)
-    loud: dict[str, dict[str, None]] = field(default_factory=dict)
+    untold: dict[str, dict[str, None]] = field(default_factory=dict)
     # queue -> bumps whenever something of its own changes (quota_fold.touched)
-    qver: dict[str, int] = field(default_factory=dict)
+    queue_version: dict[str, int] = field(default_factory=dict)
     cohort_demands: dict[str, dict[int, int]] = field(default_factory=dict)  # cohort -> waiting demand -> jobs
-    heads: dict[str, KeptHead] = field(default_factory=dict)  # queue -> its kept head: see quota_heads
+    kept_heads: dict[str, KeptHead] = field(default_factory=dict)  # queue -> its kept head: see quota_heads
     # The calm queues of each cohort in fair order (libs/core/quota/calm.py): cohort -> its waiting queues,
     # its heap of calm ones, the versions it was ranked at, those touched since a pass looked, and those not
     # calm when last looked at.
     waiting_in: dict[str, dict[str, None]] = field(default_factory=dict)
-    calm: dict[str, list[CalmEntry]] = field(default_factory=dict)
-    calm_at: dict[str, tuple[object, ...]] = field(default_factory=dict)
-    stirred: dict[str, dict[str, None]] = field(default_factory=dict)
-    restless: dict[str, dict[str, None]] = field(default_factory=dict)
+    ranked: dict[str, list[RankedEntry]] = field(default_factory=dict)
+    ranked_at: dict[str, tuple[object, ...]] = field(default_factory=dict)
+    changed_queues: dict[str, dict[str, None]] = field(default_factory=dict)
+    unranked: dict[str, dict[str, None]] = field(default_factory=dict)
     # queue -> (when, is it quiet: see quota_reach.quiet)
-    quiet: dict[str, tuple[tuple[int, ...], bool]] = field(default_factory=dict)
+    lent_only_known: dict[str, tuple[tuple[int, ...], bool]] = field(default_factory=dict)
     # (policy version, cohort -> the flavors of its pool): see quota_reach.cohort_flavors
     cohort_flavors_at: tuple[int, dict[str, tuple[str, ...]]] = field(default_factory=lambda: (-1, {}))
 
@@ -148,7 +148,7 @@ class QuotaState:
 
 
 @dataclass(slots=True)
-class Pass:
+class Cycle:
     """What one scheduling pass learned; quota only shrinks during a pass, so failures stay failures."""
 
     now: float

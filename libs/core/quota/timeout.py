@@ -14,7 +14,7 @@ from libs.core.kernel.quota_math import flavor_name
 from libs.core.kernel.starvation import CAPACITY_HELD
 from libs.core.quota.reasons import PLACEMENT_TIMED_OUT, defer
 from libs.core.quota.reclaim import lender_waits
-from libs.core.quota.state import Pass, QuotaJob, QuotaState
+from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 PLACEMENT_TIMEOUT = "placement_timeout"  # the QuotaReleased reason of such a job
 # A job whose reservation timed out waits this long before it may take quota again, doubling each time (as
@@ -37,10 +37,10 @@ def give_back_unplaced(state: QuotaState, now: float, out: Decisions) -> list[st
     timeout = state.policy.settings.placement_timeout_s
     if timeout is None or not state.unplaced:
         return []
-    p = Pass(now=now)
+    cycle = Cycle(now=now)
     expired = [job for j in state.unplaced if (job := state.jobs[j]).placement_code
                and now - job.reserved_at >= timeout and not victims_leaving(state, j)
-               and (job.placement_code != CAPACITY_HELD or lender_waits(state, job, p))]
+               and (job.placement_code != CAPACITY_HELD or lender_waits(state, job, cycle))]
     for job in expired:
         out.emit(QuotaReleased, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue,
                  gpu_milli=job.demand, reason=PLACEMENT_TIMEOUT)

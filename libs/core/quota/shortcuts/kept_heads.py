@@ -10,7 +10,7 @@ backing off (whether it may go is a matter of time)."""
 from __future__ import annotations
 
 from libs.core.quota.order import fair_epoch
-from libs.core.quota.state import Pass, QuotaJob, QuotaState
+from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 
 def backing_off_queues(state: QuotaState) -> set[str]:
@@ -21,22 +21,22 @@ def backing_off_queues(state: QuotaState) -> set[str]:
             if (job := state.jobs.get(j)) is not None}
 
 
-def keeps(state: QuotaState, queue: str, backing_off: set[str]) -> bool:
+def may_keep_head(state: QuotaState, queue: str, backing_off: set[str]) -> bool:
     spec = state.policy.queues.get(queue)
     return (spec is not None and not spec.parent and spec.budget_gpu_hours is None and queue not in backing_off
             and not state.book.children.get(queue))
 
 
-def stamp(state: QuotaState, queue: str, p: Pass) -> tuple[object, ...]:
-    return (fair_epoch(state, p.now), state.policy_version, state.flavors_epoch, state.qver.get(queue, 0))
+def head_stamp(state: QuotaState, queue: str, cycle: Cycle) -> tuple[object, ...]:
+    return (fair_epoch(state, cycle.now), state.policy_version, state.flavors_epoch, state.queue_version.get(queue, 0))
 
 
-def kept_head(state: QuotaState, queue: str, p: Pass) -> tuple[QuotaJob, tuple[object, ...]] | None:
-    known = state.heads.get(queue)
-    if known is None or known[0] != stamp(state, queue, p):
+def kept_head(state: QuotaState, queue: str, cycle: Cycle) -> tuple[QuotaJob, tuple[object, ...]] | None:
+    known = state.kept_heads.get(queue)
+    if known is None or known[0] != head_stamp(state, queue, cycle):
         return None
     return state.jobs[known[1]], known[2]
 
 
-def keep_head(state: QuotaState, queue: str, p: Pass, head: QuotaJob, key: tuple[object, ...]) -> None:
-    state.heads[queue] = (stamp(state, queue, p), head.job_id, key)
+def keep_head(state: QuotaState, queue: str, cycle: Cycle, head: QuotaJob, key: tuple[object, ...]) -> None:
+    state.kept_heads[queue] = (head_stamp(state, queue, cycle), head.job_id, key)

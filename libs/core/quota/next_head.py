@@ -17,17 +17,17 @@ from libs.core.quota.reasons import (
     tells,
 )
 from libs.core.quota.reserve import held_like_another, usable_flavors
-from libs.core.quota.state import Pass, QuotaJob, QuotaState
+from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 
-def next_head(state: QuotaState, queue: str, order: Order, p: Pass, out: Decisions) -> QuotaJob | None:
+def next_head(state: QuotaState, queue: str, order: Order, cycle: Cycle, out: Decisions) -> QuotaJob | None:
     """The next job of the queue worth trying; jobs that cannot fit are told why (once) on the way."""
     backing_off = state.backing_off
     requeued = state.requeued
     # None of these changes while the queue's next head is looked for (only trying a head does).
-    held = p.held_below.get(queue)
-    held_all = p.held_all.get(queue)
-    failures = p.failed
+    held = cycle.held_below.get(queue)
+    held_all = cycle.held_all.get(queue)
+    failures = cycle.failed
     deferred = state.deferred
     version = state.flavors_epoch
     waiting_for_quota = WAITING_FOR_QUOTA
@@ -36,18 +36,18 @@ def next_head(state: QuotaState, queue: str, order: Order, p: Pass, out: Decisio
     seen_failed: int | None = None
     seen_level = -1
     level_skips = False
-    for job in order.walk:
+    for job in order.remaining:
         if backing_off or requeued:
             backoffs = backing_off if job.job_id in backing_off else requeued
             not_before = backoffs.get(job.job_id)
             if not_before is not None:
-                if not_before > p.now:
+                if not_before > cycle.now:
                     if deferred.get(job.job_id) not in BACKING_OFF:
                         defer(state, job, RETRY_BACKOFF, f"it failed and runs again after {not_before:.0f}", 0, out)
                     continue
                 del backoffs[job.job_id]
         if held is not None and ((held_all is not None and job.priority < held_all)
-                                 or not usable_flavors(state, job, p)):
+                                 or not usable_flavors(state, job, cycle)):
             if held_all is not None and job.priority < held_all and deferred.get(job.job_id) in WAITING_FOR_QUOTA:
                 return None  # everything after it is of lower priority still, held in every flavor, and told
             if tells(state, job, BEHIND_HIGHER_PRIORITY):
@@ -64,17 +64,17 @@ def next_head(state: QuotaState, queue: str, order: Order, p: Pass, out: Decisio
                     if job.priority != seen_level:
                         seen_level = job.priority
                         level = (queue, seen_level)
-                        smallest = p.smallest.get(level)
+                        smallest = cycle.smallest.get(level)
                         if smallest is None:
-                            smallest = p.smallest[level] = min(state.demands[level])
+                            smallest = cycle.smallest[level] = min(state.demands[level])
                         # Nothing of this level is smaller or asks for other models: skip the level.
                         level_skips = failed <= smallest and len(state.models[level]) == 1
                     if level_skips:
                         order.skip_level()
                     continue
-                defer(state, job, *quota_reason(state, job, p), out)
+                defer(state, job, *quota_reason(state, job, cycle), out)
                 continue
-        if p.held_for_starving and held_like_another(state, job, p):
+        if cycle.held_for_starving and held_like_another(state, job, cycle):
             continue
         return job
     return None

@@ -14,23 +14,23 @@ Skipping such a queue decides exactly what trying it would (tests/unit/test_deci
 from __future__ import annotations
 
 from libs.core.quota.fit import all_could_ever_fit, all_holdable, pass_servable, quota_left
-from libs.core.quota.state import Pass, QuotaState
+from libs.core.quota.state import Cycle, QuotaState
 
 
-def out_of_reach(state: QuotaState, queue: str, p: Pass) -> bool:
+def skippable(state: QuotaState, queue: str, cycle: Cycle) -> bool:
     """Could no waiting job of the queue get quota in this pass, trying them telling nobody anything new?
     (`p.backing_off`, the queues with a job backing off as the pass began, may name more than are left: a
     backoff ending on the way only makes the answer no where it could have been yes.)"""
     flavors = state.book.limits.get(queue)
-    if not flavors or queue in p.backing_off or not nothing_to_tell(state, queue):
+    if not flavors or queue in cycle.backing_off or not nothing_to_tell(state, queue):
         return False
-    smallest = pass_servable(state, queue, p)
+    smallest = pass_servable(state, queue, cycle)
     for flavor in flavors:
         need = smallest.get(flavor)
         if need is None:
             continue  # no waiting job of the queue could use it
-        nominal_left, room = quota_left(state, queue, flavor, p)
-        if flavor in p.no_borrowing:
+        nominal_left, room = quota_left(state, queue, flavor, cycle)
+        if flavor in cycle.no_borrowing:
             if room >= need <= nominal_left:
                 return False  # it could take its own nominal quota (nobody borrows the flavor this pass)
         elif room >= need or nominal_left >= need:
@@ -38,7 +38,7 @@ def out_of_reach(state: QuotaState, queue: str, p: Pass) -> bool:
     return True
 
 
-def quiet(state: QuotaState, queue: str, backing_off: set[str]) -> bool:
+def lent_only(state: QuotaState, queue: str, backing_off: set[str]) -> bool:
     """Is the waiting queue out of reach whenever its cohort has no idle lendable quota for the cohort's smallest
     waiting job (no_room)? So when trying its jobs could tell nobody anything new (as out_of_reach asks) and its
     room is only what its cohort lends: it has no guaranteed (unlendable) quota idle, and less of its nominal
@@ -47,12 +47,13 @@ def quiet(state: QuotaState, queue: str, backing_off: set[str]) -> bool:
     queues with a job backing off (a pass knows them)."""
     if queue in backing_off:
         return False
-    stamp = (state.policy_version, state.flavors_epoch, state.fleet.inventory.version, state.qver.get(queue, 0))
-    known = state.quiet.get(queue)
-    if known is not None and known[0] == stamp:
+    versions = (state.policy_version, state.flavors_epoch, state.fleet.inventory.version,
+                state.queue_version.get(queue, 0))
+    known = state.lent_only_known.get(queue)
+    if known is not None and known[0] == versions:
         return known[1]
-    answer = _quiet(state, queue)
-    state.quiet[queue] = (stamp, answer)
+    answer = lent_only_now(state, queue)
+    state.lent_only_known[queue] = (versions, answer)
     return answer
 
 
@@ -60,7 +61,7 @@ def nothing_to_tell(state: QuotaState, queue: str) -> bool:
     """Would trying the governed queue's waiting jobs (none backing off) tell none of them anything new? Each is
     told it waits for quota already, no user limit or budget could tell it otherwise, its queue's quota could
     hold it and a node present could."""
-    if state.loud.get(queue):
+    if state.untold.get(queue):
         return False
     spec = state.policy.queues.get(queue)
     if spec is None or spec.user_max_gpus is not None or spec.budget_gpu_hours is not None:
@@ -68,7 +69,7 @@ def nothing_to_tell(state: QuotaState, queue: str) -> bool:
     return all_holdable(state, queue) and all_could_ever_fit(state, queue)
 
 
-def _quiet(state: QuotaState, queue: str) -> bool:
+def lent_only_now(state: QuotaState, queue: str) -> bool:
     flavors = state.book.limits.get(queue)
     if not flavors or not nothing_to_tell(state, queue):
         return False
@@ -80,7 +81,7 @@ def _quiet(state: QuotaState, queue: str) -> bool:
     return True
 
 
-def no_room(state: QuotaState, cohort: str) -> bool:
+def cohort_full(state: QuotaState, cohort: str) -> bool:
     """Is the cohort's idle lendable quota of every flavor below its smallest waiting job? Then no quiet queue
     of it could take quota (its room is at most what the cohort lends)."""
     demands = state.cohort_demands.get(cohort)
