@@ -44,7 +44,6 @@ import msgspec
 from contracts import (
     ClockTick,
     EventBase,
-    GpuHealthChanged,
     JobAdmitted,
     JobCancelled,
     JobEvicted,
@@ -55,21 +54,17 @@ from contracts import (
     JobSubmitted,
     NodeCordoned,
     NodeLost,
-    NodeRegistered,
-    NodeUncordoned,
     PlacementDeferred,
     PreemptionDecided,
     PriorityClassesChanged,
     QueuePolicyChanged,
-    QuotaReleased,
     SchedulingSettingsChanged,
 )
 from libs.core.kernel.decider import Chain, Decisions, Trigger
-from libs.core.quota.cycle import schedule
-from libs.core.quota.fit import group_of, groups
 from libs.core.quota.fold import fold
 from libs.core.quota.nomination import HELD_FOR_PREEMPTOR, NOMINATION_TTL_S
 from libs.core.quota.order import fair_share as queue_fair_share
+from libs.core.quota.reactions import CAPACITY_GREW, REACTIONS, after_fold, decides_nothing
 from libs.core.quota.reasons import (
     BACKING_OFF,
     BEHIND_HIGHER_PRIORITY,
@@ -90,17 +85,13 @@ from libs.core.quota.reasons import (
     USER_LIMIT,
     WAITING_FOR_QUOTA,
     WAITING_OR_HELD,
-    tell_new,
-    tell_no_node,
 )
 from libs.core.quota.state import QuotaState
 from libs.core.quota.timeout import (
     PLACEMENT_BACKOFF_MAX_S,
     PLACEMENT_BACKOFF_S,
     PLACEMENT_TIMEOUT,
-    give_back_unplaced,
     placement_backoff_s,
-    take_back,
 )
 
 __all__ = [
@@ -134,13 +125,12 @@ __all__ = [
 ]
 
 SERVICE = "quota"
-# Capacity that may let a job placement could not place go: the wait after a placement timeout ends on these.
-_CAPACITY_GREW = (NodeRegistered, NodeUncordoned, GpuHealthChanged)
 
 
 class QuotaDecider(QuotaState):
-    """The quota decider: its state (QuotaState), folded by libs/core/quota/fold.py, and its react, which runs
-    a scheduling pass (libs/core/quota/scheduling_pass.py) over the groups of queues a trigger may change."""
+    """The quota decider: its state (QuotaState), folded by libs/core/quota/fold.py, and its react, which hands
+    each trigger to its reaction (libs/core/quota/reactions.py): scheduling cycles (libs/core/quota/cycle.py)
+    over the groups of queues the trigger may change."""
 
     name = SERVICE
 
@@ -151,13 +141,13 @@ class QuotaDecider(QuotaState):
     def input_types(self) -> Iterable[type[EventBase]]:
         return (QueuePolicyChanged, PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, JobAdmitted,
                 JobCancelled, JobFinished, JobFailed, JobEvicted, PreemptionDecided, ClockTick, JobPlaced, JobStarted,
-                PlacementDeferred, NodeLost, NodeCordoned, *_CAPACITY_GREW)
+                PlacementDeferred, NodeLost, NodeCordoned, *CAPACITY_GREW)
 
     def reacts_to(self) -> tuple[type[EventBase], ...]:
         """The inputs `react` may decide something about; to any other (a submission, a preemption) it answers
         [] and changes nothing."""
         return (JobAdmitted, JobFinished, JobFailed, JobCancelled, JobEvicted, QueuePolicyChanged,
-                PriorityClassesChanged, SchedulingSettingsChanged, ClockTick, JobPlaced, *_CAPACITY_GREW, NodeLost,
+                PriorityClassesChanged, SchedulingSettingsChanged, ClockTick, JobPlaced, *CAPACITY_GREW, NodeLost,
                 NodeCordoned)
 
     def evolve(self, event: EventBase) -> None:
@@ -167,77 +157,15 @@ class QuotaDecider(QuotaState):
         """Weighted (decayed) usage relative to nominal quota: 1.0 is exactly the queue's share."""
         return queue_fair_share(self, queue, now)
 
-    # --- decisions -------------------------------------------------------------------------------
-
     def react(self, trigger: Trigger) -> list[EventBase]:
         event = trigger.event
-        if (isinstance(event, ClockTick) and not self.budget_deferred and not self.backing_off and not self.requeued
-                and not self.unplaced and not self.lapsed):
-            return []  # no job waits for time to pass (see the case below)
-        if isinstance(event, JobPlaced) and self.placed_while_waiting is None:
+        reaction = REACTIONS.get(type(event))
+        if reaction is None or decides_nothing(self, event):
             return []
+        after = after_fold(self)  # read first: folding the decisions made below clears it
         out = Decisions(SERVICE, trigger, self.evolve, self.chain)
-        now = event.ts
-        left_waiting = self.left_waiting  # read first: folding our own decisions resets it
-        lapsed = self.lapsed
-        backoffs_ended = self.backoffs_ended
-        placed_while_pending = self.placed_while_waiting
-        match event:
-            case JobPlaced() if placed_while_pending is not None:
-                take_back(self, self.jobs[placed_while_pending], out)
-            case JobAdmitted():
-                job = self.jobs.get(event.job_id)
-                if job is not None and job.state == "pending":
-                    schedule(self, group_of(self, job.queue), now, out)
-                    if job.state == "pending" and job.job_id not in self.deferred:
-                        tell_new(self, job, now, out)
-            case JobFinished() | JobFailed() | JobCancelled() | JobEvicted():
-                self._release(event, out)
-                if left_waiting is not None:
-                    # A waiting job left: jobs it held back may go now.
-                    schedule(self, group_of(self, left_waiting), now, out)
-            case NodeRegistered() | NodeUncordoned() | GpuHealthChanged():
-                # Also the queues of jobs no node could hold: a node that can may be back, and they may
-                # starve again (their reason is told anew by the pass).
-                changed = {*backoffs_ended, *(self.jobs[j].queue for j in self.no_node_deferred if j in self.jobs)}
-                if isinstance(event, NodeRegistered) or (isinstance(event, GpuHealthChanged) and not event.healthy):
-                    # Capacity may have shrunk too: a GPU turned sick, or a node registered again smaller
-                    # (fewer GPUs, MIG on), so a waiting job no node could hold any more holds nobody now.
-                    changed.update(tell_no_node(self, out))
-                for group in groups(self) if changed else ():
-                    if not changed.isdisjoint(group):
-                        schedule(self, group, now, out)
-            case NodeLost() | NodeCordoned():
-                shrank = tell_no_node(self, out)
-                for group in groups(self) if shrank else ():
-                    if not shrank.isdisjoint(group):
-                        schedule(self, group, now, out)
-            case QueuePolicyChanged() | PriorityClassesChanged() | SchedulingSettingsChanged():
-                for group in groups(self):
-                    schedule(self, group, now, out)
-            case ClockTick():
-                # Time alone can change a verdict: a new budget period opens, a backoff ends, a reservation
-                # that placement could not place in time goes back, a preemptor's nomination lapses.
-                waiting = {self.jobs[j].queue for j in self.budget_deferred}
-                waiting.update(lapsed)
-                waiting.update(give_back_unplaced(self, now, out))
-                for backoffs in (self.backing_off, self.requeued):
-                    waiting.update(self.jobs[j].queue for j, t in backoffs.items() if t <= now and j in self.jobs)
-                for group in groups(self) if waiting else ():
-                    if waiting.intersection(group):
-                        schedule(self, group, now, out)
+        reaction(self, event, after, out)
         return out.out
-
-    def _release(self, event: JobFinished | JobFailed | JobCancelled | JobEvicted, out: Decisions) -> None:
-        job = self.jobs.get(event.job_id)
-        if job is None or job.state != "reserved":
-            return
-        reason = "retry" if event.job_id in self.retry_in else type(event).__name__.removeprefix("Job").lower()
-        out.emit(QuotaReleased, correlation_id=event.job_id, job_id=event.job_id, queue=job.queue,
-                 gpu_milli=job.demand, reason=reason)
-        schedule(self, group_of(self, job.queue), event.ts, out)
-        if job.state == "pending" and job.job_id not in self.deferred:
-            tell_new(self, job, event.ts, out)  # evicted back into its queue, and not reached by the pass
 
     def snapshot(self) -> bytes:
         return msgspec.json.encode({
