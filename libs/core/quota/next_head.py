@@ -16,7 +16,8 @@ from libs.core.quota.reasons import (
     quota_reason,
     tells,
 )
-from libs.core.quota.reserve import held_like_another, usable_flavors
+from libs.core.quota.reserve import usable_flavors
+from libs.core.quota.shortcuts.repeated_holds import held_like_another
 from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 

@@ -45,19 +45,27 @@ def fair_key(state: QuotaState, queue: str, now: float) -> tuple[float, ...]:
 
 
 def order_key(state: QuotaState, job: QuotaJob, cycle: Cycle) -> tuple[object, ...]:
-    """A job that preempted others goes first: the quota its victims free is its. A queue whose head
-    must borrow still ranks as entitled when a smaller job of the head's priority fits its nominal
-    quota: that job comes right after the head fails, and quota freed for it (say by a reclaim) must not
-    go to a borrower meanwhile."""
+    """The job's place among the heads of a cycle's queues: the smallest key goes first. Compared, in turn:
+      1. a nominated preemptor first: the quota its victims free is its;
+      2. then a job within its queue's nominal quota (entitled) before one that must borrow; a queue whose
+         head must borrow still ranks as entitled when a smaller job of the head's priority fits its nominal
+         quota: that job comes right after the head fails, and quota freed for it (say by a reclaim) must not
+         go to a borrower meanwhile;
+      3. then the queue furthest below its fair share, level by level down the queue tree (fair_key);
+      4. then higher priority;
+      5. then earlier arrival;
+      6. then the job id: no two jobs tie.
+    Kept in the cycle until it reserves (a reservation changes usage)."""
     key = cycle.keys.get(job.job_id)
     if key is None:
         key = cycle.keys[job.job_id] = (job.job_id not in state.nominated,
-                                    not (entitled(state, job, cycle) or level_entitled(state, job, cycle)),
-                                    pass_fair_key(state, job.queue, cycle), -job.priority, job.arrival, job.job_id)
+                                        not (entitled(state, job, cycle) or level_entitled(state, job, cycle)),
+                                        cycle_fair_key(state, job.queue, cycle), -job.priority, job.arrival,
+                                        job.job_id)
     return key
 
 
-def pass_fair_key(state: QuotaState, queue: str, cycle: Cycle) -> tuple[float, ...]:
+def cycle_fair_key(state: QuotaState, queue: str, cycle: Cycle) -> tuple[float, ...]:
     key = cycle.fair.get(queue)
     if key is None:
         key = cycle.fair[queue] = fair_key(state, queue, fair_epoch(state, cycle.now))
@@ -85,10 +93,14 @@ def level_entitled(state: QuotaState, job: QuotaJob, cycle: Cycle) -> bool:
 
 
 class Order:
-    """A queue's pending jobs in order: its nominated preemptors first, in nomination order (the quota their
-    victims free is theirs: libs/core/quota/nomination.py), then priority, then the user holding least, then
-    arrival. Robust to the job just yielded leaving the queue (being reserved) before the next is asked for;
-    `skip_level` jumps to the next (lower) priority."""
+    """A queue's waiting jobs in order, the first job first:
+      1. its nominated preemptors, in nomination order (the quota their victims free is theirs:
+         libs/core/quota/nomination.py);
+      2. then higher priority;
+      3. then, within a priority, the user holding fewest GPUs in the queue (counting what this cycle gives);
+      4. then, within a user, earlier arrival, then the job id.
+    One pass over the queue, resumed by each call for the next head, and robust to the job just yielded leaving
+    the queue (being reserved) before the next is asked for; `skip_level` jumps to the next (lower) priority."""
 
     def __init__(self, state: QuotaState, queue: str) -> None:
         self.state = state
@@ -96,7 +108,6 @@ class Order:
         self.levels = sorted(state.pending.get(queue, {}), reverse=True)
         self._skip = False
         self.first = in_queue(state, queue)
-        # The one walk over the queue, resumed by each call for the next head.
         self.remaining = self._nominated_first() if self.first else self._jobs()
 
     def __iter__(self) -> Iterator[QuotaJob]:

@@ -25,37 +25,22 @@ from libs.core.quota.reasons import (
     reason,
     tells,
 )
+from libs.core.quota.shortcuts.repeated_holds import starving_key
 from libs.core.quota.starvation import held_for_starving
 from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 
 def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) -> bool:
-    queue = state.policy.queues.get(job.queue)
-    limit = queue.user_max_gpus if queue is not None else None
+    """Try the job: reserve quota for it (True), or tell it why it waits, once (False)."""
     # (Codes that do not wait for quota are told whenever they are new: see tells.)
-    if limit is not None and state.user_used.get((job.queue, job.user), 0) + job.demand > limit * 1000:
-        if state.deferred.get(job.job_id) != USER_LIMIT:
-            defer(state, job, USER_LIMIT, f"user {job.user} already holds "
-                  f"{state.user_used.get((job.queue, job.user), 0) / 1000:g} GPUs in queue {job.queue} "
-                  f"(limit {limit})", 0, out)
+    if over_user_limit(state, job, out):
         return False
     spent = cycle.over_budget.get(job.queue)
     if spent is None:
         spent = over_budget(state, job.queue, cycle)
-    if spent and queue is not None and queue.over_budget == "wait":
-        if state.deferred.get(job.job_id) != BUDGET_SPENT:
-            defer(state, job, BUDGET_SPENT, f"queue {job.queue} spent its {queue.budget_gpu_hours:g} GPU-hour "
-                  f"{queue.budget_period}ly budget; it waits for the next period", 0, out)
+    if waits_for_budget(state, job, spent, out) or never_fits(state, job, out):
         return False
-    if not could_ever_fit(state, job):
-        # Its queue can no longer hold it at all (quota lowered, flavor removed): it waits, holding nothing.
-        if tells(state, job, EXCEEDS_QUEUE_QUOTA):
-            defer(state, job, *reason(state, job), out)
-        return False
-    flavors = usable_flavors(state, job, cycle)
-    if job.timed_out_flavor is not None and len(flavors) > 1 and job.timed_out_flavor in flavors:
-        # Placement could not place its last reservation of that flavor: another with room is tried first.
-        flavors = (*(f for f in flavors if f != job.timed_out_flavor), job.timed_out_flavor)
+    flavors = flavors_to_try(state, job, cycle)
     held_for_starving_job = False
     held_by: QuotaJob | None = None  # the preemptor the quota it could take is held for
     borrows = may_borrow(state, job)
@@ -73,7 +58,7 @@ def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) 
             held_for_starving_job = True
             continue
         if cycle.nominees and (nominee := holding_nominee(state, cycle.nominees, job, flavor, spent,
-                                                      cycle.nominee_effects)) is not None:
+                                                          cycle.nominee_effects)) is not None:
             held_by = nominee
             continue
         borrowed = job.demand if spent else max(0, job.demand - nominal_left)
@@ -82,27 +67,78 @@ def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) 
                  over_budget=spent)
         return True
     if held_by is not None:
-        if state.deferred.get(job.job_id) != HELD_FOR_PREEMPTOR:
-            at = state.nominated[held_by.job_id]
-            defer(state, job, HELD_FOR_PREEMPTOR, f"quota freed by preemption is held for job {held_by.job_id} "
-                  f"(its victims chosen at {at:.0f}) until it is reserved, at the latest until "
-                  f"{at + NOMINATION_TTL_S:.0f}", 0, out)
+        tell_held_for_preemptor(state, job, held_by, out)
+    elif held_for_starving_job:
+        tell_held_for_starving(state, job, cycle, out)
+    else:
+        not_reserved(state, job, flavors, borrows, spent, cycle, out)
+    return False
+
+
+def over_user_limit(state: QuotaState, job: QuotaJob, out: Decisions) -> bool:
+    """Would the job take its user past the user limit of its queue? Then it waits, told so."""
+    queue = state.policy.queues.get(job.queue)
+    limit = queue.user_max_gpus if queue is not None else None
+    if limit is None or state.user_used.get((job.queue, job.user), 0) + job.demand <= limit * 1000:
         return False
-    if held_for_starving_job:
-        starving = cycle.starving
-        if cycle.one_queue and runtime_bound(job.spec) is None:
-            cycle.held_for_starving[starving_key(state, job)] = (cycle.holds, len(cycle.no_borrowing))
-        if starving is not None and state.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB:
-            if not cycle.held_message:
-                cycle.held_message = (f"quota is held for job {starving.job_id}, waiting since {starving.since:.0f}; "
+    if state.deferred.get(job.job_id) != USER_LIMIT:
+        defer(state, job, USER_LIMIT, f"user {job.user} already holds "
+              f"{state.user_used.get((job.queue, job.user), 0) / 1000:g} GPUs in queue {job.queue} "
+              f"(limit {limit})", 0, out)
+    return True
+
+
+def waits_for_budget(state: QuotaState, job: QuotaJob, spent: bool, out: Decisions) -> bool:
+    """Did the job's queue spend its budget, and does it wait for the next period then? Told so."""
+    queue = state.policy.queues.get(job.queue)
+    if not spent or queue is None or queue.over_budget != "wait":
+        return False
+    if state.deferred.get(job.job_id) != BUDGET_SPENT:
+        defer(state, job, BUDGET_SPENT, f"queue {job.queue} spent its {queue.budget_gpu_hours:g} GPU-hour "
+              f"{queue.budget_period}ly budget; it waits for the next period", 0, out)
+    return True
+
+
+def never_fits(state: QuotaState, job: QuotaJob, out: Decisions) -> bool:
+    """Can its queue no longer hold the job at all (quota lowered, flavor removed)? It waits, holding nothing."""
+    if could_ever_fit(state, job):
+        return False
+    if tells(state, job, EXCEEDS_QUEUE_QUOTA):
+        defer(state, job, *reason(state, job), out)
+    return True
+
+
+def flavors_to_try(state: QuotaState, job: QuotaJob, cycle: Cycle) -> tuple[str, ...]:
+    """The job's usable flavors in the order they are tried: placement could not place its last reservation of
+    the flavor it timed out in, so another with room is tried first."""
+    flavors = usable_flavors(state, job, cycle)
+    if job.timed_out_flavor is not None and len(flavors) > 1 and job.timed_out_flavor in flavors:
+        flavors = (*(f for f in flavors if f != job.timed_out_flavor), job.timed_out_flavor)
+    return flavors
+
+
+def tell_held_for_preemptor(state: QuotaState, job: QuotaJob, held_by: QuotaJob, out: Decisions) -> None:
+    if state.deferred.get(job.job_id) != HELD_FOR_PREEMPTOR:
+        at = state.nominated[held_by.job_id]
+        defer(state, job, HELD_FOR_PREEMPTOR, f"quota freed by preemption is held for job {held_by.job_id} "
+              f"(its victims chosen at {at:.0f}) until it is reserved, at the latest until "
+              f"{at + NOMINATION_TTL_S:.0f}", 0, out)
+
+
+def tell_held_for_starving(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) -> None:
+    """The quota the job could take is held for the starving job: told so (the message made once per cycle)."""
+    starving = cycle.starving
+    if cycle.one_queue and runtime_bound(job.spec) is None:
+        cycle.held_for_starving[starving_key(state, job)] = (cycle.holds, len(cycle.no_borrowing))
+    if starving is not None and state.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB:
+        if not cycle.held_message:
+            cycle.held_message = (f"quota is held for job {starving.job_id}, waiting since {starving.since:.0f}; "
                                   "only jobs ending before it can start, or leaving it its room, may go first")
-            defer(state, job, HELD_FOR_STARVING_JOB, cycle.held_message, 0, out)
-        return False
-    return _not_reserved(state, job, flavors, borrows, spent, cycle, out)
+        defer(state, job, HELD_FOR_STARVING_JOB, cycle.held_message, 0, out)
 
 
-def _not_reserved(state: QuotaState, job: QuotaJob, flavors: tuple[str, ...], borrows: bool, spent: bool, cycle: Cycle,
-                  out: Decisions) -> bool:
+def not_reserved(state: QuotaState, job: QuotaJob, flavors: tuple[str, ...], borrows: bool, spent: bool,
+                  cycle: Cycle, out: Decisions) -> None:
     """No flavor had room for the job: what the pass learns from that, and what the job is told."""
     is_entitled = entitled(state, job, cycle)
     if borrows:  # (one that may not borrow failing says nothing of those that may)
@@ -119,7 +155,7 @@ def _not_reserved(state: QuotaState, job: QuotaJob, flavors: tuple[str, ...], bo
         if tells(state, job, OVER_BUDGET_WAITS):
             defer(state, job, OVER_BUDGET_WAITS, f"queue {job.queue} spent its GPU-hour budget; the job waits "
                   "for idle quota its cohort lends", 0, out)
-        return False
+        return
     # Every quota reason waits for quota: a job told it waits for quota is not told again (see defer).
     tell = state.deferred.get(job.job_id) not in WAITING_FOR_QUOTA or not holds_others
     if tell:
@@ -132,7 +168,6 @@ def _not_reserved(state: QuotaState, job: QuotaJob, flavors: tuple[str, ...], bo
         cycle.no_borrowing.update(f for f in flavors if quota_left(state, job.queue, f, cycle)[0] >= job.demand)
     if tell:
         defer(state, job, code, message, shortfall, out)
-    return False
 
 
 def usable_flavors(state: QuotaState, job: QuotaJob, cycle: Cycle) -> tuple[str, ...]:
@@ -143,30 +178,6 @@ def usable_flavors(state: QuotaState, job: QuotaJob, cycle: Cycle) -> tuple[str,
     if not held:
         return flavors
     return tuple(f for f in flavors if held.get(f, job.priority) <= job.priority)
-
-
-def starving_key(state: QuotaState, job: QuotaJob) -> tuple[str, int, int, tuple[str, ...], bool]:
-    """What decides whether a job without a runtime limit is held for the starving job, besides the pass."""
-    return (job.queue, job.priority, job.demand, flavors_of(state, job), may_borrow(state, job))
-
-
-def held_like_another(state: QuotaState, job: QuotaJob, cycle: Cycle) -> bool:
-    """Would trying the job only hold it for the starving job again, as it was told already? So when, in a pass
-    over one queue (where the job would be tried right now), a job of its key (starving_key) was held that way
-    with the same holds and no reservation since, and the job, neither the starving job nor a nominated
-    preemptor, has no runtime limit and no user limit binding it: its rooms, usable flavors and the rule's
-    effect are then those the other job met, flavor by flavor. (In a pass over several queues another queue's
-    head may be tried, and reserved, between the two: there the job is tried.)"""
-    seen = cycle.held_for_starving.get(starving_key(state, job))
-    if (seen is None or seen != (cycle.holds, len(cycle.no_borrowing))
-            or state.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB):
-        return False
-    if (cycle.starving is None or job.job_id == cycle.starving.job_id or job.job_id in state.nominated
-            or runtime_bound(job.spec) is not None):
-        return False
-    queue = state.policy.queues.get(job.queue)
-    limit = queue.user_max_gpus if queue is not None else None
-    return limit is None or state.user_used.get((job.queue, job.user), 0) + job.demand <= limit * 1000
 
 
 def hold_below(state: QuotaState, job: QuotaJob, cycle: Cycle) -> None:
