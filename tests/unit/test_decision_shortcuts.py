@@ -1,17 +1,18 @@
 """The deciders' shortcuts change what a decision costs, never what it is: a random loaded trace through every
 set-up gives the same log, byte for byte, with each shortcut switched off.
 
-- quota skips a job the starving job would hold again, as it holds one of the same key (quota_pass.next_head,
-  quota_reserve.held_like_another);
+- quota skips a job the starving job would hold again, as it holds one of the same key (quota_next_head.next_head,
+  shortcuts/repeated_holds.held_like_another);
 - quota releases the reservations without a declared end summed per queue when it looks for the starving job's
   shadow (quota_starvation._summed);
 - preemption skips the victim search of a reclaim whose queue could not fit its nominal quota even with all its
   own candidates gone (reclaim.could_fit_nominal);
-- quota does not walk a queue none of whose waiting jobs could get quota in the pass, when trying them would
-  tell nobody anything new (quota_reach.out_of_reach), nor, while the cohort has no room, look at a queue
-  that would then be such a queue (quota_reach.quiet);
-- quota reads back a queue's head and its order key from an earlier pass when nothing they depend on
-  changed (quota_heads.kept_head), and keeps a cohort's calm queues ranked between passes (quota_calm);
+- quota does not look at a queue none of whose waiting jobs could get quota in the cycle, when trying them would
+  tell nobody anything new (shortcuts/skipped_queues.skippable), nor, while the cohort has no room, at a queue
+  that would then be such a queue (shortcuts/skipped_queues.lent_only);
+- quota reads back a queue's head and its order key from an earlier cycle when nothing they depend on
+  changed (shortcuts/kept_heads.kept_head), and keeps a cohort's lent-only queues ranked between cycles
+  (shortcuts/ranked_queues);
 - on a tick, preemption considers no waiting job alike to one that found no victims since the last decision
   (PreemptionDecider._alike_key).
 """
@@ -111,10 +112,10 @@ def test_shortcuts_decide_as_the_long_way(monkeypatch: pytest.MonkeyPatch, pool:
 
 def count_shortcuts(monkeypatch: pytest.MonkeyPatch, taken: dict[str, int]) -> None:
     held, summed, could = quota_next_head.held_like_another, quota_starvation._summed, reclaim.could_fit_nominal
-    reach, ranked, kept = quota_cycle.skippable, quota_cycle.lent_only, quota_cycle.kept_head
+    skippable, lent_only, kept = quota_cycle.skippable, quota_cycle.lent_only, quota_cycle.kept_head
 
-    def counted_quiet(*args: Any) -> bool:
-        answer = ranked(*args)
+    def counted_lent_only(*args: Any) -> bool:
+        answer = lent_only(*args)
         taken["lent_only"] += answer
         return answer
 
@@ -123,8 +124,8 @@ def count_shortcuts(monkeypatch: pytest.MonkeyPatch, taken: dict[str, int]) -> N
         taken["kept"] += answer is not None
         return answer
 
-    def counted_reach(*args: Any) -> bool:
-        answer = reach(*args)
+    def counted_skippable(*args: Any) -> bool:
+        answer = skippable(*args)
         taken["skippable"] += answer
         return answer
 
@@ -146,9 +147,9 @@ def count_shortcuts(monkeypatch: pytest.MonkeyPatch, taken: dict[str, int]) -> N
     monkeypatch.setattr(quota_next_head, "held_like_another", counted_held)
     monkeypatch.setattr(quota_starvation, "_summed", counted_summed)
     monkeypatch.setattr(reclaim, "could_fit_nominal", counted_could)
-    monkeypatch.setattr(quota_cycle, "skippable", counted_reach)
+    monkeypatch.setattr(quota_cycle, "skippable", counted_skippable)
     for module in (quota_cycle, quota_ranked):
-        monkeypatch.setattr(module, "lent_only", counted_quiet)
+        monkeypatch.setattr(module, "lent_only", counted_lent_only)
         monkeypatch.setattr(module, "kept_head", counted_kept)
 
 
@@ -170,7 +171,7 @@ def test_many_queue_world_decides_as_the_long_way(monkeypatch: pytest.MonkeyPatc
     shortcut off."""
     inputs = random_world(seed)
     with monkeypatch.context() as m:
-        if seed % 2:  # the calm heaps shed their stale entries on every pass
+        if seed % 2:  # the ranked heaps shed their stale entries on every cycle
             m.setattr(quota_ranked, "STALE_SLACK", -1000)
         fast = run_log(inputs)
     with monkeypatch.context() as m:

@@ -1,8 +1,9 @@
-"""What a quota pass keeps between passes equals what it would find afresh, at every pass of random worlds of
+"""What a quota cycle keeps between cycles equals what it would find afresh, at every cycle of random worlds of
 many queues (tests/unit/many_queue_worlds.py): the waiting queues and demands per cohort and the jobs not told
-they wait (recounted from the queues), each kept head and order key (walked and computed again), each kept
-quiet answer, and each cohort's calm heap (every waiting queue in it exactly once, or restless; every calm one
-quiet, keeping its head, in its place). test_decision_shortcuts checks the decisions; this checks the reasons."""
+they wait (recounted from the queues), each kept head and order key (found and computed again), each kept
+lent-only answer, and each cohort's ranked heap (every waiting queue in it exactly once, or unranked; every
+ranked one lent-only, keeping its head, in its place). test_decision_shortcuts checks the decisions; this
+checks the reasons."""
 
 from __future__ import annotations
 
@@ -51,17 +52,17 @@ def check_bookkeeping(d: QuotaDecider) -> None:
     assert {q: set(js) for q, js in d.untold.items() if js} == untold
 
 
-def check_calm(d: QuotaDecider, cohort: str, unranked: list[str], cycle: Cycle, seen: Counter[str]) -> None:
+def check_ranked(d: QuotaDecider, cohort: str, unranked: list[str], cycle: Cycle, seen: Counter[str]) -> None:
     places: dict[str, tuple[object, ...]] = {}
     for entry in d.ranked.get(cohort, []):
         if quota_ranked.still_in_place(d, entry, cycle):
-            assert entry[1] not in places, f"two entries of {entry[1]} in its cohort's calm heap"
+            assert entry[1] not in places, f"two entries of {entry[1]} in its cohort's ranked heap"
             places[entry[1]] = entry[0]
     for queue in d.waiting_in.get(cohort, {}):
         if queue in unranked:
             assert queue not in places
             continue
-        assert queue in places, f"waiting queue {queue} neither restless nor in its cohort's calm heap"
+        assert queue in places, f"waiting queue {queue} neither unranked nor in its cohort's ranked heap"
         assert quota_skipped.lent_only_now(d, queue) and quota_kept_heads.may_keep_head(d, queue, cycle.backing_off)
         head = fresh_head(d, queue)
         assert d.kept_heads[queue][1] == head.job_id
@@ -74,10 +75,10 @@ def test_what_a_pass_keeps_is_what_it_would_find(monkeypatch: pytest.MonkeyPatch
     seen: Counter[str] = Counter()
     rank_cohort, kept_head, lent_only = quota_cycle.rank_cohort, quota_kept_heads.kept_head, quota_skipped.lent_only
 
-    def checked_calm_heap(d: QuotaDecider, cohort: str, cycle: Cycle, out: Decisions) -> list[str]:
+    def checked_rank_cohort(d: QuotaDecider, cohort: str, cycle: Cycle, out: Decisions) -> list[str]:
         check_bookkeeping(d)
         unranked = rank_cohort(d, cohort, cycle, out)
-        check_calm(d, cohort, unranked, cycle, seen)
+        check_ranked(d, cohort, unranked, cycle, seen)
         return unranked
 
     def checked_kept_head(d: QuotaDecider, queue: str, cycle: Cycle) -> Any:
@@ -89,16 +90,16 @@ def test_what_a_pass_keeps_is_what_it_would_find(monkeypatch: pytest.MonkeyPatch
             seen["kept"] += 1
         return kept
 
-    def checked_quiet(d: QuotaDecider, queue: str, backing_off: set[str]) -> bool:
+    def checked_lent_only(d: QuotaDecider, queue: str, backing_off: set[str]) -> bool:
         answer = lent_only(d, queue, backing_off)
         if queue not in backing_off:
             assert answer == quota_skipped.lent_only_now(d, queue)
             seen["lent_only"] += 1
         return answer
 
-    monkeypatch.setattr(quota_cycle, "rank_cohort", checked_calm_heap)
+    monkeypatch.setattr(quota_cycle, "rank_cohort", checked_rank_cohort)
     for module in (quota_cycle, quota_ranked):
         monkeypatch.setattr(module, "kept_head", checked_kept_head)
-        monkeypatch.setattr(module, "lent_only", checked_quiet)
+        monkeypatch.setattr(module, "lent_only", checked_lent_only)
     assert len(run_log(random_world(seed))) > 1000
     assert seen["ranked"] > 0 and seen["kept"] > 0 and seen["lent_only"] > 0

@@ -1,7 +1,7 @@
 """The scheduling cycle over a group of queues (a cohort, or a queue without one), read as Kueue's schedule():
 take a view of what holds for the whole cycle, pick the queues to look at, decide what holds back borrowers,
 then take the queues' heads in fair order and try each, until no queue has a job worth trying. A job that gets
-no quota is told why, once; so are the jobs its queue's walk to the next head skips (libs/core/quota/next_head.py).
+no quota is told why, once; so are the jobs skipped on the way to a queue's next head (libs/core/quota/next_head.py).
 Quota only shrinks during a cycle, so what failed stays failed until the cycle ends."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Quota: which admitted job may take GPU quota now, from which flavor, in fair order.
 
-A scheduling pass runs over a cohort (or a queue without one) whenever its quota or its waiting work
+A scheduling cycle runs over a cohort (or a queue without one) whenever its quota or its waiting work
 changes. It repeatedly takes the best head among the cohort's queues:
   1. jobs that fit within their queue's nominal quota before jobs that must borrow,
   2. the queue furthest below its fair share: weighted (decayed) usage relative to nominal, compared level
@@ -26,13 +26,15 @@ for run time: accounting/budgets.py) are checked per job. A reservation that pla
 settings' placement timeout goes back, and its job waits again after a backoff. Each waiting job gets one
 QuotaDeferred per reason, which the preemption service uses to reclaim quota.
 
-The decider's parts, one job each: quota_fold (the fold of inputs and decisions into its state), quota_pass
-(the scheduling pass), quota_walk (a queue's next job worth trying), quota_reserve (trying one job), quota_order
-(the fair order), quota_fit (where a job could fit), quota_reasons (why a job waits, and telling it),
-quota_starvation, quota_nomination, quota_reclaim, quota_timeout (reservations placement does not place in
-time) and quota_fleet (the GPU models present). What keeps a pass's cost flat as queues grow, deciding exactly
-what the long way would: quota_reach (queues a pass need not look at), quota_heads (each queue's head and order
-key kept between passes) and quota_calm (a cohort's calm queues kept ranked).
+The package's parts (libs/core/quota/), one job each: state (the decider's state as data), fold (one handler
+per event type), waiting and usage (the waiting jobs' indexes, the usage reservations charge), reactions (what
+each trigger decides), cycle (the scheduling cycle), next_head (a queue's next job worth trying), reserve
+(trying one job), order (the fair order and a queue's order), fit (where a job could fit), reasons (why a job
+waits, and telling it), starvation, nomination, reclaim, timeout (reservations placement does not place in
+time) and fleet (the GPU models present). What keeps a cycle's cost flat as queues grow, deciding exactly what
+the long way would, lives apart in shortcuts/: skipped_queues (queues a cycle need not look at), kept_heads
+(each queue's head and order key kept between cycles), ranked_queues (a cohort's queues kept ranked) and
+repeated_holds (a job that would only be held for the starving job again).
 """
 
 from __future__ import annotations

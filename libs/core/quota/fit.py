@@ -1,8 +1,8 @@
 """Where a job could fit, as the quota decider's state tells it, without deciding anything: the flavors a job
 may use, whether it may borrow, whether its queue could ever hold it and whether a node present could, the
-smallest waiting job each flavor could serve, what a pass sees of a queue's quota and budget (kept in the
-pass until it reserves), and the group of queues (a cohort, or a queue without one) a pass runs over. The
-scheduling pass, the reasons, the reclaim and the guarantee checker all ask these same questions."""
+smallest waiting job each flavor could serve, what a cycle sees of a queue's quota and budget (kept in the
+cycle until it reserves), and the group of queues (a cohort, or a queue without one) a cycle runs over. The
+scheduling cycle, the reasons, the reclaim and the guarantee checker all ask these same questions."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def could_ever_fit(state: QuotaState, job: QuotaJob) -> bool:
 def all_holdable(state: QuotaState, queue: str) -> bool:
     """Could the present nodes hold every waiting job of the queue (each with every running job gone)? Kept
     until the inventory or the jobs' flavors change; a job that waits anew is checked as it comes
-    (quota_fold.enqueue), and the answer for a queue with a job they could not hold is asked afresh once one
+    (waiting.enqueue), and the answer for a queue with a job they could not hold is asked afresh once one
     leaves."""
     versions = (state.fleet.inventory.version, state.flavors_epoch)
     return _every_waiting(state, queue, state.holdable, versions, could_hold)
@@ -108,7 +108,7 @@ def smallest_servable(state: QuotaState, queue: str, flavors: list[str], now: fl
 
 
 def pass_servable(state: QuotaState, queue: str, cycle: Cycle) -> dict[str, int]:
-    """smallest_servable over all the queue's flavors, kept until the pass reserves."""
+    """smallest_servable over all the queue's flavors, kept until the cycle reserves."""
     smallest = cycle.servable.get(queue)
     if smallest is None:
         flavors = list(state.book.limits.get(queue, ()))
@@ -124,7 +124,7 @@ def over_budget(state: QuotaState, queue: str, cycle: Cycle) -> bool:
 
 
 def quota_left(state: QuotaState, queue: str, flavor: str, cycle: Cycle) -> tuple[int, int]:
-    """What is left of the queue's nominal quota of the flavor, and its room; kept until the pass reserves."""
+    """What is left of the queue's nominal quota of the flavor, and its room; kept until the cycle reserves."""
     key = (queue, flavor)
     left = cycle.quota.get(key)
     if left is None:
@@ -152,7 +152,7 @@ def entitled(state: QuotaState, job: QuotaJob, cycle: Cycle) -> bool:
 
 
 def group_of(state: QuotaState, queue: str) -> list[str]:
-    """The queues a pass for the queue runs over: its cohort's, or the queue alone."""
+    """The queues a cycle for the queue runs over: its cohort's, or the queue alone."""
     cohort = state.book.cohort.get(queue, "")
     return state.book.members[cohort] if cohort else [queue]
 

@@ -84,7 +84,7 @@ def fold_cancelled(state: QuotaState, event: JobCancelled) -> None:
 
 
 def end(state: QuotaState, job_id: str) -> None:
-    """The job is over: forget what waited on it; a waiting one leaves its queue (react passes over its queue)."""
+    """The job is over: forget what waited on it; a waiting one leaves its queue (react cycles over its queue)."""
     job = state.jobs.get(job_id)
     if job is None:
         return

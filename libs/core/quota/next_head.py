@@ -1,6 +1,6 @@
-"""Walking one queue in a scheduling pass to its next job worth trying: the jobs backing off, the jobs held behind
+"""Finding, in a scheduling cycle, a queue's next job worth trying: the jobs backing off, the jobs held behind
 a job of higher priority, and those at least as large as a job of the same flavors that already failed this
-pass (quota only shrinks during a pass) are skipped and told why, once."""
+cycle (quota only shrinks during a cycle) are skipped and told why, once."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def next_head(state: QuotaState, queue: str, order: Order, cycle: Cycle, out: De
     deferred = state.deferred
     version = state.flavors_epoch
     waiting_for_quota = WAITING_FOR_QUOTA
-    # The last flavors (interned: see quota_fit.flavors_of) and level seen, with what the pass knows of them.
+    # The last flavors (interned: see fit.flavors_of) and level seen, with what the cycle knows of them.
     seen_flavors: tuple[str, ...] | None = None
     seen_failed: int | None = None
     seen_level = -1

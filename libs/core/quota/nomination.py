@@ -10,7 +10,7 @@ on a clock tick):
      and leave it too little to fit waits, told `held_for_preemptor`. So victims that leave one by one free
      its room piece by piece and nobody takes a piece meanwhile. A job of a flavor it cannot use, or one that
      leaves it room enough, goes. A later nomination never holds an earlier one.
-The quota decider applies this in its passes; the guarantee checker asks the same question of the decider's
+The quota decider applies this in its cycles; the guarantee checker asks the same question of the decider's
 folded state (`holding_nominee`), so the two cannot disagree about who is held.
 """
 

@@ -1,7 +1,7 @@
-"""The fair order: across the queues of a scheduling pass, which queue's head goes next (its order key: a
+"""The fair order: across the queues of a scheduling cycle, which queue's head goes next (its order key: a
 nominated preemptor first, then jobs within their queue's nominal quota, then the queue furthest below its
 fair share level by level down the queue tree, then priority, arrival and id), and inside a queue the order
-of its waiting jobs, walked once per pass."""
+of its waiting jobs, read once per cycle."""
 
 from __future__ import annotations
 
@@ -75,8 +75,8 @@ def cycle_fair_key(state: QuotaState, queue: str, cycle: Cycle) -> tuple[float, 
 def fair_epoch(state: QuotaState, now: float) -> float:
     """The instant the fair order reads decayed usage at: the start of the current epoch, a 1024th of the
     half-life long (about ten minutes for a week). Between two epochs a queue's place in the fair order then
-    changes only when its own usage does, so a pass can keep what it found of the queues nothing changed
-    (quota_heads); decay over a 1024th of a half-life moves a share by under 0.07 %. (Slurm likewise
+    changes only when its own usage does, so a cycle can keep what it found of the queues nothing changed
+    (shortcuts/kept_heads.py); decay over a 1024th of a half-life moves a share by under 0.07 %. (Slurm likewise
     recomputes fair-share priorities periodically, not per event.)"""
     half_life = state.policy.settings.fair_share_half_life_s
     if half_life <= 0:
@@ -99,7 +99,7 @@ class Order:
       2. then higher priority;
       3. then, within a priority, the user holding fewest GPUs in the queue (counting what this cycle gives);
       4. then, within a user, earlier arrival, then the job id.
-    One pass over the queue, resumed by each call for the next head, and robust to the job just yielded leaving
+    Read once per cycle, resumed by each call for the next head, and robust to the job just yielded leaving
     the queue (being reserved) before the next is asked for; `skip_level` jumps to the next (lower) priority."""
 
     def __init__(self, state: QuotaState, queue: str) -> None:
@@ -147,7 +147,7 @@ class Order:
                     i += 1
 
     def _users(self, users: dict[str, list[tuple[int, str]]]) -> Iterator[QuotaJob]:
-        """Round robin by GPUs held: the user holding least goes next, counting what this pass gives."""
+        """Round robin by GPUs held: the user holding least goes next, counting what this cycle gives."""
         index = dict.fromkeys(users, 0)
         heap = [(self.state.user_used.get((self.queue, u), 0), keys[0][0], u) for u, keys in users.items() if keys]
         heapq.heapify(heap)

@@ -53,7 +53,7 @@ def after_fold(state: QuotaState) -> AfterFold:
 
 def decides_nothing(state: QuotaState, event: EventBase) -> bool:
     """Triggers that certainly decide nothing, answered before any work: a tick while no job waits for time
-    to pass, and a placement of a job that holds its quota."""
+    to cycle, and a placement of a job that holds its quota."""
     if isinstance(event, ClockTick):
         return (not state.budget_deferred and not state.backing_off and not state.requeued and not state.unplaced
                 and not state.lapsed)

@@ -33,13 +33,13 @@ PREEMPTION_MAY_HELP = frozenset({QUEUE_QUOTA_EXHAUSTED, COHORT_QUOTA_EXHAUSTED, 
                                  NOMINAL_QUOTA_ONLY})
 WAITING_FOR_QUOTA = PREEMPTION_MAY_HELP | {BEHIND_HIGHER_PRIORITY}
 # Who may be the starving job, by its last reason: one told no node could hold it too, as that may have changed
-# since (a node came back) with nothing to tell it yet; the inventory is asked again (quota_fit.could_hold).
+# since (a node came back) with nothing to tell it yet; the inventory is asked again (fit.could_hold).
 WAITING_OR_HELD = WAITING_FOR_QUOTA | {HELD_FOR_STARVING_JOB, NO_NODE_COULD_HOLD}
 BUDGET_WAITS = frozenset({BUDGET_SPENT, OVER_BUDGET_WAITS})
 
 
 def quota_reason(state: QuotaState, job: QuotaJob, cycle: Cycle | None = None) -> tuple[str, str, int]:
-    """Why the job's queue cannot take it now (by its first flavor), with the shortfall. Within a pass
+    """Why the job's queue cannot take it now (by its first flavor), with the shortfall. Within a cycle
     (`p`) the answer is kept until the next reservation."""
     if cycle is None:
         return reason(state, job)
@@ -97,7 +97,7 @@ def reason(state: QuotaState, job: QuotaJob) -> tuple[str, str, int]:
 
 
 def tell_new(state: QuotaState, job: QuotaJob, now: float, out: Decisions) -> None:
-    """Tell a job that waits anew (admitted, or back in its queue) why, when no pass reached it."""
+    """Tell a job that waits anew (admitted, or back in its queue) why, when no cycle reached it."""
     levels = state.pending.get(job.queue)
     if levels and max(levels) > job.priority:
         defer(state, job, BEHIND_HIGHER_PRIORITY, f"a job of higher priority waits for queue {job.queue}'s quota first",
@@ -127,7 +127,7 @@ def tell_no_node(state: QuotaState, out: Decisions) -> set[str]:
     """Nodes went or shrank (lost, cordoned, a GPU sick, registered again smaller or with MIG on): a job waiting
     for quota that no node present could hold any more is told so (preemption then stops acting for it), and
     holds nobody from now on. The queues of the jobs that may have held others (those waiting for quota, or for
-    idle quota over budget), for a pass."""
+    idle quota over budget), for a cycle."""
     queues: set[str] = set()
     for job_id, code in list(state.deferred.items()):
         job = state.jobs.get(job_id)

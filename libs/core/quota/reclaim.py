@@ -2,7 +2,7 @@
 borrower of that flavor grows.
 
 When the smallest waiting job of a queue that a flavor could serve fits the queue's nominal quota of it but not
-the room its cohort left, no borrower of the flavor grows that pass, whichever of the queue's jobs comes first in
+the room its cohort left, no borrower of the flavor grows that cycle, whichever of the queue's jobs comes first in
 its own order; the preemption service reclaims what running borrowers hold (libs/core/preemption/reclaim.py). A borrower
 reserved but not placed holds no GPU and cannot be evicted: it gives its quota back at its placement timeout
 (libs/core/quota/timeout.py), even one placement holds capacity for (it starves there) while a lender waits
@@ -33,7 +33,7 @@ def lent_flavors(state: QuotaState, queue: str, cycle: Cycle) -> list[str]:
 
 
 def lent_out(state: QuotaState, group: list[str], cycle: Cycle) -> None:
-    """No borrower of a flavor some queue of the group waits for while it is lent out grows this pass,
+    """No borrower of a flavor some queue of the group waits for while it is lent out grows this cycle,
     whichever of that queue's jobs comes first in its own order."""
     for q in group:
         cycle.no_borrowing.update(lent_flavors(state, q, cycle))

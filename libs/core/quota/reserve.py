@@ -1,8 +1,8 @@
-"""Trying one job in a scheduling pass: it gets quota (QuotaReserved) in the first flavor it may use that has room
+"""Trying one job in a scheduling cycle: it gets quota (QuotaReserved) in the first flavor it may use that has room
 for it, unless its user's limit or its queue's budget holds it, its queue could never hold it, the quota is held
 for the starving job or for a nominated preemptor, or a queue under its nominal quota waits for that flavor's
 lent quota. A job that gets none is told why (once), holds the lower jobs of its queue back in the flavors it
-could use, and, when it fits its own nominal quota, freezes the borrowers of those flavors for the pass."""
+could use, and, when it fits its own nominal quota, freezes the borrowers of those flavors for the cycle."""
 
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ def tell_held_for_starving(state: QuotaState, job: QuotaJob, cycle: Cycle, out: 
 
 def not_reserved(state: QuotaState, job: QuotaJob, flavors: tuple[str, ...], borrows: bool, spent: bool,
                   cycle: Cycle, out: Decisions) -> None:
-    """No flavor had room for the job: what the pass learns from that, and what the job is told."""
+    """No flavor had room for the job: what the cycle learns from that, and what the job is told."""
     is_entitled = entitled(state, job, cycle)
     if borrows:  # (one that may not borrow failing says nothing of those that may)
         key = (job.queue, flavors_of(state, job))
@@ -171,7 +171,7 @@ def not_reserved(state: QuotaState, job: QuotaJob, flavors: tuple[str, ...], bor
 
 
 def usable_flavors(state: QuotaState, job: QuotaJob, cycle: Cycle) -> tuple[str, ...]:
-    """The flavors the job may take quota of in this pass: its own, less those a job of higher priority
+    """The flavors the job may take quota of in this cycle: its own, less those a job of higher priority
     of its queue waits for (which holds lower jobs back there)."""
     flavors = flavors_of(state, job) if state.book.governed(job.queue) else (ANY,)
     held = cycle.held_below.get(job.queue)

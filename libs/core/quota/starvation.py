@@ -1,6 +1,6 @@
 """The quota side of the starvation rule (libs/core/kernel/starvation.py). As arithmetic on the quota book: when the
 starving job's quota frees up, and what another reservation would do to the room it could use; each answer
-changes the book only while it is asked, and leaves it as it was. As the scheduling pass applies it: which job
+changes the book only while it is asked, and leaves it as it was. As the scheduling cycle applies it: which job
 of a group starves (`find_starving`), and whether a job about to take quota must wait for it
 (`held_for_starving`)."""
 

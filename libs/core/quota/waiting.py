@@ -16,7 +16,7 @@ from libs.core.quota.state import QuotaJob, QuotaState
 
 def queue_changed(state: QuotaState, queue: str) -> None:
     """Something of the queue's own changed (its waiting jobs, its usage, what they were told, a nomination):
-    what a pass kept of it (quota_heads, quota_reach.quiet) goes stale."""
+    what a cycle kept of it (shortcuts: kept_heads, skipped_queues.lent_only) goes stale."""
     state.queue_version[queue] = state.queue_version.get(queue, 0) + 1
     cohort = state.book.cohort.get(queue, "")
     if cohort:
@@ -24,7 +24,7 @@ def queue_changed(state: QuotaState, queue: str) -> None:
 
 
 def count_demand(state: QuotaState, queue: str, demand: int, sign: int) -> None:
-    """The waiting demands of the queue's cohort, counted (quota_reach.no_room asks the smallest), and the
+    """The waiting demands of the queue's cohort, counted (skipped_queues.cohort_full asks the smallest), and the
     cohort's waiting queues."""
     cohort = state.book.cohort.get(queue, "")
     if not cohort:

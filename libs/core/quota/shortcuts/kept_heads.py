@@ -1,8 +1,8 @@
-"""What a pass keeps of each queue between passes: the job its walk starts from and that job's order key.
+"""What a cycle keeps of each queue between cycles: the job its order starts from and that job's order key.
 
-A queue's head at the start of a pass, and its key, depend on the queue's own state (its waiting jobs, its usage,
-its users' usage, its nominations), the policy and flavors, and the fair order's epoch (quota_order.fair_epoch):
-kept with those, a pass over a cohort reads them back for every queue nothing touched instead of walking it and
+A queue's head at the start of a cycle, and its key, depend on the queue's own state (its waiting jobs, its usage,
+its users' usage, its nominations), the policy and flavors, and the fair order's epoch (order.fair_epoch):
+kept with those, a cycle over a cohort reads them back for every queue nothing changed instead of reading its order and
 computing its fair share again. Not kept for a queue whose key reads more than its own state: one in a tree (its
 parent's share is part of its key), one with a budget (spent or not is a matter of time) or one with a job
 backing off (whether it may go is a matter of time)."""

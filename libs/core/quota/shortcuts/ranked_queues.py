@@ -1,11 +1,12 @@
-"""A cohort's calm queues in fair order, kept between passes.
+"""A cohort's queues kept ranked in fair order between cycles.
 
-A calm queue is quiet (quota_reach.quiet: out of reach whenever its cohort has no room) and keeps its head
-between passes (quota_heads.keeps). Nothing but its own state, the policy, flavors and nodes, and the fair order's
-epoch changes where it ranks: so a cohort keeps its calm queues in a heap by order key, and a pass looks at the
-few that come first instead of ranking every waiting queue again. A queue something of its own touched
-(quota_fold.touched) is looked at again by the next pass; the others, restless (not calm when last looked at,
-say backing off), by every pass; a new epoch, policy, fleet or inventory ranks the whole cohort again."""
+A queue is kept ranked when it is lent-only (skipped_queues.lent_only: it can take nothing whenever its cohort
+has no room) and keeps its head between cycles (kept_heads.may_keep_head). Nothing but its own state, the
+policy, flavors and nodes, and the fair order's epoch changes where it ranks: so a cohort keeps these queues in
+a heap by order key, and a cycle looks at the few that come first instead of ranking every waiting queue again.
+A queue something of its own changed (waiting.queue_changed) is looked at again by the next cycle; the
+unranked ones (not lent-only, or not keeping their head, when last looked at: say backing off) by every cycle;
+a new epoch, policy, fleet or inventory ranks the whole cohort again."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ STALE_SLACK = 64  # stale entries a cohort's heap may carry beyond twice its wai
 
 
 def rank_cohort(state: QuotaState, cohort: str, cycle: Cycle, out: Decisions) -> list[str]:
-    """Bring the cohort's heap of calm queues up to date; the cohort's waiting queues that are not calm, by name."""
+    """Bring the cohort's heap of ranked queues up to date; the cohort's waiting queues not in it, by name."""
     versions = (fair_epoch(state, cycle.now), state.policy_version, state.flavors_epoch, state.fleet.inventory.version)
     waiting = state.waiting_in.get(cohort, {})
     unranked = state.unranked.setdefault(cohort, {})
@@ -49,23 +50,23 @@ def rank_cohort(state: QuotaState, cohort: str, cycle: Cycle, out: Decisions) ->
             heapq.heappush(heap, (key, q, head_stamp(state, q, cycle)))
         else:
             unranked[q] = None
-    return sorted(unranked)  # (in the cohort's order, as its members are: what walking them tells comes in it)
+    return sorted(unranked)  # (in the cohort's order, as its members are: what trying them tells comes in it)
 
 
 def ranked_head(state: QuotaState, queue: str, cycle: Cycle, out: Decisions) -> tuple[QuotaJob, tuple[object, ...]]:
-    """The calm queue's head at the start of a pass and its order key (kept, or found and kept). Walking a
-    calm queue to its head tells nobody anything (quiet: its jobs are all told they wait; nothing backs off)."""
+    """The ranked queue's head at the start of a cycle and its order key (kept, or found and kept). Finding a
+    ranked queue's head tells nobody anything (lent-only: its jobs are all told they wait; nothing backs off)."""
     kept = kept_head(state, queue, cycle)
     if kept is not None:
         return kept
     head = next_head(state, queue, Order(state, queue), cycle, out)
-    assert head is not None  # (a waiting queue's walk yields its first job: nothing of the pass holds it yet)
+    assert head is not None  # (a waiting queue's order yields its first job: nothing of the cycle holds it yet)
     key = order_key(state, head, cycle)
     keep_head(state, queue, cycle, head, key)
     return head, key
 
 
 def still_in_place(state: QuotaState, entry: RankedEntry, cycle: Cycle) -> bool:
-    """Is the entry of the cohort's calm heap still its queue's place (nothing of the queue changed since)?"""
+    """Is the entry of the cohort's ranked heap still its queue's place (nothing of the queue changed since)?"""
     _, queue, when = entry
     return when == head_stamp(state, queue, cycle) and queue in state.waiting_in.get(cycle.cohort, {})
