@@ -73,7 +73,7 @@ def try_one_queue(state: QuotaState, queues: list[str], cycle: Cycle, out: Decis
         order = Order(state, queue)
         while (head := next_head(state, queue, order, cycle, out)) is not None:
             if try_reserve(state, head, cycle, out):
-                cycle.reserved()
+                cycle.note_reservation()
 
 
 def try_heads(state: QuotaState, to_rank: list[str], ranked: list[RankedEntry], cycle: Cycle,
@@ -95,7 +95,7 @@ def try_heads(state: QuotaState, to_rank: list[str], ranked: list[RankedEntry], 
             heads.orders[queue] = Order(state, queue)
             next_head(state, queue, heads.orders[queue], cycle, out)
         if try_reserve(state, job, cycle, out):
-            cycle.reserved()
+            cycle.note_reservation()
             heads.reserved_in(queue)
             if cohort_full(state, cycle.cohort):
                 ranked = []  # the lent-only queues can take nothing from now on: only the others are looked at

@@ -193,7 +193,8 @@ class Cycle:
     cohort: str = ""  # the cycle's cohort ("": a queue without one)
     reservations: int = 0  # how many the cycle made so far
 
-    def reserved(self) -> None:
+    def note_reservation(self) -> None:
+        """A job got quota: usage changed, so every answer kept until the next reservation goes."""
         self.reservations += 1
         self.held_for_starving.clear()
         self.keys.clear()
