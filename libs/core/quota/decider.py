@@ -153,7 +153,7 @@ class QuotaDecider(QuotaState):
                 NodeCordoned)
 
     def evolve(self, event: EventBase) -> None:
-        fold(self, event)
+        fold(self, event)  # (the kernel's name for the fold)
 
     def fair_share(self, queue: str, now: float) -> float:
         """Weighted (decayed) usage relative to nominal quota: 1.0 is exactly the queue's share."""

@@ -32,24 +32,24 @@ def rank_cohort(state: QuotaState, cohort: str, cycle: Cycle, out: Decisions) ->
         state.ranked[cohort] = []
         state.changed_queues.pop(cohort, None)
         unranked.clear()
-        look = list(waiting)
+        to_look_at = list(waiting)
     else:
         changed_queues = state.changed_queues.pop(cohort, None)
-        look = [*unranked, *(q for q in changed_queues or () if q not in unranked)]
+        to_look_at = [*unranked, *(q for q in changed_queues or () if q not in unranked)]
     heap = state.ranked[cohort]
     if len(heap) > 2 * len(waiting) + STALE_SLACK:
         # Entries gone stale leave only as they come up: past twice the queues, the heap sheds them at once.
         heap[:] = [entry for entry in heap if still_in_place(state, entry, cycle)]
         heapq.heapify(heap)
-    for q in look:
-        if q not in waiting:
-            unranked.pop(q, None)
-        elif lent_only(state, q, cycle.backing_off) and may_keep_head(state, q, cycle.backing_off):
-            unranked.pop(q, None)
-            key = ranked_head(state, q, cycle, out)[1]
-            heapq.heappush(heap, (key, q, head_stamp(state, q, cycle)))
+    for queue in to_look_at:
+        if queue not in waiting:
+            unranked.pop(queue, None)
+        elif lent_only(state, queue, cycle.backing_off) and may_keep_head(state, queue, cycle.backing_off):
+            unranked.pop(queue, None)
+            key = ranked_head(state, queue, cycle, out)[1]
+            heapq.heappush(heap, (key, queue, head_stamp(state, queue, cycle)))
         else:
-            unranked[q] = None
+            unranked[queue] = None
     return sorted(unranked)  # (in the cohort's order, as its members are: what trying them tells comes in it)
 
 
