@@ -50,7 +50,7 @@ class QuotaJob:
     timed_out_flavor: str | None = None  # the flavor of its last reservation that went back unplaced
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)  # (compared and shown as an object: it is the decider's whole state)
 class QuotaState:
     """Everything the quota decider's fold keeps. Nothing here decides: the scheduling cycle reads it, the fold
     (libs/core/quota/fold.py) writes it."""
