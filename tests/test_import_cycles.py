@@ -10,12 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).parents[1]
 PACKAGES = ("contracts", "libs", "services")
 # Each known circle, as the sorted names of its modules.
-KNOWN: set[tuple[str, ...]] = {
-    # Quota's decider and the fourteen modules cut out of it, which take the decider back.
-    tuple(sorted(f"libs.core.quota.{m}" for m in (
-        "decider", "calm", "fit", "fold", "heads", "nomination", "order", "scheduling_pass", "reach", "reasons",
-        "reclaim", "reserve", "starvation", "timeout", "walk"))),
-}
+KNOWN: set[tuple[str, ...]] = set()
 
 
 def module_name(path: Path) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 from contracts import EventBase, PreemptionDecided
 from libs.bench.stats import percentile
-from libs.core.accounting.gpu_time import GpuRun, UsageBook
+from libs.core.kernel.gpu_time import GpuRun, UsageBook
 from libs.reports.inference import ServiceTracker
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contracts import EventBase
-from libs.core.accounting.gpu_time import USAGE_KEYS, GpuRun, UsageBook
+from libs.core.kernel.gpu_time import USAGE_KEYS, GpuRun, UsageBook
 from libs.core.kernel.runs import CurrentRuns
 from libs.reports.rates import Rates
 

@@ -19,10 +19,10 @@ from contracts import (
     QuotaReleased,
     QuotaReserved,
 )
-from libs.core.accounting.gpu_time import GpuRun
 from libs.core.accounting.job_books import touch
 from libs.core.accounting.job_fold import fold_job
 from libs.core.accounting.state import QUOTA_FOLD, LedgerState
+from libs.core.kernel.gpu_time import GpuRun
 
 # (the books, the event, its position in the log, the GPU runs the event ended)
 Fold = Callable[[LedgerState, Any, int, list[GpuRun]], None]

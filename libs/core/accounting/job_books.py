@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from contracts import JobEvicted, QuotaReleased, QuotaReserved, ReplicaPlacement
 from contracts.views import JobView, TeamUsage
-from libs.core.accounting.gpu_time import GpuRun
 from libs.core.accounting.state import LedgerState, demand_model, requested_gpus
 from libs.core.accounting.view_books import close_run
 from libs.core.cluster.model import FULL
+from libs.core.kernel.gpu_time import GpuRun
 
 
 def set_state(books: LedgerState, view: JobView, state: str, seq: int) -> None:

@@ -24,10 +24,10 @@ from contracts import (
     QuotaReserved,
 )
 from contracts.views import JobView, TeamUsage, spec_gpus
-from libs.core.accounting.gpu_time import GpuRun
 from libs.core.accounting.job_books import charge_loss, end_run, held, queue_reserved, set_state, touch, touch_nodes
 from libs.core.accounting.state import FINAL_STATES, AdmissionWait, LedgerState, is_long
 from libs.core.accounting.view_books import open_run, start_run
+from libs.core.kernel.gpu_time import GpuRun
 
 # (the books, the job's view, the event, its position in the log, the GPU runs the event ended)
 JobFold = Callable[[LedgerState, JobView, Any, int, list[GpuRun]], None]

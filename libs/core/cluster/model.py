@@ -21,9 +21,9 @@ from contracts import (
     NodeUncordoned,
     ReplicaPlacement,
 )
+from libs.core.kernel.gpu_units import FULL
 from libs.core.kernel.mig_profiles import COMPUTE_SLICES, MigProduct, compute_slices, product
 
-FULL = 1000  # thousandths of a GPU
 MIG_SLICES = COMPUTE_SLICES  # compute slices of a MIG-enabled GPU (A100/H100/H200 family)
 
 

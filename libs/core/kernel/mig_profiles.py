@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from libs.core.kernel.gpu_units import FULL
+
 # A GPU instance profile: compute slices, "g.", memory in GB, "gb", optionally media extensions ("+me").
 _NAME = re.compile(r"([1-9][0-9]*)g\.([1-9][0-9]*)gb(\+me)?")
 MIB_PER_GB = 1024
@@ -101,7 +103,6 @@ def lookup(model: str, memory_mib: int, profile: str) -> MigProfile | None:
 
 COMPUTE_SLICES = 7  # compute slices of every product but the A30's
 MEMORY_SLICES = 8
-FULL = 1000  # thousandths of a GPU
 MEDIA_EXTENSIONS = "+me"
 
 

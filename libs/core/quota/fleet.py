@@ -33,7 +33,7 @@ class Fleet:
         # The present nodes with nothing on them: could they hold a job with every running job gone?
         self.inventory = EmptyInventory()
 
-    def evolve(self, event: EventBase) -> None:
+    def fold(self, event: EventBase) -> None:
         if isinstance(event, FLEET_EVENTS):
             self.inventory.evolve(event)
         match event:

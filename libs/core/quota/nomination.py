@@ -10,64 +10,59 @@ on a clock tick):
      and leave it too little to fit waits, told `held_for_preemptor`. So victims that leave one by one free
      its room piece by piece and nobody takes a piece meanwhile. A job of a flavor it cannot use, or one that
      leaves it room enough, goes. A later nomination never holds an earlier one.
-The quota decider applies this in its passes; the guarantee checker asks the same question of the decider's
+The quota decider applies this in its cycles; the guarantee checker asks the same question of the decider's
 folded state (`holding_nominee`), so the two cannot disagree about who is held.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from libs.core.kernel.quota_math import ANY
 from libs.core.quota.fit import flavors_of
 from libs.core.quota.starvation import reservation_effect
-from libs.core.quota.state import QuotaJob
-
-if TYPE_CHECKING:
-    from libs.core.quota.decider import QuotaDecider
+from libs.core.quota.state import QuotaJob, QuotaState
 
 
-def nominees(d: QuotaDecider, group: list[str], now: float) -> list[QuotaJob]:
+def nominees(state: QuotaState, group: list[str], now: float) -> list[QuotaJob]:
     """The nominated jobs of the group's queues still waiting for quota (not backing off), in nomination order."""
-    if not d.nominated:
+    if not state.nominated:
         return []
     queues = set(group)
     found = []
-    for job_id, at in d.nominated.items():
-        job = d.jobs.get(job_id)
+    for job_id, at in state.nominated.items():
+        job = state.jobs.get(job_id)
         if job is None or job.state != "pending" or job.queue not in queues:
             continue
-        if max(d.backing_off.get(job_id, now), d.requeued.get(job_id, now)) > now:
+        if max(state.backing_off.get(job_id, now), state.requeued.get(job_id, now)) > now:
             continue  # it may not take quota yet: it holds nothing meanwhile
         found.append((at, job_id, job))
     found.sort(key=lambda t: (t[0], t[1]))
     return [job for _, _, job in found]
 
 
-def in_queue(d: QuotaDecider, queue: str) -> list[str]:
+def in_queue(state: QuotaState, queue: str) -> list[str]:
     """The queue's nominated waiting jobs, in nomination order: its order yields them first."""
-    if not d.nominated:
+    if not state.nominated:
         return []
-    mine = [(at, job_id) for job_id, at in d.nominated.items()
-            if (job := d.jobs.get(job_id)) is not None and job.state == "pending" and job.queue == queue]
+    mine = [(at, job_id) for job_id, at in state.nominated.items()
+            if (job := state.jobs.get(job_id)) is not None and job.state == "pending" and job.queue == queue]
     return [job_id for _, job_id in sorted(mine)]
 
 
-def holding_nominee(d: QuotaDecider, waiting: list[QuotaJob], job: QuotaJob, flavor: str, over_budget: bool,
+def holding_nominee(state: QuotaState, waiting: list[QuotaJob], job: QuotaJob, flavor: str, over_budget: bool,
                     effects: dict[tuple[str, str, str, int, bool], bool] | None = None) -> QuotaJob | None:
     """The nominated job (of `waiting`, in nomination order) that reserving `job` in `flavor` would leave without
     room, or None. `effects` caches the answers while usage does not change."""
-    mine = d.nominated.get(job.job_id)
+    mine = state.nominated.get(job.job_id)
     for nominee in waiting:
         if nominee.job_id == job.job_id or nominee.state != "pending":
             continue
-        if mine is not None and (d.nominated.get(nominee.job_id, mine), nominee.job_id) > (mine, job.job_id):
+        if mine is not None and (state.nominated.get(nominee.job_id, mine), nominee.job_id) > (mine, job.job_id):
             continue  # nominated after it: a later nomination never holds an earlier one
         key = (nominee.job_id, job.queue, flavor, job.demand, over_budget)
         held = effects.get(key) if effects is not None else None
         if held is None:
-            takes_its_room, leaves_it_room = reservation_effect(d.book, nominee, flavors_of(d, nominee) or (ANY,), (),
-                                                                job, flavor, over_budget)
+            takes_its_room, leaves_it_room = reservation_effect(
+                state.book, nominee, flavors_of(state, nominee) or (ANY,), (), job, flavor, over_budget)
             held = takes_its_room and not leaves_it_room
             if effects is not None:
                 effects[key] = held

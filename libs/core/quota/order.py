@@ -1,116 +1,123 @@
-"""The fair order: across the queues of a scheduling pass, which queue's head goes next (its order key: a
+"""The fair order: across the queues of a scheduling cycle, which queue's head goes next (its order key: a
 nominated preemptor first, then jobs within their queue's nominal quota, then the queue furthest below its
 fair share level by level down the queue tree, then priority, arrival and id), and inside a queue the order
-of its waiting jobs, walked once per pass."""
+of its waiting jobs, read once per cycle."""
 
 from __future__ import annotations
 
 import heapq
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from libs.core.quota.fit import entitled, flavors_of, over_budget
 from libs.core.quota.nomination import in_queue
-from libs.core.quota.state import Pass, QuotaJob
-
-if TYPE_CHECKING:
-    from libs.core.quota.decider import QuotaDecider
+from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 EPOCHS_PER_HALF_LIFE = 1024
 
 
-def fair_share(d: QuotaDecider, queue: str, now: float) -> float:
+def fair_share(state: QuotaState, queue: str, now: float) -> float:
     """Weighted (decayed) usage relative to nominal quota: 1.0 is exactly the queue's share."""
-    spec = d.policy.queues.get(queue)
-    half_life = d.policy.settings.fair_share_half_life_s
-    used = subtree_used(d, queue, now, half_life)
-    nominal = max(d.book.nominal_of(queue), 1)
+    spec = state.policy.queues.get(queue)
+    half_life = state.policy.settings.fair_share_half_life_s
+    used = subtree_used(state, queue, now, half_life)
+    nominal = max(state.book.nominal_of(queue), 1)
     return used / nominal / (spec.weight if spec is not None else 1.0)
 
 
-def subtree_used(d: QuotaDecider, queue: str, now: float, half_life: float) -> float:
-    current = d.queue_used.get(queue, 0)
-    decayed = d.decayed.get(queue)
+def subtree_used(state: QuotaState, queue: str, now: float, half_life: float) -> float:
+    current = state.queue_used.get(queue, 0)
+    decayed = state.decayed.get(queue)
     own = (current + decayed.value(current, now, half_life)) / 2 if decayed is not None else current / 2
-    children = d.book.children.get(queue)
-    return own + sum(subtree_used(d, c, now, half_life) for c in children) if children else own
+    children = state.book.children.get(queue)
+    return own + sum(subtree_used(state, c, now, half_life) for c in children) if children else own
 
 
-def fair_key(d: QuotaDecider, queue: str, now: float) -> tuple[float, ...]:
+def fair_key(state: QuotaState, queue: str, now: float) -> tuple[float, ...]:
     """The queue's fair shares level by level, from the root of its tree down to it."""
-    spec = d.policy.queues.get(queue)
+    spec = state.policy.queues.get(queue)
     if spec is None or not spec.parent:
-        return (fair_share(d, queue, now),)  # (most queues: no tree above)
+        return (fair_share(state, queue, now),)  # (most queues: no tree above)
     path = [queue]
-    while (parent := d.policy.queues[path[-1]].parent if path[-1] in d.policy.queues else ""):
+    while (parent := state.policy.queues[path[-1]].parent if path[-1] in state.policy.queues else ""):
         path.append(parent)
-    return tuple(fair_share(d, q, now) for q in reversed(path))
+    return tuple(fair_share(state, q, now) for q in reversed(path))
 
 
-def order_key(d: QuotaDecider, job: QuotaJob, p: Pass) -> tuple[object, ...]:
-    """A job that preempted others goes first: the quota its victims free is its. A queue whose head
-    must borrow still ranks as entitled when a smaller job of the head's priority fits its nominal
-    quota: that job comes right after the head fails, and quota freed for it (say by a reclaim) must not
-    go to a borrower meanwhile."""
-    key = p.keys.get(job.job_id)
+def order_key(state: QuotaState, job: QuotaJob, cycle: Cycle) -> tuple[object, ...]:
+    """The job's place among the heads of a cycle's queues: the smallest key goes first. Compared, in turn:
+      1. a nominated preemptor first: the quota its victims free is its;
+      2. then a job within its queue's nominal quota (entitled) before one that must borrow; a queue whose
+         head must borrow still ranks as entitled when a smaller job of the head's priority fits its nominal
+         quota: that job comes right after the head fails, and quota freed for it (say by a reclaim) must not
+         go to a borrower meanwhile;
+      3. then the queue furthest below its fair share, level by level down the queue tree (fair_key);
+      4. then higher priority;
+      5. then earlier arrival;
+      6. then the job id: no two jobs tie.
+    Kept in the cycle until it reserves (a reservation changes usage)."""
+    key = cycle.keys.get(job.job_id)
     if key is None:
-        key = p.keys[job.job_id] = (job.job_id not in d.nominated,
-                                    not (entitled(d, job, p) or level_entitled(d, job, p)),
-                                    pass_fair_key(d, job.queue, p), -job.priority, job.arrival, job.job_id)
+        key = cycle.keys[job.job_id] = (job.job_id not in state.nominated,
+                                        not (entitled(state, job, cycle) or level_entitled(state, job, cycle)),
+                                        cycle_fair_key(state, job.queue, cycle), -job.priority, job.arrival,
+                                        job.job_id)
     return key
 
 
-def pass_fair_key(d: QuotaDecider, queue: str, p: Pass) -> tuple[float, ...]:
-    key = p.fair.get(queue)
+def cycle_fair_key(state: QuotaState, queue: str, cycle: Cycle) -> tuple[float, ...]:
+    key = cycle.fair.get(queue)
     if key is None:
-        key = p.fair[queue] = fair_key(d, queue, fair_epoch(d, p.now))
+        key = cycle.fair[queue] = fair_key(state, queue, fair_epoch(state, cycle.now))
     return key
 
 
-def fair_epoch(d: QuotaDecider, now: float) -> float:
+def fair_epoch(state: QuotaState, now: float) -> float:
     """The instant the fair order reads decayed usage at: the start of the current epoch, a 1024th of the
     half-life long (about ten minutes for a week). Between two epochs a queue's place in the fair order then
-    changes only when its own usage does, so a pass can keep what it found of the queues nothing changed
-    (quota_heads); decay over a 1024th of a half-life moves a share by under 0.07 %. (Slurm likewise
+    changes only when its own usage does, so a cycle can keep what it found of the queues nothing changed
+    (shortcuts/kept_heads.py); decay over a 1024th of a half-life moves a share by under 0.07 %. (Slurm likewise
     recomputes fair-share priorities periodically, not per event.)"""
-    half_life = d.policy.settings.fair_share_half_life_s
+    half_life = state.policy.settings.fair_share_half_life_s
     if half_life <= 0:
         return now
     step = half_life / EPOCHS_PER_HALF_LIFE
     return math.floor(now / step) * step
 
 
-def level_entitled(d: QuotaDecider, job: QuotaJob, p: Pass) -> bool:
-    if over_budget(d, job.queue, p) or not d.book.governed(job.queue):
+def level_entitled(state: QuotaState, job: QuotaJob, cycle: Cycle) -> bool:
+    if over_budget(state, job.queue, cycle) or not state.book.governed(job.queue):
         return False
-    smallest = min(d.demands.get((job.queue, job.priority), {job.demand: 0}))
-    return any(d.book.nominal_left(job.queue, f) >= smallest for f in flavors_of(d, job))
+    smallest = min(state.demands.get((job.queue, job.priority), {job.demand: 0}))
+    return any(state.book.nominal_left(job.queue, f) >= smallest for f in flavors_of(state, job))
 
 
 class Order:
-    """A queue's pending jobs in order: its nominated preemptors first, in nomination order (the quota their
-    victims free is theirs: libs/core/quota/nomination.py), then priority, then the user holding least, then
-    arrival. Robust to the job just yielded leaving the queue (being reserved) before the next is asked for;
-    `skip_level` jumps to the next (lower) priority."""
+    """A queue's waiting jobs in order, the first job first:
+      1. its nominated preemptors, in nomination order (the quota their victims free is theirs:
+         libs/core/quota/nomination.py);
+      2. then higher priority;
+      3. then, within a priority, the user holding fewest GPUs in the queue (counting what this cycle gives);
+      4. then, within a user, earlier arrival, then the job id.
+    Read once per cycle, resumed by each call for the next head, and robust to the job just yielded leaving
+    the queue (being reserved) before the next is asked for; `skip_level` jumps to the next (lower) priority."""
 
-    def __init__(self, decider: QuotaDecider, queue: str) -> None:
-        self.d = decider
+    def __init__(self, state: QuotaState, queue: str) -> None:
+        self.state = state
         self.queue = queue
-        self.levels = sorted(decider.pending.get(queue, {}), reverse=True)
+        self.levels = sorted(state.pending.get(queue, {}), reverse=True)
         self._skip = False
-        self.first = in_queue(decider, queue)
-        # The one walk over the queue, resumed by each call for the next head.
-        self.walk = self._nominated_first() if self.first else self._jobs()
+        self.first = in_queue(state, queue)
+        self.remaining = self._nominated_first() if self.first else self._jobs()
 
     def __iter__(self) -> Iterator[QuotaJob]:
-        return self.walk
+        return self.remaining
 
     def skip_level(self) -> None:
         self._skip = True
 
     def _nominated_first(self) -> Iterator[QuotaJob]:
-        jobs = self.d.jobs
+        jobs = self.state.jobs
         for job_id in self.first:
             job = jobs.get(job_id)
             if job is not None and job.state == "pending":
@@ -122,10 +129,10 @@ class Order:
                 yield job
 
     def _jobs(self) -> Iterator[QuotaJob]:
-        jobs = self.d.jobs
+        jobs = self.state.jobs
         for level in self.levels:
             self._skip = False
-            users = self.d.pending.get(self.queue, {}).get(level, {})
+            users = self.state.pending.get(self.queue, {}).get(level, {})
             if len(users) != 1:
                 yield from self._users(users)
                 continue
@@ -140,16 +147,16 @@ class Order:
                     i += 1
 
     def _users(self, users: dict[str, list[tuple[int, str]]]) -> Iterator[QuotaJob]:
-        """Round robin by GPUs held: the user holding least goes next, counting what this pass gives."""
+        """Round robin by GPUs held: the user holding least goes next, counting what this cycle gives."""
         index = dict.fromkeys(users, 0)
-        heap = [(self.d.user_used.get((self.queue, u), 0), keys[0][0], u) for u, keys in users.items() if keys]
+        heap = [(self.state.user_used.get((self.queue, u), 0), keys[0][0], u) for u, keys in users.items() if keys]
         heapq.heapify(heap)
         while heap:
             used, _, user = heapq.heappop(heap)
             keys, i = users[user], index[user]
             if i >= len(keys):
                 continue
-            job = self.d.jobs[keys[i][1]]
+            job = self.state.jobs[keys[i][1]]
             yield job
             if self._skip:
                 return

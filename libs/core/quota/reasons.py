@@ -1,11 +1,9 @@
-"""Why a job waits for quota, and telling it so: the reason codes of QuotaDeferred (which the preemption
-service acts on and the guarantee checker verifies), the reason a queue cannot take a job now (by its first
-flavor, with the shortfall), and the rule that a job is told a reason only when it is new to it, waiting for
+"""Why a job waits for quota, and telling it so: the reason a queue cannot take a job now (by its first flavor,
+with the shortfall; the codes are the kernel's, libs/core/kernel/wait_reasons.py, which preemption acts on and
+the guarantee checker verifies), and the rule that a job is told a reason only when it is new to it, waiting for
 quota counting as one reason whichever limit binds."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from contracts import QuotaDeferred
 from libs.core.kernel.decider import Decisions
@@ -23,30 +21,27 @@ from libs.core.kernel.wait_reasons import (
     WAITING_FOR_QUOTA,
 )
 from libs.core.quota.fit import could_ever_fit, could_hold, flavors_of, may_borrow
-from libs.core.quota.state import Pass, QuotaJob
-
-if TYPE_CHECKING:
-    from libs.core.quota.decider import QuotaDecider
+from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 
-def quota_reason(d: QuotaDecider, job: QuotaJob, p: Pass | None = None) -> tuple[str, str, int]:
-    """Why the job's queue cannot take it now (by its first flavor), with the shortfall. Within a pass
+def quota_reason(state: QuotaState, job: QuotaJob, cycle: Cycle | None = None) -> tuple[str, str, int]:
+    """Why the job's queue cannot take it now (by its first flavor), with the shortfall. Within a cycle
     (`p`) the answer is kept until the next reservation."""
-    if p is None:
-        return reason(d, job)
-    key = (job.queue, job.demand if may_borrow(d, job) else -job.demand, flavors_of(d, job),
-           could_hold(d, job))  # (two jobs alike to quota may differ in shape, hence to the nodes)
-    found = p.reasons.get(key)
+    if cycle is None:
+        return reason(state, job)
+    key = (job.queue, job.demand if may_borrow(state, job) else -job.demand, flavors_of(state, job),
+           could_hold(state, job))  # (two jobs alike to quota may differ in shape, hence to the nodes)
+    found = cycle.reasons.get(key)
     if found is None:
-        found = p.reasons[key] = reason(d, job)
+        found = cycle.reasons[key] = reason(state, job)
     return found
 
 
-def reason(d: QuotaDecider, job: QuotaJob) -> tuple[str, str, int]:
-    book = d.book
-    borrows = may_borrow(d, job)
-    if not could_ever_fit(d, job):
-        flavors = flavors_of(d, job)
+def reason(state: QuotaState, job: QuotaJob) -> tuple[str, str, int]:
+    book = state.book
+    borrows = may_borrow(state, job)
+    if not could_ever_fit(state, job):
+        flavors = flavors_of(state, job)
         most = max((book.ceiling(job.queue, f, borrows) for f in flavors), default=0)
         models = ", ".join(job.spec.gpu_models) or "any model"
         what = "borrowing included" if borrows else "within its nominal quota (the job cannot be preempted)"
@@ -54,11 +49,11 @@ def reason(d: QuotaDecider, job: QuotaJob) -> tuple[str, str, int]:
                 else f"has no quota for {models} any more")
         return (EXCEEDS_QUEUE_QUOTA, f"the job needs {job.demand / 1000:g} GPUs; queue {job.queue} {held}: it "
                 "waits, holding nothing, until the queue's quota can hold it", job.demand - most)
-    if not could_hold(d, job):
+    if not could_hold(state, job):
         return (NO_NODE_COULD_HOLD, f"the job needs {job.demand / 1000:g} GPUs and no node present (registered, "
                 "healthy, not cordoned) could hold it even with every running job gone: it holds no quota for "
                 "itself, and waits until a node that could hold it registers", job.demand)
-    flavor = (flavors_of(d, job) or (ANY,))[0]
+    flavor = (flavors_of(state, job) or (ANY,))[0]
     lim = book.limits.get(job.queue, {}).get(flavor)
     nominal = lim.nominal if lim is not None else 0
     used = book.usage(job.queue, flavor)
@@ -87,45 +82,45 @@ def reason(d: QuotaDecider, job: QuotaJob) -> tuple[str, str, int]:
             "no idle quota to lend", shortfall)
 
 
-def tell_new(d: QuotaDecider, job: QuotaJob, now: float, out: Decisions) -> None:
-    """Tell a job that waits anew (admitted, or back in its queue) why, when no pass reached it."""
-    levels = d.pending.get(job.queue)
+def tell_new(state: QuotaState, job: QuotaJob, now: float, out: Decisions) -> None:
+    """Tell a job that waits anew (admitted, or back in its queue) why, when no cycle reached it."""
+    levels = state.pending.get(job.queue)
     if levels and max(levels) > job.priority:
-        defer(d, job, BEHIND_HIGHER_PRIORITY, f"a job of higher priority waits for queue {job.queue}'s quota first",
+        defer(state, job, BEHIND_HIGHER_PRIORITY, f"a job of higher priority waits for queue {job.queue}'s quota first",
               0, out)
     else:
-        defer(d, job, *quota_reason(d, job), out)
+        defer(state, job, *quota_reason(state, job), out)
 
 
-def tells(d: QuotaDecider, job: QuotaJob, code: str) -> bool:
+def tells(state: QuotaState, job: QuotaJob, code: str) -> bool:
     """Would deferring the job with `code` tell it something new (see defer)?"""
-    told = d.deferred.get(job.job_id)
+    told = state.deferred.get(job.job_id)
     return told != code and not (told in WAITING_FOR_QUOTA and code in WAITING_FOR_QUOTA)
 
 
-def defer(d: QuotaDecider, job: QuotaJob, code: str, message: str, shortfall: int, out: Decisions) -> None:
+def defer(state: QuotaState, job: QuotaJob, code: str, message: str, shortfall: int, out: Decisions) -> None:
     """Tell the job why it waits, unless it was told so already. Waiting for quota (whichever limit
     binds, or behind a job of higher priority) counts as one reason here: which one applies shifts with
     every reservation, and re-telling each waiting job every time would flood the log without changing
     what anyone does about it."""
-    told = d.deferred.get(job.job_id)
+    told = state.deferred.get(job.job_id)
     if told != code and not (told in WAITING_FOR_QUOTA and code in WAITING_FOR_QUOTA):
         out.emit(QuotaDeferred, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue, code=code,
                  message=message, shortfall_milli=shortfall)
 
 
-def tell_no_node(d: QuotaDecider, out: Decisions) -> set[str]:
+def tell_no_node(state: QuotaState, out: Decisions) -> set[str]:
     """Nodes went or shrank (lost, cordoned, a GPU sick, registered again smaller or with MIG on): a job waiting
     for quota that no node present could hold any more is told so (preemption then stops acting for it), and
     holds nobody from now on. The queues of the jobs that may have held others (those waiting for quota, or for
-    idle quota over budget), for a pass."""
+    idle quota over budget), for a cycle."""
     queues: set[str] = set()
-    for job_id, code in list(d.deferred.items()):
-        job = d.jobs.get(job_id)
+    for job_id, code in list(state.deferred.items()):
+        job = state.jobs.get(job_id)
         if (code not in WAITING_FOR_QUOTA and code != OVER_BUDGET_WAITS) or job is None or job.state != "pending":
             continue
-        if not could_hold(d, job):
+        if not could_hold(state, job):
             queues.add(job.queue)
             if code in WAITING_FOR_QUOTA:
-                defer(d, job, *reason(d, job), out)
+                defer(state, job, *reason(state, job), out)
     return queues

@@ -1,12 +1,10 @@
-"""Trying one job in a scheduling pass: it gets quota (QuotaReserved) in the first flavor it may use that has room
+"""Trying one job in a scheduling cycle: it gets quota (QuotaReserved) in the first flavor it may use that has room
 for it, unless its user's limit or its queue's budget holds it, its queue could never hold it, the quota is held
 for the starving job or for a nominated preemptor, or a queue under its nominal quota waits for that flavor's
 lent quota. A job that gets none is told why (once), holds the lower jobs of its queue back in the flavors it
-could use, and, when it fits its own nominal quota, freezes the borrowers of those flavors for the pass."""
+could use, and, when it fits its own nominal quota, freezes the borrowers of those flavors for the cycle."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from contracts import QuotaReserved
 from libs.core.kernel.decider import Decisions
@@ -26,58 +24,40 @@ from libs.core.kernel.wait_reasons import (
 from libs.core.quota.fit import could_ever_fit, could_hold, entitled, flavors_of, may_borrow, over_budget, quota_left
 from libs.core.quota.nomination import holding_nominee
 from libs.core.quota.reasons import defer, quota_reason, reason, tells
+from libs.core.quota.shortcuts.repeated_holds import starving_key
 from libs.core.quota.starvation import held_for_starving
-from libs.core.quota.state import Pass, QuotaJob
-
-if TYPE_CHECKING:
-    from libs.core.quota.decider import QuotaDecider
+from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 
-def try_reserve(d: QuotaDecider, job: QuotaJob, p: Pass, out: Decisions) -> bool:
-    queue = d.policy.queues.get(job.queue)
-    limit = queue.user_max_gpus if queue is not None else None
+def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) -> bool:
+    """Try the job: reserve quota for it (True), or tell it why it waits, once (False)."""
     # (Codes that do not wait for quota are told whenever they are new: see tells.)
-    if limit is not None and d.user_used.get((job.queue, job.user), 0) + job.demand > limit * 1000:
-        if d.deferred.get(job.job_id) != USER_LIMIT:
-            defer(d, job, USER_LIMIT, f"user {job.user} already holds "
-                  f"{d.user_used.get((job.queue, job.user), 0) / 1000:g} GPUs in queue {job.queue} "
-                  f"(limit {limit})", 0, out)
+    if over_user_limit(state, job, out):
         return False
-    spent = p.over_budget.get(job.queue)
+    spent = cycle.over_budget.get(job.queue)
     if spent is None:
-        spent = over_budget(d, job.queue, p)
-    if spent and queue is not None and queue.over_budget == "wait":
-        if d.deferred.get(job.job_id) != BUDGET_SPENT:
-            defer(d, job, BUDGET_SPENT, f"queue {job.queue} spent its {queue.budget_gpu_hours:g} GPU-hour "
-                  f"{queue.budget_period}ly budget; it waits for the next period", 0, out)
+        spent = over_budget(state, job.queue, cycle)
+    if waits_for_budget(state, job, spent, out) or never_fits(state, job, out):
         return False
-    if not could_ever_fit(d, job):
-        # Its queue can no longer hold it at all (quota lowered, flavor removed): it waits, holding nothing.
-        if tells(d, job, EXCEEDS_QUEUE_QUOTA):
-            defer(d, job, *reason(d, job), out)
-        return False
-    flavors = usable_flavors(d, job, p)
-    if job.timed_out_flavor is not None and len(flavors) > 1 and job.timed_out_flavor in flavors:
-        # Placement could not place its last reservation of that flavor: another with room is tried first.
-        flavors = (*(f for f in flavors if f != job.timed_out_flavor), job.timed_out_flavor)
+    flavors = flavors_to_try(state, job, cycle)
     held_for_starving_job = False
     held_by: QuotaJob | None = None  # the preemptor the quota it could take is held for
-    borrows = may_borrow(d, job)
+    borrows = may_borrow(state, job)
     for flavor in flavors:
-        nominal_left, room = quota_left(d, job.queue, flavor, p)
-        if flavor in p.no_borrowing and (spent or job.demand > nominal_left):
+        nominal_left, room = quota_left(state, job.queue, flavor, cycle)
+        if flavor in cycle.no_borrowing and (spent or job.demand > nominal_left):
             continue  # a queue under nominal waits for lent quota: no borrower grows meanwhile
         if spent:  # only what peers lend, never its own nominal
-            room = d.book.borrow_only_room(job.queue, flavor)
+            room = state.book.borrow_only_room(job.queue, flavor)
         elif not borrows:  # it could never give borrowed quota back: its queue's own nominal only
             room = min(room, nominal_left)
         if job.demand > room:
             continue
-        if p.rule is not None and held_for_starving(d, job, flavor, nominal_left, spent, p):
+        if cycle.rule is not None and held_for_starving(state, job, flavor, nominal_left, spent, cycle):
             held_for_starving_job = True
             continue
-        if p.nominees and (nominee := holding_nominee(d, p.nominees, job, flavor, spent,
-                                                      p.nominee_effects)) is not None:
+        if cycle.nominees and (nominee := holding_nominee(state, cycle.nominees, job, flavor, spent,
+                                                          cycle.nominee_effects)) is not None:
             held_by = nominee
             continue
         borrowed = job.demand if spent else max(0, job.demand - nominal_left)
@@ -86,99 +66,126 @@ def try_reserve(d: QuotaDecider, job: QuotaJob, p: Pass, out: Decisions) -> bool
                  over_budget=spent)
         return True
     if held_by is not None:
-        if d.deferred.get(job.job_id) != HELD_FOR_PREEMPTOR:
-            at = d.nominated[held_by.job_id]
-            defer(d, job, HELD_FOR_PREEMPTOR, f"quota freed by preemption is held for job {held_by.job_id} "
-                  f"(its victims chosen at {at:.0f}) until it is reserved, at the latest until "
-                  f"{at + NOMINATION_TTL_S:.0f}", 0, out)
+        tell_held_for_preemptor(state, job, held_by, out)
+    elif held_for_starving_job:
+        tell_held_for_starving(state, job, cycle, out)
+    else:
+        not_reserved(state, job, flavors, borrows, spent, cycle, out)
+    return False
+
+
+def over_user_limit(state: QuotaState, job: QuotaJob, out: Decisions) -> bool:
+    """Would the job take its user past the user limit of its queue? Then it waits, told so."""
+    queue = state.policy.queues.get(job.queue)
+    limit = queue.user_max_gpus if queue is not None else None
+    if limit is None or state.user_used.get((job.queue, job.user), 0) + job.demand <= limit * 1000:
         return False
-    if held_for_starving_job:
-        starving = p.starving
-        if p.one_queue and runtime_bound(job.spec) is None:
-            p.held_for_starving[starving_key(d, job)] = (p.holds, len(p.no_borrowing))
-        if starving is not None and d.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB:
-            if not p.held_message:
-                p.held_message = (f"quota is held for job {starving.job_id}, waiting since {starving.since:.0f}; "
+    if state.deferred.get(job.job_id) != USER_LIMIT:
+        defer(state, job, USER_LIMIT, f"user {job.user} already holds "
+              f"{state.user_used.get((job.queue, job.user), 0) / 1000:g} GPUs in queue {job.queue} "
+              f"(limit {limit})", 0, out)
+    return True
+
+
+def waits_for_budget(state: QuotaState, job: QuotaJob, spent: bool, out: Decisions) -> bool:
+    """Did the job's queue spend its budget, and does it wait for the next period then? Told so."""
+    queue = state.policy.queues.get(job.queue)
+    if not spent or queue is None or queue.over_budget != "wait":
+        return False
+    if state.deferred.get(job.job_id) != BUDGET_SPENT:
+        defer(state, job, BUDGET_SPENT, f"queue {job.queue} spent its {queue.budget_gpu_hours:g} GPU-hour "
+              f"{queue.budget_period}ly budget; it waits for the next period", 0, out)
+    return True
+
+
+def never_fits(state: QuotaState, job: QuotaJob, out: Decisions) -> bool:
+    """Can its queue no longer hold the job at all (quota lowered, flavor removed)? It waits, holding nothing."""
+    if could_ever_fit(state, job):
+        return False
+    if tells(state, job, EXCEEDS_QUEUE_QUOTA):
+        defer(state, job, *reason(state, job), out)
+    return True
+
+
+def flavors_to_try(state: QuotaState, job: QuotaJob, cycle: Cycle) -> tuple[str, ...]:
+    """The job's usable flavors in the order they are tried: placement could not place its last reservation of
+    the flavor it timed out in, so another with room is tried first."""
+    flavors = usable_flavors(state, job, cycle)
+    if job.timed_out_flavor is not None and len(flavors) > 1 and job.timed_out_flavor in flavors:
+        flavors = (*(f for f in flavors if f != job.timed_out_flavor), job.timed_out_flavor)
+    return flavors
+
+
+def tell_held_for_preemptor(state: QuotaState, job: QuotaJob, held_by: QuotaJob, out: Decisions) -> None:
+    if state.deferred.get(job.job_id) != HELD_FOR_PREEMPTOR:
+        at = state.nominated[held_by.job_id]
+        defer(state, job, HELD_FOR_PREEMPTOR, f"quota freed by preemption is held for job {held_by.job_id} "
+              f"(its victims chosen at {at:.0f}) until it is reserved, at the latest until "
+              f"{at + NOMINATION_TTL_S:.0f}", 0, out)
+
+
+def tell_held_for_starving(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) -> None:
+    """The quota the job could take is held for the starving job: told so (the message made once per cycle)."""
+    starving = cycle.starving
+    if cycle.one_queue and runtime_bound(job.spec) is None:
+        cycle.held_for_starving[starving_key(state, job)] = (cycle.holds, len(cycle.no_borrowing))
+    if starving is not None and state.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB:
+        if not cycle.held_message:
+            cycle.held_message = (f"quota is held for job {starving.job_id}, waiting since {starving.since:.0f}; "
                                   "only jobs ending before it can start, or leaving it its room, may go first")
-            defer(d, job, HELD_FOR_STARVING_JOB, p.held_message, 0, out)
-        return False
-    return _not_reserved(d, job, flavors, borrows, spent, p, out)
+        defer(state, job, HELD_FOR_STARVING_JOB, cycle.held_message, 0, out)
 
 
-def _not_reserved(d: QuotaDecider, job: QuotaJob, flavors: tuple[str, ...], borrows: bool, spent: bool, p: Pass,
-                  out: Decisions) -> bool:
-    """No flavor had room for the job: what the pass learns from that, and what the job is told."""
-    is_entitled = entitled(d, job, p)
+def not_reserved(state: QuotaState, job: QuotaJob, flavors: tuple[str, ...], borrows: bool, spent: bool,
+                  cycle: Cycle, out: Decisions) -> None:
+    """No flavor had room for the job: what the cycle learns from that, and what the job is told."""
+    is_entitled = entitled(state, job, cycle)
     if borrows:  # (one that may not borrow failing says nothing of those that may)
-        key = (job.queue, flavors_of(d, job))
-        p.failed[key] = min(p.failed.get(key, UNLIMITED), job.demand)
+        key = (job.queue, flavors_of(state, job))
+        cycle.failed[key] = min(cycle.failed.get(key, UNLIMITED), job.demand)
     # A job no node present could hold, even with every running job gone, holds nobody: quota kept for it
     # could not start it, so neither the jobs below it nor borrowers wait for it (nor does anyone reclaim
     # for it: it is told so, which preemption does not act on).
-    holds_others = could_hold(d, job)
+    holds_others = could_hold(state, job)
     if holds_others:
-        hold_below(d, job, p)
+        hold_below(state, job, cycle)
     if spent:
         # Only idle quota of its peers may serve it; evicting anyone for it would be wrong.
-        if tells(d, job, OVER_BUDGET_WAITS):
-            defer(d, job, OVER_BUDGET_WAITS, f"queue {job.queue} spent its GPU-hour budget; the job waits "
+        if tells(state, job, OVER_BUDGET_WAITS):
+            defer(state, job, OVER_BUDGET_WAITS, f"queue {job.queue} spent its GPU-hour budget; the job waits "
                   "for idle quota its cohort lends", 0, out)
-        return False
+        return
     # Every quota reason waits for quota: a job told it waits for quota is not told again (see defer).
-    tell = d.deferred.get(job.job_id) not in WAITING_FOR_QUOTA or not holds_others
+    tell = state.deferred.get(job.job_id) not in WAITING_FOR_QUOTA or not holds_others
     if tell:
-        code, message, shortfall = quota_reason(d, job, p)
-        if p.no_borrowing and code == COHORT_QUOTA_EXHAUSTED:
+        code, message, shortfall = quota_reason(state, job, cycle)
+        if cycle.no_borrowing and code == COHORT_QUOTA_EXHAUSTED:
             message = ("a queue under its nominal quota waits for quota lent out first; no queue borrows more "
                        "meanwhile")
     if is_entitled and holds_others:
         # It fits its own nominal, yet no room: that quota is lent out. No borrower of it grows now.
-        p.no_borrowing.update(f for f in flavors if quota_left(d, job.queue, f, p)[0] >= job.demand)
+        cycle.no_borrowing.update(f for f in flavors if quota_left(state, job.queue, f, cycle)[0] >= job.demand)
     if tell:
-        defer(d, job, code, message, shortfall, out)
-    return False
+        defer(state, job, code, message, shortfall, out)
 
 
-def usable_flavors(d: QuotaDecider, job: QuotaJob, p: Pass) -> tuple[str, ...]:
-    """The flavors the job may take quota of in this pass: its own, less those a job of higher priority
+def usable_flavors(state: QuotaState, job: QuotaJob, cycle: Cycle) -> tuple[str, ...]:
+    """The flavors the job may take quota of in this cycle: its own, less those a job of higher priority
     of its queue waits for (which holds lower jobs back there)."""
-    flavors = flavors_of(d, job) if d.book.governed(job.queue) else (ANY,)
-    held = p.held_below.get(job.queue)
+    flavors = flavors_of(state, job) if state.book.governed(job.queue) else (ANY,)
+    held = cycle.held_below.get(job.queue)
     if not held:
         return flavors
     return tuple(f for f in flavors if held.get(f, job.priority) <= job.priority)
 
 
-def starving_key(d: QuotaDecider, job: QuotaJob) -> tuple[str, int, int, tuple[str, ...], bool]:
-    """What decides whether a job without a runtime limit is held for the starving job, besides the pass."""
-    return (job.queue, job.priority, job.demand, flavors_of(d, job), may_borrow(d, job))
-
-
-def held_like_another(d: QuotaDecider, job: QuotaJob, p: Pass) -> bool:
-    """Would trying the job only hold it for the starving job again, as it was told already? So when, in a pass
-    over one queue (where the job would be tried right now), a job of its key (starving_key) was held that way
-    with the same holds and no reservation since, and the job, neither the starving job nor a nominated
-    preemptor, has no runtime limit and no user limit binding it: its rooms, usable flavors and the rule's
-    effect are then those the other job met, flavor by flavor. (In a pass over several queues another queue's
-    head may be tried, and reserved, between the two: there the job is tried.)"""
-    seen = p.held_for_starving.get(starving_key(d, job))
-    if seen is None or seen != (p.holds, len(p.no_borrowing)) or d.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB:
-        return False
-    if (p.starving is None or job.job_id == p.starving.job_id or job.job_id in d.nominated
-            or runtime_bound(job.spec) is not None):
-        return False
-    queue = d.policy.queues.get(job.queue)
-    limit = queue.user_max_gpus if queue is not None else None
-    return limit is None or d.user_used.get((job.queue, job.user), 0) + job.demand <= limit * 1000
-
-
-def hold_below(d: QuotaDecider, job: QuotaJob, p: Pass) -> None:
+def hold_below(state: QuotaState, job: QuotaJob, cycle: Cycle) -> None:
     """The job did not get quota: lower jobs of its queue wait behind it in the flavors it could use."""
-    p.holds += 1
-    held = p.held_below.setdefault(job.queue, {})
-    for f in flavors_of(d, job) if d.book.governed(job.queue) else (ANY,):
+    cycle.holds += 1
+    held = cycle.held_below.setdefault(job.queue, {})
+    for f in flavors_of(state, job) if state.book.governed(job.queue) else (ANY,):
         if held.get(f, job.priority) <= job.priority:
             held[f] = job.priority
-    everywhere = [held.get(f) for f in (d.book.limits.get(job.queue) or (ANY,))]
+    everywhere = [held.get(f) for f in (state.book.limits.get(job.queue) or (ANY,))]
     if all(prio is not None for prio in everywhere):
-        p.held_all[job.queue] = min(prio for prio in everywhere if prio is not None)
+        cycle.held_all[job.queue] = min(prio for prio in everywhere if prio is not None)

@@ -1,24 +1,19 @@
 """The quota side of the starvation rule (libs/core/kernel/starvation.py). As arithmetic on the quota book: when the
 starving job's quota frees up, and what another reservation would do to the room it could use; each answer
-changes the book only while it is asked, and leaves it as it was. As the scheduling pass applies it: which job
+changes the book only while it is asked, and leaves it as it was. As the scheduling cycle applies it: which job
 of a group starves (`find_starving`), and whether a job about to take quota must wait for it
 (`held_for_starving`)."""
 
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
 
 from libs.core.kernel.policy import declared_runtime, runtime_bound
 from libs.core.kernel.quota_math import ANY, QuotaBook
 from libs.core.kernel.starvation import RoomEffect, Shadow, Starving, find_shadow, holds, longest_waiting
 from libs.core.kernel.wait_reasons import WAITING_OR_HELD
 from libs.core.quota.fit import could_ever_fit, could_hold, flavors_of
-from libs.core.quota.state import Pass, QuotaJob
-
-if TYPE_CHECKING:
-    from libs.core.quota.decider import QuotaDecider
-
+from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 # A reservation's usage as the book counts it: (queue, flavor, milli, over budget).
 Charge = tuple[str, str, int, bool]
@@ -82,63 +77,64 @@ def reservation_effect(book: QuotaBook, starving: QuotaJob, flavors: tuple[str, 
     return (any(a < b for a, b in zip(after, before, strict=True)), any(a >= starving.demand for a in after))
 
 
-def find_starving(d: QuotaDecider, group: list[str], p: Pass) -> None:
+def find_starving(state: QuotaState, group: list[str], cycle: Cycle) -> None:
     """The group's starving job, by the rule placement shares (starvation.longest_waiting): its longest-waiting
     job past the limit that may starve (may_starve), and when its quota frees up by the reserved jobs'
     declared runtimes (the shadow time backfill must end by; unknown when they do not say: then no job
     backfills)."""
-    limit = d.policy.settings.starvation_after_s
-    if limit is None or not d.by_wait or p.now - d.by_wait[0][0] < limit:
+    limit = state.policy.settings.starvation_after_s
+    if limit is None or not state.by_wait or cycle.now - state.by_wait[0][0] < limit:
         return
     # The group's waiting jobs, longest waiting first (as in by_wait).
-    waits = [w for q in group if (w := d.by_wait_in.get(q))]
-    oldest = longest_waiting(((since, d.jobs[job_id]) for since, _, job_id in
-                              (waits[0] if len(waits) == 1 else heapq.merge(*waits))), p.now, limit,
-                             lambda job: may_starve(d, job))
+    waits = [w for q in group if (w := state.by_wait_in.get(q))]
+    oldest = longest_waiting(((since, state.jobs[job_id]) for since, _, job_id in
+                              (waits[0] if len(waits) == 1 else heapq.merge(*waits))), cycle.now, limit,
+                             lambda job: may_starve(state, job))
     if oldest is None:
         return
-    flavors = flavors_of(d, oldest) or (ANY,)
-    holding = [j for q in group for j_id in d.reserved.get(q, {}) if (j := d.jobs[j_id]).flavor in flavors]
-    shadow = reservations_shadow(d.book, oldest, flavors, holding, p.now)
+    flavors = flavors_of(state, oldest) or (ANY,)
+    holding = [j for q in group for j_id in state.reserved.get(q, {}) if (j := state.jobs[j_id]).flavor in flavors]
+    shadow = reservations_shadow(state.book, oldest, flavors, holding, cycle.now)
     if shadow is None:
         return  # it could not fit even with every reservation gone: it holds nobody
-    p.starving = oldest
-    p.rule = Starving(job_id=oldest.job_id, priority=oldest.priority, shadow=shadow.at)
-    p.ending = shadow.ending
+    cycle.starving = oldest
+    cycle.rule = Starving(job_id=oldest.job_id, priority=oldest.priority, shadow=shadow.at)
+    cycle.ending = shadow.ending
 
 
-def may_starve(d: QuotaDecider, job: QuotaJob) -> bool:
+def may_starve(state: QuotaState, job: QuotaJob) -> bool:
     """May the job, past the starvation limit, be the starving job? Only one waiting for quota (not for its
     user limit or budget) that its queue could ever hold and a node present could hold (the shared rule)."""
-    return d.deferred.get(job.job_id) in WAITING_OR_HELD and could_ever_fit(d, job) and could_hold(d, job)
+    return state.deferred.get(job.job_id) in WAITING_OR_HELD and could_ever_fit(state, job) and could_hold(state, job)
 
 
-def held_for_starving(d: QuotaDecider, job: QuotaJob, flavor: str, nominal_left: int, over_budget: bool,
-                      p: Pass) -> bool:
+def held_for_starving(state: QuotaState, job: QuotaJob, flavor: str, nominal_left: int, over_budget: bool,
+                      cycle: Cycle) -> bool:
     """Must the job, about to take quota of `flavor`, wait for the starving job (libs/core/kernel/starvation.py)?
     A job of another queue within its own queue's nominal quota never does: that quota is its queue's,
     whoever starves elsewhere."""
-    starving = p.starving
+    starving = cycle.starving
     if starving is None or (job.queue != starving.queue and not over_budget and job.demand <= nominal_left):
         return False
-    if job.job_id in d.las_nominated and job.job_id in d.nominated:
+    if job.job_id in state.las_nominated and job.job_id in state.nominated:
         # Its victims, of its own queue and priority, leave for it: held for the starving job, which its
         # nomination holds in turn, they would have been evicted for nothing (placement exempts it alike).
         return False
-    return holds(p.rule, job.job_id, job.priority, runtime_bound(job.spec), p.now,
-                 lambda: room_effect(d, job, flavor, over_budget, p))
+    return holds(cycle.rule, job.job_id, job.priority, runtime_bound(job.spec), cycle.now,
+                 lambda: room_effect(state, job, flavor, over_budget, cycle))
 
 
-def room_effect(d: QuotaDecider, job: QuotaJob, flavor: str, over_budget: bool, p: Pass) -> RoomEffect:
+def room_effect(state: QuotaState, job: QuotaJob, flavor: str, over_budget: bool, cycle: Cycle) -> RoomEffect:
     """Would reserving the job in `flavor` shrink the room the starving job could use, and would the
     starving job still fit beside it at its shadow time (the reservations ending by then gone)?"""
     key = (job.queue, flavor, job.demand, over_budget)
-    effect = p.effects.get(key)
+    effect = cycle.effects.get(key)
     if effect is not None:
         return effect
-    starving = p.starving
+    starving = cycle.starving
     if starving is None:
         return (False, False)
-    effect = p.effects[key] = reservation_effect(d.book, starving, flavors_of(d, starving) or (ANY,), p.ending,
-                                                 job, flavor, over_budget)
+    flavors = flavors_of(state, starving) or (ANY,)
+    effect = cycle.effects[key] = reservation_effect(state.book, starving, flavors, cycle.ending, job, flavor,
+                                                     over_budget)
     return effect

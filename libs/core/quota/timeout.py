@@ -8,8 +8,6 @@ placement placed just as its quota went back takes that quota again."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from contracts import QuotaReleased, QuotaReserved
 from libs.core.kernel.decider import Decisions
 from libs.core.kernel.quota_math import flavor_name
@@ -17,10 +15,7 @@ from libs.core.kernel.starvation import CAPACITY_HELD
 from libs.core.kernel.wait_reasons import PLACEMENT_TIMED_OUT
 from libs.core.quota.reasons import defer
 from libs.core.quota.reclaim import lender_waits
-from libs.core.quota.state import Pass, QuotaJob
-
-if TYPE_CHECKING:
-    from libs.core.quota.decider import QuotaDecider
+from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 PLACEMENT_TIMEOUT = "placement_timeout"  # the QuotaReleased reason of such a job
 # A job whose reservation timed out waits this long before it may take quota again, doubling each time (as
@@ -34,55 +29,55 @@ def placement_backoff_s(timeouts: int) -> float:
     return min(PLACEMENT_BACKOFF_MAX_S, PLACEMENT_BACKOFF_S * 2 ** (timeouts - 1))
 
 
-def give_back_unplaced(d: QuotaDecider, now: float, out: Decisions) -> list[str]:
+def give_back_unplaced(state: QuotaState, now: float, out: Decisions) -> list[str]:
     """Release the reservations placement deferred and has not placed within the placement timeout, unless
     placement holds capacity for the job (it starves there; but not against a lender waiting for the quota it
     borrows: the lender's nominal quota comes first) or the job's preemption victims are still leaving (a
     checkpoint may take longer than the timeout: the room they free is the job's); the queues that got
     quota back."""
-    timeout = d.policy.settings.placement_timeout_s
-    if timeout is None or not d.unplaced:
+    timeout = state.policy.settings.placement_timeout_s
+    if timeout is None or not state.unplaced:
         return []
-    p = Pass(now=now)
-    expired = [job for j in d.unplaced if (job := d.jobs[j]).placement_code
-               and now - job.reserved_at >= timeout and not victims_leaving(d, j)
-               and (job.placement_code != CAPACITY_HELD or lender_waits(d, job, p))]
+    cycle = Cycle(now=now)
+    expired = [job for j in state.unplaced if (job := state.jobs[j]).placement_code
+               and now - job.reserved_at >= timeout and not victims_leaving(state, j)
+               and (job.placement_code != CAPACITY_HELD or lender_waits(state, job, cycle))]
     for job in expired:
         out.emit(QuotaReleased, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue,
                  gpu_milli=job.demand, reason=PLACEMENT_TIMEOUT)
-        again = d.requeued.get(job.job_id, now)
-        defer(d, job, PLACEMENT_TIMED_OUT, f"no node could hold it within {timeout:g} s of its quota "
+        again = state.requeued.get(job.job_id, now)
+        defer(state, job, PLACEMENT_TIMED_OUT, f"no node could hold it within {timeout:g} s of its quota "
               f"reservation (placement: {job.placement_code or 'deferred'}); its quota went back and it "
               f"may be reserved again {max(0.0, again - now):.0f} s from now", 0, out)
     return [job.queue for job in expired]
 
 
-def victims_leaving(d: QuotaDecider, job_id: str) -> bool:
+def victims_leaving(state: QuotaState, job_id: str) -> bool:
     """Does a victim chosen for the job still run the run it was chosen in (it holds the quota it held then)?"""
-    decided = d.victims_of.get(job_id)
+    decided = state.victims_of.get(job_id)
     if decided is None:
         return False
     at, victims = decided
-    return any((v := d.jobs.get(victim)) is not None and v.state == "reserved" and v.reserved_at < at
+    return any((v := state.jobs.get(victim)) is not None and v.state == "reserved" and v.reserved_at < at
                for victim in victims)
 
 
-def take_back(d: QuotaDecider, job: QuotaJob, out: Decisions) -> None:
+def take_back(state: QuotaState, job: QuotaJob, out: Decisions) -> None:
     """Placement placed the job before it read that the job's quota went back: the job runs, so it holds
     its quota again, in the flavor it had (the preemption service reclaims what this overdraws)."""
     if job.state != "pending":
         return
-    d.requeued.pop(job.job_id, None)
-    nominal_left = d.book.nominal_left(job.queue, job.flavor)
+    state.requeued.pop(job.job_id, None)
+    nominal_left = state.book.nominal_left(job.queue, job.flavor)
     borrowed = job.demand if job.over_budget else max(0, job.demand - nominal_left)
     out.emit(QuotaReserved, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue, gpu_milli=job.demand,
              flavor=flavor_name(job.flavor), borrowed_milli=borrowed, over_budget=job.over_budget)
 
 
-def end_placement_backoffs(d: QuotaDecider, now: float) -> None:
+def end_placement_backoffs(state: QuotaState, now: float) -> None:
     """Capacity grew (a node registered or came back, a GPU is healthy again): a job that waits out its backoff
     after a placement timeout waited for the cluster to change, and it has: it may take quota again now (its
     backoff still doubles if placement again cannot place it), so that no GPU sits idle while it waits."""
-    for job_id in d.requeued:
-        d.requeued[job_id] = min(d.requeued[job_id], now)
-        d._backoffs_ended.append(d.jobs[job_id].queue)
+    for job_id in state.requeued:
+        state.requeued[job_id] = min(state.requeued[job_id], now)
+        state.backoffs_ended.append(state.jobs[job_id].queue)

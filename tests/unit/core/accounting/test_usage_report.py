@@ -11,7 +11,7 @@ import pytest
 from contracts import JobEvicted, JobFailed, JobFinished, JobStarted
 from contracts.codec import encode
 from libs.cli.main import main
-from libs.core.accounting.gpu_time import GpuRun
+from libs.core.kernel.gpu_time import GpuRun
 from libs.reports.rates import Rates, RatesError, load_rates
 from libs.reports.usage import ReportError, UsageHistory, parse_by, usage_rows
 from tests.unit.builders import EventFeed, job, node, pipeline, queue

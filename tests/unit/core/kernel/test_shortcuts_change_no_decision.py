@@ -1,17 +1,18 @@
 """The deciders' shortcuts change what a decision costs, never what it is: a random loaded trace through every
 set-up gives the same log, byte for byte, with each shortcut switched off.
 
-- quota skips a job the starving job would hold again, as it holds one of the same key (quota_pass.next_head,
-  quota_reserve.held_like_another);
+- quota skips a job the starving job would hold again, as it holds one of the same key (quota_next_head.next_head,
+  shortcuts/repeated_holds.held_like_another);
 - quota releases the reservations without a declared end summed per queue when it looks for the starving job's
   shadow (quota_starvation._summed);
 - preemption skips the victim search of a reclaim whose queue could not fit its nominal quota even with all its
   own candidates gone (libs/core/preemption/shortcuts.py could_fit_nominal);
-- quota does not walk a queue none of whose waiting jobs could get quota in the pass, when trying them would
-  tell nobody anything new (quota_reach.out_of_reach), nor, while the cohort has no room, look at a queue
-  that would then be such a queue (quota_reach.quiet);
-- quota reads back a queue's head and its order key from an earlier pass when nothing they depend on
-  changed (quota_heads.kept_head), and keeps a cohort's calm queues ranked between passes (quota_calm);
+- quota does not look at a queue none of whose waiting jobs could get quota in the cycle, when trying them would
+  tell nobody anything new (shortcuts/skipped_queues.skippable), nor, while the cohort has no room, at a queue
+  that would then be such a queue (shortcuts/skipped_queues.lent_only);
+- quota reads back a queue's head and its order key from an earlier cycle when nothing they depend on
+  changed (shortcuts/kept_heads.kept_head), and keeps a cohort's lent-only queues ranked between cycles
+  (shortcuts/ranked_queues);
 - on a tick, preemption considers no waiting job alike to one that found no victims since the last decision
   (libs/core/preemption/shortcuts.py alike_key).
 """
@@ -26,10 +27,10 @@ import msgspec
 import pytest
 
 from libs.core.preemption import shortcuts as preemption_shortcuts
-from libs.core.quota import calm as quota_calm
-from libs.core.quota import scheduling_pass as quota_pass
+from libs.core.quota import cycle as quota_cycle
+from libs.core.quota import next_head as quota_next_head
 from libs.core.quota import starvation as quota_starvation
-from libs.core.quota import walk as quota_walk
+from libs.core.quota.shortcuts import ranked_queues as quota_ranked
 from libs.core.quota.state import QuotaJob
 from libs.sim.pipeline import VirtualWorld
 from libs.sim.scenario import run_scenario
@@ -42,7 +43,7 @@ TEAMS = {"a": 1, "b": 2, "c": 1}  # nodes of 8 GPUs: 32 GPUs
 SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 # Every scenario (among them held-job-tried-again-after-another-queues-reservation.yaml, where a shortcut once
 # decided otherwise than the long way).
-SCENARIO_FILES = sorted(p.name for p in SCENARIOS.glob("*.yaml"))
+SCENARIO_FILES = sorted(cycle.name for cycle in SCENARIOS.glob("*.yaml"))
 
 
 def loaded_trace(seed: int, jobs: int = 160) -> list[TraceJob]:
@@ -69,11 +70,11 @@ def log_bytes(jobs: list[TraceJob], setup: Setup) -> list[bytes]:
 
 
 def no_shortcuts(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(quota_walk, "held_like_another", lambda d, job, p: False)
-    monkeypatch.setattr(quota_pass, "out_of_reach", lambda d, queue, p: False)
-    for module in (quota_pass, quota_calm):
-        monkeypatch.setattr(module, "quiet", lambda d, queue, backing_off: False)
-        monkeypatch.setattr(module, "kept_head", lambda d, queue, p: None)
+    monkeypatch.setattr(quota_next_head, "held_like_another", lambda d, job, cycle: False)
+    monkeypatch.setattr(quota_cycle, "skippable", lambda d, queue, cycle: False)
+    for module in (quota_cycle, quota_ranked):
+        monkeypatch.setattr(module, "lent_only", lambda d, queue, backing_off: False)
+        monkeypatch.setattr(module, "kept_head", lambda d, queue, cycle: None)
 
     def one_by_one(jobs: list[QuotaJob]) -> list[QuotaJob]:
         return jobs
@@ -90,7 +91,7 @@ def test_shortcuts_decide_as_the_long_way(monkeypatch: pytest.MonkeyPatch, pool:
                                           las: bool) -> None:
     jobs = loaded_trace(seed=7)
     setup = Setup(pool, "platform", pool, declare, las=las)
-    taken: dict[str, int] = {"held": 0, "summed": 0, "no_reclaim": 0, "out_of_reach": 0, "quiet": 0, "kept": 0}
+    taken: dict[str, int] = {"held": 0, "summed": 0, "no_reclaim": 0, "skippable": 0, "lent_only": 0, "kept": 0}
     with monkeypatch.context() as m:
         count_shortcuts(m, taken)
         fast = log_bytes(jobs, setup)
@@ -103,19 +104,19 @@ def test_shortcuts_decide_as_the_long_way(monkeypatch: pytest.MonkeyPatch, pool:
     # limit, a reclaim a cohort.
     assert (taken["summed"] > 0 and taken["held"] > 0) or declare == "noisy"
     assert taken["no_reclaim"] > 0 or pool == "partitioned"
-    assert taken["out_of_reach"] > 0
+    assert taken["skippable"] > 0
     # (A queue alone in its pass, with no cohort, is ranked against nobody.)
-    assert (taken["kept"] > 0 and taken["quiet"] > 0) or pool == "partitioned"
+    assert (taken["kept"] > 0 and taken["lent_only"] > 0) or pool == "partitioned"
 
 
 def count_shortcuts(monkeypatch: pytest.MonkeyPatch, taken: dict[str, int]) -> None:
-    held, summed = quota_walk.held_like_another, quota_starvation._summed
+    held, summed = quota_next_head.held_like_another, quota_starvation._summed
     could = preemption_shortcuts.could_fit_nominal
-    reach, calm, kept = quota_pass.out_of_reach, quota_pass.quiet, quota_pass.kept_head
+    skippable, lent_only, kept = quota_cycle.skippable, quota_cycle.lent_only, quota_cycle.kept_head
 
-    def counted_quiet(*args: Any) -> bool:
-        answer = calm(*args)
-        taken["quiet"] += answer
+    def counted_lent_only(*args: Any) -> bool:
+        answer = lent_only(*args)
+        taken["lent_only"] += answer
         return answer
 
     def counted_kept(*args: Any) -> Any:
@@ -123,9 +124,9 @@ def count_shortcuts(monkeypatch: pytest.MonkeyPatch, taken: dict[str, int]) -> N
         taken["kept"] += answer is not None
         return answer
 
-    def counted_reach(*args: Any) -> bool:
-        answer = reach(*args)
-        taken["out_of_reach"] += answer
+    def counted_skippable(*args: Any) -> bool:
+        answer = skippable(*args)
+        taken["skippable"] += answer
         return answer
 
     def counted_held(*args: Any) -> bool:
@@ -143,12 +144,12 @@ def count_shortcuts(monkeypatch: pytest.MonkeyPatch, taken: dict[str, int]) -> N
         taken["no_reclaim"] += not answer
         return answer
 
-    monkeypatch.setattr(quota_walk, "held_like_another", counted_held)
+    monkeypatch.setattr(quota_next_head, "held_like_another", counted_held)
     monkeypatch.setattr(quota_starvation, "_summed", counted_summed)
     monkeypatch.setattr(preemption_shortcuts, "could_fit_nominal", counted_could)
-    monkeypatch.setattr(quota_pass, "out_of_reach", counted_reach)
-    for module in (quota_pass, quota_calm):
-        monkeypatch.setattr(module, "quiet", counted_quiet)
+    monkeypatch.setattr(quota_cycle, "skippable", counted_skippable)
+    for module in (quota_cycle, quota_ranked):
+        monkeypatch.setattr(module, "lent_only", counted_lent_only)
         monkeypatch.setattr(module, "kept_head", counted_kept)
 
 
@@ -170,8 +171,8 @@ def test_many_queue_world_decides_as_the_long_way(monkeypatch: pytest.MonkeyPatc
     shortcut off."""
     inputs = random_world(seed)
     with monkeypatch.context() as m:
-        if seed % 2:  # the calm heaps shed their stale entries on every pass
-            m.setattr(quota_calm, "STALE_SLACK", -1000)
+        if seed % 2:  # the ranked heaps shed their stale entries on every cycle
+            m.setattr(quota_ranked, "STALE_SLACK", -1000)
         fast = run_log(inputs)
     with monkeypatch.context() as m:
         no_shortcuts(m)

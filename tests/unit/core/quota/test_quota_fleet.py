@@ -36,7 +36,7 @@ def _node(name: str, model: str, gpus: int) -> NodeRegistered:
 def _fleet(*events: object) -> Fleet:
     fleet = Fleet()
     for event in events:
-        fleet.evolve(event)  # type: ignore[arg-type]
+        fleet.fold(event)  # type: ignore[arg-type]
     return fleet
 
 
@@ -80,9 +80,9 @@ def test_lost_cordoned_and_unhealthy_gpus_do_not_count() -> None:
 def test_version_bumps_only_when_the_counts_change() -> None:
     fleet = _fleet(_node("n0", "A100", 2))
     version = fleet.version
-    fleet.evolve(_node("n0", "A100", 2))  # registered again, the same
+    fleet.fold(_node("n0", "A100", 2))  # registered again, the same
     assert fleet.version == version
-    fleet.evolve(_node("n1", "H100", 1))
+    fleet.fold(_node("n1", "H100", 1))
     assert fleet.version == version + 1
 
 

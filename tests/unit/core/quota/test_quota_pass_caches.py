@@ -1,8 +1,9 @@
-"""What a quota pass keeps between passes equals what it would find afresh, at every pass of random worlds of
+"""What a quota cycle keeps between cycles equals what it would find afresh, at every cycle of random worlds of
 many queues (tests/unit/many_queue_worlds.py): the waiting queues and demands per cohort and the jobs not told
-they wait (recounted from the queues), each kept head and order key (walked and computed again), each kept
-quiet answer, and each cohort's calm heap (every waiting queue in it exactly once, or restless; every calm one
-quiet, keeping its head, in its place). test_decision_shortcuts checks the decisions; this checks the reasons."""
+they wait (recounted from the queues), each kept head and order key (found and computed again), each kept
+lent-only answer, and each cohort's ranked heap (every waiting queue in it exactly once, or unranked; every
+ranked one lent-only, keeping its head, in its place). test_decision_shortcuts checks the decisions; this
+checks the reasons."""
 
 from __future__ import annotations
 
@@ -13,24 +14,24 @@ import pytest
 
 from libs.core.kernel.decider import Decisions
 from libs.core.kernel.wait_reasons import WAITING_FOR_QUOTA
-from libs.core.quota import calm as quota_calm
-from libs.core.quota import heads as quota_heads
-from libs.core.quota import reach as quota_reach
-from libs.core.quota import scheduling_pass as quota_pass
+from libs.core.quota import cycle as quota_cycle
 from libs.core.quota.decider import QuotaDecider
 from libs.core.quota.order import Order, order_key
-from libs.core.quota.state import Pass, QuotaJob
+from libs.core.quota.shortcuts import kept_heads as quota_kept_heads
+from libs.core.quota.shortcuts import ranked_queues as quota_ranked
+from libs.core.quota.shortcuts import skipped_queues as quota_skipped
+from libs.core.quota.state import Cycle, QuotaJob
 from tests.unit.many_queue_worlds import random_world, run_log
 
 
 def fresh_head(d: QuotaDecider, queue: str) -> QuotaJob:
-    return next(iter(Order(d, queue).walk))
+    return next(iter(Order(d, queue).remaining))
 
 
 def recount(d: QuotaDecider) -> tuple[dict[str, set[str]], dict[str, Counter[int]], dict[str, set[str]]]:
     waiting: dict[str, set[str]] = {}
     demands: dict[str, Counter[int]] = {}
-    loud: dict[str, set[str]] = {}
+    untold: dict[str, set[str]] = {}
     for queue, levels in d.pending.items():
         cohort = d.book.cohort.get(queue, "")
         for users in levels.values():
@@ -40,65 +41,65 @@ def recount(d: QuotaDecider) -> tuple[dict[str, set[str]], dict[str, Counter[int
                         waiting.setdefault(cohort, set()).add(queue)
                         demands.setdefault(cohort, Counter())[d.jobs[job_id].demand] += 1
                     if d.deferred.get(job_id) not in WAITING_FOR_QUOTA:
-                        loud.setdefault(queue, set()).add(job_id)
-    return waiting, demands, loud
+                        untold.setdefault(queue, set()).add(job_id)
+    return waiting, demands, untold
 
 
 def check_bookkeeping(d: QuotaDecider) -> None:
-    waiting, demands, loud = recount(d)
+    waiting, demands, untold = recount(d)
     assert {c: set(qs) for c, qs in d.waiting_in.items() if qs} == waiting
     assert {c: Counter(n) for c, n in d.cohort_demands.items() if n} == demands
-    assert {q: set(js) for q, js in d.loud.items() if js} == loud
+    assert {q: set(js) for q, js in d.untold.items() if js} == untold
 
 
-def check_calm(d: QuotaDecider, cohort: str, restless: list[str], p: Pass, seen: Counter[str]) -> None:
+def check_ranked(d: QuotaDecider, cohort: str, unranked: list[str], cycle: Cycle, seen: Counter[str]) -> None:
     places: dict[str, tuple[object, ...]] = {}
-    for entry in d.calm.get(cohort, []):
-        if quota_calm.valid(d, entry, p):
-            assert entry[1] not in places, f"two entries of {entry[1]} in its cohort's calm heap"
+    for entry in d.ranked.get(cohort, []):
+        if quota_ranked.still_in_place(d, entry, cycle):
+            assert entry[1] not in places, f"two entries of {entry[1]} in its cohort's ranked heap"
             places[entry[1]] = entry[0]
     for queue in d.waiting_in.get(cohort, {}):
-        if queue in restless:
+        if queue in unranked:
             assert queue not in places
             continue
-        assert queue in places, f"waiting queue {queue} neither restless nor in its cohort's calm heap"
-        assert quota_reach._quiet(d, queue) and quota_heads.keeps(d, queue, p.backing_off)
+        assert queue in places, f"waiting queue {queue} neither unranked nor in its cohort's ranked heap"
+        assert quota_skipped.lent_only_now(d, queue) and quota_kept_heads.may_keep_head(d, queue, cycle.backing_off)
         head = fresh_head(d, queue)
-        assert d.heads[queue][1] == head.job_id
-        assert places[queue] == order_key(d, head, Pass(now=p.now))
-        seen["calm"] += 1
+        assert d.kept_heads[queue][1] == head.job_id
+        assert places[queue] == order_key(d, head, Cycle(now=cycle.now))
+        seen["ranked"] += 1
 
 
 @pytest.mark.parametrize("seed", [2, 5, 8, 11])
 def test_what_a_pass_keeps_is_what_it_would_find(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
     seen: Counter[str] = Counter()
-    calm_heap, kept_head, quiet = quota_pass.calm_heap, quota_heads.kept_head, quota_reach.quiet
+    rank_cohort, kept_head, lent_only = quota_cycle.rank_cohort, quota_kept_heads.kept_head, quota_skipped.lent_only
 
-    def checked_calm_heap(d: QuotaDecider, cohort: str, p: Pass, out: Decisions) -> list[str]:
+    def checked_rank_cohort(d: QuotaDecider, cohort: str, cycle: Cycle, out: Decisions) -> list[str]:
         check_bookkeeping(d)
-        restless = calm_heap(d, cohort, p, out)
-        check_calm(d, cohort, restless, p, seen)
-        return restless
+        unranked = rank_cohort(d, cohort, cycle, out)
+        check_ranked(d, cohort, unranked, cycle, seen)
+        return unranked
 
-    def checked_kept_head(d: QuotaDecider, queue: str, p: Pass) -> Any:
-        kept = kept_head(d, queue, p)
+    def checked_kept_head(d: QuotaDecider, queue: str, cycle: Cycle) -> Any:
+        kept = kept_head(d, queue, cycle)
         if kept is not None:
             head = fresh_head(d, queue)
             assert kept[0].job_id == head.job_id
-            assert kept[1] == order_key(d, head, Pass(now=p.now))
+            assert kept[1] == order_key(d, head, Cycle(now=cycle.now))
             seen["kept"] += 1
         return kept
 
-    def checked_quiet(d: QuotaDecider, queue: str, backing_off: set[str]) -> bool:
-        answer = quiet(d, queue, backing_off)
+    def checked_lent_only(d: QuotaDecider, queue: str, backing_off: set[str]) -> bool:
+        answer = lent_only(d, queue, backing_off)
         if queue not in backing_off:
-            assert answer == quota_reach._quiet(d, queue)
-            seen["quiet"] += 1
+            assert answer == quota_skipped.lent_only_now(d, queue)
+            seen["lent_only"] += 1
         return answer
 
-    monkeypatch.setattr(quota_pass, "calm_heap", checked_calm_heap)
-    for module in (quota_pass, quota_calm):
+    monkeypatch.setattr(quota_cycle, "rank_cohort", checked_rank_cohort)
+    for module in (quota_cycle, quota_ranked):
         monkeypatch.setattr(module, "kept_head", checked_kept_head)
-        monkeypatch.setattr(module, "quiet", checked_quiet)
+        monkeypatch.setattr(module, "lent_only", checked_lent_only)
     assert len(run_log(random_world(seed))) > 1000
-    assert seen["calm"] > 0 and seen["kept"] > 0 and seen["quiet"] > 0
+    assert seen["ranked"] > 0 and seen["kept"] > 0 and seen["lent_only"] > 0

@@ -42,7 +42,7 @@ def _spec(name: str, gpus: int, model: str = "A100") -> NodeSpec:
 def _fleet(*events: Any) -> Fleet:
     fleet = Fleet()
     for event in events:
-        fleet.evolve(event)
+        fleet.fold(event)
     return fleet
 
 
@@ -54,16 +54,16 @@ def test_the_inventory_holds_a_job_only_on_a_schedulable_node_big_enough() -> No
     fleet = _fleet(_registered("n0", 8), _registered("n1", 6))
     assert fleet.could_place((ANY,), BIG)
     # A cordoned node takes no job: it holds none either.
-    fleet.evolve(NodeCordoned(id="c", ts=0.0, source="test", node="n0"))
+    fleet.fold(NodeCordoned(id="c", ts=0.0, source="test", node="n0"))
     assert not fleet.could_place((ANY,), BIG)
-    fleet.evolve(NodeUncordoned(id="u", ts=0.0, source="test", node="n0"))
+    fleet.fold(NodeUncordoned(id="u", ts=0.0, source="test", node="n0"))
     assert fleet.could_place((ANY,), BIG)
-    fleet.evolve(GpuHealthChanged(id="h", ts=0.0, source="test", node="n0", index=3, healthy=False,
+    fleet.fold(GpuHealthChanged(id="h", ts=0.0, source="test", node="n0", index=3, healthy=False,
                                    reason="xid"))
     assert not fleet.could_place((ANY,), BIG)
-    fleet.evolve(NodeLost(id="l", ts=0.0, source="test", node="n0", reason="gone"))
+    fleet.fold(NodeLost(id="l", ts=0.0, source="test", node="n0", reason="gone"))
     assert not fleet.could_place((ANY,), BIG)
-    fleet.evolve(_registered("n0", 8))  # back, every GPU healthy
+    fleet.fold(_registered("n0", 8))  # back, every GPU healthy
     assert fleet.could_place((ANY,), BIG)
 
 

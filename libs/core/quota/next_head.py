@@ -1,59 +1,55 @@
-"""Walking one queue in a scheduling pass to its next job worth trying: the jobs backing off, the jobs held behind
+"""Finding, in a scheduling cycle, a queue's next job worth trying: the jobs backing off, the jobs held behind
 a job of higher priority, and those at least as large as a job of the same flavors that already failed this
-pass (quota only shrinks during a pass) are skipped and told why, once."""
+cycle (quota only shrinks during a cycle) are skipped and told why, once."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from libs.core.kernel.decider import Decisions
 from libs.core.kernel.wait_reasons import BACKING_OFF, BEHIND_HIGHER_PRIORITY, RETRY_BACKOFF, WAITING_FOR_QUOTA
 from libs.core.quota.fit import flavors_of
 from libs.core.quota.order import Order
 from libs.core.quota.reasons import defer, quota_reason, tells
-from libs.core.quota.reserve import held_like_another, usable_flavors
-from libs.core.quota.state import Pass, QuotaJob
-
-if TYPE_CHECKING:
-    from libs.core.quota.decider import QuotaDecider
+from libs.core.quota.reserve import usable_flavors
+from libs.core.quota.shortcuts.repeated_holds import held_like_another
+from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 
-def next_head(d: QuotaDecider, queue: str, order: Order, p: Pass, out: Decisions) -> QuotaJob | None:
+def next_head(state: QuotaState, queue: str, order: Order, cycle: Cycle, out: Decisions) -> QuotaJob | None:
     """The next job of the queue worth trying; jobs that cannot fit are told why (once) on the way."""
-    backing_off = d.backing_off
-    requeued = d.requeued
+    backing_off = state.backing_off
+    requeued = state.requeued
     # None of these changes while the queue's next head is looked for (only trying a head does).
-    held = p.held_below.get(queue)
-    held_all = p.held_all.get(queue)
-    failures = p.failed
-    deferred = d.deferred
-    version = d.flavors_epoch
+    held = cycle.held_below.get(queue)
+    held_all = cycle.held_all.get(queue)
+    failures = cycle.failed
+    deferred = state.deferred
+    version = state.flavors_epoch
     waiting_for_quota = WAITING_FOR_QUOTA
-    # The last flavors (interned: see quota_fit.flavors_of) and level seen, with what the pass knows of them.
+    # The last flavors (interned: see fit.flavors_of) and level seen, with what the cycle knows of them.
     seen_flavors: tuple[str, ...] | None = None
     seen_failed: int | None = None
     seen_level = -1
     level_skips = False
-    for job in order.walk:
+    for job in order.remaining:
         if backing_off or requeued:
             backoffs = backing_off if job.job_id in backing_off else requeued
             not_before = backoffs.get(job.job_id)
             if not_before is not None:
-                if not_before > p.now:
+                if not_before > cycle.now:
                     if deferred.get(job.job_id) not in BACKING_OFF:
-                        defer(d, job, RETRY_BACKOFF, f"it failed and runs again after {not_before:.0f}", 0, out)
+                        defer(state, job, RETRY_BACKOFF, f"it failed and runs again after {not_before:.0f}", 0, out)
                     continue
                 del backoffs[job.job_id]
         if held is not None and ((held_all is not None and job.priority < held_all)
-                                 or not usable_flavors(d, job, p)):
+                                 or not usable_flavors(state, job, cycle)):
             if held_all is not None and job.priority < held_all and deferred.get(job.job_id) in WAITING_FOR_QUOTA:
                 return None  # everything after it is of lower priority still, held in every flavor, and told
-            if tells(d, job, BEHIND_HIGHER_PRIORITY):
-                defer(d, job, BEHIND_HIGHER_PRIORITY, f"a job of higher priority waits for queue {queue}'s quota first",
-                      0, out)
+            if tells(state, job, BEHIND_HIGHER_PRIORITY):
+                defer(state, job, BEHIND_HIGHER_PRIORITY,
+                      f"a job of higher priority waits for queue {queue}'s quota first", 0, out)
             continue
         if failures:
-            flavors = job.flavors if job.flavors_version == version else flavors_of(d, job)
+            flavors = job.flavors if job.flavors_version == version else flavors_of(state, job)
             if flavors is not seen_flavors:
                 seen_flavors, seen_failed, seen_level = flavors, failures.get((queue, flavors)), -1
             failed = seen_failed
@@ -62,17 +58,17 @@ def next_head(d: QuotaDecider, queue: str, order: Order, p: Pass, out: Decisions
                     if job.priority != seen_level:
                         seen_level = job.priority
                         level = (queue, seen_level)
-                        smallest = p.smallest.get(level)
+                        smallest = cycle.smallest.get(level)
                         if smallest is None:
-                            smallest = p.smallest[level] = min(d.demands[level])
+                            smallest = cycle.smallest[level] = min(state.demands[level])
                         # Nothing of this level is smaller or asks for other models: skip the level.
-                        level_skips = failed <= smallest and len(d.models[level]) == 1
+                        level_skips = failed <= smallest and len(state.models[level]) == 1
                     if level_skips:
                         order.skip_level()
                     continue
-                defer(d, job, *quota_reason(d, job, p), out)
+                defer(state, job, *quota_reason(state, job, cycle), out)
                 continue
-        if p.held_for_starving and held_like_another(d, job, p):
+        if cycle.held_for_starving and held_like_another(state, job, cycle):
             continue
         return job
     return None

@@ -1,7 +1,7 @@
 """GPU-hour budgets, charged for GPU run time: from `JobStarted` to the report that ends the run
 (`JobFinished`, `JobFailed`, `JobEvicted`), with the GPUs of the job's last `JobPlaced` (a MIG instance or a
 fraction counts as its share of a GPU), exactly as the GPU-time ledger counts it
-(libs/core/accounting/gpu_time.py). Time
+(libs/core/kernel/gpu_time.py). Time
 a job waits with quota reserved, for placement or for its executor, costs its queue nothing.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from contracts import ReplicaPlacement
-from libs.core.accounting.gpu_time import GpuRun, held_gpus
 from libs.core.kernel.fairness import period_start
+from libs.core.kernel.gpu_time import GpuRun, held_gpus
 
 
 def _run(queue: str, gpus: float, start: float) -> GpuRun:

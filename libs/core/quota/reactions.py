@@ -1,0 +1,155 @@
+"""What each trigger makes the quota decider decide, after the trigger is folded: which groups of queues it runs
+a scheduling cycle over (libs/core/quota/cycle.py), and the decisions of its own (a reservation that goes back
+as its job ends, quota taken again by a job placed just as it went back, jobs told that no node could hold
+them). One reaction per kind of trigger; the decider (libs/core/quota/decider.py) picks it by the event's type."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from contracts import (
+    ClockTick,
+    EventBase,
+    GpuHealthChanged,
+    JobAdmitted,
+    JobCancelled,
+    JobEvicted,
+    JobFailed,
+    JobFinished,
+    JobPlaced,
+    NodeCordoned,
+    NodeLost,
+    NodeRegistered,
+    NodeUncordoned,
+    PriorityClassesChanged,
+    QueuePolicyChanged,
+    QuotaReleased,
+    SchedulingSettingsChanged,
+)
+from libs.core.kernel.decider import Decisions
+from libs.core.quota.cycle import schedule
+from libs.core.quota.fit import group_of, groups
+from libs.core.quota.reasons import tell_new, tell_no_node
+from libs.core.quota.state import QuotaState
+from libs.core.quota.timeout import give_back_unplaced, take_back
+
+# Capacity that may let a job placement could not place go: the wait after a placement timeout ends on these.
+CAPACITY_GREW = (NodeRegistered, NodeUncordoned, GpuHealthChanged)
+
+
+class AfterFold(NamedTuple):
+    """What folding the trigger left for its reaction, read before any decision is folded (which clears it)."""
+
+    left_waiting: str | None  # the queue of a waiting job the trigger ended
+    lapsed: list[str]  # the queues of nominations the trigger let lapse
+    backoffs_ended: list[str]  # the queues of jobs whose placement backoff new capacity ended
+    placed_while_waiting: str | None  # the job placed after its quota went back
+
+
+def after_fold(state: QuotaState) -> AfterFold:
+    return AfterFold(state.left_waiting, state.lapsed, state.backoffs_ended, state.placed_while_waiting)
+
+
+def decides_nothing(state: QuotaState, event: EventBase) -> bool:
+    """Triggers that certainly decide nothing, answered before any work: a tick while no job waits for time
+    to cycle, and a placement of a job that holds its quota."""
+    if isinstance(event, ClockTick):
+        return (not state.budget_deferred and not state.backing_off and not state.requeued and not state.unplaced
+                and not state.lapsed)
+    return isinstance(event, JobPlaced) and state.placed_while_waiting is None
+
+
+def schedule_groups_of(state: QuotaState, queues: set[str], now: float, out: Decisions) -> None:
+    """A cycle over each group (in their fixed order) that holds one of the queues."""
+    for group in groups(state) if queues else ():
+        if not queues.isdisjoint(group):
+            schedule(state, group, now, out)
+
+
+def react_placed(state: QuotaState, event: JobPlaced, after: AfterFold, out: Decisions) -> None:
+    if after.placed_while_waiting is not None:
+        take_back(state, state.jobs[after.placed_while_waiting], out)
+
+
+def react_admitted(state: QuotaState, event: JobAdmitted, after: AfterFold, out: Decisions) -> None:
+    job = state.jobs.get(event.job_id)
+    if job is not None and job.state == "pending":
+        schedule(state, group_of(state, job.queue), event.ts, out)
+        if job.state == "pending" and job.job_id not in state.deferred:
+            tell_new(state, job, event.ts, out)
+
+
+def react_ended(state: QuotaState, event: JobFinished | JobFailed | JobCancelled | JobEvicted, after: AfterFold,
+                out: Decisions) -> None:
+    """A job's run ended or it left: its reservation goes back; a waiting job that left lets the jobs it held
+    back go."""
+    release(state, event, out)
+    if after.left_waiting is not None:
+        schedule(state, group_of(state, after.left_waiting), event.ts, out)
+
+
+def release(state: QuotaState, event: JobFinished | JobFailed | JobCancelled | JobEvicted, out: Decisions) -> None:
+    job = state.jobs.get(event.job_id)
+    if job is None or job.state != "reserved":
+        return
+    reason = "retry" if event.job_id in state.retry_in else type(event).__name__.removeprefix("Job").lower()
+    out.emit(QuotaReleased, correlation_id=event.job_id, job_id=event.job_id, queue=job.queue,
+             gpu_milli=job.demand, reason=reason)
+    schedule(state, group_of(state, job.queue), event.ts, out)
+    if job.state == "pending" and job.job_id not in state.deferred:
+        tell_new(state, job, event.ts, out)  # evicted back into its queue, and not reached by the cycle
+
+
+def react_capacity_grew(state: QuotaState, event: NodeRegistered | NodeUncordoned | GpuHealthChanged,
+                        after: AfterFold, out: Decisions) -> None:
+    """The queues of jobs whose placement backoff ended, and of jobs no node could hold: a node that can may
+    be back, and they may starve again (their reason is told anew by the cycle)."""
+    changed = {*after.backoffs_ended, *(state.jobs[j].queue for j in state.no_node_deferred if j in state.jobs)}
+    if isinstance(event, NodeRegistered) or (isinstance(event, GpuHealthChanged) and not event.healthy):
+        # Capacity may have shrunk too: a GPU turned sick, or a node registered again smaller (fewer GPUs,
+        # MIG on), so a waiting job no node could hold any more holds nobody now.
+        changed.update(tell_no_node(state, out))
+    schedule_groups_of(state, changed, event.ts, out)
+
+
+def react_capacity_shrank(state: QuotaState, event: NodeLost | NodeCordoned, after: AfterFold,
+                          out: Decisions) -> None:
+    schedule_groups_of(state, tell_no_node(state, out), event.ts, out)
+
+
+def react_policy(state: QuotaState, event: QueuePolicyChanged | PriorityClassesChanged | SchedulingSettingsChanged,
+                 after: AfterFold, out: Decisions) -> None:
+    for group in groups(state):
+        schedule(state, group, event.ts, out)
+
+
+def react_tick(state: QuotaState, event: ClockTick, after: AfterFold, out: Decisions) -> None:
+    """Time alone can change a verdict: a new budget period opens, a backoff ends, a reservation that placement
+    could not place in time goes back, a preemptor's nomination lapses."""
+    now = event.ts
+    waiting = {state.jobs[j].queue for j in state.budget_deferred}
+    waiting.update(after.lapsed)
+    waiting.update(give_back_unplaced(state, now, out))
+    for backoffs in (state.backing_off, state.requeued):
+        waiting.update(state.jobs[j].queue for j, t in backoffs.items() if t <= now and j in state.jobs)
+    schedule_groups_of(state, waiting, now, out)
+
+
+REACTIONS: dict[type[EventBase], Callable[[QuotaState, Any, AfterFold, Decisions], None]] = {
+    JobPlaced: react_placed,
+    JobAdmitted: react_admitted,
+    JobFinished: react_ended,
+    JobFailed: react_ended,
+    JobCancelled: react_ended,
+    JobEvicted: react_ended,
+    NodeRegistered: react_capacity_grew,
+    NodeUncordoned: react_capacity_grew,
+    GpuHealthChanged: react_capacity_grew,
+    NodeLost: react_capacity_shrank,
+    NodeCordoned: react_capacity_shrank,
+    QueuePolicyChanged: react_policy,
+    PriorityClassesChanged: react_policy,
+    SchedulingSettingsChanged: react_policy,
+    ClockTick: react_tick,
+}
