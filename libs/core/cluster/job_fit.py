@@ -259,16 +259,17 @@ class Placer:
                       ) -> tuple[ReplicaPlacement, ...] | None:
         placed: list[ReplicaPlacement] = []
         mask = allowed.copy() if allowed is not None else None
-        for replica in range(spec.replicas):
-            p = self.place_replica(spec, replica, policy, salt, mask)
-            if p is None:
-                self.cluster.release(placed)
-                return None
-            placed.append(p)
-            if spec.spread:
-                if mask is None:
-                    mask = np.ones(len(self.arrays.nodes), dtype=bool)
-                mask[self.arrays.index[p.node]] = False
+        with self.cluster.what_if() as attempt:  # all or nothing: a replica that fits nowhere undoes the others
+            for replica in range(spec.replicas):
+                placement = self.place_replica(spec, replica, policy, salt, mask)
+                if placement is None:
+                    return None
+                placed.append(placement)
+                if spec.spread:
+                    if mask is None:
+                        mask = np.ones(len(self.arrays.nodes), dtype=bool)
+                    mask[self.arrays.index[placement.node]] = False
+            attempt.keep()
         return tuple(placed)
 
     def place_apart(self, spec: JobSpec, avoid: Iterable[str], policy: str = DEFAULT_POLICY, salt: int = 0
@@ -314,18 +315,13 @@ class Placer:
         return [key_array == k for k in order if totals[k] >= demand_milli(spec) or spec.mig_profile]
 
     def fits(self, spec: JobSpec) -> bool:
-        """Would the job fit now? Leaves the cluster unchanged."""
-        if self.cluster.placer is self and self.typical is not None and self.typical.shapes:
-            # Explaining a failure refreshes this very placer's arrays (see explain_shortfall), which its
-            # fragmentation model would notice: keep doing it, so that the model stays as it always was.
-            result = self.place_gang(spec)
-            placed = None if isinstance(result, Shortfall) else result
-        else:
-            placed = self._gang(spec, DEFAULT_POLICY, 0)
-        if placed is None:
-            return False
-        self.cluster.release(placed)
-        return True
+        """Would the job fit now? Leaves the cluster unchanged (a what-if)."""
+        with self.cluster.what_if():
+            if self.cluster.placer is self and self.typical is not None and self.typical.shapes:
+                # Explaining a failure refreshes this very placer's arrays (see explain_shortfall), which its
+                # fragmentation model would notice: keep doing it, so that the model stays as it always was.
+                return not isinstance(self.place_gang(spec), Shortfall)
+            return self._gang(spec, DEFAULT_POLICY, 0) is not None
 
     def explain(self, spec: JobSpec) -> Shortfall:
         return explain_shortfall(self.cluster, spec)

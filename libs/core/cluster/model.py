@@ -2,13 +2,18 @@
 
 A GPU's free memory counts what each placement on it declared, and for a fraction that declares none its
 share of the GPU's memory (`share_memory_mib`): a GPU holding 500 milli without declared memory has half its
-memory left for the jobs that declare theirs."""
+memory left for the jobs that declare theirs.
+
+What-ifs ("would the nominee fit with its victims gone?", "when could the starving job start?") change the live
+cluster inside `Cluster.what_if()`, which records every allocation and release made meanwhile, by anyone, and
+rolls them all back at the end (KAI Scheduler's statements): no caller undoes a trial by hand."""
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from types import TracebackType
 
 from contracts import (
     EventBase,
@@ -159,6 +164,59 @@ class Node:
         return None if retired is None else (retired, False)
 
 
+# One change a what-if recorded: the placements allocated (-1) or released (+1).
+Change = tuple[tuple[ReplicaPlacement, ...], int]
+
+
+class WhatIf:
+    """A trial on the live cluster, rolled back when it ends: `with cluster.what_if() as trial:`.
+
+    While it is open, every allocation and release on the cluster is recorded, whoever makes it (the trial's own
+    `allocate`/`release`, a Placer trying a gang, a nested what-if that keeps its changes). On leaving the block
+    the recorded changes are undone, last first, each by its inverse, so the cluster ends exactly as it began
+    (free capacity, and every array view told of each node touched); unless `keep()` was called: then they stand,
+    and an enclosing what-if records them as its own. What-ifs nest; each rolls back only its own changes.
+
+    Only capacity is recorded: node events (registration, loss, cordon, GPU health) are refused while a what-if
+    is open, since they are facts from the log, never trials."""
+
+    __slots__ = ("_changes", "_cluster", "_kept", "_outer")
+
+    def __init__(self, cluster: Cluster) -> None:
+        self._cluster = cluster
+        self._changes: list[Change] = []
+        self._outer: list[Change] | None = None
+        self._kept = False
+
+    def __enter__(self) -> WhatIf:
+        self._outer = self._cluster._changes
+        self._cluster._changes = self._changes
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        cluster = self._cluster
+        if self._kept:
+            if self._outer is not None:
+                self._outer.extend(self._changes)
+        else:
+            cluster._changes = None  # the undo itself is recorded by no one
+            for placements, sign in reversed(self._changes):
+                cluster._apply(placements, -sign)
+        cluster._changes = self._outer
+        self._changes = []
+
+    def allocate(self, placements: Iterable[ReplicaPlacement]) -> None:
+        self._cluster.allocate(placements)
+
+    def release(self, placements: Iterable[ReplicaPlacement]) -> None:
+        self._cluster.release(placements)
+
+    def keep(self) -> None:
+        """Let the changes made in this what-if stand when it ends (a trial that became the decision)."""
+        self._kept = True
+
+
 @dataclass(slots=True)
 class Cluster:
     nodes: dict[str, Node] = field(default_factory=dict)
@@ -178,6 +236,16 @@ class Cluster:
     # Nodes an operator took out of placement, and nodes lost: either keeps a node offline.
     _cordoned: set[str] = field(default_factory=set)
     _lost: set[str] = field(default_factory=set)
+    # The changes the innermost open what-if records (None: no what-if open, nothing recorded).
+    _changes: list[Change] | None = None
+
+    def what_if(self) -> WhatIf:
+        """A trial of allocations and releases, all rolled back at the end of the `with` block (see WhatIf)."""
+        return WhatIf(self)
+
+    def _refuse_in_trial(self) -> None:
+        if self._changes is not None:
+            raise RuntimeError("node events change the inventory, which a what-if does not roll back")
 
     def usable_free_milli(self) -> int:
         """Free GPU share on online nodes' healthy GPUs."""
@@ -216,6 +284,7 @@ class Cluster:
     def register(self, spec: NodeSpec) -> None:
         """(Re)register a node: capacity comes from the spec, current use is kept, GPU by GPU (a GPU the spec
         no longer lists keeps its use aside, retired, until the jobs holding it end)."""
+        self._refuse_in_trial()
         old = self.nodes.get(spec.name)
         gpus = [new_gpu(spec.name, g) for g in sorted(spec.gpus, key=lambda g: g.index)]
         node = Node(name=spec.name, gpus=gpus, cpu_milli=spec.cpu_milli, memory_mib=spec.memory_mib,
@@ -261,6 +330,7 @@ class Cluster:
         self._refresh_online(node)
 
     def _refresh_online(self, node: str) -> None:
+        self._refuse_in_trial()
         if node not in self.nodes:
             return
         online = node not in self._lost and node not in self._cordoned
@@ -272,6 +342,7 @@ class Cluster:
             self._down.add(node)
 
     def set_gpu_health(self, node: str, index: int, healthy: bool) -> None:
+        self._refuse_in_trial()
         n = self.nodes.get(node)
         if n is None:
             return
@@ -297,6 +368,9 @@ class Cluster:
         self._apply(placements, sign=+1)
 
     def _apply(self, placements: Iterable[ReplicaPlacement], sign: int) -> None:
+        if self._changes is not None:
+            placements = tuple(placements)
+            self._changes.append((placements, sign))
         for p in placements:
             node = self.nodes.get(p.node)
             if node is None:

@@ -318,30 +318,32 @@ class PlacementDecider:
         result: tuple[ReplicaPlacement, ...] | Shortfall | None = None
         if known is not None and ((known[1] and known[1] == self._pass) or (known[2] and self._pure(spec))):
             result = known[0]
-        if result is None:
-            pure = self._pure(spec)
-            result = self._apart(spec, policy) or self.placer.place_gang(spec, policy, salt=NODE_ORDER_SALT)
+        with self.cluster.what_if() as trial:  # the job placed on the live cluster, kept only if nobody holds it
+            if result is None:
+                pure = self._pure(spec)
+                result = self._apart(spec, policy) or self.placer.place_gang(spec, policy, salt=NODE_ORDER_SALT)
+                if isinstance(result, Shortfall):
+                    self.failed[shape] = (result, self._pass, pure)
             if isinstance(result, Shortfall):
-                self.failed[shape] = (result, self._pass, pure)
-        if isinstance(result, Shortfall):
-            if self.starving is not None and self.starving[0] == job_id:
-                return False  # it was told capacity is held for it (see _tell_starving)
-            if self.deferred.get(job_id) != result.code:
-                out.emit(PlacementDeferred, correlation_id=job_id, job_id=job_id, code=result.code,
-                         message=result.message, shortfall_milli=result.shortfall_milli)
-            return False
-        # place_gang allocated on the live cluster to try; JobPlaced's evolve allocates for the record.
-        blocked = self._starves_nominee(job_id, spec, result)
-        # A reclaim's nominee takes the room its victims freed: no starving job holds that against it (the room
-        # is its queue's nominal quota, and its eviction would be for nothing), as its hold binds the starving
-        # job (_starves_nominee); so does a nominee of least attained service (its victims, of its own queue
-        # and priority, left for it, and quota holds their quota for it alone). Another nominee is held like any
-        # job of its priority.
-        nomination = self.nominated.get(job_id)
-        held_for = (None if blocked is not None or (nomination is not None and (nomination[3] or nomination[4]))
-                    else self._starves_starving(job_id, spec, result, out.trigger.event.ts))
+                if self.starving is not None and self.starving[0] == job_id:
+                    return False  # it was told capacity is held for it (see _tell_starving)
+                if self.deferred.get(job_id) != result.code:
+                    out.emit(PlacementDeferred, correlation_id=job_id, job_id=job_id, code=result.code,
+                             message=result.message, shortfall_milli=result.shortfall_milli)
+                return False
+            blocked = self._starves_nominee(job_id, spec, result)
+            # A reclaim's nominee takes the room its victims freed: no starving job holds that against it (the
+            # room is its queue's nominal quota, and its eviction would be for nothing), as its hold binds the
+            # starving job (_starves_nominee); so does a nominee of least attained service (its victims, of its
+            # own queue and priority, left for it, and quota holds their quota for it alone). Another nominee is
+            # held like any job of its priority.
+            nomination = self.nominated.get(job_id)
+            held_for = (None if blocked is not None or (nomination is not None and (nomination[3] or nomination[4]))
+                        else self._starves_starving(job_id, spec, result, out.trigger.event.ts))
+            if held_for is None and blocked is None:
+                trial.keep()
         if held_for is None and blocked is None:
-            # Placed: the tentative allocation stands as JobPlaced's (giving it back for its evolve to take it
+            # Placed: the trial's allocation stands as JobPlaced's (giving it back for its evolve to take it
             # again comes to the same, but for the array views' notice of the change, which `touch` gives).
             self.cluster.touch(result)
             self._allocated = job_id
@@ -350,7 +352,6 @@ class PlacementDecider:
             finally:
                 self._allocated = None
             return True
-        self.cluster.release(result)
         if held_for is not None:
             if self.deferred.get(job_id) != HELD_FOR_STARVING_JOB:
                 out.emit(PlacementDeferred, correlation_id=job_id, job_id=job_id, code=HELD_FOR_STARVING_JOB,
@@ -392,14 +393,11 @@ class PlacementDecider:
             # service, a job of its own queue and priority (its victims would take their GPUs back).
             if nprio <= prio and not (reclaim and not same_queue) and not (las and same_queue and nprio == prio):
                 continue
-            leaving = [self.placed[v] for v in victims if v in self.placed]
-            for p in leaving:
-                self.cluster.release(p)
-            try:
+            with self.cluster.what_if() as victims_gone:
+                for victim in victims:
+                    if victim in self.placed:
+                        victims_gone.release(self.placed[victim])
                 held_back = not self.placer.fits(self.specs[nominee]) and self._fits_without(tentative, nominee)
-            finally:
-                for p in leaving:
-                    self.cluster.allocate(p)
             if held_back:
                 return nominee
         return None
@@ -407,11 +405,9 @@ class PlacementDecider:
     def _fits_without(self, tentative: tuple[ReplicaPlacement, ...], job_id: str) -> bool:
         """Would the (nominated) job fit with the tentative allocation given back, so that it is what keeps the
         nominee out (one that does not fit anyway holds nothing)?"""
-        self.cluster.release(tentative)
-        try:
+        with self.cluster.what_if() as without:
+            without.release(tentative)
             return self.placer.fits(self.specs[job_id])
-        finally:
-            self.cluster.allocate(tentative)
 
     def _left_for_good(self, job_id: str) -> None:
         """A victim placed again (elsewhere, or where it left once its preemptor ran) is no longer leaving for its
@@ -451,10 +447,9 @@ class PlacementDecider:
                 self.starving = (job_id, self.policy.priority_of(spec), shadow, ending)
             return
         declared = sorted((e, j) for j, e in self.ends.items() if j in self.placed)
-        found = find_shadow(now, declared, [j for j in self.placed if j not in self.ends],
-                            release=lambda j: self.cluster.release(self.placed[j]),
-                            restore=lambda j: self.cluster.allocate(self.placed[j]),
-                            fits=lambda: self.placer.fits(spec))
+        with self.cluster.what_if() as trial:
+            found = find_shadow(now, declared, [j for j in self.placed if j not in self.ends],
+                                release=lambda j: trial.release(self.placed[j]), fits=lambda: self.placer.fits(spec))
         answer = None if found is None else (found.at, found.ending)
         self._shadow = (key, answer) if pure else None
         if answer is not None:
@@ -504,22 +499,17 @@ class PlacementDecider:
         """Does the tentative placement take GPUs the starving job could use (room it would fit in without
         it, or GPUs of its models on a node that could hold one of its replicas), and does the starving job
         still fit beside it once the jobs ending by its shadow time are gone?"""
-        gone = [self.placed[j] for j in ending if j in self.placed]
-        for placements in gone:
-            self.cluster.release(placements)
-        try:
+        with self.cluster.what_if() as at_shadow:
+            for job_id in ending:
+                if job_id in self.placed:
+                    at_shadow.release(self.placed[job_id])
             if self.placer.fits(self.specs[starving]):
                 return (True, True)
             # It may not fit at all yet; then the question is whether this job takes what it could use.
-            self.cluster.release(tentative)
-            try:
+            with self.cluster.what_if() as without:
+                without.release(tentative)
                 room_without = self.placer.fits(self.specs[starving])
-            finally:
-                self.cluster.allocate(tentative)
             return (room_without or takes_usable_gpus(self.cluster, self.specs[starving], tentative), False)
-        finally:
-            for placements in gone:
-                self.cluster.allocate(placements)
 
     def snapshot(self) -> bytes:
         return msgspec.json.encode({
