@@ -19,21 +19,12 @@ import numpy as np
 
 from contracts import JobSpec, ReplicaPlacement
 from libs.core.cluster.arrays import ClusterArrays
+from libs.core.cluster.feasibility import Mask, Request, feasible_rows, gpu_fits
+from libs.core.cluster.fragmentation import FragModel, packing_shapes
 from libs.core.cluster.mig_instance_fit import choose_mig, offers
 from libs.core.cluster.model import FULL, Cluster, Gpu, Node
 from libs.core.cluster.score_cache import ScoreCache
-from libs.core.cluster.scoring import (
-    DEFAULT_POLICY,
-    POLICIES,
-    Choice,
-    FragModel,
-    Mask,
-    Request,
-    choose,
-    feasible_rows,
-    gpu_fits,
-    packing_shapes,
-)
+from libs.core.cluster.scoring import DEFAULT_POLICY, POLICIES, Choice, choose
 from libs.core.cluster.shapes import TypicalShapes, shared_pairing
 from libs.core.kernel.mig_profiles import instance_milli
 from libs.core.kernel.policy import demand_milli, replica_milli

@@ -1,7 +1,8 @@
 """Request shapes and the "typical" ones: the most frequent shapes covering 95 % of a workload, each with
 its count. Fragmentation is measured against them (FGD, ATC'23): idle GPU share that the typical requests
 cannot use is wasted. The rarer GPU shapes are kept apart (`rare`): the default policy also measures
-against those of them that only a small part of the cluster can host (libs.core.cluster.scoring.packing_shapes)."""
+against those of them that only a small part of the cluster can host
+(libs.core.cluster.fragmentation.packing_shapes)."""
 
 from __future__ import annotations
 
