@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from contracts import JobSpec
 from libs.core.cluster.arrays import FEW_NODES, I64, ClusterArrays
-from libs.core.cluster.model import FULL
+from libs.core.cluster.model import FULL, Node
 
 Mask = npt.NDArray[np.bool_]
 
@@ -108,3 +108,10 @@ def row_has_gpus(a: ClusterArrays, req: Request, row: int) -> bool:
         if free >= milli and free_mem >= gpu_mem:
             count += 1
     return count >= gpus
+
+
+def node_hosts(node: Node, spec: JobSpec) -> bool:
+    """Could the node take one replica's CPU, memory and RDMA NICs, and has it a GPU model the job may use?"""
+    return (node.online and node.free_cpu_milli >= spec.cpu_milli and node.free_memory_mib >= spec.memory_mib
+            and node.free_rdma_nics >= spec.rdma_nics
+            and (not spec.gpu_models or any(m in node.models for m in spec.gpu_models)))

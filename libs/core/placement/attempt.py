@@ -7,7 +7,8 @@ evicted): between those two facts the GPUs are the job's, whatever else happens.
 from __future__ import annotations
 
 from contracts import JobPlaced, JobSpec, PlacementDeferred, ReplicaPlacement
-from libs.core.cluster.job_fit import Shortfall, placement_shape
+from libs.core.cluster.job_fit import placement_shape
+from libs.core.cluster.shortfall import Shortfall
 from libs.core.kernel.decider import Decisions
 from libs.core.placement.codes import HELD_FOR_STARVING_JOB, NODE_ORDER_SALT, RESERVED_FOR_PREEMPTOR
 from libs.core.placement.nomination import blocking_nominee

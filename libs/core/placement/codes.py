@@ -1,9 +1,9 @@
-"""Placement's words: the reason codes it tells a waiting job besides the placer's own (libs/core/cluster/job_fit.py),
+"""Placement's words: the reason codes it tells a waiting job besides the placer's own (libs/core/cluster/shortfall.py),
 and the constants its rules are stated in."""
 
 from __future__ import annotations
 
-from libs.core.cluster.job_fit import NO_MODEL_MATCH
+from libs.core.cluster.shortfall import NO_MODEL_MATCH
 
 SERVICE = "placement"
 RESERVED_FOR_PREEMPTOR = "reserved_for_preemptor"

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from contracts import JobSpec
-from libs.core.cluster.job_fit import Shortfall
+from libs.core.cluster.shortfall import Shortfall
 
 # (the starving job's shadow time, the running jobs that end by then); None: it could never fit.
 ShadowAnswer = tuple[float, tuple[str, ...]] | None

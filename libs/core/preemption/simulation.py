@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from contracts import JobSpec, ReplicaPlacement
-from libs.core.cluster.job_fit import Shortfall, fits, place_gang
+from libs.core.cluster.job_fit import fits, place_gang
+from libs.core.cluster.shortfall import Shortfall
 from libs.core.kernel.policy import demand_milli
 from libs.core.kernel.quota_math import ANY, flavor_matches
 from libs.core.preemption.state import PLACEMENT, PreemptionState, Running
