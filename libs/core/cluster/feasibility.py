@@ -42,69 +42,70 @@ class Request:
                    rdma=spec.rdma_nics, models=tuple(spec.gpu_models))
 
 
-def memory_need(a: ClusterArrays, req: Request) -> I64 | int:
+def memory_need(arrays: ClusterArrays, req: Request) -> I64 | int:
     """The GPU memory a GPU must have free for one of the request's GPUs: what the request declares; for a
     fraction declaring none, its share of that GPU's memory (what the Cluster charges it), GPU by GPU."""
     if req.gpu_mem or not req.shared:
         return req.gpu_mem
-    return a.share_memory(req.milli)
+    return arrays.share_memory(req.milli)
 
 
-def memory_need_row(a: ClusterArrays, req: Request, row: int) -> list[int]:
+def memory_need_row(arrays: ClusterArrays, req: Request, row: int) -> list[int]:
     """memory_need for the GPUs of one row, as a list (read only: shared)."""
     if req.gpu_mem or not req.shared:
-        return a.same_row(req.gpu_mem)
-    return a.share_memory_rows(req.milli)[row]
+        return arrays.same_row(req.gpu_mem)
+    return arrays.share_memory_rows(req.milli)[row]
 
 
-def gpu_fits(a: ClusterArrays, req: Request) -> Mask:
+def gpu_fits(arrays: ClusterArrays, req: Request) -> Mask:
     """Per GPU: is its share and memory free enough for one of the request's GPUs?"""
-    return (a.free >= req.milli) & (a.free_mem >= memory_need(a, req))
+    return (arrays.free >= req.milli) & (arrays.free_mem >= memory_need(arrays, req))
 
 
-def feasible_rows(a: ClusterArrays, req: Request, allowed: Mask | None) -> Mask:
-    if not a.mixed and len(a.nodes) <= FEW_NODES:
-        return _feasible_few(a, req, allowed)
-    ok = a.online & a.model_mask(req.models) & (a.cpu >= req.cpu) & (a.mem >= req.mem) & (a.rdma >= req.rdma)
+def feasible_rows(arrays: ClusterArrays, req: Request, allowed: Mask | None) -> Mask:
+    if not arrays.mixed and len(arrays.nodes) <= FEW_NODES:
+        return _feasible_few(arrays, req, allowed)
+    ok = (arrays.online & arrays.model_mask(req.models) & (arrays.cpu >= req.cpu) & (arrays.mem >= req.mem)
+          & (arrays.rdma >= req.rdma))
     if allowed is not None:
         ok &= allowed
     if req.gpus == 0:
-        return ok & (a.model >= 0)
-    fits_gpu = gpu_fits(a, req)
-    if not a.mixed:
+        return ok & (arrays.model >= 0)
+    fits_gpu = gpu_fits(arrays, req)
+    if not arrays.mixed:
         return ok & (fits_gpu.sum(axis=1) >= req.gpus)
     # A replica's GPUs are of one model: enough of SOME allowed model on the node.
     enough = np.zeros(len(ok), dtype=bool)
-    for model in a.model_ids(req.models):
-        enough |= (fits_gpu & (a.gpu_model == model)).sum(axis=1) >= req.gpus
+    for model in arrays.model_ids(req.models):
+        enough |= (fits_gpu & (arrays.gpu_model == model)).sum(axis=1) >= req.gpus
     return ok & enough
 
 
-def _feasible_few(a: ClusterArrays, req: Request, allowed: Mask | None) -> Mask:
+def _feasible_few(arrays: ClusterArrays, req: Request, allowed: Mask | None) -> Mask:
     """feasible_rows for a small cluster of one model per node, row by row."""
-    models = a.model_mask_rows(req.models)
+    models = arrays.model_mask_rows(req.models)
     rows = allowed.tolist() if allowed is not None else None
     out = []
-    for i, (online, (cpu, mem, rdma)) in enumerate(zip(a.online_rows, a.host_rows, strict=True)):
+    for i, (online, (cpu, mem, rdma)) in enumerate(zip(arrays.online_rows, arrays.host_rows, strict=True)):
         ok = (online and models[i] and cpu >= req.cpu and mem >= req.mem and rdma >= req.rdma
               and (rows is None or rows[i]))
         if ok:
-            ok = a.model_rows[i] >= 0 if req.gpus == 0 else row_has_gpus(a, req, i)
+            ok = arrays.model_rows[i] >= 0 if req.gpus == 0 else row_has_gpus(arrays, req, i)
         out.append(ok)
     return np.array(out, dtype=bool)
 
 
-def row_has_gpus(a: ClusterArrays, req: Request, row: int) -> bool:
+def row_has_gpus(arrays: ClusterArrays, req: Request, row: int) -> bool:
     """Does the row have GPUs enough free for one replica of a request of GPUs (a cluster of one model per
     node, or a row of one model)? From the row's summaries where they answer it."""
     milli, gpu_mem, gpus = req.milli, req.gpu_mem, req.gpus
     if gpu_mem == 0 and req.shared:  # a GPU with the share and its share of memory free
-        return a.fraction_room[row] >= milli
+        return arrays.fraction_room[row] >= milli
     if gpu_mem == 0:  # whole GPUs with share enough (and memory not overdrawn), from the sorted shares
-        shares = a.share_rows[row]
+        shares = arrays.share_rows[row]
         return len(shares) - bisect.bisect_left(shares, milli) >= gpus
     count = 0
-    for free, free_mem in zip(a.free_rows[row], a.free_mem_rows[row], strict=True):
+    for free, free_mem in zip(arrays.free_rows[row], arrays.free_mem_rows[row], strict=True):
         if free >= milli and free_mem >= gpu_mem:
             count += 1
     return count >= gpus

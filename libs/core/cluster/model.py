@@ -44,9 +44,9 @@ def share_memory_mib(memory_mib: int, milli: int) -> int:
     return memory_mib * milli // FULL
 
 
-def charges_share(p: ReplicaPlacement) -> bool:
+def charges_share(placement: ReplicaPlacement) -> bool:
     """Is the placement a fraction outside MIG that declares no GPU memory (charged its share of memory)?"""
-    return not p.gpu_memory_mib and not p.mig_slices and 0 < p.gpu_milli < FULL
+    return not placement.gpu_memory_mib and not placement.mig_slices and 0 < placement.gpu_milli < FULL
 
 
 @dataclass(slots=True)
@@ -120,10 +120,10 @@ class Gpu:
         return self.free_milli != FULL or self.free_memory_mib != self.memory_mib or self.mig_instances != 0
 
 
-def new_gpu(node: str, g: GpuSpec) -> Gpu:
-    return Gpu(node=node, index=g.index, model=g.model, memory_mib=g.memory_mib, free_memory_mib=g.memory_mib,
-               healthy=g.healthy, nvlink_group=g.nvlink_group, mig_enabled=g.mig_enabled,
-               mig_product=product(g.model, g.memory_mib))
+def new_gpu(node: str, gpu: GpuSpec) -> Gpu:
+    return Gpu(node=node, index=gpu.index, model=gpu.model, memory_mib=gpu.memory_mib, free_memory_mib=gpu.memory_mib,
+               healthy=gpu.healthy, nvlink_group=gpu.nvlink_group, mig_enabled=gpu.mig_enabled,
+               mig_product=product(gpu.model, gpu.memory_mib))
 
 
 @dataclass(slots=True)

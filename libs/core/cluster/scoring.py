@@ -81,33 +81,33 @@ def salted_rows(n: int, salt: int) -> I64:
     return keys
 
 
-def _best_fit_scores(a: ClusterArrays, rows: I64, req: Request) -> I64:
+def _best_fit_scores(arrays: ClusterArrays, rows: I64, req: Request) -> I64:
     """The FGD paper's BestFit node score, normalised min-max to 0..100 in integers."""
-    idle = np.where(a.free[rows] > 0, a.free[rows], 0).sum(axis=1)
+    idle = np.where(arrays.free[rows] > 0, arrays.free[rows], 0).sum(axis=1)
     d = 128_000 * 8_000
-    num = 100 * d - 400_000 * (a.cpu[rows] - req.cpu) - 6_400_000 * (idle - req.milli * req.gpus)
+    num = 100 * d - 400_000 * (arrays.cpu[rows] - req.cpu) - 6_400_000 * (idle - req.milli * req.gpus)
     raw = np.where(num >= 0, num // d, -((-num) // d))
     lo, hi = raw.min(), raw.max()
     return np.zeros_like(raw) if hi == lo else (raw - lo) * 100 // (hi - lo)
 
 
-def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, salt: int,
+def choose(arrays: ClusterArrays, frag: FragModel | None, req: Request, policy: str, salt: int,
            allowed: Mask | None = None, feasible: Mask | None = None) -> Choice | None:
     """The best node (and, for a shared request, GPU) for one replica under `policy`; None if none fits.
     `feasible`: feasible_rows(a, req, allowed), when the caller has it already."""
-    ok = feasible_rows(a, req, allowed) if feasible is None else feasible
+    ok = feasible_rows(arrays, req, allowed) if feasible is None else feasible
     if not ok.any():
         return None
     if policy in ("fgd", "packing") and frag is not None:
         rows_ok = np.flatnonzero(ok)
         if len(rows_ok) <= FEW_CANDIDATES:
-            choice = _choose_scored(a, frag, req, policy, salt, rows_ok.tolist())
+            choice = _choose_scored(arrays, frag, req, policy, salt, rows_ok.tolist())
             if choice is not None:
                 return choice
     if req.shared:
-        fit = gpu_fits(a, req) & ok[:, None] & a.gpu_mask(req.models)
+        fit = gpu_fits(arrays, req) & ok[:, None] & arrays.gpu_mask(req.models)
         rows, cols = np.nonzero(fit)
-        v = a.free[rows, cols]
+        v = arrays.free[rows, cols]
         # GPUs of a node with the same free share are interchangeable: keep the lowest index of each.
         _, first = np.unique(rows * (FULL + 1) + v, return_index=True)
         rows, cols, v = rows[first], cols[first], v[first]
@@ -116,9 +116,9 @@ def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, 
         cols = np.zeros_like(rows)
         v = np.full_like(rows, FULL if req.gpus else 0)
     k, m = req.gpus, req.milli
-    idle_after = a.idle[rows] - k * m
+    idle_after = arrays.idle[rows] - k * m
     gpu_left = v - m
-    salt_key = salted_rows(len(a.nodes), salt)[rows]
+    salt_key = salted_rows(len(arrays.nodes), salt)[rows]
     uniform = not req.shared  # whole GPUs (or none): every candidate's share is the same
     # Sort keys, least significant first (np.lexsort): the last key decides, ties fall to the previous.
     keys: tuple[npt.NDArray[np.int64], ...]
@@ -144,9 +144,9 @@ def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, 
                                                                             uniform=uniform, mem=req.mem))
                 keys = (cols, salt_key, gpu_left, -tie)
     elif policy == "spread":
-        keys = (cols, salt_key, -gpu_left, -(a.cpu[rows] - req.cpu), -idle_after)
+        keys = (cols, salt_key, -gpu_left, -(arrays.cpu[rows] - req.cpu), -idle_after)
     elif policy == "best-fit":
-        keys = (cols, salt_key, gpu_left, -_best_fit_scores(a, rows, req))
+        keys = (cols, salt_key, gpu_left, -_best_fit_scores(arrays, rows, req))
     else:  # packing before any typical shapes are known: the GPU, then the node, left fullest
         keys = (cols, salt_key, idle_after, gpu_left)
     best = int(np.lexsort(keys)[0])
@@ -155,21 +155,21 @@ def choose(a: ClusterArrays, frag: FragModel | None, req: Request, policy: str, 
         return Choice(row, (int(cols[best]),))
     if req.gpus == 0:
         return Choice(row, ())
-    return Choice(row, whole_gpus(a, row, req))
+    return Choice(row, whole_gpus(arrays, row, req))
 
 
-def _choose_scored(a: ClusterArrays, frag: FragModel, req: Request, policy: str, salt: int, rows: list[int]
+def _choose_scored(arrays: ClusterArrays, frag: FragModel, req: Request, policy: str, salt: int, rows: list[int]
                    ) -> Choice | None:
     """`choose` under FGD or packing for a few candidate nodes, in plain integers (same keys, same order, same
     answer). None when it cannot tell (a GPU with more than a whole share free): `choose` decides then."""
     k, m = req.gpus, req.milli
     candidates: list[tuple[int, int, int]] = []  # (row, column, free share), ordered as in `choose`
     if req.shared:
-        models = a.gpu_mask(req.models)
+        models = arrays.gpu_mask(req.models)
         for r in rows:
             firsts: dict[int, int] = {}
-            for j, (v, mem, need, allowed) in enumerate(zip(a.free_rows[r], a.free_mem[r].tolist(),
-                                                            memory_need_row(a, req, r), models[r].tolist(),
+            for j, (v, mem, need, allowed) in enumerate(zip(arrays.free_rows[r], arrays.free_mem[r].tolist(),
+                                                            memory_need_row(arrays, req, r), models[r].tolist(),
                                                             strict=True)):
                 if v > FULL:
                     return None
@@ -181,7 +181,7 @@ def _choose_scored(a: ClusterArrays, frag: FragModel, req: Request, policy: str,
         candidates = [(r, 0, share) for r in rows]
     if not candidates:
         return None
-    salted = _salted_list(len(a.nodes), salt)
+    salted = _salted_list(len(arrays.nodes), salt)
     scored = [(frag.sigmoid_one(frag.row(r)[6] - frag.after_one(r, v, k, m, req.cpu)), r, col, v)
               for r, col, v in candidates]
     if req.shared:
@@ -209,20 +209,20 @@ def _choose_scored(a: ClusterArrays, frag: FragModel, req: Request, policy: str,
         return Choice(row, (col,))
     if req.gpus == 0:
         return Choice(row, ())
-    return Choice(row, whole_gpus(a, row, req))
+    return Choice(row, whole_gpus(arrays, row, req))
 
 
-def whole_gpus(a: ClusterArrays, row: int, req: Request) -> tuple[int, ...]:
+def whole_gpus(arrays: ClusterArrays, row: int, req: Request) -> tuple[int, ...]:
     """Idle GPUs of the chosen node: all from one NVLink domain when one has enough (the smallest such
     domain, so big domains stay whole), else the lowest-index idle GPUs."""
-    node = a.nodes[row]
-    allowed = a.gpu_mask(req.models)[row]
+    node = arrays.nodes[row]
+    allowed = arrays.gpu_mask(req.models)[row]
     idle = [j for j in range(len(node.gpus))
-            if a.free[row, j] == FULL and a.free_mem[row, j] >= req.gpu_mem and allowed[j]]
-    if a.mixed:  # one model per replica: the allowed model with the most idle GPUs here
+            if arrays.free[row, j] == FULL and arrays.free_mem[row, j] >= req.gpu_mem and allowed[j]]
+    if arrays.mixed:  # one model per replica: the allowed model with the most idle GPUs here
         by_model: dict[int, list[int]] = {}
         for j in idle:
-            by_model.setdefault(int(a.gpu_model[row, j]), []).append(j)
+            by_model.setdefault(int(arrays.gpu_model[row, j]), []).append(j)
         idle = max(by_model.values(), key=lambda cols: (len(cols), -cols[0]))
     groups: dict[int, list[int]] = {}
     for j in idle:

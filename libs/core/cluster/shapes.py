@@ -117,9 +117,9 @@ class ShapeWindow:
         return False
 
 
-def _desc(s: Shape) -> tuple[int, int, int, tuple[int, ...]]:
+def _desc(shape: Shape) -> tuple[int, int, int, tuple[int, ...]]:
     # Larger first on ties: negate the numeric fields; models compare by their code points, negated.
-    return (-s.cpu_milli, -s.gpu_milli, -s.gpus, tuple(-ord(c) for c in "|".join(s.models)))
+    return (-shape.cpu_milli, -shape.gpu_milli, -shape.gpus, tuple(-ord(c) for c in "|".join(shape.models)))
 
 
 def shared_pairing(typical: TypicalShapes) -> PairingPrices | None:
