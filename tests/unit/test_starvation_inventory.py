@@ -26,7 +26,8 @@ from contracts import (
 )
 from libs.core.kernel.quota_math import ANY
 from libs.core.kernel.starvation import CAPACITY_HELD, longest_waiting
-from libs.core.placement.decider import HELD_FOR_STARVING_JOB, PlacementDecider
+from libs.core.placement.codes import HELD_FOR_STARVING_JOB
+from libs.core.placement.decider import PlacementDecider
 from libs.core.quota.decider import NO_NODE_COULD_HOLD
 from libs.core.quota.fleet import Fleet
 from tests.unit.builders import EventFeed, job, kinds, of

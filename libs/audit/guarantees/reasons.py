@@ -16,7 +16,7 @@ from libs.core.cluster.shortfall import (
     NO_MODEL_MATCH,
     TOPOLOGY,
 )
-from libs.core.placement import decider as placement
+from libs.core.placement import codes as placement
 from libs.core.quota import decider as quota
 from libs.core.quota import fit as quota_fit
 from libs.core.quota import nomination as quota_nomination

@@ -178,7 +178,19 @@ class WhatIf:
     and an enclosing what-if records them as its own. What-ifs nest; each rolls back only its own changes.
 
     Only capacity is recorded: node events (registration, loss, cordon, GPU health) are refused while a what-if
-    is open, since they are facts from the log, never trials."""
+    is open, since they are facts from the log, never trials.
+
+        with cluster.what_if() as trial:
+            for victim in victims:
+                trial.release(victim.placements)  # the victims gone...
+            room = placer.fits(preemptor)  # ...would the preemptor fit? (the placer's tries are recorded too)
+        # here the victims hold their GPUs again
+
+        with cluster.what_if() as trial:
+            placed = placer.place_gang(spec)
+            if acceptable(placed):
+                trial.keep()  # the trial becomes the decision
+    """
 
     __slots__ = ("_changes", "_cluster", "_kept", "_outer")
 
@@ -204,7 +216,7 @@ class WhatIf:
             for placements, sign in reversed(self._changes):
                 cluster._apply(placements, -sign)
         cluster._changes = self._outer
-        self._changes = []
+        self._changes, self._kept = [], False
 
     def allocate(self, placements: Iterable[ReplicaPlacement]) -> None:
         self._cluster.allocate(placements)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from libs.core.cluster.shortfall import NO_MODEL_MATCH
 
-SERVICE = "placement"
 RESERVED_FOR_PREEMPTOR = "reserved_for_preemptor"
 HELD_FOR_STARVING_JOB = "held_for_starving_job"
 # Deferral codes that name something other than too few free GPUs: a job told one is tried again even when

@@ -39,19 +39,11 @@ from libs.core.cluster.model import Cluster
 from libs.core.kernel.decider import Chain, Decisions, Trigger
 from libs.core.kernel.policy import PolicyBook
 from libs.core.kernel.runs import CurrentRuns
-from libs.core.placement.codes import (
-    HELD_FOR_STARVING_JOB,
-    NODE_ORDER_SALT,
-    NOMINATION_TTL_S,
-    RESERVED_FOR_PREEMPTOR,
-    SERVICE,
-)
 from libs.core.placement.cycle import decide
 from libs.core.placement.fold import fold
 from libs.core.placement.state import PlacementState
 
-__all__ = ["HELD_FOR_STARVING_JOB", "NODE_ORDER_SALT", "NOMINATION_TTL_S", "RESERVED_FOR_PREEMPTOR", "SERVICE",
-           "PlacementDecider"]
+SERVICE = "placement"
 
 
 class PlacementDecider:
