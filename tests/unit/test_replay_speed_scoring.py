@@ -15,7 +15,8 @@ from libs.core.cluster import feasibility, fragmentation, scoring
 from libs.core.cluster.arrays import ClusterArrays
 from libs.core.cluster.feasibility import Request, feasible_rows
 from libs.core.cluster.fragmentation import FragModel
-from libs.core.cluster.model import FULL, Cluster
+from libs.core.cluster.model import Cluster
+from libs.core.cluster.nodes import FULL
 from libs.core.cluster.scoring import choose
 from libs.core.cluster.shapes import Shape, TypicalShapes, shared_pairing
 

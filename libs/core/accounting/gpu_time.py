@@ -21,7 +21,7 @@ from contracts import (
     ReplicaPlacement,
 )
 from contracts.model import JobSpec
-from libs.core.cluster.model import FULL
+from libs.core.cluster.nodes import FULL
 
 # What a usage report can group by, in the order rows are sorted.
 USAGE_KEYS = ("team", "queue", "project", "user", "model", "priority", "job")

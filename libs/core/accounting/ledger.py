@@ -35,7 +35,8 @@ from contracts.model import JobSpec
 from contracts.views import FINAL_JOB_STATES, FlavorUsage, JobView, NodeView, QueueView, TeamUsage, spec_gpus
 from libs.core.accounting.gpu_time import GpuRun, UsageBook
 from libs.core.accounting.view_books import HELD, UNPLACED, QuotaHolds, SplitGpus, close_run, open_run, start_run
-from libs.core.cluster.model import FULL, Cluster, Gpu
+from libs.core.cluster.model import Cluster
+from libs.core.cluster.nodes import FULL, Gpu
 from libs.core.kernel.policy import PolicyBook, declared_runtime, replica_milli
 from libs.core.kernel.retries import RetryBook
 from libs.core.kernel.runs import CurrentRuns

@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from contracts import JobSpec
 from libs.core.cluster.arrays import FEW_NODES, I64, ClusterArrays
-from libs.core.cluster.model import FULL, Node
+from libs.core.cluster.nodes import FULL, Node
 
 Mask = npt.NDArray[np.bool_]
 

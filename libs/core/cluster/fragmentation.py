@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from libs.core.cluster.arrays import I64, ChangeLog, ClusterArrays
-from libs.core.cluster.model import FULL
+from libs.core.cluster.nodes import FULL
 from libs.core.cluster.pairing import PairingPrices
 from libs.core.cluster.shapes import Shape, TypicalShapes
 

@@ -21,7 +21,8 @@ from libs.core.cluster.arrays import ClusterArrays
 from libs.core.cluster.feasibility import Mask, Request, feasible_rows, node_hosts
 from libs.core.cluster.fragmentation import FragModel, packing_shapes
 from libs.core.cluster.mig_instance_fit import choose_mig, offers
-from libs.core.cluster.model import FULL, Cluster, Node
+from libs.core.cluster.model import Cluster
+from libs.core.cluster.nodes import FULL, Node
 from libs.core.cluster.score_cache import ScoreCache
 from libs.core.cluster.scoring import DEFAULT_POLICY, POLICIES, Choice, choose
 from libs.core.cluster.shapes import TypicalShapes, shared_pairing

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contracts import JobSpec
-from libs.core.cluster.model import Gpu, Node
+from libs.core.cluster.nodes import Gpu, Node
 from libs.core.kernel.mig_profiles import MEDIA_EXTENSIONS, instance_memory_mib
 
 

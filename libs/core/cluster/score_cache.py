@@ -19,7 +19,7 @@ import numpy as np
 from libs.core.cluster.arrays import I64, ClusterArrays
 from libs.core.cluster.feasibility import Request, feasible_rows, gpu_fits, memory_need_row, row_has_gpus
 from libs.core.cluster.fragmentation import FragModel
-from libs.core.cluster.model import FULL
+from libs.core.cluster.nodes import FULL
 from libs.core.cluster.scoring import Choice, salted_rows, whole_gpus
 
 # Above this share of the nodes changed since the last pick, all nodes are re-scored at once instead.

@@ -31,7 +31,7 @@ import numpy.typing as npt
 from libs.core.cluster.arrays import I64, ClusterArrays
 from libs.core.cluster.feasibility import Mask, Request, feasible_rows, gpu_fits, memory_need_row
 from libs.core.cluster.fragmentation import FragModel
-from libs.core.cluster.model import FULL
+from libs.core.cluster.nodes import FULL
 
 POLICIES = ("packing", "fgd", "best-fit", "spread")
 DEFAULT_POLICY = "packing"

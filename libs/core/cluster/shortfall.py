@@ -12,7 +12,8 @@ from contracts import JobSpec
 from libs.core.cluster.arrays import ClusterArrays
 from libs.core.cluster.feasibility import Request, gpu_fits, node_hosts
 from libs.core.cluster.mig_instance_fit import offers
-from libs.core.cluster.model import FULL, Cluster, Gpu
+from libs.core.cluster.model import Cluster
+from libs.core.cluster.nodes import FULL, Gpu
 from libs.core.kernel.policy import demand_milli, replica_milli
 
 # Reason codes of a placement that failed; also PlacementDeferred.code.
