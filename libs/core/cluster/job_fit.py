@@ -235,6 +235,9 @@ class Placer:
 
     def _try_replicas(self, spec: JobSpec, policy: str, salt: int, allowed: Mask | None
                       ) -> tuple[ReplicaPlacement, ...] | None:
+        if spec.replicas == 1:  # nothing to undo when the one replica fits nowhere
+            placement = self.place_replica(spec, 0, policy, salt, allowed.copy() if allowed is not None else None)
+            return None if placement is None else (placement,)
         placed: list[ReplicaPlacement] = []
         mask = allowed.copy() if allowed is not None else None
         with self.cluster.what_if() as attempt:  # all or nothing: a replica that fits nowhere undoes the others

@@ -69,6 +69,10 @@ class WhatIf:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
         cluster = self._cluster
+        if not self._changes:  # (most trials that fail change nothing)
+            cluster._changes = self._outer
+            self._kept = False
+            return
         if self._kept:
             if self._outer is not None:
                 self._outer.extend(self._changes)

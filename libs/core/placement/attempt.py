@@ -25,20 +25,22 @@ def try_place(state: PlacementState, job_id: str, out: Decisions) -> bool:
     shape = placement_shape(spec, policy)
     result: Placements | Shortfall | None = state.shortcuts.known_failure(shape, state.generation,
                                                                           lambda: state.pure(spec))
-    with state.cluster.what_if() as trial:  # the job placed on the live cluster, kept only if nobody holds it
-        if result is None:
+    blocked = held_for = None
+    if result is None:
+        with state.cluster.what_if() as trial:  # the job placed on the live cluster, kept only if nobody holds it
             pure = state.pure(spec)
             result = place_apart(state, spec, policy) or state.placer.place_gang(spec, policy, salt=NODE_ORDER_SALT)
             if isinstance(result, Shortfall):
                 state.shortcuts.remember_failure(shape, result, pure)
-        if isinstance(result, Shortfall):
-            if state.starving is not None and state.starving.job_id == job_id:
-                return False  # it was told capacity is held for it (starvation.tell_starving)
-            defer(state, job_id, result.code, result.message, result.shortfall_milli, out)
-            return False
-        blocked, held_for = holds_on(state, job_id, spec, result, out.trigger.event.ts)
-        if blocked is None and held_for is None:
-            trial.keep()
+            else:
+                blocked, held_for = holds_on(state, job_id, spec, result, out.trigger.event.ts)
+                if blocked is None and held_for is None:
+                    trial.keep()
+    if isinstance(result, Shortfall):
+        if state.starving is not None and state.starving.job_id == job_id:
+            return False  # it was told capacity is held for it (starvation.tell_starving)
+        defer(state, job_id, result.code, result.message, result.shortfall_milli, out)
+        return False
     if held_for is not None:
         defer(state, job_id, HELD_FOR_STARVING_JOB, f"capacity is held for job {held_for}, which has waited too "
               "long; only jobs ending before it can start may go first", 0, out)
