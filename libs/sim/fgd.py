@@ -17,7 +17,8 @@ import numpy as np
 
 from contracts import JobSpec, NodeSpec
 from libs.core.cluster.job_fit import Placer
-from libs.core.cluster.model import FULL, Cluster
+from libs.core.cluster.model import Cluster
+from libs.core.cluster.nodes import FULL
 from libs.core.cluster.pairing import fewest_gpus
 from libs.core.cluster.shapes import TypicalShapes, typical_shapes
 from libs.nodes.sim import load_cluster_csv

@@ -23,7 +23,7 @@ from contracts import (
     ServiceScaled,
 )
 from libs.core.accounting.ledger import Ledger
-from libs.core.cluster.model import FULL, Node
+from libs.core.cluster.nodes import FULL, Node
 from libs.reports.inference import ServiceTracker
 from libs.reports.rates import Rates
 from libs.views import metrics

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from contracts import JobPlaced, JobSpec, NodeSpec, ReplicaPlacement
 from libs.audit.guarantees import mig_table
 from libs.audit.guarantees.violation import DOUBLE_PLACEMENT, GPU_CAPACITY, MIG_SLICES, Violation
-from libs.core.cluster.model import FULL, Cluster, Gpu, Node
+from libs.core.cluster.model import Cluster
+from libs.core.cluster.nodes import FULL, Gpu, Node
 
 GpuKey = tuple[str, int]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from contracts import JobPlaced, JobSpec, ReplicaPlacement
 from libs.audit.guarantees.violation import GANG_ALL_OR_NOTHING, Violation
-from libs.core.cluster.model import FULL, Cluster, mig_slices
+from libs.core.cluster.model import Cluster
+from libs.core.cluster.nodes import FULL, mig_slices
 
 
 def gang_violations(seq: int, event: JobPlaced, spec: JobSpec | None, cluster: Cluster) -> list[Violation]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from libs.core.cluster.model import MIG_SLICES
+from libs.core.cluster.nodes import MIG_SLICES
 from libs.core.kernel import mig_profiles
 
 

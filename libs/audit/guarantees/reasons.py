@@ -8,7 +8,7 @@ from collections.abc import Callable
 from contracts import JobSpec
 from libs.audit.guarantees import holds
 from libs.audit.guarantees.world import PLACEMENT, QUOTA, JobState, World
-from libs.core.cluster.job_fit import (
+from libs.core.cluster.shortfall import (
     FRAGMENTATION,
     GANG,
     INSUFFICIENT_CPU_MEMORY,

@@ -9,8 +9,8 @@ from contracts import JobEvicted, QuotaReleased, QuotaReserved, ReplicaPlacement
 from contracts.views import JobView, TeamUsage
 from libs.core.accounting.state import LedgerState, demand_model, requested_gpus
 from libs.core.accounting.view_books import close_run
-from libs.core.cluster.model import FULL
 from libs.core.kernel.gpu_time import GpuRun
+from libs.core.kernel.gpu_units import FULL
 
 
 def set_state(books: LedgerState, view: JobView, state: str, seq: int) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from contracts.views import FlavorUsage, NodeView, QueueView
 from libs.core.accounting.state import LedgerState
 from libs.core.accounting.view_books import HELD, UNPLACED
-from libs.core.cluster.model import FULL, Gpu
+from libs.core.cluster.nodes import Gpu
+from libs.core.kernel.gpu_units import FULL
 
 
 def node_view(books: LedgerState, name: str) -> NodeView:

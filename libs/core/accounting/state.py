@@ -10,8 +10,9 @@ from contracts import EventBase, QuotaDeferred, QuotaReleased, QuotaReserved
 from contracts.model import JobSpec
 from contracts.views import FINAL_JOB_STATES, JobView, QueueView, TeamUsage
 from libs.core.accounting.view_books import QuotaHolds, SplitGpus
-from libs.core.cluster.model import FULL, Cluster
+from libs.core.cluster.model import Cluster
 from libs.core.kernel.gpu_time import GpuRun, UsageBook
+from libs.core.kernel.gpu_units import FULL
 from libs.core.kernel.policy import PolicyBook, declared_runtime, replica_milli
 from libs.core.kernel.retries import RetryBook
 from libs.core.kernel.runs import CurrentRuns

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from contracts import JobSpec, NodeRegistered, NodeSpec
-from libs.core.cluster.model import FULL
+from libs.core.cluster.nodes import FULL
 from libs.core.kernel import mig_profiles
 from libs.core.kernel.policy import demand_milli
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from libs.core.cluster.model import FULL, Cluster, Node
+from libs.core.cluster.model import Cluster
+from libs.core.cluster.nodes import FULL, Node
 
 I64 = npt.NDArray[np.int64]
 # Padding, unhealthy GPUs and GPUs serving MIG (MIG-enabled, or holding MIG instances still): never a candidate

@@ -12,47 +12,25 @@ preemption simulation and the FGD benchmark all place through it, so they agree 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import msgspec
 import numpy as np
 
 from contracts import JobSpec, ReplicaPlacement
 from libs.core.cluster.arrays import ClusterArrays
+from libs.core.cluster.feasibility import Mask, Request, feasible_rows, node_hosts
+from libs.core.cluster.fragmentation import FragModel, packing_shapes
 from libs.core.cluster.mig_instance_fit import choose_mig, offers
-from libs.core.cluster.model import FULL, Cluster, Gpu, Node
+from libs.core.cluster.model import Cluster
+from libs.core.cluster.nodes import FULL, Node
 from libs.core.cluster.score_cache import ScoreCache
-from libs.core.cluster.scoring import (
-    DEFAULT_POLICY,
-    POLICIES,
-    Choice,
-    FragModel,
-    Mask,
-    Request,
-    choose,
-    feasible_rows,
-    gpu_fits,
-    packing_shapes,
-)
+from libs.core.cluster.scoring import DEFAULT_POLICY, POLICIES, Choice, choose
 from libs.core.cluster.shapes import TypicalShapes, shared_pairing
+from libs.core.cluster.shortfall import TOPOLOGY, Shortfall, explain_shortfall
 from libs.core.kernel.mig_profiles import instance_milli
-from libs.core.kernel.policy import demand_milli, replica_milli
+from libs.core.kernel.policy import demand_milli
 
-# Reason codes of a placement that failed; also PlacementDeferred.code.
-NO_MODEL_MATCH = "no_model_match"
-INSUFFICIENT_GPUS = "insufficient_gpus"
-FRAGMENTATION = "fragmentation"
-INSUFFICIENT_CPU_MEMORY = "insufficient_cpu_memory"
-TOPOLOGY = "topology"
-GANG = "gang"
 TOPOLOGY_LABELS = ("rack", "block")
-
-
-@dataclass(frozen=True, slots=True)
-class Shortfall:
-    code: str
-    message: str
-    shortfall_milli: int
 
 
 def placement_shape(spec: JobSpec, policy: str) -> tuple[object, ...]:
@@ -185,7 +163,7 @@ class Placer:
         if rows:
             self._pending_rows.update(rows)
         nodes = self.arrays.nodes
-        host = [(allowed is None or bool(allowed[i])) and _host_ok(n, spec) for i, n in enumerate(nodes)]
+        host = [(allowed is None or bool(allowed[i])) and node_hosts(n, spec) for i, n in enumerate(nodes)]
         choice = choose_mig(nodes, spec, host)
         if choice is None:
             return None
@@ -257,18 +235,22 @@ class Placer:
 
     def _try_replicas(self, spec: JobSpec, policy: str, salt: int, allowed: Mask | None
                       ) -> tuple[ReplicaPlacement, ...] | None:
+        if spec.replicas == 1:  # nothing to undo when the one replica fits nowhere
+            placement = self.place_replica(spec, 0, policy, salt, allowed.copy() if allowed is not None else None)
+            return None if placement is None else (placement,)
         placed: list[ReplicaPlacement] = []
         mask = allowed.copy() if allowed is not None else None
-        for replica in range(spec.replicas):
-            p = self.place_replica(spec, replica, policy, salt, mask)
-            if p is None:
-                self.cluster.release(placed)
-                return None
-            placed.append(p)
-            if spec.spread:
-                if mask is None:
-                    mask = np.ones(len(self.arrays.nodes), dtype=bool)
-                mask[self.arrays.index[p.node]] = False
+        with self.cluster.what_if() as attempt:  # all or nothing: a replica that fits nowhere undoes the others
+            for replica in range(spec.replicas):
+                placement = self.place_replica(spec, replica, policy, salt, mask)
+                if placement is None:
+                    return None
+                placed.append(placement)
+                if spec.spread:
+                    if mask is None:
+                        mask = np.ones(len(self.arrays.nodes), dtype=bool)
+                    mask[self.arrays.index[placement.node]] = False
+            attempt.keep()
         return tuple(placed)
 
     def place_apart(self, spec: JobSpec, avoid: Iterable[str], policy: str = DEFAULT_POLICY, salt: int = 0
@@ -314,21 +296,16 @@ class Placer:
         return [key_array == k for k in order if totals[k] >= demand_milli(spec) or spec.mig_profile]
 
     def fits(self, spec: JobSpec) -> bool:
-        """Would the job fit now? Leaves the cluster unchanged."""
-        if self.cluster.placer is self and self.typical is not None and self.typical.shapes:
-            # Explaining a failure refreshes this very placer's arrays (see explain_shortfall), which its
-            # fragmentation model would notice: keep doing it, so that the model stays as it always was.
-            result = self.place_gang(spec)
-            placed = None if isinstance(result, Shortfall) else result
-        else:
-            placed = self._gang(spec, DEFAULT_POLICY, 0)
-        if placed is None:
-            return False
-        self.cluster.release(placed)
-        return True
+        """Would the job fit now? Leaves the cluster unchanged (a what-if)."""
+        with self.cluster.what_if():
+            if self.cluster.placer is self and self.typical is not None and self.typical.shapes:
+                # Explaining a failure refreshes this very placer's arrays (see explain_shortfall), which its
+                # fragmentation model would notice: keep doing it, so that the model stays as it always was.
+                return not isinstance(self.place_gang(spec), Shortfall)
+            return self._gang(spec, DEFAULT_POLICY, 0) is not None
 
     def explain(self, spec: JobSpec) -> Shortfall:
-        return explain_shortfall(self.cluster, spec)
+        return explain_shortfall(placer_for(self.cluster), spec)
 
 
 def _needs_one_model(spec: JobSpec) -> bool:
@@ -355,79 +332,6 @@ def _mig_models(nodes: list[Node], spec: JobSpec, allowed: Mask | None) -> list[
     return sorted((m for m in free if slots[m] >= spec.replicas), key=lambda m: (free[m], m))
 
 
-def _host_ok(node: Node, spec: JobSpec) -> bool:
-    return (node.online and node.free_cpu_milli >= spec.cpu_milli and node.free_memory_mib >= spec.memory_mib
-            and node.free_rdma_nics >= spec.rdma_nics
-            and (not spec.gpu_models or any(m in node.models for m in spec.gpu_models)))
-
-
-def explain_shortfall(cluster: Cluster, spec: JobSpec) -> Shortfall:
-    """Why the job does not fit, as a code, a message and the best candidate's shortfall."""
-    placer = placer_for(cluster)
-    a = placer.arrays
-    placer.refresh_outside_sync()
-    need = demand_milli(spec)
-    if spec.mig_profile:
-        if not any(offers(g, spec) for g in _allowed_gpus(cluster, spec)):
-            return Shortfall(NO_MODEL_MATCH, _no_gpu_offers_profile(cluster, spec), need)
-        return Shortfall(FRAGMENTATION, f"no MIG-enabled GPU offering {spec.mig_profile} has its compute and memory "
-                                        "slices free (or it holds a job placed without MIG)", need)
-    any_usable, free = a.usable_free(tuple(spec.gpu_models), whole=spec.gpu_milli <= 0)
-    if not any_usable:
-        return Shortfall(NO_MODEL_MATCH, _no_gpu_takes_shares(cluster, spec), need)
-    per_replica = replica_milli(spec)
-    if free < need:
-        return Shortfall(INSUFFICIENT_GPUS,
-                         f"needs {need / FULL:g} GPUs of allowed models, {free / FULL:g} free", need - free)
-    if not any(_host_ok(n, spec) for n in cluster.sorted_nodes()):
-        return Shortfall(INSUFFICIENT_CPU_MEMORY, "no node has the CPU, memory and RDMA NICs a replica needs", 0)
-    if spec.replicas > 1 and placer.fits(msgspec.structs.replace(spec, replicas=1)):
-        return Shortfall(GANG, f"{free / FULL:g} GPUs free, but not all {spec.replicas} replicas of "
-                               f"{per_replica / FULL:g} GPU fit at once", per_replica)
-    if spec.gpu_milli > 0:
-        req = Request.of(spec)
-        usable = a.online[:, None] & a.gpu_mask(req.models)
-        if ((a.free >= req.milli) & usable).any() and not (gpu_fits(a, req) & usable).any():
-            memory = f"{spec.gpu_memory_mib} MiB" if spec.gpu_memory_mib else "its share"
-            return Shortfall(FRAGMENTATION, f"GPUs have {per_replica / FULL:g} GPU free, but none of them has "
-                                            f"{memory} of GPU memory free", per_replica)
-    return Shortfall(FRAGMENTATION, f"{free / FULL:g} GPUs free but scattered: no node has "
-                                    f"{per_replica / FULL:g} GPU in one piece", per_replica)
-
-
-def _allowed_gpus(cluster: Cluster, spec: JobSpec) -> list[Gpu]:
-    """The GPUs of the job's allowed models on nodes that take work (neither lost nor cordoned)."""
-    return [g for n in cluster.sorted_nodes() if n.online for g in n.gpus
-            if not spec.gpu_models or g.model in spec.gpu_models]
-
-
-def _none_of(models: str, what: str, counts: dict[str, int]) -> str:
-    """The reason no GPU of `models` does `what`, with what keeps each GPU from it ("1 unhealthy, 2 MIG-enabled");
-    without any GPU of them on a node that takes work, that."""
-    why = ", ".join(f"{n} {reason}" for reason, n in counts.items() if n)
-    return f"no GPU of {models} {what}: {why}" if why else f"no GPU of {models} on a node in service"
-
-
-def _no_gpu_takes_shares(cluster: Cluster, spec: JobSpec) -> str:
-    """Why no GPU takes the job's whole GPUs or fractions: a GPU serves one kind of work at a time, so a
-    healthy GPU in MIG mode, or one MIG instances still hold, is no more usable than an unhealthy one, and
-    the reason says which it is (an operator turns MIG off, or replaces a GPU)."""
-    gpus = _allowed_gpus(cluster, spec)
-    counts = {"unhealthy": sum(not g.healthy for g in gpus),
-              "MIG-enabled (MIG profiles only)": sum(g.healthy and g.mig_enabled for g in gpus),
-              "held by MIG instances": sum(g.healthy and not g.mig_enabled and g.mig_instances > 0 for g in gpus)}
-    what = "takes a fraction" if spec.gpu_milli > 0 else "takes whole GPUs"
-    return _none_of(",".join(spec.gpu_models) or "any model", what, counts)
-
-
-def _no_gpu_offers_profile(cluster: Cluster, spec: JobSpec) -> str:
-    """Why no GPU takes the job's MIG instance: unhealthy, MIG off (whole GPUs and fractions only), or MIG on
-    without the profile in its table."""
-    gpus = _allowed_gpus(cluster, spec)
-    counts = {"unhealthy": sum(not g.healthy for g in gpus),
-              "without MIG enabled": sum(g.healthy and not g.mig_enabled for g in gpus),
-              f"MIG-enabled without {spec.mig_profile}": sum(g.healthy and g.mig_enabled for g in gpus)}
-    return _none_of(",".join(spec.gpu_models) or "any model", f"offers MIG profile {spec.mig_profile}", counts)
 
 
 def placer_for(cluster: Cluster) -> Placer:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contracts import JobSpec
-from libs.core.cluster.model import Gpu, Node
+from libs.core.cluster.nodes import Gpu, Node
 from libs.core.kernel.mig_profiles import MEDIA_EXTENSIONS, instance_memory_mib
 
 
@@ -24,22 +24,22 @@ class MigChoice:
     memory_mib: int  # the instance's memory on that GPU
 
 
-def offers(g: Gpu, spec: JobSpec) -> bool:
+def offers(gpu: Gpu, spec: JobSpec) -> bool:
     """Does the GPU (healthy, MIG-enabled, of an allowed model) have the job's profile at all?"""
-    return (g.mig_enabled and g.healthy and g.mig_product is not None
-            and g.mig_product.profile(spec.mig_profile) is not None
-            and (not spec.gpu_models or g.model in spec.gpu_models))
+    return (gpu.mig_enabled and gpu.healthy and gpu.mig_product is not None
+            and gpu.mig_product.profile(spec.mig_profile) is not None
+            and (not spec.gpu_models or gpu.model in spec.gpu_models))
 
 
-def instance_fit(g: Gpu, spec: JobSpec) -> tuple[int, int] | None:
-    """(compute slices, memory MiB) an instance of the job's profile takes on `g`, if it fits there now."""
-    if not g.takes_mig or g.mig_product is None or (spec.gpu_models and g.model not in spec.gpu_models):
+def instance_fit(gpu: Gpu, spec: JobSpec) -> tuple[int, int] | None:
+    """(compute slices, memory MiB) an instance of the job's profile takes on `gpu`, if it fits there now."""
+    if not gpu.takes_mig or gpu.mig_product is None or (spec.gpu_models and gpu.model not in spec.gpu_models):
         return None
-    found = g.mig_product.profile(spec.mig_profile)
-    if found is None or (found.name.endswith(MEDIA_EXTENSIONS) and g.mig_instances):
+    found = gpu.mig_product.profile(spec.mig_profile)
+    if found is None or (found.name.endswith(MEDIA_EXTENSIONS) and gpu.mig_instances):
         return None
-    memory = instance_memory_mib(g.mig_product, found, g.memory_mib)
-    if g.free_slices < found.slices or g.free_memory_mib < memory or spec.gpu_memory_mib > memory:
+    memory = instance_memory_mib(gpu.mig_product, found, gpu.memory_mib)
+    if gpu.free_slices < found.slices or gpu.free_memory_mib < memory or spec.gpu_memory_mib > memory:
         return None
     return found.slices, memory
 

@@ -17,18 +17,10 @@ from collections import OrderedDict
 import numpy as np
 
 from libs.core.cluster.arrays import I64, ClusterArrays
-from libs.core.cluster.model import FULL
-from libs.core.cluster.scoring import (
-    Choice,
-    FragModel,
-    Request,
-    feasible_rows,
-    gpu_fits,
-    memory_need_row,
-    row_has_gpus,
-    salted_rows,
-    whole_gpus,
-)
+from libs.core.cluster.feasibility import Request, feasible_rows, gpu_fits, memory_need_row, row_has_gpus
+from libs.core.cluster.fragmentation import FragModel
+from libs.core.cluster.nodes import FULL
+from libs.core.cluster.scoring import Choice, salted_rows, whole_gpus
 
 # Above this share of the nodes changed since the last pick, all nodes are re-scored at once instead.
 REBUILD_SHARE = 0.25
@@ -43,28 +35,28 @@ NONE = -(1 << 62)  # the score of a node where the request does not fit (ranks c
 
 
 class ShapeScores:
-    def __init__(self, a: ClusterArrays, frag: FragModel, req: Request, policy: str, salt: int) -> None:
-        self.a, self.frag, self.req, self.salt = a, frag, req, salt
+    def __init__(self, arrays: ClusterArrays, frag: FragModel, req: Request, policy: str, salt: int) -> None:
+        self.a, self.frag, self.req, self.salt = arrays, frag, req, salt
         # packing breaks FGD's ties by contention (requests of GPUs), its multi-copy score, then the share
         # left; fgd by the salted order.
         self.multi = policy == "packing" and frag.multi_copy
-        n = len(a.nodes)
+        n = len(arrays.nodes)
         self.score = np.full(n, NONE, dtype=np.int64)
         self.tie = np.zeros(n, dtype=np.int64)
         self.tie_known = np.zeros(n, dtype=bool)
         self.left = np.zeros(n, dtype=np.int64)
         self.col = np.zeros(n, dtype=np.int64)
         self.salted = salted_rows(n, salt)
-        self._models = a.model_mask_rows(req.models)
-        self._gpu_models = a.gpu_mask(req.models)
-        self._model_ids = set(a.model_ids(req.models))
+        self._models = arrays.model_mask_rows(req.models)
+        self._gpu_models = arrays.gpu_mask(req.models)
+        self._model_ids = set(arrays.model_ids(req.models))
         self._work_per_candidate = max(len(frag.w), 1) * (2 if self.multi else 1)
         self._build()
 
-    def current(self, a: ClusterArrays, frag: FragModel) -> bool:
+    def current(self, arrays: ClusterArrays, frag: FragModel) -> bool:
         """Can these scores be brought up to date from the logs (same nodes, same fragmentation model)?"""
-        return (a is self.a and frag is self.frag and a.version == self.version
-                and a.changes.epoch == self._a_epoch and frag.changes.epoch == self._f_epoch)
+        return (arrays is self.a and frag is self.frag and arrays.version == self.version
+                and arrays.changes.epoch == self._a_epoch and frag.changes.epoch == self._f_epoch)
 
     def pick(self) -> Choice | None:
         """`choose(a, frag, req, policy, salt)`'s answer, after re-scoring what changed."""
@@ -261,13 +253,13 @@ class ScoreCache:
         self._asked: dict[tuple[Request, str, int], int] = {}  # shape -> the ask it was last seen at
         self._asks = 0
 
-    def scores(self, a: ClusterArrays, frag: FragModel, req: Request, policy: str, salt: int
+    def scores(self, arrays: ClusterArrays, frag: FragModel, req: Request, policy: str, salt: int
                ) -> ShapeScores | None:
         """The shape's scores, brought up to date by `pick`; None while the shape is not asked often."""
         key = (req, policy, salt)
         self._asks += 1
         scores = self._shapes.get(key)
-        if scores is not None and scores.current(a, frag):
+        if scores is not None and scores.current(arrays, frag):
             self._shapes.move_to_end(key)
             return scores
         last = self._asked.get(key)
@@ -276,7 +268,7 @@ class ScoreCache:
             if len(self._asked) > 16 * HOT_WITHIN:
                 self._asked = {k: n for k, n in self._asked.items() if self._asks - n <= HOT_WITHIN}
             return None
-        scores = self._shapes[key] = ShapeScores(a, frag, req, policy, salt)
+        scores = self._shapes[key] = ShapeScores(arrays, frag, req, policy, salt)
         if len(self._shapes) > SHAPES_KEPT:
             self._shapes.popitem(last=False)
         return scores

@@ -1,7 +1,8 @@
 """Request shapes and the "typical" ones: the most frequent shapes covering 95 % of a workload, each with
 its count. Fragmentation is measured against them (FGD, ATC'23): idle GPU share that the typical requests
 cannot use is wasted. The rarer GPU shapes are kept apart (`rare`): the default policy also measures
-against those of them that only a small part of the cluster can host (libs.core.cluster.scoring.packing_shapes)."""
+against those of them that only a small part of the cluster can host
+(libs.core.cluster.fragmentation.packing_shapes)."""
 
 from __future__ import annotations
 
@@ -116,9 +117,9 @@ class ShapeWindow:
         return False
 
 
-def _desc(s: Shape) -> tuple[int, int, int, tuple[int, ...]]:
+def _desc(shape: Shape) -> tuple[int, int, int, tuple[int, ...]]:
     # Larger first on ties: negate the numeric fields; models compare by their code points, negated.
-    return (-s.cpu_milli, -s.gpu_milli, -s.gpus, tuple(-ord(c) for c in "|".join(s.models)))
+    return (-shape.cpu_milli, -shape.gpu_milli, -shape.gpus, tuple(-ord(c) for c in "|".join(shape.models)))
 
 
 def shared_pairing(typical: TypicalShapes) -> PairingPrices | None:

@@ -25,7 +25,8 @@ it by this one rule, each over its own waiting jobs ordered by wait, stopping at
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -117,31 +118,41 @@ def holds(starving: Starving | None, job_id: str, priority: int, runtime_s: floa
 
 
 def find_shadow(now: float, declared: Sequence[tuple[float, T]], undeclared: Iterable[U],
-                release: Callable[[T | U], None], restore: Callable[[T | U], None], fits: Callable[[], bool]
-                ) -> Shadow[T] | None:
+                release: Callable[[T | U], None], fits: Callable[[], bool]) -> Shadow[T] | None:
     """When the starving job could start (now, if it fits already): release the running jobs in declared-end
     order until it fits.
     If the declared ends never free enough, the start is unknown, unless it would not fit even with the
-    undeclared jobs gone too: then it can never fit (None). Everything released is restored before returning.
-    (The undeclared ones are released all together, so a caller may pass them summed up.)"""
+    undeclared jobs gone too: then it can never fit (None). (The undeclared ones are released all together, so a
+    caller may pass them summed up.)
+    It restores nothing: call it inside a what-if of the state `release` changes (`Cluster.what_if()`, or
+    `rolled_back` for a state with no operation log of its own), which gives everything back."""
     ending: list[T] = []
-    rest: list[U] = []
-    try:
+    if fits():
+        return Shadow(at=now, ending=())
+    for end, item in declared:
+        release(item)
+        ending.append(item)
         if fits():
-            return Shadow(at=now, ending=())
-        for end, item in declared:
-            release(item)
-            ending.append(item)
-            if fits():
-                return Shadow(at=end, ending=tuple(ending))
-        for other in undeclared:
-            release(other)
-            rest.append(other)
-        return Shadow(at=UNKNOWN_START, ending=tuple(ending)) if fits() else None
+            return Shadow(at=end, ending=tuple(ending))
+    for other in undeclared:
+        release(other)
+    return Shadow(at=UNKNOWN_START, ending=tuple(ending)) if fits() else None
+
+
+@contextmanager
+def rolled_back(release: Callable[[T], None], restore: Callable[[T], None]) -> Iterator[Callable[[T], None]]:
+    """A what-if for a state that keeps no operation log of its own (the quota book): yields a `release` that
+    records each item it releases; when the block ends every one is restored, last first."""
+    released: list[T] = []
+
+    def release_recorded(item: T) -> None:
+        release(item)
+        released.append(item)
+
+    try:
+        yield release_recorded
     finally:
-        for other in reversed(rest):
-            restore(other)
-        for item in reversed(ending):
+        for item in reversed(released):
             restore(item)
 
 

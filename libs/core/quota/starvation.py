@@ -7,10 +7,11 @@ of a group starves (`find_starving`), and whether a job about to take quota must
 from __future__ import annotations
 
 import heapq
+from functools import partial
 
 from libs.core.kernel.policy import declared_runtime, runtime_bound
 from libs.core.kernel.quota_math import ANY, QuotaBook
-from libs.core.kernel.starvation import RoomEffect, Shadow, Starving, find_shadow, holds, longest_waiting
+from libs.core.kernel.starvation import RoomEffect, Shadow, Starving, find_shadow, holds, longest_waiting, rolled_back
 from libs.core.kernel.wait_reasons import WAITING_OR_HELD
 from libs.core.quota.fit import could_ever_fit, could_hold, flavors_of
 from libs.core.quota.state import Cycle, QuotaJob, QuotaState
@@ -54,9 +55,9 @@ def reservations_shadow(book: QuotaBook, starving: QuotaJob, flavors: tuple[str,
     runtimes = [(declared_runtime(j.spec), j) for j in holding]
     declared = sorted(((j.reserved_at + runtime, j.job_id), j) for runtime, j in runtimes if runtime is not None)
     undeclared = _summed([j for runtime, j in runtimes if runtime is None])
-    return find_shadow(now, [(end, j) for (end, _), j in declared], undeclared,
-                       release=lambda j: _release(book, j), restore=lambda j: _restore(book, j),
-                       fits=lambda: _fits(book, starving, flavors))
+    with rolled_back(partial(_release, book), partial(_restore, book)) as release:
+        return find_shadow(now, [(end, j) for (end, _), j in declared], undeclared, release=release,
+                           fits=lambda: _fits(book, starving, flavors))
 
 
 def reservation_effect(book: QuotaBook, starving: QuotaJob, flavors: tuple[str, ...], ending: tuple[QuotaJob, ...],

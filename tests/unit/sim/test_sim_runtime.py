@@ -111,7 +111,7 @@ events:
         for decider in (placement, preemption):
             if isinstance(event, (*decider.input_types(), JobPlaced)):
                 decider.evolve(event)
-    assert placement.ends["j"] == started.ts + 30.0
+    assert placement.state.ends["j"] == started.ts + 30.0
     assert preemption.state.running["j"].ends_at == started.ts + 30.0
 
 

@@ -11,8 +11,9 @@ import pytest
 
 from contracts import GpuSpec, JobFinished, JobPlaced, JobSpec, NodeSpec, PlacementDeferred, QuotaReserved
 from libs.core.accounting.state import requested_gpus
-from libs.core.cluster.job_fit import Placer, Shortfall
+from libs.core.cluster.job_fit import Placer
 from libs.core.cluster.model import Cluster
+from libs.core.cluster.shortfall import Shortfall
 from libs.core.kernel.mig_profiles import compute_slices, instance_milli, lookup, memory_slices, product
 from libs.core.kernel.policy import demand_milli
 from libs.core.placement.decider import PlacementDecider

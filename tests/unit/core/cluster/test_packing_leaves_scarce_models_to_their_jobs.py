@@ -7,9 +7,11 @@ import pytest
 
 from contracts import GpuSpec, NodeSpec
 from libs.core.cluster.arrays import ClusterArrays
+from libs.core.cluster.feasibility import Request
+from libs.core.cluster.fragmentation import FragModel
 from libs.core.cluster.model import Cluster
 from libs.core.cluster.score_cache import ShapeScores
-from libs.core.cluster.scoring import FragModel, Request, choose
+from libs.core.cluster.scoring import choose
 from libs.core.cluster.shapes import Shape, TypicalShapes
 
 

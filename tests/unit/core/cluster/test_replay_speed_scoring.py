@@ -11,10 +11,13 @@ import pytest
 
 from contracts import GpuSpec, JobSpec, NodeSpec, ReplicaPlacement
 from libs.core.cluster import arrays as arrays_module
-from libs.core.cluster import scoring
+from libs.core.cluster import feasibility, fragmentation, scoring
 from libs.core.cluster.arrays import ClusterArrays
-from libs.core.cluster.model import FULL, Cluster
-from libs.core.cluster.scoring import FragModel, Request, choose, feasible_rows
+from libs.core.cluster.feasibility import Request, feasible_rows
+from libs.core.cluster.fragmentation import FragModel
+from libs.core.cluster.model import Cluster
+from libs.core.cluster.nodes import FULL
+from libs.core.cluster.scoring import choose
 from libs.core.cluster.shapes import Shape, TypicalShapes, shared_pairing
 
 MODELS = ("A100", "V100", "T4")
@@ -90,7 +93,7 @@ def test_fragmentation_rows_and_scoring_agree(seed: int, monkeypatch: pytest.Mon
     few = {t: getattr(frag, t).copy() for t in tables}
     for t in tables:
         getattr(frag, t)[...] = saved[t]
-    monkeypatch.setattr(scoring, "FEW_ROWS", -1)
+    monkeypatch.setattr(fragmentation, "FEW_ROWS", -1)
     frag.update(rows)
     for t in tables:
         assert (getattr(frag, t) == few[t]).all(), t
@@ -109,11 +112,11 @@ def test_fragmentation_rows_and_scoring_agree(seed: int, monkeypatch: pytest.Mon
         allowed = None if rng.random() < 0.5 else np.array([rng.random() < 0.6 for _ in range(n)], dtype=bool)
         feasible = feasible_rows(arrays, req, allowed)
         monkeypatch.setattr(arrays_module, "FEW_NODES", -1)
-        monkeypatch.setattr(scoring, "FEW_NODES", -1)
+        monkeypatch.setattr(feasibility, "FEW_NODES", -1)
         assert (feasible_rows(arrays, req, allowed) == feasible).all()
         assert feasible.dtype == np.bool_
         monkeypatch.setattr(arrays_module, "FEW_NODES", 64)
-        monkeypatch.setattr(scoring, "FEW_NODES", 64)
+        monkeypatch.setattr(feasibility, "FEW_NODES", 64)
 
     # Candidates scored in plain integers choose what the vectorised scoring chooses.
     for _ in range(40):

@@ -8,9 +8,9 @@ import pytest
 
 from contracts import GpuSpec, JobSpec, NodeSpec
 from libs.core.cluster.arrays import ClusterArrays
+from libs.core.cluster.fragmentation import packing_shapes
 from libs.core.cluster.job_fit import Placer
 from libs.core.cluster.model import Cluster
-from libs.core.cluster.scoring import packing_shapes
 from libs.core.cluster.shapes import Shape, typical_from_counts
 
 ONE_GPU = Shape(cpu_milli=12000, gpu_milli=1000, gpus=1)

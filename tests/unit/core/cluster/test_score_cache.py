@@ -10,9 +10,11 @@ import pytest
 from contracts import JobSpec, ReplicaPlacement
 from libs.core.cluster import score_cache
 from libs.core.cluster.arrays import ClusterArrays
+from libs.core.cluster.feasibility import Request
+from libs.core.cluster.fragmentation import FragModel
 from libs.core.cluster.job_fit import Placer
 from libs.core.cluster.score_cache import ScoreCache, ShapeScores
-from libs.core.cluster.scoring import FragModel, Request, choose
+from libs.core.cluster.scoring import choose
 from tests.unit.core.cluster.test_replay_speed_scoring import (
     random_cluster,
     random_model,

@@ -7,8 +7,8 @@ import numpy as np
 
 from contracts import GpuSpec, JobSpec, NodeSpec, ReplicaPlacement
 from libs.core.cluster.arrays import ClusterArrays
+from libs.core.cluster.fragmentation import FragModel
 from libs.core.cluster.model import Cluster
-from libs.core.cluster.scoring import FragModel
 from libs.core.cluster.shapes import Shape, ShapeWindow, typical_from_counts, typical_shapes
 
 ONE_GPU = Shape(cpu_milli=8000, gpu_milli=1000, gpus=1)

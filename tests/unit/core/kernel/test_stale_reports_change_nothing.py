@@ -74,7 +74,7 @@ def placed_twice() -> tuple[EventFeed, JobPlaced, JobPlaced]:
 def assert_still_running(feed: EventFeed, second: JobPlaced) -> None:
     admission, quota, placement, preemption = deciders(feed)
     assert quota.jobs[JOB].state == "reserved" and JOB in quota.reserved["ml-train"]
-    assert placement.placed[JOB] == second.placements
+    assert placement.state.placed[JOB] == second.placements
     assert placement.cluster.nodes["a"].gpus[0].free_milli == 0  # its GPUs stay allocated
     assert JOB in preemption.state.running
     assert admission.jobs[JOB] == "admitted"
@@ -88,7 +88,7 @@ def assert_still_running(feed: EventFeed, second: JobPlaced) -> None:
 def assert_ended(feed: EventFeed, decided: list[EventBase]) -> None:
     admission, quota, placement, preemption = deciders(feed)
     assert brief(decided) == [("QuotaReleased", JOB)]
-    assert JOB not in quota.jobs and JOB not in placement.placed and JOB not in preemption.state.running
+    assert JOB not in quota.jobs and JOB not in placement.state.placed and JOB not in preemption.state.running
     assert placement.cluster.nodes["a"].gpus[0].free_milli == 1000
     assert admission.jobs[JOB] == "succeeded"
     view = ledger_of(feed).jobs[JOB]
@@ -130,7 +130,7 @@ def test_a_late_report_is_not_taken_by_a_decider_restored_from_its_state_image()
     restore({"quota": quota_again, "placement": placement_again}, image)
     late = JobFinished(id="late", ts=1040.0, source=SIM_EXECUTOR, job_id=JOB, run=first.id)
     assert run_decider(quota_again, late, 100) == [] and run_decider(placement_again, late, 100) == []
-    assert quota_again.jobs[JOB].state == "reserved" and placement_again.placed[JOB] == second.placements
+    assert quota_again.jobs[JOB].state == "reserved" and placement_again.state.placed[JOB] == second.placements
     current = JobFinished(id="now", ts=1050.0, source=SIM_EXECUTOR, job_id=JOB, run=second.id)
     assert brief(run_decider(quota_again, current, 101)) == [("QuotaReleased", JOB)]
 

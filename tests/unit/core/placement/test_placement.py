@@ -18,8 +18,9 @@ from contracts import (
     QuotaReserved,
     ReplicaPlacement,
 )
-from libs.core.cluster.job_fit import Shortfall, fits, place_gang, place_replica
+from libs.core.cluster.job_fit import fits, place_gang, place_replica
 from libs.core.cluster.model import Cluster
+from libs.core.cluster.shortfall import Shortfall
 from libs.core.placement.decider import PlacementDecider
 from tests.unit.builders import EventFeed, Job, brief, job, kinds, node, of, pipeline, queue
 

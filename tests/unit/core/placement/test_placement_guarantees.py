@@ -30,9 +30,10 @@ from contracts import (
 )
 from libs.audit.guarantees import check_safety
 from libs.core.cluster.arrays import FEW_NODES
-from libs.core.cluster.job_fit import GANG, Placer, Shortfall
+from libs.core.cluster.job_fit import Placer
 from libs.core.cluster.model import Cluster
 from libs.core.cluster.shapes import typical_shapes
+from libs.core.cluster.shortfall import GANG, Shortfall
 from libs.core.kernel.policy import demand_milli
 from libs.core.placement.decider import PlacementDecider
 from tests.unit.builders import EventFeed, Job, job, node, of

@@ -26,9 +26,10 @@ from contracts import (
 )
 from libs.audit.invariants import overallocations
 from libs.core.accounting.ledger import Ledger
-from libs.core.cluster.job_fit import Placer, Shortfall
+from libs.core.cluster.job_fit import Placer
 from libs.core.cluster.model import Cluster
 from libs.core.cluster.shapes import typical_shapes
+from libs.core.cluster.shortfall import Shortfall
 from libs.core.placement.decider import PlacementDecider
 from libs.core.preemption.decider import PreemptionDecider
 from libs.sim.executor import ExecutorBook

@@ -10,10 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contracts import GpuSpec, JobSpec, NodeSpec, ReplicaPlacement
-from libs.core.cluster.job_fit import Placer, Shortfall
-from libs.core.cluster.model import MIG_SLICES, Cluster
+from libs.core.cluster.job_fit import Placer
+from libs.core.cluster.model import Cluster
+from libs.core.cluster.nodes import MIG_SLICES
 from libs.core.cluster.scoring import POLICIES
 from libs.core.cluster.shapes import typical_shapes
+from libs.core.cluster.shortfall import Shortfall
 
 
 def spec(**fields: object) -> JobSpec:
