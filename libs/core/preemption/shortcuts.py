@@ -1,5 +1,6 @@
 """Speed shortcuts of the preemption cycle, apart from its meaning: each skips work whose answer is known, and
-tests/unit/core/kernel/test_shortcuts_change_no_decision.py turns each off to prove the decisions the same the long way."""
+tests/unit/core/kernel/test_shortcuts_change_no_decision.py turns each off to prove the decisions the same the
+long way."""
 
 from __future__ import annotations
 
