@@ -18,7 +18,22 @@ from libs.sim.scenario_write import write_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 # Scenario files that fail today, each for a hole in the deciders (file stem -> the hole).
-KNOWN_HOLES: dict[str, str] = {}
+KNOWN_HOLES: dict[str, str] = {
+    # No pass runs after a change that alters a waiting job's answer: each decider hand-picks its triggers.
+    "job-refused-quota-waits-after-node-of-new-model-registers":
+        "quota retries, on a registration, only jobs told no_node_could_hold or backing off",
+    "job-refused-quota-waits-after-node-of-new-model-uncordoned":
+        "quota retries, on an uncordon, only jobs told no_node_could_hold or backing off",
+    "borrower-held-for-lender-whose-budget-ran-out":
+        "no pass runs when a lender's budget runs out during a run, so the lender-first hold stays",
+    "held-for-starving-job-reserved-in-the-same-cycle":
+        "a job held for a starving job reserved in the same cycle is never tried again once that job is placed",
+    "lender-job-evicted-after-a-reclaim-never-reclaims-again":
+        "a borrower once preempted for a job keeps protecting itself from that job after the job is evicted",
+    # A safety hole: a queue with no quota of its own under a parent capped at its nominal is not held to the
+    # parent's bound (the checker's parent_quota).
+    "ungoverned-leaf-exceeds-its-capped-parent": "quota does not bound an ungoverned leaf by its capped parent",
+}
 
 
 def scenario_files() -> list[object]:
