@@ -4,12 +4,14 @@ cycle (quota only shrinks during a cycle) are skipped and told why, once."""
 
 from __future__ import annotations
 
+import math
+
 from libs.core.kernel.decider import Decisions
+from libs.core.kernel.quota_math import ANY
 from libs.core.kernel.wait_reasons import BACKING_OFF, BEHIND_HIGHER_PRIORITY, RETRY_BACKOFF, WAITING_FOR_QUOTA
 from libs.core.quota.fit import flavors_of
 from libs.core.quota.order import Order
 from libs.core.quota.reasons import defer, quota_reason, tells
-from libs.core.quota.reserve import usable_flavors
 from libs.core.quota.shortcuts.repeated_holds import held_like_another
 from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
@@ -30,6 +32,13 @@ def next_head(state: QuotaState, queue: str, order: Order, cycle: Cycle, out: De
     seen_failed: int | None = None
     seen_level = -1
     level_skips = False
+    # Held back in every flavor it may use (reserve.usable_flavors finds none) is a job of priority below the
+    # smallest priority holding those flavors, all of them held: that bound, found once per flavors (interned)
+    # while the queue's holds stay as they are (None: some flavor is not held, so never held in all).
+    ungoverned = None if state.book.governed(queue) else (ANY,)
+    held_under: dict[tuple[str, ...], float | None] = {}
+    under_flavors: tuple[str, ...] | None = None
+    under: float | None = None
     for job in order.remaining:
         if backing_off or requeued:
             backoffs = backing_off if job.job_id in backing_off else requeued
@@ -40,8 +49,19 @@ def next_head(state: QuotaState, queue: str, order: Order, cycle: Cycle, out: De
                         defer(state, job, RETRY_BACKOFF, f"it failed and runs again after {not_before:.0f}", 0, out)
                     continue
                 del backoffs[job.job_id]
-        if held is not None and ((held_all is not None and job.priority < held_all)
-                                 or not usable_flavors(state, job, cycle)):
+        if held is not None:
+            flavors = ungoverned or (job.flavors if job.flavors_version == version else flavors_of(state, job))
+            if flavors is not under_flavors:
+                under_flavors = flavors
+                if flavors in held_under:
+                    under = held_under[flavors]
+                else:
+                    under = held_under[flavors] = held_bound(held, flavors)
+            is_held = ((held_all is not None and job.priority < held_all)
+                       or (under is not None and job.priority < under))
+        else:
+            is_held = False
+        if is_held:
             if held_all is not None and job.priority < held_all and deferred.get(job.job_id) in WAITING_FOR_QUOTA:
                 return None  # everything after it is of lower priority still, held in every flavor, and told
             if tells(state, job, BEHIND_HIGHER_PRIORITY):
@@ -72,3 +92,16 @@ def next_head(state: QuotaState, queue: str, order: Order, cycle: Cycle, out: De
             continue
         return job
     return None
+
+
+def held_bound(held: dict[str, int], flavors: tuple[str, ...]) -> float | None:
+    """The priority below which a job of these flavors is held back in every one of them (reserve.usable_flavors
+    leaves it none): the smallest priority holding them, if each is held; None if one is not (math.inf for no
+    flavors: such a job has none to use)."""
+    bound = math.inf
+    for flavor in flavors:
+        prio = held.get(flavor)
+        if prio is None:
+            return None
+        bound = min(bound, prio)
+    return bound

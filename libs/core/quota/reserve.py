@@ -28,6 +28,8 @@ from libs.core.quota.shortcuts.repeated_holds import starving_key
 from libs.core.quota.starvation import held_for_starving
 from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
+ANY_FLAVOR = (ANY,)  # the flavors of a job in a queue without quota
+
 
 def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) -> bool:
     """Try the job: reserve quota for it (True), or tell it why it waits, once (False)."""
@@ -172,20 +174,35 @@ def not_reserved(state: QuotaState, job: QuotaJob, flavors: tuple[str, ...], bor
 def usable_flavors(state: QuotaState, job: QuotaJob, cycle: Cycle) -> tuple[str, ...]:
     """The flavors the job may take quota of in this cycle: its own, less those a job of higher priority
     of its queue waits for (which holds lower jobs back there)."""
-    flavors = flavors_of(state, job) if state.book.governed(job.queue) else (ANY,)
+    flavors = flavors_of(state, job) if state.policy.quotas.governed(job.queue) else ANY_FLAVOR
     held = cycle.held_below.get(job.queue)
     if not held:
         return flavors
-    return tuple(f for f in flavors if held.get(f, job.priority) <= job.priority)
+    priority = job.priority
+    for flavor in flavors:
+        if held.get(flavor, priority) > priority:  # (most often none is held: the flavors as they are)
+            return tuple(f for f in flavors if held.get(f, priority) <= priority)
+    return flavors
 
 
 def hold_below(state: QuotaState, job: QuotaJob, cycle: Cycle) -> None:
     """The job did not get quota: lower jobs of its queue wait behind it in the flavors it could use."""
     cycle.holds += 1
-    held = cycle.held_below.setdefault(job.queue, {})
-    for f in flavors_of(state, job) if state.book.governed(job.queue) else (ANY,):
-        if held.get(f, job.priority) <= job.priority:
-            held[f] = job.priority
-    everywhere = [held.get(f) for f in (state.book.limits.get(job.queue) or (ANY,))]
-    if all(prio is not None for prio in everywhere):
-        cycle.held_all[job.queue] = min(prio for prio in everywhere if prio is not None)
+    queue, priority = job.queue, job.priority
+    held = cycle.held_below.get(queue)
+    if held is None:
+        held = cycle.held_below[queue] = {}
+    book = state.policy.quotas
+    for f in flavors_of(state, job) if book.governed(queue) else ANY_FLAVOR:
+        if held.get(f, priority) <= priority:
+            held[f] = priority
+    # Held in every flavor of the queue: by the smallest priority holding one.
+    least: int | None = None
+    for f in book.limits.get(queue) or ANY_FLAVOR:
+        prio = held.get(f)
+        if prio is None:
+            return
+        if least is None or prio < least:
+            least = prio
+    if least is not None:
+        cycle.held_all[queue] = least
