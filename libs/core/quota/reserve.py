@@ -39,15 +39,19 @@ def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) 
     spent = cycle.over_budget.get(job.queue)
     if spent is None:
         spent = over_budget(state, job.queue, cycle)
-    if waits_for_budget(state, job, spent, out) or never_fits(state, job, out):
+    if (spent and waits_for_budget(state, job, spent, out)) or never_fits(state, job, out):
         return False
     flavors = flavors_to_try(state, job, cycle)
     held_for_starving_job = False
     held_by: QuotaJob | None = None  # the preemptor the quota it could take is held for
     borrows = may_borrow(state, job)
+    no_borrowing = cycle.no_borrowing
+    kept_quota = cycle.quota
     for flavor in flavors:
-        nominal_left, room = quota_left(state, job.queue, flavor, cycle)
-        if flavor in cycle.no_borrowing and (spent or job.demand > nominal_left):
+        # (quota_left, its cycle's answer read here first: every flavor of every try asks it)
+        left = kept_quota.get((job.queue, flavor))
+        nominal_left, room = left if left is not None else quota_left(state, job.queue, flavor, cycle)
+        if no_borrowing and flavor in no_borrowing and (spent or job.demand > nominal_left):
             continue  # a queue under nominal waits for lent quota: no borrower grows meanwhile
         if spent:  # only what peers lend, never its own nominal
             room = state.book.borrow_only_room(job.queue, flavor)
@@ -102,7 +106,7 @@ def waits_for_budget(state: QuotaState, job: QuotaJob, spent: bool, out: Decisio
 
 def never_fits(state: QuotaState, job: QuotaJob, out: Decisions) -> bool:
     """Can its queue no longer hold the job at all (quota lowered, flavor removed)? It waits, holding nothing."""
-    if could_ever_fit(state, job):
+    if (job.fits if job.fits_version == state.flavors_epoch else could_ever_fit(state, job)):  # (kept on the job)
         return False
     if tells(state, job, EXCEEDS_QUEUE_QUOTA):
         defer(state, job, *reason(state, job), out)
@@ -174,7 +178,10 @@ def not_reserved(state: QuotaState, job: QuotaJob, flavors: tuple[str, ...], bor
 def usable_flavors(state: QuotaState, job: QuotaJob, cycle: Cycle) -> tuple[str, ...]:
     """The flavors the job may take quota of in this cycle: its own, less those a job of higher priority
     of its queue waits for (which holds lower jobs back there)."""
-    flavors = flavors_of(state, job) if state.policy.quotas.governed(job.queue) else ANY_FLAVOR
+    if not state.policy.quotas.limits.get(job.queue):  # (QuotaBook.governed)
+        flavors = ANY_FLAVOR
+    else:
+        flavors = job.flavors if job.flavors_version == state.flavors_epoch else flavors_of(state, job)
     held = cycle.held_below.get(job.queue)
     if not held:
         return flavors
