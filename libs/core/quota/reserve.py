@@ -145,7 +145,6 @@ def tell_held_for_starving(state: QuotaState, job: QuotaJob, cycle: Cycle, out: 
 def not_reserved(state: QuotaState, job: QuotaJob, flavors: tuple[str, ...], borrows: bool, spent: bool,
                   cycle: Cycle, out: Decisions) -> None:
     """No flavor had room for the job: what the cycle learns from that, and what the job is told."""
-    is_entitled = entitled(state, job, cycle)
     if borrows:  # (one that may not borrow failing says nothing of those that may)
         key = (job.queue, flavors_of(state, job))
         cycle.failed[key] = min(cycle.failed.get(key, UNLIMITED), job.demand)
@@ -168,7 +167,7 @@ def not_reserved(state: QuotaState, job: QuotaJob, flavors: tuple[str, ...], bor
         if cycle.no_borrowing and code == COHORT_QUOTA_EXHAUSTED:
             message = ("a queue under its nominal quota waits for quota lent out first; no queue borrows more "
                        "meanwhile")
-    if is_entitled and holds_others:
+    if holds_others and entitled(state, job, cycle):  # (asked only here: it reads what no telling changes)
         # It fits its own nominal, yet no room: that quota is lent out. No borrower of it grows now.
         cycle.no_borrowing.update(f for f in flavors if quota_left(state, job.queue, f, cycle)[0] >= job.demand)
     if tell:
