@@ -28,7 +28,7 @@ from libs.core.quota.shortcuts.repeated_holds import starving_key
 from libs.core.quota.starvation import held_for_starving
 from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
-ANY_FLAVOR = (ANY,)  # the flavors of a job in a queue without quota
+ANY_FLAVOR: tuple[str, ...] = (ANY,)  # the flavors of a job in a queue without quota
 
 
 def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) -> bool:

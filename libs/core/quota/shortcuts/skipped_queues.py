@@ -9,7 +9,8 @@ already that it waits for quota (which defer does not repeat), no user limit, bu
 one otherwise, every job fits its queue's quota as it is now and a node present could hold it; and none of
 its jobs fitting its own nominal quota could freeze borrowers (those flavors are frozen already, or its
 nominal quota is used). Quota only shrinks during a cycle, so a skippable queue stays so until it ends.
-Skipping such a queue decides exactly what trying it would (tests/unit/core/kernel/test_shortcuts_change_no_decision.py)."""
+Skipping such a queue decides exactly what trying it would
+(tests/unit/core/kernel/test_shortcuts_change_no_decision.py)."""
 
 from __future__ import annotations
 
