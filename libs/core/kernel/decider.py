@@ -14,10 +14,13 @@ from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
-from contracts.events import EventBase
-from libs.core.kernel.runs import CurrentRuns
+from contracts.events import EventBase, JobPlaced
+from libs.core.kernel.runs import RUN_REPORTS, CurrentRuns
 
 _ENCODE = msgspec.json.Encoder().encode
+# The events a book of current runs looks at (CurrentRuns.is_stale and fold compare exact types): placements and
+# executors' reports.
+_RUN_EVENTS = frozenset({JobPlaced, *RUN_REPORTS})
 _REPLACE = msgspec.structs.replace
 # A fixed namespace: decision ids are uuid5(namespace, "service/trigger-id/index").
 DECISION_NAMESPACE = uuid.UUID("6f1d3a44-1c0e-5b7a-9a53-2f6c0c7e5a10")
@@ -139,12 +142,14 @@ def run_decider(decider: Decider, event: EventBase, seq: int, react: bool = True
     if runs is None:
         decider.evolve(event)
         return decider.react(Trigger(event, seq)) if react else []
-    if runs.is_stale(event):
-        return []
-    runs.fold(event)
+    if type(event) in _RUN_EVENTS:  # (the book neither drops nor folds any other event: most are not these)
+        if runs.is_stale(event):
+            return []
+        runs.fold(event)
     decider.evolve(event)
     if not react:
         return []
     decided = decider.react(Trigger(event, seq))
-    runs.fold_all(decided)
+    if decided:
+        runs.fold_all(decided)
     return decided

@@ -32,10 +32,23 @@ def could_hold(state: QuotaState, job: QuotaJob) -> bool:
     """Could the present nodes (healthy GPUs, registered, not lost nor cordoned) hold the job with every
     running job gone, by placement's fit? A job they could not hold is no starving job: holding quota for
     it would keep idle GPUs idle for a job that cannot start (libs/core/kernel/starvation.py)."""
-    return state.fleet.could_place(flavors_of(state, job) or (ANY,), job.spec)
+    inventory = state.fleet.inventory.version
+    if job.holdable_version != state.flavors_epoch or job.holdable_inventory != inventory:
+        job.holdable = state.fleet.could_place(flavors_of(state, job) or (ANY,), job.spec)
+        job.holdable_inventory, job.holdable_version = inventory, state.flavors_epoch
+    return job.holdable
 
 
 def could_ever_fit(state: QuotaState, job: QuotaJob) -> bool:
+    if job.fits_version != state.flavors_epoch:
+        job.fits = ever_fits(state, job)
+        job.fits_version = state.flavors_epoch
+    return job.fits
+
+
+def ever_fits(state: QuotaState, job: QuotaJob) -> bool:
+    """Could the job's queue, as its quota is now, ever hold the job (in a flavor it may use, by the borrowing
+    rule it is under)?"""
     if not state.book.governed(job.queue):
         return True
     # Ceilings change with policy alone: the answers are kept per policy version.

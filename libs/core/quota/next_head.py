@@ -4,12 +4,14 @@ cycle (quota only shrinks during a cycle) are skipped and told why, once."""
 
 from __future__ import annotations
 
+import math
+
 from libs.core.kernel.decider import Decisions
 from libs.core.kernel.wait_reasons import BACKING_OFF, BEHIND_HIGHER_PRIORITY, RETRY_BACKOFF, WAITING_FOR_QUOTA
 from libs.core.quota.fit import flavors_of
 from libs.core.quota.order import Order
 from libs.core.quota.reasons import defer, quota_reason, tells
-from libs.core.quota.reserve import usable_flavors
+from libs.core.quota.reserve import ANY_FLAVOR
 from libs.core.quota.shortcuts.repeated_holds import held_like_another
 from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
@@ -22,6 +24,8 @@ def next_head(state: QuotaState, queue: str, order: Order, cycle: Cycle, out: De
     held = cycle.held_below.get(queue)
     held_all = cycle.held_all.get(queue)
     failures = cycle.failed
+    held_for_starving = cycle.held_for_starving
+    now = cycle.now
     deferred = state.deferred
     version = state.flavors_epoch
     waiting_for_quota = WAITING_FOR_QUOTA
@@ -30,45 +34,76 @@ def next_head(state: QuotaState, queue: str, order: Order, cycle: Cycle, out: De
     seen_failed: int | None = None
     seen_level = -1
     level_skips = False
+    # Held back in every flavor it may use (reserve.usable_flavors finds none) is a job of priority below the
+    # smallest priority holding those flavors, all of them held: that bound, found once per flavors (interned)
+    # while the queue's holds stay as they are (None: some flavor is not held, so never held in all).
+    ungoverned = None if held is None or state.policy.quotas.governed(queue) else ANY_FLAVOR
+    held_under: dict[tuple[str, ...], float | None] = {}
+    under_flavors: tuple[str, ...] | None = None
+    under: float | None = None
     for job in order.remaining:
+        job_id = job.job_id
         if backing_off or requeued:
-            backoffs = backing_off if job.job_id in backing_off else requeued
-            not_before = backoffs.get(job.job_id)
+            backoffs = backing_off if job_id in backing_off else requeued
+            not_before = backoffs.get(job_id)
             if not_before is not None:
-                if not_before > cycle.now:
-                    if deferred.get(job.job_id) not in BACKING_OFF:
+                if not_before > now:
+                    if deferred.get(job_id) not in BACKING_OFF:
                         defer(state, job, RETRY_BACKOFF, f"it failed and runs again after {not_before:.0f}", 0, out)
                     continue
-                del backoffs[job.job_id]
-        if held is not None and ((held_all is not None and job.priority < held_all)
-                                 or not usable_flavors(state, job, cycle)):
-            if held_all is not None and job.priority < held_all and deferred.get(job.job_id) in WAITING_FOR_QUOTA:
-                return None  # everything after it is of lower priority still, held in every flavor, and told
-            if tells(state, job, BEHIND_HIGHER_PRIORITY):
-                defer(state, job, BEHIND_HIGHER_PRIORITY,
-                      f"a job of higher priority waits for queue {queue}'s quota first", 0, out)
-            continue
-        if failures:
+                del backoffs[job_id]
+        if held is not None or failures:
             flavors = job.flavors if job.flavors_version == version else flavors_of(state, job)
-            if flavors is not seen_flavors:
-                seen_flavors, seen_failed, seen_level = flavors, failures.get((queue, flavors)), -1
-            failed = seen_failed
-            if failed is not None and job.demand >= failed:
-                if deferred.get(job.job_id) in waiting_for_quota:
-                    if job.priority != seen_level:
-                        seen_level = job.priority
-                        level = (queue, seen_level)
-                        smallest = cycle.smallest.get(level)
-                        if smallest is None:
-                            smallest = cycle.smallest[level] = min(state.demands[level])
-                        # Nothing of this level is smaller or asks for other models: skip the level.
-                        level_skips = failed <= smallest and len(state.models[level]) == 1
-                    if level_skips:
-                        order.skip_level()
+            if held is not None:
+                usable = ungoverned or flavors
+                if usable is not under_flavors:
+                    under_flavors = usable
+                    if usable in held_under:
+                        under = held_under[usable]
+                    else:
+                        under = held_under[usable] = held_bound(held, usable)
+                priority = job.priority
+                below_all = held_all is not None and priority < held_all
+                if below_all or (under is not None and priority < under):
+                    if below_all and deferred.get(job_id) in WAITING_FOR_QUOTA:
+                        return None  # everything after it is of lower priority still, held in every flavor, and told
+                    if tells(state, job, BEHIND_HIGHER_PRIORITY):
+                        defer(state, job, BEHIND_HIGHER_PRIORITY,
+                              f"a job of higher priority waits for queue {queue}'s quota first", 0, out)
                     continue
-                defer(state, job, *quota_reason(state, job, cycle), out)
-                continue
-        if cycle.held_for_starving and held_like_another(state, job, cycle):
+            if failures:
+                if flavors is not seen_flavors:
+                    seen_flavors, seen_failed, seen_level = flavors, failures.get((queue, flavors)), -1
+                failed = seen_failed
+                if failed is not None and job.demand >= failed:
+                    if deferred.get(job_id) in waiting_for_quota:
+                        if job.priority != seen_level:
+                            seen_level = job.priority
+                            level = (queue, seen_level)
+                            smallest = cycle.smallest.get(level)
+                            if smallest is None:
+                                smallest = cycle.smallest[level] = min(state.demands[level])
+                            # Nothing of this level is smaller or asks for other models: skip the level.
+                            level_skips = failed <= smallest and len(state.models[level]) == 1
+                        if level_skips:
+                            order.skip_level()
+                        continue
+                    defer(state, job, *quota_reason(state, job, cycle), out)
+                    continue
+        if held_for_starving and held_like_another(state, job, cycle):
             continue
         return job
     return None
+
+
+def held_bound(held: dict[str, int], flavors: tuple[str, ...]) -> float | None:
+    """The priority below which a job of these flavors is held back in every one of them (reserve.usable_flavors
+    leaves it none): the smallest priority holding them, if each is held; None if one is not (math.inf for no
+    flavors: such a job has none to use)."""
+    bound = math.inf
+    for flavor in flavors:
+        prio = held.get(flavor)
+        if prio is None:
+            return None
+        bound = min(bound, prio)
+    return bound

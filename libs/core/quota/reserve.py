@@ -28,6 +28,8 @@ from libs.core.quota.shortcuts.repeated_holds import starving_key
 from libs.core.quota.starvation import held_for_starving
 from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
+ANY_FLAVOR: tuple[str, ...] = (ANY,)  # the flavors of a job in a queue without quota
+
 
 def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) -> bool:
     """Try the job: reserve quota for it (True), or tell it why it waits, once (False)."""
@@ -37,15 +39,19 @@ def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) 
     spent = cycle.over_budget.get(job.queue)
     if spent is None:
         spent = over_budget(state, job.queue, cycle)
-    if waits_for_budget(state, job, spent, out) or never_fits(state, job, out):
+    if (spent and waits_for_budget(state, job, spent, out)) or never_fits(state, job, out):
         return False
     flavors = flavors_to_try(state, job, cycle)
     held_for_starving_job = False
     held_by: QuotaJob | None = None  # the preemptor the quota it could take is held for
     borrows = may_borrow(state, job)
+    no_borrowing = cycle.no_borrowing
+    kept_quota = cycle.quota
     for flavor in flavors:
-        nominal_left, room = quota_left(state, job.queue, flavor, cycle)
-        if flavor in cycle.no_borrowing and (spent or job.demand > nominal_left):
+        # (quota_left, its cycle's answer read here first: every flavor of every try asks it)
+        left = kept_quota.get((job.queue, flavor))
+        nominal_left, room = left if left is not None else quota_left(state, job.queue, flavor, cycle)
+        if no_borrowing and flavor in no_borrowing and (spent or job.demand > nominal_left):
             continue  # a queue under nominal waits for lent quota: no borrower grows meanwhile
         if spent:  # only what peers lend, never its own nominal
             room = state.book.borrow_only_room(job.queue, flavor)
@@ -100,7 +106,7 @@ def waits_for_budget(state: QuotaState, job: QuotaJob, spent: bool, out: Decisio
 
 def never_fits(state: QuotaState, job: QuotaJob, out: Decisions) -> bool:
     """Can its queue no longer hold the job at all (quota lowered, flavor removed)? It waits, holding nothing."""
-    if could_ever_fit(state, job):
+    if (job.fits if job.fits_version == state.flavors_epoch else could_ever_fit(state, job)):  # (kept on the job)
         return False
     if tells(state, job, EXCEEDS_QUEUE_QUOTA):
         defer(state, job, *reason(state, job), out)
@@ -139,7 +145,6 @@ def tell_held_for_starving(state: QuotaState, job: QuotaJob, cycle: Cycle, out: 
 def not_reserved(state: QuotaState, job: QuotaJob, flavors: tuple[str, ...], borrows: bool, spent: bool,
                   cycle: Cycle, out: Decisions) -> None:
     """No flavor had room for the job: what the cycle learns from that, and what the job is told."""
-    is_entitled = entitled(state, job, cycle)
     if borrows:  # (one that may not borrow failing says nothing of those that may)
         key = (job.queue, flavors_of(state, job))
         cycle.failed[key] = min(cycle.failed.get(key, UNLIMITED), job.demand)
@@ -162,7 +167,7 @@ def not_reserved(state: QuotaState, job: QuotaJob, flavors: tuple[str, ...], bor
         if cycle.no_borrowing and code == COHORT_QUOTA_EXHAUSTED:
             message = ("a queue under its nominal quota waits for quota lent out first; no queue borrows more "
                        "meanwhile")
-    if is_entitled and holds_others:
+    if holds_others and entitled(state, job, cycle):  # (asked only here: it reads what no telling changes)
         # It fits its own nominal, yet no room: that quota is lent out. No borrower of it grows now.
         cycle.no_borrowing.update(f for f in flavors if quota_left(state, job.queue, f, cycle)[0] >= job.demand)
     if tell:
@@ -172,20 +177,38 @@ def not_reserved(state: QuotaState, job: QuotaJob, flavors: tuple[str, ...], bor
 def usable_flavors(state: QuotaState, job: QuotaJob, cycle: Cycle) -> tuple[str, ...]:
     """The flavors the job may take quota of in this cycle: its own, less those a job of higher priority
     of its queue waits for (which holds lower jobs back there)."""
-    flavors = flavors_of(state, job) if state.book.governed(job.queue) else (ANY,)
+    if not state.policy.quotas.limits.get(job.queue):  # (QuotaBook.governed)
+        flavors = ANY_FLAVOR
+    else:
+        flavors = job.flavors if job.flavors_version == state.flavors_epoch else flavors_of(state, job)
     held = cycle.held_below.get(job.queue)
     if not held:
         return flavors
-    return tuple(f for f in flavors if held.get(f, job.priority) <= job.priority)
+    priority = job.priority
+    for flavor in flavors:
+        if held.get(flavor, priority) > priority:  # (most often none is held: the flavors as they are)
+            return tuple(f for f in flavors if held.get(f, priority) <= priority)
+    return flavors
 
 
 def hold_below(state: QuotaState, job: QuotaJob, cycle: Cycle) -> None:
     """The job did not get quota: lower jobs of its queue wait behind it in the flavors it could use."""
     cycle.holds += 1
-    held = cycle.held_below.setdefault(job.queue, {})
-    for f in flavors_of(state, job) if state.book.governed(job.queue) else (ANY,):
-        if held.get(f, job.priority) <= job.priority:
-            held[f] = job.priority
-    everywhere = [held.get(f) for f in (state.book.limits.get(job.queue) or (ANY,))]
-    if all(prio is not None for prio in everywhere):
-        cycle.held_all[job.queue] = min(prio for prio in everywhere if prio is not None)
+    queue, priority = job.queue, job.priority
+    held = cycle.held_below.get(queue)
+    if held is None:
+        held = cycle.held_below[queue] = {}
+    book = state.policy.quotas
+    for f in flavors_of(state, job) if book.governed(queue) else ANY_FLAVOR:
+        if held.get(f, priority) <= priority:
+            held[f] = priority
+    # Held in every flavor of the queue: by the smallest priority holding one.
+    least: int | None = None
+    for f in book.limits.get(queue) or ANY_FLAVOR:
+        prio = held.get(f)
+        if prio is None:
+            return
+        if least is None or prio < least:
+            least = prio
+    if least is not None:
+        cycle.held_all[queue] = least

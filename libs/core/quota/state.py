@@ -41,6 +41,15 @@ class QuotaJob:
     # The flavors this job may use (see fit.flavors_of), as of flavors epoch `flavors_version`.
     flavors: tuple[str, ...] = ()
     flavors_version: int = -1
+    # What fit.could_ever_fit and fit.could_hold last answered for it, kept on the job (a cycle asks at every try):
+    # the first reads only the policy and its flavors (flavors epoch `fits_version`, which every policy change
+    # bumps), the second the empty inventory and its flavors (at inventory version `holdable_inventory`, flavors
+    # epoch `holdable_version`); its spec never changes.
+    fits: bool = False
+    fits_version: int = -1
+    holdable: bool = False
+    holdable_inventory: int = -1
+    holdable_version: int = -1
     # Reserved: placement placed it; the last deferral placement told it while it was not (placement's word).
     placed: bool = False
     model: str = ""  # the GPU model placement placed it on ("" not placed): the flavor that covers it follows it

@@ -38,10 +38,21 @@ def give_back_unplaced(state: QuotaState, now: float, out: Decisions) -> list[st
     timeout = state.policy.settings.placement_timeout_s
     if timeout is None or not state.unplaced:
         return []
-    cycle = Cycle(now=now)
-    expired = [job for j in state.unplaced if (job := state.jobs[j]).placement_code
-               and now - job.reserved_at >= timeout and not victims_leaving(state, j)
-               and (job.placement_code != CAPACITY_HELD or lender_waits(state, job, cycle))]
+    # The cycle lender_waits reads through is made only when a job placement holds capacity for is past its
+    # timeout (at most ticks ask it): nothing changes before the last job is looked at, so one made then
+    # answers as one made first would.
+    cycle: Cycle | None = None
+    expired: list[QuotaJob] = []
+    for job_id in state.unplaced:
+        job = state.jobs[job_id]
+        if not job.placement_code or now - job.reserved_at < timeout or victims_leaving(state, job_id):
+            continue
+        if job.placement_code == CAPACITY_HELD:
+            if cycle is None:
+                cycle = Cycle(now=now)
+            if not lender_waits(state, job, cycle):
+                continue
+        expired.append(job)
     for job in expired:
         out.emit(QuotaReleased, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue,
                  gpu_milli=job.demand, reason=PLACEMENT_TIMEOUT)

@@ -23,9 +23,10 @@ def held_like_another(state: QuotaState, job: QuotaJob, cycle: Cycle) -> bool:
     preemptor, has no runtime limit and no user limit binding it: its rooms, usable flavors and the rule's
     effect are then those the other job met, flavor by flavor. (In a cycle over several queues another queue's
     head may be tried, and reserved, between the two: there the job is tried.)"""
+    if state.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB:  # (asked first: it needs no key)
+        return False
     seen = cycle.held_for_starving.get(starving_key(state, job))
-    if (seen is None or seen != (cycle.holds, len(cycle.no_borrowing))
-            or state.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB):
+    if seen is None or seen != (cycle.holds, len(cycle.no_borrowing)):
         return False
     if (cycle.starving is None or job.job_id == cycle.starving.job_id or job.job_id in state.nominated
             or runtime_bound(job.spec) is not None):
