@@ -41,7 +41,7 @@ from libs.core.kernel.attained_service import least_served
 from libs.core.kernel.nomination import NOMINATION_TTL_S
 from libs.core.kernel.policy import demand_milli
 from libs.core.kernel.quota_math import ANY
-from libs.core.kernel.wait_reasons import BUDGET_WAITS, NO_NODE_COULD_HOLD, WAITING_FOR_QUOTA
+from libs.core.kernel.wait_reasons import BUDGET_WAITS, JUDGED_ON_NODES, WAITING_FOR_QUOTA
 from libs.core.quota.state import QuotaJob, QuotaState
 from libs.core.quota.timeout import PLACEMENT_TIMEOUT, end_placement_backoffs, placement_backoff_s
 from libs.core.quota.usage import charge, recharge
@@ -90,7 +90,7 @@ def end(state: QuotaState, job_id: str) -> None:
         return
     state.deferred.pop(job_id, None)
     state.budget_deferred.pop(job_id, None)
-    state.no_node_deferred.pop(job_id, None)
+    state.judged_on_nodes.pop(job_id, None)
     state.nominated.pop(job_id, None)
     state.attained.forget(job_id)
     state.las_nominated.pop(job_id, None)
@@ -123,7 +123,7 @@ def fold_reserved(state: QuotaState, event: QuotaReserved) -> None:
     charge(state, job, +1, event.ts)
     state.deferred.pop(event.job_id, None)
     state.budget_deferred.pop(event.job_id, None)
-    state.no_node_deferred.pop(event.job_id, None)
+    state.judged_on_nodes.pop(event.job_id, None)
     state.nominated.pop(event.job_id, None)
     # The decider ends a backoff as it reserves; a fold that only reads decisions ends it here.
     state.backing_off.pop(event.job_id, None)
@@ -176,10 +176,10 @@ def fold_deferred(state: QuotaState, event: QuotaDeferred) -> None:
         state.budget_deferred[event.job_id] = None
     else:
         state.budget_deferred.pop(event.job_id, None)
-    if event.code == NO_NODE_COULD_HOLD:
-        state.no_node_deferred[event.job_id] = None
+    if event.code in JUDGED_ON_NODES:
+        state.judged_on_nodes[event.job_id] = None
     else:
-        state.no_node_deferred.pop(event.job_id, None)
+        state.judged_on_nodes.pop(event.job_id, None)
 
 
 def fold_preemption_decided(state: QuotaState, event: PreemptionDecided) -> None:

@@ -103,9 +103,10 @@ def release(state: QuotaState, event: JobFinished | JobFailed | JobCancelled | J
 
 def react_capacity_grew(state: QuotaState, event: NodeRegistered | NodeUncordoned | GpuHealthChanged,
                         after: AfterFold, out: Decisions) -> None:
-    """The queues of jobs whose placement backoff ended, and of jobs no node could hold: a node that can may
-    be back, and they may starve again (their reason is told anew by the cycle)."""
-    changed = {*after.backoffs_ended, *(state.jobs[j].queue for j in state.no_node_deferred if j in state.jobs)}
+    """The queues of jobs whose placement backoff ended, and of jobs told a reason judged on the nodes present (no
+    node could hold them, or their queue's quota of the models a node serves never could): a node that changes
+    that may be there now (of a model no node had, say), and they may starve again (the cycle tells them anew)."""
+    changed = {*after.backoffs_ended, *(state.jobs[j].queue for j in state.judged_on_nodes if j in state.jobs)}
     if isinstance(event, NodeRegistered) or (isinstance(event, GpuHealthChanged) and not event.healthy):
         # Capacity may have shrunk too: a GPU turned sick, or a node registered again smaller (fewer GPUs,
         # MIG on), so a waiting job no node could hold any more holds nobody now.

@@ -92,7 +92,7 @@ class QuotaState:
     # The deferred jobs waiting for a budget (BUDGET_SPENT, OVER_BUDGET_WAITS): clock ticks look at these.
     budget_deferred: dict[str, None] = field(default_factory=dict)
     # The jobs told no node could hold them: capacity that grows may let them be told their quota reason.
-    no_node_deferred: dict[str, None] = field(default_factory=dict)
+    judged_on_nodes: dict[str, None] = field(default_factory=dict)
     arrivals: int = 0  # admissions so far: each admitted job's place in line
     submitted: dict[str, JobSubmitted] = field(default_factory=dict)  # submissions not admitted yet
     policy_version: int = 0  # bumps on every policy event: cached per-job answers go stale

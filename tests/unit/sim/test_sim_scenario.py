@@ -20,10 +20,6 @@ SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 # Scenario files that fail today, each for a hole in the deciders (file stem -> the hole).
 KNOWN_HOLES: dict[str, str] = {
     # No pass runs after a change that alters a waiting job's answer: each decider hand-picks its triggers.
-    "job-refused-quota-waits-after-node-of-new-model-registers":
-        "quota retries, on a registration, only jobs told no_node_could_hold or backing off",
-    "job-refused-quota-waits-after-node-of-new-model-uncordoned":
-        "quota retries, on an uncordon, only jobs told no_node_could_hold or backing off",
     "borrower-held-for-lender-whose-budget-ran-out":
         "no pass runs when a lender's budget runs out during a run, so the lender-first hold stays",
     "held-for-starving-job-reserved-in-the-same-cycle":
