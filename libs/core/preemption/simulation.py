@@ -67,7 +67,8 @@ class Simulation:
     # --- the world the decided evictions leave --------------------------------------------------------
 
     def _settle(self) -> None:
-        """Count the evictions decided as done in the book's view, and what ended as released."""
+        """Count the evictions decided as done in the book (inside the simulation's what-if), and what ended as
+        released."""
         state, book = self.state, self.book
         for victim in sorted(state.victim_of):
             held = state.reserved.get(victim)
@@ -98,7 +99,7 @@ class Simulation:
     # --- evictions ---------------------------------------------------------------------------------------
 
     def evict(self, victim: Running, at: int | None = None) -> None:
-        """Take the victim: its quota leaves the book's view (its GPUs leave in `fits`)."""
+        """Take the victim: its quota leaves the book until the simulation ends (its GPUs leave in `fits`)."""
         self.book.add(victim.queue, victim.flavor, -victim.demand, victim.over_budget)
         self.applied.insert(len(self.applied) if at is None else at, victim)
 
