@@ -15,6 +15,11 @@ below is also bounded by what each such ancestor has left. A parent's "*" flavor
 every flavor together; a parent's flavor of one model bounds that model. Children's nominal quotas may add up
 to more than their parent's: a child's nominal is then guaranteed only as far as its parent's quota reaches.
 All amounts are in thousandths of a GPU. A queue's own limits, as its spec states them, are kernel/queue_limits.py.
+
+What-ifs ("when would the starving job's quota free up?", "would the preemptor be admitted with these victims
+gone?") change the live book inside `QuotaBook.what_if()`, which records every usage change made meanwhile, by
+anyone, and rolls them all back at the end (as `Cluster.what_if()` does for capacity): no caller undoes a trial
+by hand, and no caller copies the usage.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
 
 from contracts import JobSpec, QueueSpec
 from libs.core.kernel.queue_limits import ANY, UNLIMITED, Limits, flavor_quotas, limits_of, subtree_cap
@@ -57,6 +64,64 @@ def charged_flavor(limits: dict[str, Limits], flavor: str, model: str) -> str:
     return ANY if ANY in limits else flavor
 
 
+# One usage tally a what-if recorded before changing it: (the tally, its key, its value then; None: absent).
+Cell = tuple[dict[Any, int], object, int | None]
+
+
+class BookWhatIf:
+    """A trial on the live quota book, rolled back when it ends: `with book.what_if():`.
+
+    While it is open, every usage change on the book (`add`, and `recharge` through it) is recorded, whoever
+    makes it, as the tallies it changes and their values before. On leaving the block, by its end or by an
+    exception, they are restored, last first, so the book ends exactly as it began (no tally left behind at zero
+    either); unless `keep()` was called: then the changes stand, and an enclosing what-if records them as its
+    own. What-ifs nest; each rolls back only its own changes.
+
+    Only usage is recorded: the queue tree and its limits (set_queues, set_queue) are refused while a what-if is
+    open, since they are facts from the log, never trials.
+
+        with book.what_if():
+            for job in ending:
+                book.add(job.queue, job.flavor, -job.demand)  # the jobs gone...
+            room = book.room(queue, flavor)  # ...how much room would the queue have?
+        # here the jobs hold their quota again
+    """
+
+    __slots__ = ("_book", "_cells", "_kept", "_outer")
+
+    def __init__(self, book: QuotaBook) -> None:
+        self._book = book
+        self._cells: list[Cell] = []
+        self._outer: list[Cell] | None = None
+        self._kept = False
+
+    def __enter__(self) -> BookWhatIf:
+        self._outer = self._book._cells
+        self._book._cells = self._cells
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        cells = self._cells
+        if cells:  # (most trials that are not asked to change anything change nothing)
+            if self._kept:
+                if self._outer is not None:
+                    self._outer.extend(cells)
+            else:
+                for tally, key, value in reversed(cells):
+                    if value is None:
+                        del tally[key]
+                    else:
+                        tally[key] = value
+            self._cells = []
+        self._book._cells = self._outer
+        self._kept = False
+
+    def keep(self) -> None:
+        """Let the changes made in this what-if stand when it ends (a trial that became the decision)."""
+        self._kept = True
+
+
 @dataclass(slots=True)
 class QuotaBook:
     """The queue tree's limits and usage per (queue, flavor); usage changes in O(1)."""
@@ -75,8 +140,19 @@ class QuotaBook:
     bounds: dict[str, tuple[str, ...]] = field(default_factory=dict)
     subtree: dict[tuple[str, str], int] = field(default_factory=dict)  # (ancestor, flavor) -> its descendants' usage
     subtree_all: dict[str, int] = field(default_factory=dict)  # ancestor -> its descendants' usage, every flavor
+    # The tallies the innermost open what-if records (None: no what-if open, nothing recorded).
+    _cells: list[Cell] | None = field(default=None, repr=False, compare=False)
+
+    def what_if(self) -> BookWhatIf:
+        """A trial of usage changes, all rolled back at the end of the `with` block (see BookWhatIf)."""
+        return BookWhatIf(self)
+
+    def _refuse_in_trial(self) -> None:
+        if self._cells is not None:
+            raise RuntimeError("the queue tree changes the book's limits, which a what-if does not roll back")
 
     def set_queues(self, queues: Iterable[QueueSpec]) -> None:
+        self._refuse_in_trial()
         self.queues = {q.name: q for q in queues}
         self.limits = {name: {f.model: limits_of(f) for f in flavor_quotas(q)} for name, q in self.queues.items()}
         self.children = {}
@@ -105,6 +181,7 @@ class QuotaBook:
         """One queue added or changed, in time independent of the number of queues where the tree's shape
         stays (same parent, still governed or not, no queue naming it as parent before it existed): its
         limits, its cohort's membership and its cohort's pool change; anything else rebuilds the book."""
+        self._refuse_in_trial()
         name = spec.name
         old = self.queues.get(name)
         limits = {f.model: limits_of(f) for f in flavor_quotas(spec)}
@@ -346,6 +423,8 @@ class QuotaBook:
         key = (queue, flavor)
         lim = self.limits.get(queue, {}).get(flavor)
         cohort = self.cohort.get(queue, "")
+        if self._cells is not None:
+            self._record(key, lim is not None and bool(cohort), cohort, over_budget)
         if self.bounds.get(queue):
             self._add_to_subtrees(queue, flavor, milli)
         if over_budget:
@@ -359,6 +438,22 @@ class QuotaBook:
         if lim is not None and cohort:
             g = lim.guaranteed
             self.pool_used[(cohort, flavor)] += max(0, after - g) - max(0, before - g)
+
+    def _record(self, key: tuple[str, str], pooled: bool, cohort: str, over_budget: bool) -> None:
+        """Record, for the open what-if, the tallies `add` is about to change for (queue, flavor) `key`, with
+        their values now: the usage, the cohort's pool use (`pooled`), the usage of each bounding ancestor."""
+        cells = self._cells
+        assert cells is not None
+        usage = self.over if over_budget else self.used
+        cells.append((usage, key, usage.get(key)))
+        queue, flavor = key
+        if pooled:
+            pool_key = (cohort, flavor)
+            cells.append((self.pool_used, pool_key, self.pool_used[pool_key]))
+        for ancestor in self.bounds.get(queue, ()):
+            sub_key = (ancestor, flavor)
+            cells.append((self.subtree, sub_key, self.subtree.get(sub_key)))
+            cells.append((self.subtree_all, ancestor, self.subtree_all.get(ancestor)))
 
     def recharge(self, queue: str, flavor: str, model: str, milli: int, over_budget: bool = False) -> str:
         """A reservation of the queue follows the queue's current flavors (after a policy change): its usage moves

@@ -25,8 +25,7 @@ it by this one rule, each over its own waiting jobs ordered by wait, stopping at
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -124,8 +123,8 @@ def find_shadow(now: float, declared: Sequence[tuple[float, T]], undeclared: Ite
     If the declared ends never free enough, the start is unknown, unless it would not fit even with the
     undeclared jobs gone too: then it can never fit (None). (The undeclared ones are released all together, so a
     caller may pass them summed up.)
-    It restores nothing: call it inside a what-if of the state `release` changes (`Cluster.what_if()`, or
-    `rolled_back` for a state with no operation log of its own), which gives everything back."""
+    It restores nothing: call it inside a what-if of the state `release` changes (`Cluster.what_if()`,
+    `QuotaBook.what_if()`), which gives everything back."""
     ending: list[T] = []
     if fits():
         return Shadow(at=now, ending=())
@@ -137,23 +136,6 @@ def find_shadow(now: float, declared: Sequence[tuple[float, T]], undeclared: Ite
     for other in undeclared:
         release(other)
     return Shadow(at=UNKNOWN_START, ending=tuple(ending)) if fits() else None
-
-
-@contextmanager
-def rolled_back(release: Callable[[T], None], restore: Callable[[T], None]) -> Iterator[Callable[[T], None]]:
-    """A what-if for a state that keeps no operation log of its own (the quota book): yields a `release` that
-    records each item it releases; when the block ends every one is restored, last first."""
-    released: list[T] = []
-
-    def release_recorded(item: T) -> None:
-        release(item)
-        released.append(item)
-
-    try:
-        yield release_recorded
-    finally:
-        for item in reversed(released):
-            restore(item)
 
 
 def takes_usable_gpus(cluster: Cluster, starving: JobSpec, placements: tuple[ReplicaPlacement, ...]) -> bool:

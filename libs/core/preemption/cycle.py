@@ -93,10 +93,10 @@ def _victims_for_placement(world: World, job_id: str, spec: JobSpec, grace_over:
     reclaims = grace_over and held is not None
     if not (found or reclaims):
         return []
-    sim = _simulation(world, spec, job_id, now)
-    victims = sim.choose(found, lambda: sim.fits(flavor)) if found else []
-    if not victims and reclaims and held is not None:
-        victims = placement_victims(sim, held, job_id)
+    with _simulation(world, spec, job_id, now) as sim:
+        victims = sim.choose(found, lambda: sim.fits(flavor)) if found else []
+        if not victims and reclaims and held is not None:
+            victims = placement_victims(sim, held, job_id)
     return victims
 
 
@@ -106,16 +106,16 @@ def _victims_for_quota(world: World, job_id: str, spec: JobSpec, grace_over: boo
     if _behind_higher_priority(world, spec):
         return []
     flavors = world.policy.quotas.flavors_for(spec.queue, spec) or [ANY]
-    sim = _simulation(world, spec, job_id, now)
-    victims = reclaim_victims(sim, flavors, job_id) if grace_over else []
-    found = [] if victims else candidates(world.state, world.policy, spec, job_id, now)
-    if found:
+    with _simulation(world, spec, job_id, now) as sim:
+        victims = reclaim_victims(sim, flavors, job_id) if grace_over else []
+        found = [] if victims else candidates(world.state, world.policy, spec, job_id, now)
+        if found:
 
-        def admitted_and_placed() -> bool:
-            flavor = sim.quota_flavor(flavors)
-            return flavor is not None and sim.fits(flavor)
+            def admitted_and_placed() -> bool:
+                flavor = sim.quota_flavor(flavors)
+                return flavor is not None and sim.fits(flavor)
 
-        victims = sim.choose(found, admitted_and_placed, placed=lambda: any(sim.fits(f) for f in flavors))
+            victims = sim.choose(found, admitted_and_placed, placed=lambda: any(sim.fits(f) for f in flavors))
     return victims
 
 
@@ -153,7 +153,8 @@ def _lender_waits(world: World, job_id: str) -> bool:
 
 
 def _simulation(world: World, spec: JobSpec, job_id: str, now: float) -> Simulation:
-    """The preemptor's what-if (a view: the decider's book and cluster come out of it unchanged)."""
+    """The preemptor's what-if, to ask inside its `with` block (the decider's book and cluster come out of it
+    unchanged)."""
     state = world.state
 
     def unclaimed(job_id: str) -> bool:

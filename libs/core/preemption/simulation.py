@@ -1,9 +1,8 @@
-"""The preemption simulation: evictions tried on a view of the preemption decider's quota book and cluster,
-and judged by the rules quota and placement apply, so that a decision evicts only when the preemptor would
-then really be admitted and placed. The decider's own book and cluster come out unchanged: the book's view is
-an overlay the simulation drops (what_if.quota_overlay), and each placement question changes the cluster
-through a statement that rolls its changes back (what_if.ClusterStatement).
-
+"""The preemption simulation: evictions tried on the preemption decider's own quota book and cluster, and judged
+by the rules quota and placement apply, so that a decision evicts only when the preemptor would then really be
+admitted and placed. The book and cluster come out unchanged: the simulation runs inside the book's what-if
+(`with Simulation(...) as sim:`, QuotaBook.what_if), and each placement question inside a cluster what-if
+(Cluster.what_if), each of which rolls back every change made while it is open.
 A simulation's world is the one the evictions already decided will leave behind: victims chosen for other
 preemptors (not yet evicted) no longer count in their queues' usage, and what they free is their
 preemptors': a preemptor still waiting for quota holds its claim in the book, and the victims' GPUs stay
@@ -13,30 +12,33 @@ borrowing is what it will be once the evictions decided are done.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from itertools import chain
+from types import TracebackType
 
 import msgspec
 
-from contracts import JobSpec
-from libs.core.cluster.job_fit import Shortfall, fits
+from contracts import JobSpec, ReplicaPlacement
+from libs.core.cluster.job_fit import Shortfall, fits, place_gang
 from libs.core.cluster.model import Cluster
 from libs.core.kernel.policy import PolicyBook, demand_milli
 from libs.core.kernel.quota_math import ANY, flavor_matches
 from libs.core.preemption.candidates import budget_left
 from libs.core.preemption.state import PLACEMENT, PreemptionState, Running
 from libs.core.preemption.victim_sets import choose_victims
-from libs.core.preemption.what_if import ClusterStatement, quota_overlay
 
 
 class Simulation:
-    """One preemptor's what-if world (see above); `applied` holds the victims tried, in the order taken."""
+    """One preemptor's what-if world (see above); `applied` holds the victims tried, in the order taken. Asked
+    only inside its `with` block: entering opens the book's what-if and counts the decided evictions in it,
+    leaving rolls back everything the simulation changed in the book."""
 
     def __init__(self, state: PreemptionState, policy: PolicyBook, cluster: Cluster, spec: JobSpec,
                  leaving: list[Running], now: float = 0.0, job_id: str = "") -> None:
         self.state = state
         self.policy = policy
-        self.book = quota_overlay(policy.quotas)  # changed freely, dropped with the simulation
-        self.cluster = cluster  # changed only through a ClusterStatement, rolled back (fits)
+        self.book = policy.quotas  # changed only inside the simulation's what-if (rolled back on leaving)
+        self.cluster = cluster  # changed only inside a what-if of each question (fits)
         self.spec = spec
         self.job_id = job_id
         self.demand = demand_milli(spec)
@@ -47,12 +49,26 @@ class Simulation:
         # (queue, flavor) -> what preemptors still waiting for quota claim there: room they will take, not
         # quota their queue holds, so never quota a reclaim could count as borrowed.
         self._claims: dict[tuple[str, str], int] = {}
-        self._settle()
+        self._trial = self.book.what_if()
+
+    def __enter__(self) -> Simulation:
+        self._trial.__enter__()
+        try:
+            self._settle()
+        except BaseException as error:
+            self._trial.__exit__(type(error), error, error.__traceback__)
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self._trial.__exit__(kind, error, trace)
 
     # --- the world the decided evictions leave --------------------------------------------------------
 
     def _settle(self) -> None:
-        """Count the evictions decided as done in the book's view, and what ended as released."""
+        """Count the evictions decided as done in the book (inside the simulation's what-if), and what ended as
+        released."""
         state, book = self.state, self.book
         for victim in sorted(state.victim_of):
             held = state.reserved.get(victim)
@@ -83,7 +99,7 @@ class Simulation:
     # --- evictions ---------------------------------------------------------------------------------------
 
     def evict(self, victim: Running, at: int | None = None) -> None:
-        """Take the victim: its quota leaves the book's view (its GPUs leave in `fits`)."""
+        """Take the victim: its quota leaves the book until the simulation ends (its GPUs leave in `fits`)."""
         self.book.add(victim.queue, victim.flavor, -victim.demand, victim.over_budget)
         self.applied.insert(len(self.applied) if at is None else at, victim)
 
@@ -128,27 +144,30 @@ class Simulation:
     def fits(self, flavor: str) -> bool:
         """Would placement find the preemptor room now (on GPUs of `flavor`), beside the room of the other
         preemptors whose victims are leaving (each placed, in id order, where its victims leave)?"""
-        with ClusterStatement(self.cluster) as statement:
-            statement.release(run.placements for run in self.leaving)
-            self._place_claims(statement)  # before its own victims leave: their room is the preemptor's
-            statement.release(victim.placements for victim in self.applied)
-            return fits(self.cluster, _on_flavor(self.spec, flavor))
+        cluster = self.cluster
+        with cluster.what_if():
+            cluster.release(_all(run.placements for run in self.leaving))
+            self._place_claims()  # before its own victims leave: their room is the preemptor's
+            cluster.release(_all(victim.placements for victim in self.applied))
+            return fits(cluster, _on_flavor(self.spec, flavor))
 
-    def _place_claims(self, statement: ClusterStatement) -> None:
+    def _place_claims(self) -> None:
         """Place, for the simulation, every other preemptor not running yet on the room its victims leave (and
-        any free room it needs besides): two preemptors never count on the same free GPUs."""
-        state = self.state
+        any free room it needs besides): two preemptors never count on the same free GPUs. Called inside the
+        what-if of `fits`, which takes every claim back."""
+        state, cluster = self.state, self.cluster
         for preemptor in sorted(state.in_flight):
             spec = state.specs.get(preemptor)
             if preemptor == self.job_id or spec is None or preemptor in state.running:
                 continue
             held = state.reserved.get(preemptor)
-            before = statement.checkpoint()
-            statement.release(state.running[victim].placements for victim in state.in_flight[preemptor]
-                              if victim in state.running)
-            placed = statement.place_gang(_on_flavor(spec, held[1] if held is not None else ANY))
-            if isinstance(placed, Shortfall):
-                statement.rollback(before)  # no room for it: its victims' GPUs stay as they are
+            with cluster.what_if() as claim:
+                cluster.release(_all(state.running[victim].placements for victim in state.in_flight[preemptor]
+                                     if victim in state.running))
+                placed = place_gang(cluster, _on_flavor(spec, held[1] if held is not None else ANY))
+                if not isinstance(placed, Shortfall):
+                    claim.keep()  # placed: it holds that room until `fits` ends
+                # else no room for it: its victims' GPUs stay as they are
 
     def within_nominal(self, flavor: str, freed: int = 0) -> bool:
         """Would the preemptor fit its queue's nominal quota of the flavor (a reclaim borrows nothing), with
@@ -203,6 +222,12 @@ def smallest_waiting(state: PreemptionState, flavor: str) -> dict[str, int]:
         if milli < smallest.get(spec.queue, milli + 1):
             smallest[spec.queue] = milli
     return smallest
+
+
+def _all(placements: Iterable[tuple[ReplicaPlacement, ...]]) -> tuple[ReplicaPlacement, ...]:
+    """The jobs' placements as one change, in order: released and given back (rolled back) in that same order,
+    job after job."""
+    return tuple(chain.from_iterable(placements))
 
 
 def _on_flavor(spec: JobSpec, flavor: str) -> JobSpec:

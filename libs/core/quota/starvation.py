@@ -1,8 +1,8 @@
 """The quota side of the starvation rule (libs/core/kernel/starvation.py). As arithmetic on the quota book: when the
 starving job's quota frees up, and what another reservation would do to the room it could use; each answer
-changes the book only while it is asked, and leaves it as it was. As the scheduling cycle applies it: which job
-of a group starves (`find_starving`), and whether a job about to take quota must wait for it
-(`held_for_starving`)."""
+changes the book only inside the book's what-if (QuotaBook.what_if), which gives everything back. As the
+scheduling cycle applies it: which job of a group starves (`find_starving`), and whether a job about to take
+quota must wait for it (`held_for_starving`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from functools import partial
 
 from libs.core.kernel.policy import declared_runtime, runtime_bound
 from libs.core.kernel.quota_math import ANY, QuotaBook
-from libs.core.kernel.starvation import RoomEffect, Shadow, Starving, find_shadow, holds, longest_waiting, rolled_back
+from libs.core.kernel.starvation import RoomEffect, Shadow, Starving, find_shadow, holds, longest_waiting
 from libs.core.kernel.wait_reasons import WAITING_OR_HELD
 from libs.core.quota.fit import could_ever_fit, could_hold, flavors_of
 from libs.core.quota.state import Cycle, QuotaJob, QuotaState
@@ -27,11 +27,6 @@ def _charge(item: QuotaJob | Charge) -> Charge:
 def _release(book: QuotaBook, item: QuotaJob | Charge) -> None:
     queue, flavor, milli, over_budget = _charge(item)
     book.add(queue, flavor, -milli, over_budget)
-
-
-def _restore(book: QuotaBook, item: QuotaJob | Charge) -> None:
-    queue, flavor, milli, over_budget = _charge(item)
-    book.add(queue, flavor, milli, over_budget)
 
 
 def _summed(jobs: list[QuotaJob]) -> list[Charge]:
@@ -55,8 +50,8 @@ def reservations_shadow(book: QuotaBook, starving: QuotaJob, flavors: tuple[str,
     runtimes = [(declared_runtime(j.spec), j) for j in holding]
     declared = sorted(((j.reserved_at + runtime, j.job_id), j) for runtime, j in runtimes if runtime is not None)
     undeclared = _summed([j for runtime, j in runtimes if runtime is None])
-    with rolled_back(partial(_release, book), partial(_restore, book)) as release:
-        return find_shadow(now, [(end, j) for (end, _), j in declared], undeclared, release=release,
+    with book.what_if():
+        return find_shadow(now, [(end, j) for (end, _), j in declared], undeclared, release=partial(_release, book),
                            fits=lambda: _fits(book, starving, flavors))
 
 
@@ -65,16 +60,12 @@ def reservation_effect(book: QuotaBook, starving: QuotaJob, flavors: tuple[str, 
     """Would reserving `job` in `flavor` shrink the room the starving job could use (in any of its
     `flavors`), and would the starving job still fit beside it at its shadow time (the reservations `ending`
     by then gone)?"""
-    for j in ending:
-        _release(book, j)
-    try:
+    with book.what_if():
+        for j in ending:
+            _release(book, j)
         before = [book.room(starving.queue, f) for f in flavors]
         book.add(job.queue, flavor, job.demand, over_budget)
         after = [book.room(starving.queue, f) for f in flavors]
-        book.add(job.queue, flavor, -job.demand, over_budget)
-    finally:
-        for j in ending:
-            _restore(book, j)
     return (any(a < b for a, b in zip(after, before, strict=True)), any(a >= starving.demand for a in after))
 
 

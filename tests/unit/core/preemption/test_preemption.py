@@ -49,8 +49,8 @@ def running(job_id: str, demand: int) -> Running:
 ])
 def test_choose_victims_is_greedy_in_candidate_order_then_minimal(demands, need, chosen) -> None:
     cands = [running(j, d) for j, d in demands.items()]
-    sim = Simulation(PreemptionState(), PolicyBook(), Cluster(), job().spec, [])
-    victims = sim.choose(cands, lambda: sum(v.demand for v in sim.applied) >= need)
+    with Simulation(PreemptionState(), PolicyBook(), Cluster(), job().spec, []) as sim:
+        victims = sim.choose(cands, lambda: sum(v.demand for v in sim.applied) >= need)
     assert [v.job_id for v in victims] == chosen
 
 
