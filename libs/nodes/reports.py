@@ -26,10 +26,6 @@ Saved = tuple[float, str]  # (progress in seconds, checkpoint reference)
 NOTHING_SAVED: Saved = (0.0, "")
 
 
-def report_id(run_id: str, what: str) -> str:
-    return derived_id(EXECUTOR, run_id, what)
-
-
 @dataclass(frozen=True)
 class RunReports:
     job_id: str

@@ -5,7 +5,7 @@ executor's own report ids; nodes of another cluster source than the platform's l
 from __future__ import annotations
 
 from contracts import JobCheckpointed, JobEvicted, JobFinished, JobPlaced, NodeLost, NodeRegistered, ReplicaPlacement
-from libs.nodes.reports import report_id
+from libs.nodes.reports import RunReports
 from services.node_telemetry.heartbeats import HeartbeatWatch
 from services.node_telemetry.roster import NodeRoster
 from tests.unit.builders import node
@@ -42,7 +42,7 @@ def test_a_silent_agent_loses_its_node_and_its_jobs_once() -> None:
     assert watch.orphans(lost[0].ts + 1.0) == []
     evicted = watch.orphans(lost[0].ts + 2.0)
     assert brief(evicted) == [("JobEvicted", "", "j1"), ("JobEvicted", "", "j2")]
-    assert [e.id for e in evicted] == [report_id("run-j1", "evicted"), report_id("run-j2", "evicted")]
+    assert [e.id for e in evicted] == [RunReports(job, f"run-{job}", "").report_id("evicted") for job in ("j1", "j2")]
     assert watch.orphans(lost[0].ts + 3.0) == []  # once
 
     watch.heard("a", 120.0)
@@ -97,8 +97,8 @@ def test_a_removal_is_the_same_message_however_often_it_is_decided() -> None:
 def test_an_eviction_already_reported_by_the_executor_ends_the_run_for_the_roster() -> None:
     roster = NodeRoster()
     for e in (registered("a"), placed("j", "a"), NodeLost(id="l", ts=10.0, source="kube-bridge", node="a", reason="x"),
-              JobEvicted(id=report_id("run-j", "evicted"), ts=10.0, source="kube-bridge", job_id="j", run="run-j",
-                         reason="node_lost")):
+              JobEvicted(id=RunReports("j", "run-j", "").report_id("evicted"), ts=10.0, source="kube-bridge",
+                         job_id="j", run="run-j", reason="node_lost")):
         roster.fold(e)
     assert roster.orphans(100.0, set()) == []
 
