@@ -58,6 +58,15 @@ KUEUE_DIFFERENCES: dict[str, str] = {
     "preemption-borrow-within-cohort-threshold": BORROW_WITHIN_COHORT,
     "preemption-preemptor-holds-quota-during-evictions": BORROW_WITHIN_COHORT,
     "preemption-multi-level-cohort-guaranteed": f"{HIERARCHICAL}; {REJECTED_OVER_CEILING}",
+    "scheduler-requeue-on-queue-update": REJECTED_OVER_CEILING,
+    "scheduler-borrow-from-added-queue": REJECTED_OVER_CEILING,
+    "scheduler-borrow-from-same-cohort": REJECTED_OVER_CEILING,
+    "scheduler-cohort-own-quota": REJECTED_OVER_CEILING,
+    "scheduler-lending-limit-borrow": REJECTED_OVER_CEILING,
+    "scheduler-long-distance-borrowing": f"{REJECTED_OVER_CEILING}; {HIERARCHICAL}",
+    "scheduler-next-flavor-instead-of-borrowing": FUNGIBILITY,
+    "scheduler-preempt-before-next-flavor": FUNGIBILITY,
+    "scheduler-pending-lender-blocks-borrowing": WITHIN_QUEUE_POLICY,
 }
 
 
