@@ -67,6 +67,10 @@ KUEUE_DIFFERENCES: dict[str, str] = {
     "scheduler-next-flavor-instead-of-borrowing": FUNGIBILITY,
     "scheduler-preempt-before-next-flavor": FUNGIBILITY,
     "scheduler-pending-lender-blocks-borrowing": WITHIN_QUEUE_POLICY,
+    "unit-preemption-reclaim-same-priority-any": NOMINAL_PROTECTED,
+    "unit-preemption-from-all-queues-in-cohort": NOMINAL_PROTECTED,
+    "unit-preemption-reclaim-from-lender": NOMINAL_PROTECTED,
+    "unit-preemption-exceeds-requestable-quota": REJECTED_OVER_CEILING,
 }
 
 
@@ -112,8 +116,8 @@ def test_kueue_differences_name_existing_files() -> None:
 def test_kueue_file_names_the_kueue_test_it_comes_from(path: Path) -> None:
     scenario = parse_scenario(path.read_text(), str(path))
     assert scenario.name == path.stem
-    assert re.search(r"Kueue: (pkg|test)/\S+_test\.go, \"[^\"]+\"", " ".join(scenario.description.split())), (
-        f"{path.name}: its description names no Kueue test as `Kueue: <file>_test.go, \"<test case>\"`")
+    assert re.search(r"Kueue: (pkg|test)/\S+_test\.go, [^\"]*\"[^\"]+\"", " ".join(scenario.description.split())), (
+        f"{path.name}: its description names no Kueue test as `Kueue: <file>_test.go, [Test] \"<test case>\"`")
     assert scenario.expect.violations == [], f"{path.name}: a conformance file expects every guarantee kept"
 
 
