@@ -228,7 +228,7 @@ def job_outcomes(log: list[tuple[int, EventBase]]) -> dict[str, JobOutcome]:
     ledger = Ledger()
     for seq, event in log:
         ledger.fold(event, seq)
-    return {job: JobOutcome(view.state, view.reason) for job, view in sorted(ledger.jobs.items())}
+    return {job: JobOutcome(view.state, view.reason) for job, view in sorted(ledger.state.jobs.items())}
 
 
 def unmet_expectations(scenario: Scenario, log: list[tuple[int, EventBase]],

@@ -1,7 +1,7 @@
 """The quota decider's state as data: what it knows of each job (QuotaJob), everything its fold keeps
 (QuotaState: the waiting jobs' indexes, usage, nominations, backoffs, and what cycles keep between them), and
 what one scheduling cycle learns as it goes (Cycle). Functions of the package take the state they read; the
-decider (libs/core/quota/decider.py) is this state with its decision chain and its react."""
+decider (libs/core/quota/decider.py) holds this state, with its decision chain and its react."""
 
 from __future__ import annotations
 
