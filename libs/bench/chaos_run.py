@@ -236,7 +236,7 @@ class LogFollower:
 
 def settled(ledger: Ledger, job_id: str) -> bool:
     """Final, or pending for a reason that only time (a new budget period) removes."""
-    view = ledger.jobs.get(job_id)
+    view = ledger.state.jobs.get(job_id)
     return view is not None and (view.state in FINAL_STATES
                                  or (view.state == "pending" and view.reason in RIGHTLY_PENDING))
 
@@ -640,19 +640,19 @@ NODE_FIELDS = ("online", "gpus", "healthy_gpus", "allocated_gpus", "gpu_free_mil
 def read_model_mismatches(events: list[tuple[int, EventBase]], views: ApiViews) -> list[str]:
     """Every job, queue, node and team whose view in the API differs from a rebuild from the log."""
     ledger = fresh_fold(events)
-    out = [f"job {j}" for j in sorted(set(ledger.jobs) | set(views.jobs))
-           if j not in ledger.jobs or _plain(ledger.jobs[j]) != views.jobs.get(j)]
-    for name in sorted(ledger.queues):
+    out = [f"job {j}" for j in sorted(set(ledger.state.jobs) | set(views.jobs))
+           if j not in ledger.state.jobs or _plain(ledger.state.jobs[j]) != views.jobs.get(j)]
+    for name in sorted(ledger.state.queues):
         want = _plain(ledger.queue_view(name))
         got = views.queues.get(name, {})
         if any(want[k] != got.get(k) for k in QUEUE_FIELDS):
             out.append(f"queue {name}")
-    for name in sorted(ledger.cluster.nodes):
+    for name in sorted(ledger.state.cluster.nodes):
         want = _plain(ledger.node_view(name))
         got = views.nodes.get(name, {})
         if any(want[k] != got.get(k) for k in NODE_FIELDS):
             out.append(f"node {name}")
-    out += [f"usage {t}" for t in sorted(ledger.teams) if _plain(ledger.teams[t]) != views.usage.get(t)]
+    out += [f"usage {t}" for t in sorted(ledger.state.teams) if _plain(ledger.state.teams[t]) != views.usage.get(t)]
     return out
 
 
@@ -678,10 +678,10 @@ def judge(seen: Seen) -> dict[str, Any]:
                   + [f"job {j} decided {n} times" for j, n in decided.items() if n > 1]
                   + [f"job {j} answered as {sorted(set(a))}" for j, a in out.answered.items() if set(a) != {j}]
                   + [f"job {j} in the log, never accepted" for j in sorted(set(decided) - set(out.accepted))])
-    stuck = [j for j in accepted if j in ledger.jobs and not settled(ledger, j)]
+    stuck = [j for j in accepted if j in ledger.state.jobs and not settled(ledger, j)]
     histories = job_histories(events, set(stuck[:10]))
     report = replay(raw)  # one process: a forked pool would inherit the CLI's SIGTERM handler
-    states = Counter(ledger.jobs[j].state for j in accepted if j in ledger.jobs)
+    states = Counter(ledger.state.jobs[j].state for j in accepted if j in ledger.state.jobs)
     checks = {"jobs": len(accepted), "lost": len(lost), "duplicated": len(duplicated),
               "overallocations": len(overallocations(events)),
               "quota_violations": len(quota_violations(e for _, e in events)),

@@ -107,7 +107,7 @@ class Target:
     @staticmethod
     def state(handler: Any) -> bytes:
         if isinstance(handler, Projector):
-            led = handler.ledger
+            led = handler.ledger.state
             return msgspec.json.encode([led.jobs, led.teams, led.queues, led.usage.running, handler.first_seq])
         return bytes(handler.decider.snapshot() + msgspec.json.encode(handler.chain))
 

@@ -58,7 +58,7 @@ class CapacitySweep:
         self._sample(int(event.ts // self.bucket_s))
 
     def _recount(self, name: str) -> None:
-        node = self.ledger.cluster.nodes.get(name)
+        node = self.ledger.state.cluster.nodes.get(name)
         self.capacity.subtract(self.contribution.pop(name, Counter()))
         if node is not None and node.online:
             self.contribution[name] = Counter(g.model for g in node.gpus if g.healthy)
@@ -66,10 +66,10 @@ class CapacitySweep:
 
     def _sample(self, bucket: int) -> None:
         held: dict[str, float] = {ALL_MODELS: 0.0}
-        for (_, model), gpus in self.ledger.usage.held.items():
+        for (_, model), gpus in self.ledger.state.usage.held.items():
             held[model] = held.get(model, 0.0) + gpus
             held[ALL_MODELS] += gpus
-        demand = self.ledger.demand()
+        demand = self.ledger.state.demand()
         for model in {*demand, *self.capacity, ALL_MODELS}:
             b = self.buckets.setdefault((bucket, model), Bucket())
             b.peak_demand = max(b.peak_demand, round(demand.get(model, 0.0), 3))

@@ -211,9 +211,9 @@ class VirtualWorld:
     def busy(self) -> bool:
         """Work still to come: events due, runs going, a retry backing off, or waiting jobs that time
         alone may release (a nomination or hold lapsing), for at most IDLE_LIMIT_S of idle virtual time."""
-        if self.heap or self.executor.running or self.quota.backing_off:
+        if self.heap or self.executor.running or self.quota.state.backing_off:
             return True
-        return any(self.quota.pending.values()) and (self.idle_since is None
+        return any(self.quota.state.pending.values()) and (self.idle_since is None
                                                      or self.now - self.idle_since <= IDLE_LIMIT_S)
 
     def next_due(self) -> float:
@@ -223,7 +223,7 @@ class VirtualWorld:
     def step(self) -> bool:
         """One clock tick or one scheduled event, with everything it causes; True for a tick."""
         self.begin()
-        if not (self.heap or self.executor.running or self.quota.backing_off):
+        if not (self.heap or self.executor.running or self.quota.state.backing_off):
             self.idle_since = self.now if self.idle_since is None else self.idle_since
         else:
             self.idle_since = None

@@ -230,7 +230,7 @@ def job_outcomes(log: list[tuple[int, EventBase]]) -> dict[str, JobOutcome]:
     ledger = Ledger()
     for seq, event in log:
         ledger.fold(event, seq)
-    return {job: JobOutcome(view.state, view.reason) for job, view in sorted(ledger.jobs.items())}
+    return {job: JobOutcome(view.state, view.reason) for job, view in sorted(ledger.state.jobs.items())}
 
 
 def held_flavors(log: list[tuple[int, EventBase]]) -> dict[str, str]:

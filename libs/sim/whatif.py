@@ -116,12 +116,12 @@ def team_figures(log: Iterable[tuple[int, EventBase]], end: float) -> dict[str, 
     for seq, event in log:
         t0 = event.ts if t0 is None else t0
         ledger.fold(event, seq)
-    capacity = sum(len(n.gpus) for n in ledger.cluster.sorted_nodes())
-    gpu_seconds = {team: usage.gpu_seconds for team, usage in ledger.teams.items()}
-    for run in ledger.usage.open_runs():  # still running at the end
+    capacity = sum(len(n.gpus) for n in ledger.state.cluster.sorted_nodes())
+    gpu_seconds = {team: usage.gpu_seconds for team, usage in ledger.state.teams.items()}
+    for run in ledger.state.usage.open_runs():  # still running at the end
         gpu_seconds[run.team] = gpu_seconds.get(run.team, 0.0) + run.gpu_seconds(until=end)
     span = max(end - (t0 if t0 is not None else end), 1e-9)
-    submitted = [v for v in ledger.jobs.values() if v.state != "rejected"]
+    submitted = [v for v in ledger.state.jobs.values() if v.state != "rejected"]
     out = {}
     for team in sorted({v.team for v in submitted}):
         jobs = [v for v in submitted if v.team == team]

@@ -126,7 +126,7 @@ class Projector:
             return
         self.ledger.fold(event, seq)
         job_id = getattr(event, "job_id", None)
-        if job_id is not None and job_id in self.ledger.jobs:
+        if job_id is not None and job_id in self.ledger.state.jobs:
             self.first_seq.setdefault(job_id, seq)
 
     def _observe(self, event: EventBase) -> None:
@@ -159,7 +159,7 @@ class Projector:
     def _mark_all_dirty(self) -> None:
         """Everything the ledger knows is due for writing (after a catch-up the fold marked it already;
         after a loss of the store mid-run, only what changed since the last batch is marked)."""
-        led = self.ledger
+        led = self.ledger.state
         led.dirty_jobs.update(dict.fromkeys(led.jobs))
         led.dirty_queues.update(dict.fromkeys(led.queues))
         led.dirty_nodes.update(dict.fromkeys(led.cluster.nodes))  # removed ones too: their views are deleted
@@ -167,9 +167,10 @@ class Projector:
 
     def ops(self) -> list[list[Any]]:
         led, store, enc = self.ledger, self.store, self._enc
+        books = led.state
         ops: list[list[Any]] = []
-        for job_id in led.dirty_jobs:
-            view = led.jobs[job_id]
+        for job_id in books.dirty_jobs:
+            view = books.jobs[job_id]
             ops.append(["SET", store.job_key(job_id), enc.encode(view).decode()])
             score = self.first_seq.get(job_id, view.seq)
             old = self.written_state.get(job_id)
@@ -184,7 +185,7 @@ class Projector:
                         metrics.FINISHED.labels(view.queue, view.state).inc()
                 ops.append(["ZADD", store.index_key("state", view.state), score, job_id])
                 self.written_state[job_id] = view.state
-        for name in led.dirty_queues:
+        for name in books.dirty_queues:
             q = led.queue_view(name)
             ops.append(["HSET", f"{store.p}:queues", name, enc.encode(q).decode()])
             metrics.PENDING.labels(name).set(q.pending)
@@ -203,8 +204,8 @@ class Projector:
                 metrics.BUDGET_LEFT.labels(name).set(q.budget_left_gpu_hours)
             if q.budget_gpu_hours is not None:
                 metrics.BUDGET.labels(name).set(q.budget_gpu_hours)
-        for name in led.dirty_nodes:
-            if name in led.removed_nodes:
+        for name in books.dirty_nodes:
+            if name in books.removed_nodes:
                 ops.append(["HDEL", f"{store.p}:nodes", name])
                 metrics.forget_node(name)
                 continue
@@ -212,36 +213,36 @@ class Projector:
             ops.append(["HSET", f"{store.p}:nodes", name, enc.encode(node).decode()])
             metrics.NODE_ONLINE.labels(name).set(1 if node.online else 0)
             metrics.NODE_UNHEALTHY.labels(name).set(node.gpus - node.healthy_gpus)
-        for team in led.dirty_teams:
-            usage = led.teams[team]
+        for team in books.dirty_teams:
+            usage = books.teams[team]
             ops.append(["HSET", f"{store.p}:usage", team, enc.encode(usage).decode()])
             metrics.TEAM_GPU_SECONDS.labels(team).set(usage.gpu_seconds)
-        for w in led.waits:
+        for w in books.waits:
             metrics.ADMISSION_WAIT.labels(w.queue, w.priority).observe(w.seconds)
-        for queue, reason, lost in led.losses:
+        for queue, reason, lost in books.losses:
             metrics.LOST_GPU_SECONDS.labels(queue, reason).inc(lost)
-        for queue, reason in led.retried:
+        for queue, reason in books.retried:
             metrics.RETRIES.labels(queue, reason).inc()
-        for queue in led.long_started:
+        for queue in books.long_started:
             metrics.LONG_STARTED.labels(queue).inc()
-        for queue, reason in led.long_interrupted:
+        for queue, reason in books.long_interrupted:
             metrics.LONG_INTERRUPTED.labels(queue, reason).inc()
         self._usage_metrics()
         self._service_metrics()
-        if led.dirty_nodes:
-            self._gpu_gauges(led.dirty_nodes)
-        led.dirty_jobs.clear()
-        led.dirty_queues.clear()
-        led.dirty_nodes.clear()
-        led.dirty_teams.clear()
-        led.waits.clear()
-        led.losses.clear()
-        led.retried.clear()
-        led.long_started.clear()
-        led.long_interrupted.clear()
-        led.ended_runs.clear()
-        led.submitted.clear()
-        led.start_waits.clear()
+        if books.dirty_nodes:
+            self._gpu_gauges(books.dirty_nodes)
+        books.dirty_jobs.clear()
+        books.dirty_queues.clear()
+        books.dirty_nodes.clear()
+        books.dirty_teams.clear()
+        books.waits.clear()
+        books.losses.clear()
+        books.retried.clear()
+        books.long_started.clear()
+        books.long_interrupted.clear()
+        books.ended_runs.clear()
+        books.submitted.clear()
+        books.start_waits.clear()
         return ops
 
     def _service_metrics(self) -> None:
@@ -267,7 +268,7 @@ class Projector:
 
     def _usage_metrics(self) -> None:
         """Submissions, start waits, GPU time and cost of the runs that ended, and what is held and wanted."""
-        led = self.ledger
+        led = self.ledger.state
         for queue, priority in led.submitted:
             metrics.SUBMITTED.labels(queue, priority).inc()
         for w in led.start_waits:
@@ -287,12 +288,13 @@ class Projector:
 
     def _gpu_gauges(self, changed: Iterable[str]) -> None:
         """Cluster-wide capacity figures after a batch that changed some nodes: theirs recounted, then summed."""
-        totals, nodes = self._totals, self.ledger.cluster.nodes
+        books = self.ledger.state
+        totals, nodes = self._totals, books.cluster.nodes
         for name in changed:
             old = self._node_figures.pop(name, None)
             if old is not None:
                 totals.add(old, -1)
-            node = nodes.get(name) if name not in self.ledger.removed_nodes else None
+            node = nodes.get(name) if name not in books.removed_nodes else None
             if node is not None:
                 new = self._node_figures[name] = NodeFigures.of(node)
                 totals.add(new, +1)
@@ -311,8 +313,8 @@ class Projector:
         metrics.FRAGMENTATION.set(stranded / free if free else 0.0)
         metrics.IDLE.set(idle / healthy if healthy else 0.0)
         metrics.NODES.labels("online").set(online)
-        metrics.NODES.labels("lost").set(len(self.ledger.cluster.nodes) - len(self.ledger.removed_nodes) - online)
-        metrics.NODES.labels("cordoned").set(len(self.ledger.cordons))
+        metrics.NODES.labels("lost").set(len(books.cluster.nodes) - len(books.removed_nodes) - online)
+        metrics.NODES.labels("cordoned").set(len(books.cordons))
 
     async def flush(self, force: bool = False, expect_existing: bool = False) -> None:
-        await self.store.apply(self.ledger.last_seq, self.ops(), force=force, expect_existing=expect_existing)
+        await self.store.apply(self.ledger.state.last_seq, self.ops(), force=force, expect_existing=expect_existing)

@@ -55,7 +55,7 @@ _DECIDED_STATES = {"submitted": "pending", "admitted": "pending", "rejected": "r
 
 def require_inventory(decider: AdmissionDecider) -> None:
     """503 with Retry-After while no node has registered: what the cluster can hold is not known yet."""
-    if not decider.inventory.known:
+    if not decider.state.inventory.known:
         raise HttpError(503, "not_ready", "no node has registered yet: the cluster's capacity is unknown; "
                         "try again shortly", {"Retry-After": "1"})
 
@@ -69,7 +69,7 @@ class JobsApi:
         # None: the process's tracing (the admission reactor's, so API and reactor share the jobs' contexts).
         self._tracing = tracing
         self._openapi = msgspec.json.encode(openapi_document())
-        self._in_flight = InFlight(decider.jobs)
+        self._in_flight = InFlight(decider.state.jobs)
 
     @property
     def tracing(self) -> ServiceTracing | None:
@@ -101,7 +101,7 @@ class JobsApi:
             job_id = str(uuid.uuid4())
             command_id = derived_id(API, "submit", job_id)
         require_inventory(self.decider)
-        rejection = validate(spec, self.decider.policy, self.decider.inventory)
+        rejection = validate(spec, self.decider.state.policy, self.decider.state.inventory)
         if rejection is not None:
             return error_response(422, rejection.code, rejection.message)
         command = SubmitJob(id=command_id, ts=time.time(), source=API, correlation_id=job_id, job_id=job_id,
@@ -127,7 +127,7 @@ class JobsApi:
         """200 with the key's job as it stands (its stored spec and current state), or 409 naming what differs.
         The job is the caller's team's: its id (or key) is derived from that team."""
         view = await self.store.job(again.job_id)
-        stored = ((view.spec if view is not None else None) or self.decider.specs.get(again.job_id)
+        stored = ((view.spec if view is not None else None) or self.decider.state.specs.get(again.job_id)
                   or self._in_flight.get(again.job_id))
         if not again.same:
             refusal = key_reused(again, stored, spec)
@@ -143,23 +143,23 @@ class JobsApi:
     def _state(self, job_id: str, view: JobView | None) -> str:
         """The job's current state: the read model's, unless admission already knows it ended (the read model
         trails the log) or the read model has no view of it yet."""
-        decided = _DECIDED_STATES.get(self.decider.jobs.get(job_id, ""))
+        decided = _DECIDED_STATES.get(self.decider.state.jobs.get(job_id, ""))
         if view is not None and view.state and (view.state in FINAL_JOB_STATES or decided not in FINAL_JOB_STATES):
             return view.state
         return decided or "pending"
 
     def _team_of(self, job_id: str, view: JobView) -> str:
         """The job's team: from its view, else from admission's own fold ("" when neither knows it yet)."""
-        return view.team or self.decider.job_team.get(job_id, "")
+        return view.team or self.decider.state.job_team.get(job_id, "")
 
     def _decided(self, job_id: str) -> JobView | None:
         """A job decided but not yet projected into the read model, from admission's own state."""
-        state = self.decider.jobs.get(job_id)
+        state = self.decider.state.jobs.get(job_id)
         if state is None:
             return None
         return JobView(id=job_id, state=_DECIDED_STATES.get(state, "pending"),
-                       team=self.decider.job_team.get(job_id, ""), queue="", phase=state,
-                       spec=self.decider.specs.get(job_id))
+                       team=self.decider.state.job_team.get(job_id, ""), queue="", phase=state,
+                       spec=self.decider.state.specs.get(job_id))
 
     async def _job(self, who: Principal, job_id: str, projected_only: bool = False) -> JobView:
         """The job as this caller may see it. Another team's job is 404 exactly like a missing one, so that a

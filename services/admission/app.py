@@ -26,8 +26,10 @@ async def serve(settings: Settings) -> None:
 
     def configure(app: web.Application, bus: Bus, reactor: Reactor) -> None:
         # Counts only (no team's data): what `gpusched up` waits for, readable without a token.
-        app[READY_DETAILS] = lambda: {"inventory": decider.inventory.known, "nodes": len(decider.inventory.nodes),
-                                      "queues": len(decider.policy.queues)}
+        # (read at each call: a restored snapshot gives the decider another state object)
+        app[READY_DETAILS] = lambda: {"inventory": decider.state.inventory.known,
+                                      "nodes": len(decider.state.inventory.nodes),
+                                      "queues": len(decider.state.policy.queues)}
         auth.install(app)
         JobsApi(bus, decider, store).routes(app)
         QueuesApi(bus, decider, store).routes(app)

@@ -41,7 +41,7 @@ class NodesApi:
     async def _action(self, request: web.Request) -> tuple[str, NodeAction] | web.Response:
         require(request, OPERATOR_ONLY, "cordoning, draining, uncordoning or removing a node")
         name = request.match_info["name"]
-        if name not in self.decider.inventory.nodes:
+        if name not in self.decider.state.inventory.nodes:
             return error_response(404, "unknown_node", f"node {name!r} is not registered")
         body = await request.read()
         action = decode_body(body, _action_decoder) if body.strip() else NodeAction()
@@ -82,7 +82,7 @@ class NodesApi:
         who = require(request, JOB_READERS, "reading job logs")
         check_query(request, frozenset({"tail"}))
         job_id = request.match_info["job_id"]
-        if not who.sees(self.decider.job_team.get(job_id, "")):
+        if not who.sees(self.decider.state.job_team.get(job_id, "")):
             return error_response(404, "unknown_job", f"job {job_id} not found")
         try:
             tail = int(request.query.get("tail", "65536"))

@@ -43,7 +43,7 @@ class QueuesApi:
         require(request, CLUSTER_READERS, "reading queues")
         name = request.match_info["name"]
         view = next((q for q in await self.store.queues() if q.name == name), None)
-        spec = self.decider.policy.queues.get(name)
+        spec = self.decider.state.policy.queues.get(name)
         if view is None and spec is None:
             return error_response(404, "unknown_queue", f"queue {name!r} does not exist")
         if view is None:
@@ -61,7 +61,7 @@ class QueuesApi:
         spec = decode_body(await request.read(), _queue_decoder)
         if spec.name != name:
             return error_response(422, "name_mismatch", f"the body names queue {spec.name!r}, the path {name!r}")
-        queues = self.decider.policy.queues
+        queues = self.decider.state.policy.queues
         problem = check_tree({n: q for n, q in queues.items() if n != name}, spec)
         if problem is not None:
             return error_response(422, "invalid_queue", problem)

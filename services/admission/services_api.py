@@ -51,7 +51,7 @@ class ServicesApi:
         app.router.add_post("/v1/services/{name}/load", self.load)
 
     def _state(self, name: str) -> ServiceState:
-        state = self.decider.services.services.get(name)
+        state = self.decider.state.services.services.get(name)
         if state is None:
             raise HttpError(404, "unknown_service", f"service {name!r} does not exist")
         return state
@@ -65,7 +65,7 @@ class ServicesApi:
         if refusal is not None:
             status = 409 if refusal.code in ("service_exists", "replica_spec_changed") else 422
             return error_response(status, refusal.code, refusal.message)
-        existed = spec.name in self.decider.services.services
+        existed = spec.name in self.decider.state.services.services
         command = DeployService(id=new_command_id(), ts=time.time(), source=API, correlation_id=spec.name,
                                 service=spec)
         await self.bus.publish([command])
@@ -74,7 +74,7 @@ class ServicesApi:
 
     async def list_services(self, request: web.Request) -> web.Response:
         who = require(request, JOB_READERS, "listing services")
-        views = [service_view(s) for _, s in sorted(self.decider.services.services.items())
+        views = [service_view(s) for _, s in sorted(self.decider.state.services.services.items())
                  if not who.team_scope or s.spec.replica.team == who.team_scope]
         return json_response(views)
 

@@ -23,7 +23,7 @@ async def serve(settings: Settings) -> None:
     wanted = load_policy(settings.policy_file)
 
     async def apply_policy_file(bus: Bus, reactor: Reactor) -> None:
-        changes = policy_changes(decider.policy, wanted, version=await bus.last_seq(), now=time.time())
+        changes = policy_changes(decider.state.policy, wanted, version=await bus.last_seq(), now=time.time())
         await bus.publish(changes)
         log.info("policy %s: %d change(s) published", settings.policy_file, len(changes))
 

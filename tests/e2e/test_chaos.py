@@ -30,7 +30,7 @@ def test_every_planned_job_is_valid_and_the_plan_is_the_seeds(tmp_path: Path) ->
     for i, node in enumerate(CsvClusterBackend(str(tmp_path / "cluster.csv")).discover()):
         admission.evolve(NodeRegistered(id=f"n{i}", ts=0.0, source="test", node=node))
     plan = scenario.plan(500, seed=3, window_s=10.0)
-    assert [validate(s.job_spec(), admission.policy, admission.inventory) for s in plan] == [None] * 500
+    assert [validate(s.job_spec(), admission.state.policy, admission.state.inventory) for s in plan] == [None] * 500
     assert plan == scenario.plan(500, seed=3, window_s=10.0) != scenario.plan(500, seed=4, window_s=10.0)
     assert len({s.job_id for s in plan}) == 500 and {s.via for s in plan} == {"http", "bus"}
     assert sum(s.again_at_s is not None for s in plan) == 10 and sum(s.cancel_at_s is not None for s in plan) == 5

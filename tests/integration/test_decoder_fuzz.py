@@ -193,7 +193,7 @@ async def test_poison_goes_to_the_dead_letter_stream_and_the_consumer_keeps_goin
         else:
             assert msg.data == p.payload
     decider = typing.cast(AdmissionDecider, typing.cast(DeciderHandler, reactor.handler).decider)
-    assert decider.jobs.get("job-1") == "admitted"  # the valid event after the poison was decided
+    assert decider.state.jobs.get("job-1") == "admitted"  # the valid event after the poison was decided
 
 
 async def test_a_message_larger_than_the_log_accepts_never_reaches_a_consumer(nats_server: EmbeddedServer) -> None:

@@ -91,7 +91,7 @@ async def test_a_restarted_reactor_catches_up_without_republishing_and_continues
     second = Reactor(bus, DeciderHandler(decider))
     await second.start()
     assert second.last_seq >= 5
-    assert set(decider.jobs) == {"job-0", "job-1", "job-2"}  # state rebuilt from the log
+    assert set(decider.state.jobs) == {"job-0", "job-1", "job-2"}  # state rebuilt from the log
     await drain(second, rounds=1)
     assert await bus.last_seq() == before  # nothing re-published
 

@@ -94,7 +94,8 @@ async def platform(bus: Bus, redis_server: EmbeddedServer, stream_name: str) -> 
     api = TestClient(TestServer(app))
     await api.start_server()
     try:
-        await _until(lambda: admission.policy.queues and admission.inventory.nodes, "admission never saw the setup")
+        await _until(lambda: admission.state.policy.queues and admission.state.inventory.nodes,
+                     "admission never saw the setup")
         yield Platform(bus, api, tracings, exporter)
     finally:
         await api.close()

@@ -51,7 +51,8 @@ def _negate(hold: Callable[[World, str, JobSpec], str], what: str) -> Claim:
 def _no_node_could_hold(world: World, job_id: str, job: JobState) -> str:
     """`no_node_could_hold`: no node present (registered, neither lost nor cordoned, its healthy GPUs) could hold
     the job under any flavor it may use, even with every running job gone. Asked of the inventory the quota
-    decider's state folds from the log's node events, by placement's fit (quota_fleet, starvation.EmptyInventory)."""
+    decider's state folds from the log's node events, by placement's fit (quota_fleet,
+    cluster.starving_room.EmptyInventory)."""
     held = world.quota.jobs.get(job_id)
     fleet = world.quota.fleet
     if held is None or not fleet.inventory.cluster.nodes:

@@ -1,6 +1,6 @@
 """The platform as the log last described it, for the liveness questions: each job's phase and the reason it
 was last given for waiting, the cluster's free capacity (with node health and cordons), the quota decider's
-own state (folded through its evolve, so "room" and "pending" mean what they mean to it), and the
+own state (folded by its own fold, so "room" and "pending" mean what they mean to it), and the
 preemptors' nominations."""
 
 from __future__ import annotations
@@ -29,9 +29,12 @@ from contracts import (
 )
 from libs.audit.guarantees.capacity import Capacity
 from libs.core.kernel.attained_service import least_served
+from libs.core.kernel.quota_figures import PLACEMENT_TIMEOUT
 from libs.core.kernel.quota_math import ANY
 from libs.core.kernel.runs import CurrentRuns
-from libs.core.quota.decider import PLACEMENT_TIMEOUT, QuotaDecider
+from libs.core.quota.fold import FOLDED as QUOTA_FOLDED
+from libs.core.quota.fold import fold as quota_fold
+from libs.core.quota.state import QuotaState
 
 # Phases of a job as the log tells them.
 SUBMITTED = "submitted"  # no admission decision yet
@@ -40,8 +43,6 @@ PLACEMENT = "placement"  # quota reserved, waiting for a place
 RUNNING = "running"
 LEAVING = "leaving"  # evicted, or failed: its quota not given back yet
 ENDED = "ended"  # finished, failed for good, cancelled or rejected
-
-_QUOTA_OWN = (QuotaReserved, QuotaReleased, QuotaDeferred)
 
 
 @dataclass(slots=True)
@@ -62,7 +63,7 @@ class JobState:
 @dataclass(slots=True)
 class World:
     capacity: Capacity = field(default_factory=Capacity)
-    quota: QuotaDecider = field(default_factory=QuotaDecider)
+    quota: QuotaState = field(default_factory=QuotaState)
     jobs: dict[str, JobState] = field(default_factory=dict)
     # preemptor -> when its victims were chosen
     nominated: dict[str, float] = field(default_factory=dict)
@@ -78,18 +79,14 @@ class World:
     # Each job's current run: an executor's report about a run that is over changes nothing (libs/core/kernel/runs.py,
     # the rule every decider is run with), neither the job's phase nor the capacity of its current run.
     runs: CurrentRuns = field(default_factory=CurrentRuns)
-    _quota_inputs: tuple[type[EventBase], ...] = ()
-
-    def __post_init__(self) -> None:
-        self._quota_inputs = (*self.quota.input_types(), *_QUOTA_OWN)
 
     def apply(self, event: EventBase) -> None:
         self.now = max(self.now, event.ts)
         if self.runs.is_stale(event):
             return
         self.runs.fold(event)
-        if isinstance(event, self._quota_inputs):
-            self.quota.evolve(event)
+        if isinstance(event, QUOTA_FOLDED):
+            quota_fold(self.quota, event)
         self._lifecycle(event)
         self._cluster(event)
 

@@ -21,7 +21,7 @@ from contracts import (
 )
 from libs.core.accounting.job_books import touch
 from libs.core.accounting.job_fold import fold_job
-from libs.core.accounting.state import QUOTA_FOLD, LedgerState
+from libs.core.accounting.state import LedgerState
 from libs.core.kernel.gpu_time import GpuRun
 
 # (the books, the event, its position in the log, the GPU runs the event ended)
@@ -41,8 +41,7 @@ def fold(books: LedgerState, event: EventBase, seq: int) -> None:
         return
     books.runs.fold(event)
     ended = books.usage.fold(event)
-    if isinstance(event, QUOTA_FOLD):
-        books.quota.evolve(event)
+    books.quota.fold(event)
     FOLDS.get(type(event), fold_job)(books, event, seq, ended)
 
 

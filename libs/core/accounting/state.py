@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from contracts import EventBase, QuotaDeferred, QuotaReleased, QuotaReserved
 from contracts.model import JobSpec
 from contracts.views import FINAL_JOB_STATES, JobView, QueueView, TeamUsage
 from libs.core.accounting.view_books import QuotaHolds, SplitGpus
@@ -14,17 +13,14 @@ from libs.core.cluster.model import Cluster
 from libs.core.kernel.gpu_time import GpuRun, UsageBook
 from libs.core.kernel.gpu_units import FULL
 from libs.core.kernel.policy import PolicyBook, declared_runtime, replica_milli
+from libs.core.kernel.quota_ledger import QuotaLedger
 from libs.core.kernel.retries import RetryBook
 from libs.core.kernel.runs import CurrentRuns
-from libs.core.quota.decider import QuotaDecider
 
 FINAL_STATES = FINAL_JOB_STATES
 # The demand and capacity figure of the whole cluster, whatever the model.
 ALL_MODELS = "all"
 LONG_JOB_S = 3600.0
-# What the quota mirror (LedgerState.quota) folds: quota's inputs and its own decisions.
-QUOTA_FOLD: tuple[type[EventBase], ...] = (*QuotaDecider().input_types(), QuotaReserved, QuotaReleased,
-                                           QuotaDeferred)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +49,9 @@ def demand_model(spec: JobSpec) -> str:
 
 @dataclass(slots=True)
 class LedgerState:
-    # The quota decider's state, folded from the log (never asked to decide): usage, borrowing, lending,
-    # fair share and budgets exactly as quota sees them.
-    quota: QuotaDecider = field(default_factory=QuotaDecider)
+    # Quota's figures, folded from the log by quota's own rules (kernel/quota_ledger.py): usage, borrowing,
+    # lending, fair share and budgets exactly as the quota decider sees them.
+    quota: QuotaLedger = field(default_factory=QuotaLedger)
     cluster: Cluster = field(default_factory=Cluster)
     jobs: dict[str, JobView] = field(default_factory=dict)
     queues: dict[str, QueueView] = field(default_factory=dict)

@@ -1,7 +1,7 @@
 """Admission: validate, de-duplicate and accept or reject each submission; accept cancellations; run inference
 services' replicas.
 
-The decider is its state (admission/state.py) with the decider protocol over it: `evolve` is the fold
+The decider holds its state (admission/state.py, `state`) with the decider protocol over it: `evolve` is the fold
 (admission/fold.py); `react` hands each command to its handler (admission/submissions.py for jobs,
 admission/service_decisions.py for services). The API asks the same questions the handlers ask (`validate`,
 `service_refusal`, `cancel_refusal`, `resubmission`), so that the API and the log never disagree.
@@ -38,7 +38,8 @@ from libs.core.admission.capacity import Rejection
 from libs.core.admission.fold import fold
 from libs.core.admission.idempotency_keys import Resubmission
 from libs.core.admission.state import AdmissionState
-from libs.core.kernel.decider import Decisions, Trigger
+from libs.core.kernel.decider import Chain, Decisions, Trigger
+from libs.core.kernel.runs import CurrentRuns
 
 SERVICE = "admission"
 
@@ -53,9 +54,15 @@ COMMANDS: dict[type[EventBase], Handler] = {
 }
 
 
-class AdmissionDecider(AdmissionState):
-    __slots__ = ()  # the state is all there is
+class AdmissionDecider:
+    """Admission's decider: its state (`state`, admission/state.py) with the decider protocol over it."""
+
     name = SERVICE
+
+    def __init__(self) -> None:
+        self.chain = Chain()
+        self.runs = CurrentRuns()  # executors' reports about runs that are over never reach it (run_decider)
+        self.state = AdmissionState()
 
     def input_types(self) -> Iterable[type[EventBase]]:
         # JobPlaced only for its book of current runs (self.runs): which run each report is about.
@@ -64,7 +71,7 @@ class AdmissionDecider(AdmissionState):
                 JobFinished, JobFailed, JobEvicted, JobReady, DeployService, DeleteService, ReportServiceLoad)
 
     def evolve(self, event: EventBase) -> None:
-        fold(self, event)
+        fold(self.state, event)
 
     def react(self, trigger: Trigger) -> list[EventBase]:
         """1. A command goes to its handler, which decides.
@@ -73,21 +80,21 @@ class AdmissionDecider(AdmissionState):
         out = Decisions(SERVICE, trigger, self.evolve, self.chain)
         handler = COMMANDS.get(type(trigger.event))
         if handler is not None:
-            handler(self, trigger.event, out)
-        elif self.ended_replica_of is not None:
-            service_decisions.reconcile(self, self.ended_replica_of, out)
+            handler(self.state, trigger.event, out)
+        elif self.state.ended_replica_of is not None:
+            service_decisions.reconcile(self.state, self.state.ended_replica_of, out)
         return out.out
 
     def service_refusal(self, spec: ServiceSpec) -> Rejection | None:
         """Why a deployment is refused (answered by the API at once, and decided the same on the log)."""
-        return service_decisions.service_refusal(self, spec)
+        return service_decisions.service_refusal(self.state, spec)
 
     def resubmission(self, job_id: str, spec: JobSpec) -> Resubmission | None:
         """A keyed submission whose job id or key is taken (see admission/idempotency_keys.py); None otherwise."""
-        return submissions.resubmission(self, job_id, spec)
+        return submissions.resubmission(self.state, job_id, spec)
 
     def cancel_refusal(self, job_id: str, team: str) -> Rejection | None:
-        return submissions.cancel_refusal(self, job_id, team)
+        return submissions.cancel_refusal(self.state, job_id, team)
 
     def snapshot(self) -> bytes:
-        return msgspec.json.encode({"jobs": self.jobs, "teams": self.job_team})
+        return msgspec.json.encode({"jobs": self.state.jobs, "teams": self.state.job_team})

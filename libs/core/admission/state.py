@@ -10,10 +10,8 @@ from contracts import JobSpec
 from libs.core.admission.capacity import Inventory
 from libs.core.admission.idempotency_keys import KeyBook
 from libs.core.admission.inference_services import ServiceBook
-from libs.core.kernel.decider import Chain
 from libs.core.kernel.policy import PolicyBook
 from libs.core.kernel.retries import RetryBook
-from libs.core.kernel.runs import CurrentRuns
 
 # The states a job is over in: a cancellation is refused, as nothing is left to cancel.
 TERMINAL = frozenset({"rejected", "cancelled", "succeeded", "failed"})
@@ -21,8 +19,6 @@ TERMINAL = frozenset({"rejected", "cancelled", "succeeded", "failed"})
 
 @dataclass(slots=True, eq=False)
 class AdmissionState:
-    chain: Chain = field(default_factory=Chain)
-    runs: CurrentRuns = field(default_factory=CurrentRuns)  # reports about runs that are over never reach it
     policy: PolicyBook = field(default_factory=PolicyBook)
     inventory: Inventory = field(default_factory=Inventory)
     # job -> submitted, admitted, or one of TERMINAL

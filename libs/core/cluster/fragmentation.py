@@ -76,7 +76,7 @@ class FragModel:
         self.milli = np.array([s.gpu_milli for s, _ in gpu_shapes], dtype=np.int64)
         self.num = np.array([s.gpus for s, _ in gpu_shapes], dtype=np.int64)
         self.cpu = np.array([s.cpu_milli for s, _ in gpu_shapes], dtype=np.int64)
-        self.w = np.array([c for _, c in gpu_shapes], dtype=np.int64)
+        self.weights = np.array([c for _, c in gpu_shapes], dtype=np.int64)
         # A shape's mean memory request (MiB); 0 where unknown: its copies are then not limited by memory.
         self.mem = np.array([memory.get(s, 0) for s, _ in gpu_shapes], dtype=np.int64)
         self.models = [s.models for s, _ in gpu_shapes]
@@ -87,41 +87,42 @@ class FragModel:
         self._milli3 = self.milli[None, None, :]
         self._cpu_at_least_1 = np.maximum(self.cpu, 1)
         self._mem_at_least_1 = np.maximum(self.mem, 1)
-        self._shapes = list(zip(self.milli.tolist(), self.num.tolist(), self.cpu.tolist(), self.w.tolist(),
+        self._shapes = list(zip(self.milli.tolist(), self.num.tolist(), self.cpu.tolist(), self.weights.tolist(),
                                 self._cpu_at_least_1.tolist(), self.mem.tolist(), strict=True))
         self._share_cache: dict[tuple[bytes, int, int], tuple[npt.NDArray[np.int32], ...]] = {}
         self.changes = ChangeLog()
         self.rebuild()
 
     def rebuild(self) -> None:
-        a = self.arrays
-        n, t = len(a.nodes), len(self.w)
-        self.acc = np.ones((n, t), dtype=bool)
-        for j, models in enumerate(self.models):
+        arrays = self.arrays
+        nodes, shapes = len(arrays.nodes), len(self.weights)
+        self.acc = np.ones((nodes, shapes), dtype=bool)
+        for shape, models in enumerate(self.models):
             if models:
-                self.acc[:, j] = a.model_mask(models)
+                self.acc[:, shape] = arrays.model_mask(models)
         # Contention: per shape limited to some models, its demand (count x GPUs x share) over the GPUs of the
         # nodes it may use; per node, the sum over such shapes that may use it. Shapes free to use any model
         # would add the same to every node, and are left out.
-        gpus = np.array([len(x.gpus) for x in a.nodes], dtype=np.int64)
+        gpus = np.array([len(x.gpus) for x in arrays.nodes], dtype=np.int64)
         supply = (self.acc * gpus[:, None]).sum(axis=0)
         limited = np.array([bool(models) for models in self.models], dtype=bool)
         per_shape = np.where(limited & (supply > 0),
-                             self.w * self.num * self.milli * CONTENTION_SCALE // np.maximum(supply, 1), 0)
+                             self.weights * self.num * self.milli * CONTENTION_SCALE // np.maximum(supply, 1), 0)
         self.contention: I64 = self.acc.astype(np.int64) @ per_shape.astype(np.int64)
         self.contention_rows: list[int] = self.contention.tolist()
         # Per node and typical shape (int32: small values, half the memory traffic of int64):
-        self.spare = np.zeros((n, t), dtype=np.int32)  # GPUs that could host the shape, minus how many it needs
-        self.fragp = np.zeros((n, t), dtype=np.int32)  # share on GPUs too small for the shape
-        self.fits = np.zeros((n, t), dtype=np.int32)  # share on GPUs big enough for the shape
-        self.cpu_slack = np.zeros((n, t), dtype=np.int32)  # CPU left minus the shape's CPU
-        self.idle = np.zeros(n, dtype=np.int64)
-        self.frag = np.zeros(n, dtype=np.int64)
-        self.frag_multi = np.zeros(n, dtype=np.int64)
+        # GPUs that could host the shape, minus how many it needs
+        self.spare = np.zeros((nodes, shapes), dtype=np.int32)
+        self.fragp = np.zeros((nodes, shapes), dtype=np.int32)  # share on GPUs too small for the shape
+        self.fits = np.zeros((nodes, shapes), dtype=np.int32)  # share on GPUs big enough for the shape
+        self.cpu_slack = np.zeros((nodes, shapes), dtype=np.int32)  # CPU left minus the shape's CPU
+        self.idle = np.zeros(nodes, dtype=np.int64)
+        self.frag = np.zeros(nodes, dtype=np.int64)
+        self.frag_multi = np.zeros(nodes, dtype=np.int64)
         # Rows read back as Python values (for scoring a few candidates), made on demand, dropped on update.
         self._rows: dict[int, tuple[list[bool], list[int], list[int], list[int], list[int], int, int, int]] = {}
-        self.update(np.arange(n))
-        self.version = a.version
+        self.update(np.arange(nodes))
+        self.version = arrays.version
 
     def update(self, rows: npt.ArrayLike) -> None:
         rows = np.asarray(rows, dtype=np.int64)
@@ -129,22 +130,22 @@ class FragModel:
             return
         changed = rows.tolist()
         self.changes.add(changed)
-        for r in changed:
-            self._rows.pop(r, None)
+        for row in changed:
+            self._rows.pop(row, None)
         if rows.size <= FEW_ROWS:
             self._update_few(rows)
             return
-        a = self.arrays
-        free2 = a.free[rows]  # (r, g)
-        free = free2[:, :, None]  # (r, g, 1)
+        arrays = self.arrays
+        free_by_gpu = arrays.free[rows]  # (rows, GPUs)
+        free = free_by_gpu[:, :, None]  # (rows, GPUs, 1)
         big = free >= self._milli3  # GPUs big enough for each shape
-        count = big.sum(axis=1)  # (r, t): GPUs that could host the shape
+        count = big.sum(axis=1)  # (rows, shapes): GPUs that could host the shape
         spare = count - self.num
         # Share on GPUs too small for the shape ((0 < free < milli)), and on GPUs big enough.
         fragp = np.where(big, 0, np.where(free > 0, free, 0)).sum(axis=1)
         fits = np.where(big, free, 0).sum(axis=1)
-        cpu = a.cpu[rows]
-        idle = np.where(free2 > 0, free2, 0).sum(axis=1)
+        cpu = arrays.cpu[rows]
+        idle = np.where(free_by_gpu > 0, free_by_gpu, 0).sum(axis=1)
         self.spare[rows] = spare
         self.fragp[rows] = fragp
         self.fits[rows] = fits
@@ -152,71 +153,68 @@ class FragModel:
         self.idle[rows] = idle
         # As _unusable, on the values just computed (small enough that the int32 tables hold them exactly).
         acc = self.acc[rows]
-        q3 = acc & (spare >= 0) & (cpu[:, None] >= self.cpu)
-        self.frag[rows] = self.w_cpu * idle + np.where(q3, fragp, idle[:, None]) @ self.w
+        usable = acc & (spare >= 0) & (cpu[:, None] >= self.cpu)
+        self.frag[rows] = self.w_cpu * idle + np.where(usable, fragp, idle[:, None]) @ self.weights
         if self.multi_copy:
-            copies = self._copies(count, cpu, a.mem[rows])
-            copies = np.where(acc, np.maximum(copies, 0), 0)
-            used = np.minimum(copies * self.num, count)
-            spill = np.where(count > 0, fits * (count - used) // np.maximum(count, 1), 0)
-            self.frag_multi[rows] = self.w_cpu * idle + (fragp + spill) @ self.w
+            spill = self._spill(acc, count, fits, cpu, arrays.mem[rows])
+            self.frag_multi[rows] = self.w_cpu * idle + (fragp + spill) @ self.weights
 
     def _update_few(self, rows: I64) -> None:
         """`update` row by row in plain integers: the same numbers, without numpy's cost per call."""
-        a = self.arrays
+        arrays = self.arrays
         w_cpu, multi = self.w_cpu, self.multi_copy
-        for r in rows.tolist():
-            free = a.free_rows[r]
-            cpu, mem = int(a.cpu[r]), int(a.mem[r])
-            acc = self.acc[r].tolist()
+        for row in rows.tolist():
+            free = arrays.free_rows[row]
+            cpu, mem = int(arrays.cpu[row]), int(arrays.mem[row])
+            acc = self.acc[row].tolist()
             idle = 0
-            for x in free:
-                if x > 0:
-                    idle += x
+            for share in free:
+                if share > 0:
+                    idle += share
             spare, fragp, fits = [], [], []
-            g = g_multi = 0
-            for j, (milli, num, shape_cpu, w, cpu_at_least_1, shape_mem) in enumerate(self._shapes):
+            unusable = unusable_multi = 0
+            for shape, (milli, num, shape_cpu, weight, cpu_at_least_1, shape_mem) in enumerate(self._shapes):
                 count = small = big = 0
-                for x in free:
-                    if x >= milli:
+                for share in free:
+                    if share >= milli:
                         count += 1
-                        big += x
-                    elif x > 0:
-                        small += x
+                        big += share
+                    elif share > 0:
+                        small += share
                 spare.append(count - num)
                 fragp.append(small)
                 fits.append(big)
-                g += (small if acc[j] and count >= num and cpu >= shape_cpu else idle) * w
+                unusable += (small if acc[shape] and count >= num and cpu >= shape_cpu else idle) * weight
                 if multi:
-                    copies = min(count // num, cpu // cpu_at_least_1)
-                    if shape_mem:
-                        copies = min(copies, mem // shape_mem)
-                    copies = max(copies, 0) if acc[j] else 0
-                    used = min(copies * num, count)
-                    spill = big * (count - used) // max(count, 1) if count > 0 else 0
-                    g_multi += (small + spill) * w
-            self.spare[r] = spare
-            self.fragp[r] = fragp
-            self.fits[r] = fits
-            self.idle[r] = idle
-            self.frag[r] = w_cpu * idle + g
+                    spill = _spill_one(acc[shape], count, big, num, cpu, cpu_at_least_1, mem, shape_mem)
+                    unusable_multi += (small + spill) * weight
+            self.spare[row] = spare
+            self.fragp[row] = fragp
+            self.fits[row] = fits
+            self.idle[row] = idle
+            self.frag[row] = w_cpu * idle + unusable
             if multi:
-                self.frag_multi[r] = w_cpu * idle + g_multi
-        self.cpu_slack[rows] = a.cpu[rows][:, None] - self.cpu
+                self.frag_multi[row] = w_cpu * idle + unusable_multi
+        self.cpu_slack[rows] = arrays.cpu[rows][:, None] - self.cpu
 
     def _unusable(self, rows: I64, fragp: npt.NDArray[np.int32], fits: npt.NDArray[np.int32],
                   spare: npt.NDArray[np.int32], cpu: I64, idle: I64, multi: bool, mem: I64) -> I64:
         """Per node and shape, the free share that shape could not use (what fragmentation sums)."""
         acc = self.acc[rows]
         if not multi:
-            q3 = acc & (spare >= 0) & (cpu[:, None] >= self.cpu)
-            return np.where(q3, fragp, idle[:, None]).astype(np.int64)
-        cnt = (spare + self.num).astype(np.int64)
-        copies = self._copies(cnt, cpu, mem)
+            usable = acc & (spare >= 0) & (cpu[:, None] >= self.cpu)
+            return np.where(usable, fragp, idle[:, None]).astype(np.int64)
+        count = (spare + self.num).astype(np.int64)
+        return fragp.astype(np.int64) + self._spill(acc, count, fits.astype(np.int64), cpu, mem)
+
+    def _spill(self, acc: npt.NDArray[np.bool_], count: npt.NDArray[np.int64] | npt.NDArray[np.int32],
+               fits: npt.NDArray[np.int64] | npt.NDArray[np.int32], cpu: I64, mem: I64) -> I64:
+        """Per node and shape, the big-enough share the multi-copy measure counts as fragment too: what the GPUs
+        the node's copies of the shape cannot use (for lack of CPU or memory) hold, pro rata."""
+        copies = self._copies(count, cpu, mem)
         copies = np.where(acc, np.maximum(copies, 0), 0)
-        used = np.minimum(copies * self.num, cnt)
-        spill = np.where(cnt > 0, fits.astype(np.int64) * (cnt - used) // np.maximum(cnt, 1), 0)
-        return fragp.astype(np.int64) + spill
+        used = np.minimum(copies * self.num, count)
+        return np.where(count > 0, fits * (count - used) // np.maximum(count, 1), 0)
 
     def _copies(self, count: npt.NDArray[np.int64] | npt.NDArray[np.int32], cpu: I64, mem: I64) -> I64:
         """Per node and shape, how many copies of the shape the node could host: GPUs, CPU and memory."""
@@ -225,101 +223,98 @@ class FragModel:
             copies = np.where(self.mem > 0, np.minimum(copies, mem[:, None] // self._mem_at_least_1), copies)
         return copies.astype(np.int64)
 
-    def _per_candidate(self, v: I64, k: int, m: int, uniform: bool = False
+    def _per_candidate(self, free: I64, gpus: int, milli: int, uniform: bool = False
                        ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
         """_per_share for each candidate's share, computed once per distinct share (and remembered: the same
         few shares and request sizes come back all the time). `uniform`: every candidate has the same share."""
-        if v.size and (uniform or v.min() == v.max()):
-            shares, inverse = v[:1], None
+        if free.size and (uniform or free.min() == free.max()):
+            shares, inverse = free[:1], None
         else:
-            shares, inverse = np.unique(v, return_inverse=True)
-        key = (shares.tobytes(), k, m)
+            shares, inverse = np.unique(free, return_inverse=True)
+        key = (shares.tobytes(), gpus, milli)
         tables = self._share_cache.get(key)
         if tables is None:
             if len(self._share_cache) > 4096:
                 self._share_cache.clear()
-            tables = self._share_cache[key] = self._per_share(shares, k, m)
+            tables = self._share_cache[key] = self._per_share(shares, gpus, milli)
         if inverse is None:
             return tables[0][0], tables[1][0], tables[2][0]
         return tables[0][inverse], tables[1][inverse], tables[2][inverse]
 
-    def _per_share(self, v: I64, k: int, m: int
+    def _per_share(self, free: I64, gpus: int, milli: int
                    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
-        """For GPUs of free share v losing m, per shape: the change of the too-small share, of the big-enough
-        share, and the GPUs that stop fitting."""
-        vv = v[:, None]
-        milli = self.milli[None, :]
-        left = vv - m
-        before_c = np.where((vv > 0) & (vv < milli), vv, 0)
-        after_c = np.where((left > 0) & (left < milli), left, 0)
-        dfits = np.where(left >= milli, left, 0) - np.where(vv >= milli, vv, 0)
-        lost = (vv >= milli) & (left < milli)
-        return ((k * (after_c - before_c)).astype(np.int32), (k * dfits).astype(np.int32),
-                (k * lost).astype(np.int32))
+        """For `gpus` GPUs of each free share losing `milli` each, per shape: the change of the too-small share,
+        of the big-enough share, and the GPUs that stop fitting."""
+        before = free[:, None]
+        shape_milli = self.milli[None, :]
+        left = before - milli
+        small_before = np.where((before > 0) & (before < shape_milli), before, 0)
+        small_after = np.where((left > 0) & (left < shape_milli), left, 0)
+        dfits = np.where(left >= shape_milli, left, 0) - np.where(before >= shape_milli, before, 0)
+        lost = (before >= shape_milli) & (left < shape_milli)
+        return ((gpus * (small_after - small_before)).astype(np.int32), (gpus * dfits).astype(np.int32),
+                (gpus * lost).astype(np.int32))
 
-    def after(self, rows: I64, v: I64, k: int, m: int, c: int, multi: bool = False, uniform: bool = False,
-              mem: int = 0) -> I64:
-        """Scaled fragmentation of each candidate node after taking `k` GPUs of free share `v` by `m`
-        each (and `c` CPU, `mem` memory), under FGD's measure or (`multi`) the multi-copy one. Integer
+    def after(self, rows: I64, free: I64, gpus: int, milli: int, cpu: int, multi: bool = False,
+              uniform: bool = False, mem: int = 0) -> I64:
+        """Scaled fragmentation of each candidate node after taking `gpus` GPUs of free share `free` by `milli`
+        each (and `cpu` CPU, `mem` memory), under FGD's measure or (`multi`) the multi-copy one. Integer
         arithmetic. `uniform`: every candidate's share is the same."""
-        dfrag, dfits, lost = self._per_candidate(v, k, m, uniform)
-        idle = self.idle[rows] - k * m
+        dfrag, dfits, lost = self._per_candidate(free, gpus, milli, uniform)
+        idle = self.idle[rows] - gpus * milli
         if not multi:  # the paper's measure, on the cheapest path
-            q3 = self.acc[rows] & (self.spare[rows] >= lost) & (self.cpu_slack[rows] >= c)
-            g = np.where(q3, self.fragp[rows] + dfrag, idle[:, None].astype(np.int32))
-            return self.w_cpu * idle + (g.astype(np.int64) @ self.w)
-        g64 = self._unusable(rows, self.fragp[rows] + dfrag, self.fits[rows] + dfits, self.spare[rows] - lost,
-                             self.arrays.cpu[rows] - c, idle, True, self.arrays.mem[rows] - mem)
-        return self.w_cpu * idle + g64 @ self.w
+            usable = self.acc[rows] & (self.spare[rows] >= lost) & (self.cpu_slack[rows] >= cpu)
+            unusable = np.where(usable, self.fragp[rows] + dfrag, idle[:, None].astype(np.int32))
+            return self.w_cpu * idle + (unusable.astype(np.int64) @ self.weights)
+        unusable64 = self._unusable(rows, self.fragp[rows] + dfrag, self.fits[rows] + dfits, self.spare[rows] - lost,
+                                    self.arrays.cpu[rows] - cpu, idle, True, self.arrays.mem[rows] - mem)
+        return self.w_cpu * idle + unusable64 @ self.weights
 
-    def row(self, r: int) -> tuple[list[bool], list[int], list[int], list[int], list[int], int, int, int]:
-        """Row `r` as Python values: acc, spare, fragp, fits, cpu_slack, idle, frag, frag_multi."""
-        row = self._rows.get(r)
+    def row(self, node: int) -> tuple[list[bool], list[int], list[int], list[int], list[int], int, int, int]:
+        """Row `node` as Python values: acc, spare, fragp, fits, cpu_slack, idle, frag, frag_multi."""
+        row = self._rows.get(node)
         if row is None:
-            row = self._rows[r] = (self.acc[r].tolist(), self.spare[r].tolist(), self.fragp[r].tolist(),
-                                   self.fits[r].tolist(), self.cpu_slack[r].tolist(), int(self.idle[r]),
-                                   int(self.frag[r]), int(self.frag_multi[r]))
+            row = self._rows[node] = (self.acc[node].tolist(), self.spare[node].tolist(), self.fragp[node].tolist(),
+                                      self.fits[node].tolist(), self.cpu_slack[node].tolist(), int(self.idle[node]),
+                                      int(self.frag[node]), int(self.frag_multi[node]))
         return row
 
-    def after_one(self, row: int, v: int, k: int, m: int, c: int, multi: bool = False, mem: int = 0) -> int:
-        """`after` for one candidate (node `row`, free share `v`), in plain integers."""
+    def after_one(self, row: int, free: int, gpus: int, milli: int, cpu: int, multi: bool = False,
+                  mem: int = 0) -> int:
+        """`after` for one candidate (node `row`, free share `free`), in plain integers."""
         acc, spare, fragp, fits, slack, idle, _, _ = self.row(row)
-        idle -= k * m
+        idle -= gpus * milli
         if multi:
-            cpu = int(self.arrays.cpu[row]) - c
+            cpu_left = int(self.arrays.cpu[row]) - cpu
             mem_left = int(self.arrays.mem[row]) - mem
-        g = 0
-        left = v - m
-        for j, (milli, num, _, w, cpu_at_least_1, shape_mem) in enumerate(self._shapes):
+        unusable = 0
+        left = free - milli
+        for shape, (shape_milli, num, _, weight, cpu_at_least_1, shape_mem) in enumerate(self._shapes):
             # _per_share: the change of the too-small share, of the big-enough share, GPUs that stop fitting
-            dfrag = k * ((left if 0 < left < milli else 0) - (v if 0 < v < milli else 0))
-            lost = k if v >= milli > left else 0
-            small = fragp[j] + dfrag
+            dfrag = gpus * ((left if 0 < left < shape_milli else 0) - (free if 0 < free < shape_milli else 0))
+            lost = gpus if free >= shape_milli > left else 0
+            small = fragp[shape] + dfrag
             if not multi:
-                g += (small if acc[j] and spare[j] >= lost and slack[j] >= c else idle) * w
+                unusable += (small if acc[shape] and spare[shape] >= lost and slack[shape] >= cpu else idle) * weight
                 continue
-            big = fits[j] + k * ((left if left >= milli else 0) - (v if v >= milli else 0))
-            count = spare[j] - lost + num
-            copies = min(count // num, cpu // cpu_at_least_1)
-            if shape_mem:
-                copies = min(copies, mem_left // shape_mem)
-            copies = max(copies, 0) if acc[j] else 0
-            used = min(copies * num, count)
-            spill = big * (count - used) // max(count, 1) if count > 0 else 0
-            g += (small + spill) * w
-        return self.w_cpu * idle + g
+            big = fits[shape] + gpus * ((left if left >= shape_milli else 0) - (free if free >= shape_milli else 0))
+            count = spare[shape] - lost + num
+            spill = _spill_one(acc[shape], count, big, num, cpu_left, cpu_at_least_1, mem_left, shape_mem)
+            unusable += (small + spill) * weight
+        return self.w_cpu * idle + unusable
 
-    def rank_shared(self, score: I64, v: I64, milli: int) -> I64:
-        """A GPU fraction's candidates (GPUs with v free) ranked by pairing loss first, then by score."""
+    def rank_shared(self, score: I64, free: I64, milli: int) -> I64:
+        """A GPU fraction's candidates (GPUs with `free` share free) ranked by pairing loss first, then by
+        score."""
         if self.pairing is None:
             return score
-        return score - LOSS_STEP * self.pairing.loss(milli)[np.minimum(v, FULL)]
+        return score - LOSS_STEP * self.pairing.loss(milli)[np.minimum(free, FULL)]
 
-    def rank_shared_one(self, score: int, v: int, milli: int) -> int:
-        """rank_shared of one candidate (v <= FULL)."""
+    def rank_shared_one(self, score: int, free: int, milli: int) -> int:
+        """rank_shared of one candidate (free <= FULL)."""
         if self.pairing is None:
             return score
-        return score - LOSS_STEP * self.pairing.loss_list(milli)[v]
+        return score - LOSS_STEP * self.pairing.loss_list(milli)[free]
 
     def sigmoid_one(self, delta: int) -> int:
         """sigmoid_score of one integer drop."""
@@ -328,3 +323,15 @@ class FragModel:
     def sigmoid_score(self, delta: I64) -> I64:
         """The FGD paper's int(100*sigmoid(dF/1000)), from the scaled integer drop in fragmentation."""
         return np.searchsorted(self.thresholds, delta.astype(np.float64), side="right").astype(np.int64)
+
+
+def _spill_one(accepts: bool, count: int, big: int, num: int, cpu: int, cpu_at_least_1: int, mem: int,
+               shape_mem: int) -> int:
+    """FragModel._spill for one node and shape, in plain integers: of the `count` GPUs big enough for the shape
+    (holding `big` share), what the node's copies of it cannot use for lack of CPU or memory holds, pro rata."""
+    copies = min(count // num, cpu // cpu_at_least_1)
+    if shape_mem:
+        copies = min(copies, mem // shape_mem)
+    copies = max(copies, 0) if accepts else 0
+    used = min(copies * num, count)
+    return big * (count - used) // max(count, 1) if count > 0 else 0

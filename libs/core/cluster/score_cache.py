@@ -50,7 +50,7 @@ class ShapeScores:
         self._models = arrays.model_mask_rows(req.models)
         self._gpu_models = arrays.gpu_mask(req.models)
         self._model_ids = set(arrays.model_ids(req.models))
-        self._work_per_candidate = max(len(frag.w), 1) * (2 if self.multi else 1)
+        self._work_per_candidate = max(len(frag.weights), 1) * (2 if self.multi else 1)
         self._build()
 
     def current(self, arrays: ClusterArrays, frag: FragModel) -> bool:

@@ -26,7 +26,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from libs.core.cluster.arrays import I64, ClusterArrays
 from libs.core.cluster.feasibility import Mask, Request, feasible_rows, gpu_fits, memory_need_row
@@ -98,57 +97,20 @@ def choose(arrays: ClusterArrays, frag: FragModel | None, req: Request, policy: 
     ok = feasible_rows(arrays, req, allowed) if feasible is None else feasible
     if not ok.any():
         return None
-    if policy in ("fgd", "packing") and frag is not None:
+    scoring = frag if policy in ("fgd", "packing") else None  # FGD's model, when the policy scores by it
+    if scoring is not None:
         rows_ok = np.flatnonzero(ok)
         if len(rows_ok) <= FEW_CANDIDATES:
-            choice = _choose_scored(arrays, frag, req, policy, salt, rows_ok.tolist())
+            choice = _choose_scored(arrays, scoring, req, policy, salt, rows_ok.tolist())
             if choice is not None:
                 return choice
-    if req.shared:
-        fit = gpu_fits(arrays, req) & ok[:, None] & arrays.gpu_mask(req.models)
-        rows, cols = np.nonzero(fit)
-        v = arrays.free[rows, cols]
-        # GPUs of a node with the same free share are interchangeable: keep the lowest index of each.
-        _, first = np.unique(rows * (FULL + 1) + v, return_index=True)
-        rows, cols, v = rows[first], cols[first], v[first]
-    else:
-        rows = np.nonzero(ok)[0].astype(np.int64)
-        cols = np.zeros_like(rows)
-        v = np.full_like(rows, FULL if req.gpus else 0)
-    k, m = req.gpus, req.milli
-    idle_after = arrays.idle[rows] - k * m
-    gpu_left = v - m
+    rows, cols, free = _candidates(arrays, req, ok)
+    gpu_left = free - req.milli
     salt_key = salted_rows(len(arrays.nodes), salt)[rows]
-    uniform = not req.shared  # whole GPUs (or none): every candidate's share is the same
-    # Sort keys, least significant first (np.lexsort): the last key decides, ties fall to the previous.
-    keys: tuple[npt.NDArray[np.int64], ...]
-    if policy in ("fgd", "packing") and frag is not None:
-        score = frag.sigmoid_score(frag.frag[rows] - frag.after(rows, v, k, m, req.cpu, uniform=uniform))
-        if req.shared:
-            score = frag.rank_shared(score, v, m)
-        if policy == "fgd" or not frag.multi_copy:
-            keys = (cols, salt_key, -score)
-        else:
-            # FGD's score decides; among its (frequent, integer) ties, for a request of GPUs the least
-            # contended node, then the multi-copy score, then the GPU left fullest. Only the tied candidates
-            # are scored a second time.
-            top = np.nonzero(score == score.max())[0]
-            if req.gpus and len(top) > 1:
-                contention = frag.contention[rows[top]]
-                top = top[contention == contention.min()]
-            rows, cols, v, gpu_left, salt_key = rows[top], cols[top], v[top], gpu_left[top], salt_key[top]
-            if len(top) == 1:  # no tie to break
-                keys = (cols,)
-            else:
-                tie = frag.sigmoid_score(frag.frag_multi[rows] - frag.after(rows, v, k, m, req.cpu, multi=True,
-                                                                            uniform=uniform, mem=req.mem))
-                keys = (cols, salt_key, gpu_left, -tie)
-    elif policy == "spread":
-        keys = (cols, salt_key, -gpu_left, -(arrays.cpu[rows] - req.cpu), -idle_after)
-    elif policy == "best-fit":
-        keys = (cols, salt_key, gpu_left, -_best_fit_scores(arrays, rows, req))
-    else:  # packing before any typical shapes are known: the GPU, then the node, left fullest
-        keys = (cols, salt_key, idle_after, gpu_left)
+    if scoring is not None:
+        rows, cols, keys = _scored_keys(scoring, req, policy, rows, cols, free, gpu_left, salt_key)
+    else:
+        keys = _plain_keys(arrays, req, policy, rows, cols, gpu_left, salt_key)
     best = int(np.lexsort(keys)[0])
     row = int(rows[best])
     if req.shared:
@@ -156,6 +118,60 @@ def choose(arrays: ClusterArrays, frag: FragModel | None, req: Request, policy: 
     if req.gpus == 0:
         return Choice(row, ())
     return Choice(row, whole_gpus(arrays, row, req))
+
+
+def _candidates(arrays: ClusterArrays, req: Request, ok: Mask) -> tuple[I64, I64, I64]:
+    """The candidates of `choose`: (node row, GPU column, the GPU's free share). For a shared request every GPU
+    it fits on, GPUs of a node with the same free share counted once (the lowest index: they are
+    interchangeable); otherwise every feasible node, with column 0 and a whole share (none for a CPU job)."""
+    if req.shared:
+        fit = gpu_fits(arrays, req) & ok[:, None] & arrays.gpu_mask(req.models)
+        rows, cols = np.nonzero(fit)
+        free = arrays.free[rows, cols]
+        _, first = np.unique(rows * (FULL + 1) + free, return_index=True)
+        return rows[first], cols[first], free[first]
+    rows = np.nonzero(ok)[0].astype(np.int64)
+    return rows, np.zeros_like(rows), np.full_like(rows, FULL if req.gpus else 0)
+
+
+# Sort keys, least significant first (np.lexsort): the last key decides, ties fall to the previous.
+SortKeys = tuple[I64, ...]
+
+
+def _scored_keys(frag: FragModel, req: Request, policy: str, rows: I64, cols: I64, free: I64, gpu_left: I64,
+                 salt_key: I64) -> tuple[I64, I64, SortKeys]:
+    """FGD's or packing's sort keys of the candidates, and the candidates they rank (rows, columns): packing
+    with the multi-copy score keeps only the candidates tied on FGD's score."""
+    gpus, milli = req.gpus, req.milli
+    uniform = not req.shared  # whole GPUs (or none): every candidate's share is the same
+    score = frag.sigmoid_score(frag.frag[rows] - frag.after(rows, free, gpus, milli, req.cpu, uniform=uniform))
+    if req.shared:
+        score = frag.rank_shared(score, free, milli)
+    if policy == "fgd" or not frag.multi_copy:
+        return rows, cols, (cols, salt_key, -score)
+    # FGD's score decides; among its (frequent, integer) ties, for a request of GPUs the least contended node,
+    # then the multi-copy score, then the GPU left fullest. Only the tied candidates are scored a second time.
+    top = np.nonzero(score == score.max())[0]
+    if gpus and len(top) > 1:
+        contention = frag.contention[rows[top]]
+        top = top[contention == contention.min()]
+    rows, cols, free, gpu_left, salt_key = rows[top], cols[top], free[top], gpu_left[top], salt_key[top]
+    if len(top) == 1:  # no tie to break
+        return rows, cols, (cols,)
+    tie = frag.sigmoid_score(frag.frag_multi[rows] - frag.after(rows, free, gpus, milli, req.cpu, multi=True,
+                                                                uniform=uniform, mem=req.mem))
+    return rows, cols, (cols, salt_key, gpu_left, -tie)
+
+
+def _plain_keys(arrays: ClusterArrays, req: Request, policy: str, rows: I64, cols: I64, gpu_left: I64,
+                salt_key: I64) -> SortKeys:
+    """The sort keys of spread, best-fit, and packing before any typical shapes are known."""
+    idle_after = arrays.idle[rows] - req.gpus * req.milli
+    if policy == "spread":
+        return (cols, salt_key, -gpu_left, -(arrays.cpu[rows] - req.cpu), -idle_after)
+    if policy == "best-fit":
+        return (cols, salt_key, gpu_left, -_best_fit_scores(arrays, rows, req))
+    return (cols, salt_key, idle_after, gpu_left)  # packing: the GPU, then the node, left fullest
 
 
 def _choose_scored(arrays: ClusterArrays, frag: FragModel, req: Request, policy: str, salt: int, rows: list[int]

@@ -11,16 +11,18 @@ the running jobs' declared ends free enough for it. Another job is then held bac
 A starving job that could never fit, not even with every running job gone, holds nobody: it is no starving
 job at all (`find_shadow` answers None). For GPUs that is judged on the present inventory, by placement's fit:
 the registered nodes neither lost nor cordoned, their healthy GPUs, every dimension placement checks, asked of
-an empty copy of it (`EmptyInventory`; quota through libs/core/quota/fleet.py `Fleet.could_place`, as well as
-of its quota), so a job no node present could hold is no starving job for either, until a node that could hold
-it is back.
+an empty copy of it (`EmptyInventory`, libs/core/cluster/starving_room.py, with rule 3 on GPUs: the rule's
+questions of the nodes live with the cluster model; quota asks through libs/core/quota/fleet.py
+`Fleet.could_place`, as well as of its quota), so a job no node present could hold is no starving job for
+either, until a node that could hold it is back.
 When the running jobs do not say when they end, the start is unknown
 and nobody backfills, but rules 3 and 4 still apply.
 
 Who starves: the longest-waiting job past the limit that the present inventory could hold with every running
-job gone (`longest_waiting`, asked of an `EmptyInventory`), so that a job no node could hold neither holds
-anybody nor keeps the next-oldest job, which could run, from being the starving job. Quota and placement pick
-it by this one rule, each over its own waiting jobs ordered by wait, stopping at the first that could fit.
+job gone (`longest_waiting`, asked of the cluster model's `EmptyInventory`), so that a job no node could hold
+neither holds anybody nor keeps the next-oldest job, which could run, from being the starving job. Quota and
+placement pick it by this one rule, each over its own waiting jobs ordered by wait, stopping at the first that
+could fit.
 """
 
 from __future__ import annotations
@@ -28,15 +30,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
-
-from contracts import (
-    EventBase,
-    JobSpec,
-    ReplicaPlacement,
-)
-from libs.core.cluster.job_fit import fits, placement_shape
-from libs.core.cluster.model import Cluster
-from libs.core.cluster.scoring import DEFAULT_POLICY
 
 UNKNOWN_START = float("inf")  # the shadow time when the running jobs do not declare when they end
 # Placement's word to the starving job itself: capacity is held for it (quota then keeps its reservation).
@@ -59,30 +52,6 @@ class Starving:
 class Shadow(Generic[T]):
     at: float  # UNKNOWN_START when the jobs that must end do not declare when
     ending: tuple[T, ...]  # the running jobs that end by then (with declared ends), in end order
-
-
-class EmptyInventory:
-    """The present nodes as placement would see them with every running job gone: registered, neither lost nor
-    cordoned, their healthy GPUs. Could they hold a request? Answered by placement's own fit, kept per request
-    shape until the inventory changes (a node event), so that asking it of every waiting job costs a lookup."""
-
-    def __init__(self) -> None:
-        self.cluster = Cluster()
-        self.version = 0  # bumps whenever the inventory changes: answers kept per version go stale
-        self._answers: dict[tuple[object, ...], bool] = {}  # request shape -> could the inventory hold it
-
-    def evolve(self, event: EventBase) -> None:
-        if not self.cluster.apply_node_event(event):
-            return
-        self.version += 1
-        self._answers.clear()
-
-    def could_hold(self, spec: JobSpec) -> bool:
-        key = placement_shape(spec, DEFAULT_POLICY)
-        able = self._answers.get(key)
-        if able is None:
-            able = self._answers[key] = fits(self.cluster, spec)
-        return able
 
 
 def longest_waiting(waits: Iterable[tuple[float, T]], now: float, limit: float, may_starve: Callable[[T], bool]
@@ -136,17 +105,3 @@ def find_shadow(now: float, declared: Sequence[tuple[float, T]], undeclared: Ite
     for other in undeclared:
         release(other)
     return Shadow(at=UNKNOWN_START, ending=tuple(ending)) if fits() else None
-
-
-def takes_usable_gpus(cluster: Cluster, starving: JobSpec, placements: tuple[ReplicaPlacement, ...]) -> bool:
-    """Rule 3 for GPUs: do the placements take a GPU of a model the starving job may use, on a node with
-    enough such GPUs to hold one of its replicas? (GPUs on a node too small for it are none of its room.)"""
-    per_replica = 1 if starving.gpu_milli > 0 or starving.mig_profile else starving.gpus
-    allowed = starving.gpu_models
-    for p in placements:
-        node = cluster.nodes.get(p.node)
-        if node is None or (allowed and p.model not in allowed):
-            continue
-        if sum(1 for g in node.gpus if not allowed or g.model in allowed) >= per_replica:
-            return True
-    return False

@@ -2,7 +2,7 @@
 (node_health/gpu_faults.py), and which cordon / uncordon / remove commands take effect
 (node_health/operator_actions.py).
 
-The decider is its state (node_health/state.py) with the decider protocol over it: `evolve` is the fold
+The decider holds its state (node_health/state.py, `state`) with the decider protocol over it: `evolve` is the fold
 (node_health/fold.py); `react` hands each fault report or command to its handler.
 """
 
@@ -25,7 +25,7 @@ from contracts import (
     RemoveNode,
     UncordonNode,
 )
-from libs.core.kernel.decider import Decisions, Trigger
+from libs.core.kernel.decider import Chain, Decisions, Trigger
 from libs.core.node_health.fold import fold
 from libs.core.node_health.gpu_faults import quarantine
 from libs.core.node_health.operator_actions import cordon, remove, uncordon
@@ -45,23 +45,28 @@ HANDLERS: dict[type[EventBase], Handler] = {
 }
 
 
-class NodeDecider(NodeHealthState):
-    __slots__ = ()  # the state is all there is
+class NodeDecider:
+    """Node health's decider: its state (`state`, node_health/state.py) with the decider protocol over it."""
+
     name = SERVICE
+
+    def __init__(self) -> None:
+        self.chain = Chain()
+        self.state = NodeHealthState()
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (NodeRegistered, GpuHealthChanged, GpuFault, CordonNode, UncordonNode, NodeCordoned,
                 NodeUncordoned, RemoveNode, NodeLost)
 
     def evolve(self, event: EventBase) -> None:
-        fold(self, event)
+        fold(self.state, event)
 
     def react(self, trigger: Trigger) -> list[EventBase]:
         out = Decisions(SERVICE, trigger, self.evolve, self.chain)
         handler = HANDLERS.get(type(trigger.event))
         if handler is not None:
-            handler(self, trigger.event, out)
+            handler(self.state, trigger.event, out)
         return out.out
 
     def snapshot(self) -> bytes:
-        return msgspec.json.encode({"healthy": self.healthy, "cordoned": self.cordoned})
+        return msgspec.json.encode({"healthy": self.state.healthy, "cordoned": self.state.cordoned})

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from libs.core.kernel.decider import Chain
-
 
 @dataclass(slots=True)
 class NodeHealthState:
-    chain: Chain = field(default_factory=Chain)
     # node -> healthy flag per GPU index, as the log last said
     healthy: dict[str, dict[int, bool]] = field(default_factory=dict)
     cordoned: dict[str, bool] = field(default_factory=dict)  # node -> drain

@@ -11,6 +11,7 @@ held for it, so that quota keeps its reservation."""
 from __future__ import annotations
 
 from contracts import JobSpec, PlacementDeferred, ReplicaPlacement
+from libs.core.cluster.starving_room import takes_usable_gpus
 from libs.core.kernel.decider import Decisions
 from libs.core.kernel.policy import runtime_bound
 from libs.core.kernel.starvation import (
@@ -21,7 +22,6 @@ from libs.core.kernel.starvation import (
     find_shadow,
     holds,
     longest_waiting,
-    takes_usable_gpus,
 )
 from libs.core.placement.codes import RESERVED_FOR_PREEMPTOR
 from libs.core.placement.order import longest_waiting_first

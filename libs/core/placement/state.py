@@ -11,9 +11,9 @@ from libs.core.cluster.job_fit import Placer
 from libs.core.cluster.model import Cluster
 from libs.core.cluster.scoring import DEFAULT_POLICY
 from libs.core.cluster.shapes import ShapeWindow
+from libs.core.cluster.starving_room import EmptyInventory
 from libs.core.kernel.policy import PolicyBook
 from libs.core.kernel.retries import RetryBook
-from libs.core.kernel.starvation import EmptyInventory
 from libs.core.placement.order import WaitKey
 from libs.core.placement.shortcuts import Shortcuts
 

@@ -64,6 +64,8 @@ from contracts import (
 )
 from libs.core.kernel.decider import Chain, Decisions, Trigger
 from libs.core.kernel.nomination import NOMINATION_TTL_S
+from libs.core.kernel.quota_figures import fair_share
+from libs.core.kernel.runs import CurrentRuns
 from libs.core.kernel.wait_reasons import (
     BACKING_OFF,
     BEHIND_HIGHER_PRIORITY,
@@ -87,7 +89,6 @@ from libs.core.kernel.wait_reasons import (
     WAITING_OR_HELD,
 )
 from libs.core.quota.fold import fold
-from libs.core.quota.order import fair_share as queue_fair_share
 from libs.core.quota.reactions import CAPACITY_GREW, REACTIONS, after_fold, decides_nothing
 from libs.core.quota.state import QuotaState
 from libs.core.quota.timeout import PLACEMENT_BACKOFF_MAX_S, PLACEMENT_BACKOFF_S, PLACEMENT_TIMEOUT, placement_backoff_s
@@ -125,16 +126,22 @@ __all__ = [
 SERVICE = "quota"
 
 
-class QuotaDecider(QuotaState):
-    """The quota decider: its state (QuotaState), folded by libs/core/quota/fold.py, and its react, which hands
-    each trigger to its reaction (libs/core/quota/reactions.py): scheduling cycles (libs/core/quota/cycle.py)
+class QuotaDecider:
+    """The quota decider: its state (QuotaState, `state`), folded by libs/core/quota/fold.py, and its react, which
+    hands each trigger to its reaction (libs/core/quota/reactions.py): scheduling cycles (libs/core/quota/cycle.py)
     over the groups of queues the trigger may change."""
 
     name = SERVICE
 
     def __init__(self) -> None:
-        super().__init__()
+        self.state = QuotaState()
         self.chain = Chain()
+
+    @property
+    def runs(self) -> CurrentRuns:
+        """The state's book of current runs: executors' reports about runs that are over never reach it
+        (run_decider)."""
+        return self.state.runs
 
     def input_types(self) -> Iterable[type[EventBase]]:
         return (QueuePolicyChanged, PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, JobAdmitted,
@@ -149,27 +156,29 @@ class QuotaDecider(QuotaState):
                 NodeCordoned)
 
     def evolve(self, event: EventBase) -> None:
-        fold(self, event)  # (the kernel's name for the fold)
+        fold(self.state, event)  # (the kernel's name for the fold)
 
     def fair_share(self, queue: str, now: float) -> float:
         """Weighted (decayed) usage relative to nominal quota: 1.0 is exactly the queue's share."""
-        return queue_fair_share(self, queue, now)
+        return fair_share(self.state, queue, now)
 
     def react(self, trigger: Trigger) -> list[EventBase]:
         event = trigger.event
         reaction = REACTIONS.get(type(event))
-        if reaction is None or decides_nothing(self, event):
+        state = self.state
+        if reaction is None or decides_nothing(state, event):
             return []
-        after = after_fold(self)  # read first: folding the decisions made below clears it
+        after = after_fold(state)  # read first: folding the decisions made below clears it
         out = Decisions(SERVICE, trigger, self.evolve, self.chain)
-        reaction(self, event, after, out)
+        reaction(state, event, after, out)
         return out.out
 
     def snapshot(self) -> bytes:
+        state = self.state
         return msgspec.json.encode({
-            "used": {q: u for q, u in sorted(self.queue_used.items()) if u},
-            "book": {f"{q}/{f}": u for (q, f), u in sorted(self.book.used.items()) if u},
+            "used": {q: u for q, u in sorted(state.queue_used.items()) if u},
+            "book": {f"{q}/{f}": u for (q, f), u in sorted(state.book.used.items()) if u},
             "pending": {q: sorted(j for users in levels.values() for keys in users.values() for _, j in keys)
-                        for q, levels in sorted(self.pending.items()) if levels},
-            "jobs": {k: (j.queue, j.state, j.demand) for k, j in sorted(self.jobs.items())},
+                        for q, levels in sorted(state.pending.items()) if levels},
+            "jobs": {k: (j.queue, j.state, j.demand) for k, j in sorted(state.jobs.items())},
         })

@@ -6,9 +6,9 @@ several models does not take quota of a model no node has (its reservation would
 while quota of a model the cluster has sits idle), and whether the present nodes could hold a job at all, were
 every running job gone (the starvation rule, libs/core/kernel/starvation.py: a job they could not hold is no starving
 job, and holds nobody in quota). That second answer comes from placement's own fit (libs/core/cluster/job_fit.py) on an
-empty copy of the inventory (starvation.EmptyInventory, the one placement asks too): the registered nodes,
-those lost or cordoned (out of placement, so they would not take it either) and unhealthy GPUs kept out as
-placement keeps them out.
+empty copy of the inventory (EmptyInventory of libs/core/cluster/starving_room.py, the one placement asks too):
+the registered nodes, those lost or cordoned (out of placement, so they would not take it either) and unhealthy
+GPUs kept out as placement keeps them out.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from collections.abc import Iterable
 import msgspec
 
 from contracts import EventBase, GpuHealthChanged, JobSpec, NodeCordoned, NodeLost, NodeRegistered, NodeUncordoned
+from libs.core.cluster.starving_room import EmptyInventory
 from libs.core.kernel.quota_math import ANY
-from libs.core.kernel.starvation import EmptyInventory
 
 FLEET_EVENTS = (NodeRegistered, NodeLost, GpuHealthChanged, NodeCordoned, NodeUncordoned)
 

@@ -40,6 +40,7 @@ from contracts import (
 from libs.core.kernel.attained_service import least_served
 from libs.core.kernel.nomination import NOMINATION_TTL_S
 from libs.core.kernel.policy import demand_milli
+from libs.core.kernel.quota_figures import budget_period
 from libs.core.kernel.quota_math import ANY
 from libs.core.kernel.wait_reasons import BUDGET_WAITS, JUDGED_ON_NODES, WAITING_FOR_QUOTA
 from libs.core.quota.state import QuotaJob, QuotaState
@@ -229,7 +230,8 @@ def fold_placed(state: QuotaState, event: JobPlaced) -> None:
 def fold_started(state: QuotaState, event: JobStarted) -> None:
     job = state.jobs.get(event.job_id)
     if job is not None:
-        state.budgets.started(job.job_id, job.queue, job.demand / 1000, event.ts, budget_period(state, job.queue))
+        state.budgets.started(job.job_id, job.queue, job.demand / 1000, event.ts,
+                              budget_period(state.policy, job.queue))
 
 
 def fold_finished(state: QuotaState, event: JobFinished) -> None:
@@ -258,12 +260,7 @@ def run_stopped(state: QuotaState, event: JobFinished | JobFailed | JobEvicted) 
     job = state.jobs.get(event.job_id)
     if job is not None:
         state.attained.stopped(job.job_id, event.ts)
-        state.budgets.stopped(job.job_id, event.ts, budget_period(state, job.queue))
-
-
-def budget_period(state: QuotaState, queue: str) -> str | None:
-    spec = state.policy.queues.get(queue)
-    return None if spec is None or spec.budget_gpu_hours is None else spec.budget_period
+        state.budgets.stopped(job.job_id, event.ts, budget_period(state.policy, job.queue))
 
 
 # --- the fleet and the clock ------------------------------------------------------------------------------
@@ -359,3 +356,6 @@ FOLDS: dict[type[EventBase], Callable[[QuotaState, Any], None]] = {
     PriorityClassesChanged: fold_policy,
     SchedulingSettingsChanged: fold_policy,
 }
+# The event types the fold keeps something of: the decider's inputs and its own decisions. A reader of quota's
+# state that folds the log (the checker) folds these.
+FOLDED: tuple[type[EventBase], ...] = tuple(FOLDS)

@@ -9,28 +9,12 @@ import heapq
 import math
 from collections.abc import Iterator
 
+from libs.core.kernel.quota_figures import fair_share
 from libs.core.quota.fit import entitled, flavors_of, over_budget
 from libs.core.quota.nomination import in_queue
 from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 EPOCHS_PER_HALF_LIFE = 1024
-
-
-def fair_share(state: QuotaState, queue: str, now: float) -> float:
-    """Weighted (decayed) usage relative to nominal quota: 1.0 is exactly the queue's share."""
-    spec = state.policy.queues.get(queue)
-    half_life = state.policy.settings.fair_share_half_life_s
-    used = subtree_used(state, queue, now, half_life)
-    nominal = max(state.book.nominal_of(queue), 1)
-    return used / nominal / (spec.weight if spec is not None else 1.0)
-
-
-def subtree_used(state: QuotaState, queue: str, now: float, half_life: float) -> float:
-    current = state.queue_used.get(queue, 0)
-    decayed = state.decayed.get(queue)
-    own = (current + decayed.value(current, now, half_life)) / 2 if decayed is not None else current / 2
-    children = state.book.children.get(queue)
-    return own + sum(subtree_used(state, c, now, half_life) for c in children) if children else own
 
 
 def fair_key(state: QuotaState, queue: str, now: float) -> tuple[float, ...]:

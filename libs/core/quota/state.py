@@ -1,7 +1,7 @@
 """The quota decider's state as data: what it knows of each job (QuotaJob), everything its fold keeps
 (QuotaState: the waiting jobs' indexes, usage, nominations, backoffs, and what cycles keep between them), and
 what one scheduling cycle learns as it goes (Cycle). Functions of the package take the state they read; the
-decider (libs/core/quota/decider.py) is this state with its decision chain and its react."""
+decider (libs/core/quota/decider.py) holds this state, with its decision chain and its react."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from libs.core.kernel.attained_service import AttainedService
 from libs.core.kernel.budgets import BudgetBook
 from libs.core.kernel.fairness import DecayedUsage
 from libs.core.kernel.policy import PolicyBook
+from libs.core.kernel.quota_figures import budget_left_s
 from libs.core.kernel.quota_math import ANY, QuotaBook
 from libs.core.kernel.retries import RetryBook
 from libs.core.kernel.runs import CurrentRuns
@@ -150,10 +151,7 @@ class QuotaState:
 
     def budget_left_s(self, queue: str, now: float) -> float | None:
         """GPU-seconds left in the queue's budget period: what its jobs ran in it, runs going on up to now."""
-        spec = self.policy.queues.get(queue)
-        if spec is None or spec.budget_gpu_hours is None:
-            return None
-        return spec.budget_gpu_hours * 3600 - self.budgets.spent_s(queue, now, spec.budget_period)
+        return budget_left_s(self, queue, now)
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from contracts import QuotaReleased, QuotaReserved
 from libs.core.kernel.decider import Decisions
+from libs.core.kernel.quota_figures import PLACEMENT_TIMEOUT
 from libs.core.kernel.quota_math import flavor_name
 from libs.core.kernel.starvation import CAPACITY_HELD
 from libs.core.kernel.wait_reasons import PLACEMENT_TIMED_OUT
@@ -17,7 +18,6 @@ from libs.core.quota.reasons import defer
 from libs.core.quota.reclaim import lender_waits
 from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
-PLACEMENT_TIMEOUT = "placement_timeout"  # the QuotaReleased reason of such a job
 # A job whose reservation timed out waits this long before it may take quota again, doubling each time (as
 # Kueue's requeuing backoff), so that an unplaceable job does not take and give back quota at every tick.
 PLACEMENT_BACKOFF_S = 60.0

@@ -3,7 +3,7 @@ flavor's in the quota book; and where a queue's reservations are charged when it
 
 from __future__ import annotations
 
-from libs.core.kernel.fairness import DecayedUsage
+from libs.core.kernel.quota_figures import charge_queue
 from libs.core.kernel.quota_math import reservation_model
 from libs.core.quota.state import QuotaJob, QuotaState
 from libs.core.quota.waiting import queue_changed
@@ -12,13 +12,9 @@ from libs.core.quota.waiting import queue_changed
 def charge(state: QuotaState, job: QuotaJob, sign: int, now: float) -> None:
     """Usage of the job's queue, user and flavor changes by its demand."""
     queue_changed(state, job.queue)
-    half_life = state.policy.settings.fair_share_half_life_s
-    decayed = state.decayed.setdefault(job.queue, DecayedUsage(since=now))
-    decayed.advance(state.queue_used.get(job.queue, 0), now, half_life)
-    state.queue_used[job.queue] = state.queue_used.get(job.queue, 0) + sign * job.demand
+    charge_queue(state, job.queue, job.flavor, sign * job.demand, job.over_budget, now)
     key = (job.queue, job.user)
     state.user_used[key] = state.user_used.get(key, 0) + sign * job.demand
-    state.book.add(job.queue, job.flavor, sign * job.demand, job.over_budget)
 
 
 def recharge(state: QuotaState, queue: str) -> None:

@@ -52,7 +52,7 @@ def test_a_finished_job_keeps_where_each_of_its_runs_ran_and_how_it_ended() -> N
     feed.at(1030.0).send(JobEvicted, job_id="j", reason="node_lost")  # placed again at once
     feed.at(1040.0).send(JobStarted, job_id="j")
     feed.at(1100.0).send(JobFinished, job_id="j")
-    view = ledger(feed).jobs["j"]
+    view = ledger(feed).state.jobs["j"]
     assert view.placements == () and view.run_count == 2
     first, second = view.runs
     assert [(p.node, p.gpu_indices) for p in first.placements] == [("a", (0, 1))]
@@ -66,7 +66,7 @@ def test_a_finished_job_keeps_where_each_of_its_runs_ran_and_how_it_ended() -> N
 def test_a_run_still_going_is_open_and_the_current_one_is_last() -> None:
     feed = world()
     feed.at(1000.0).submit("j", job())
-    view = ledger(feed).jobs["j"]
+    view = ledger(feed).state.jobs["j"]
     (run,) = view.runs
     assert (run.started_at, run.ended_at, run.outcome) == (None, None, "")
     feed.at(1005.0).send(JobStarted, job_id="j")
@@ -87,7 +87,7 @@ def test_each_way_a_run_ends_is_recorded(ending, outcome: str, reason: str, exit
     feed.send(JobStarted, job_id="j")
     event_type, fields = ending
     feed.at(1050.0).send(event_type, job_id="j", **fields)
-    run = ledger(feed).jobs["j"].runs[0]
+    run = ledger(feed).state.jobs["j"].runs[0]
     assert (run.ended_at, run.outcome, run.reason, run.exit_code) == (1050.0, outcome, reason, exit_code)
 
 
@@ -97,7 +97,7 @@ def test_a_cancelled_run_ends_cancelled() -> None:
     feed.send(JobStarted, job_id="j")
     feed.at(1010.0).send(CancelJob, job_id="j")
     feed.at(1020.0).send(JobEvicted, job_id="j", reason="cancelled")
-    view = ledger(feed).jobs["j"]
+    view = ledger(feed).state.jobs["j"]
     assert view.state == "cancelled" and [(r.outcome, r.ended_at) for r in view.runs] == [("cancelled", 1020.0)]
 
 
@@ -108,7 +108,7 @@ def test_the_history_keeps_the_last_runs_and_counts_them_all() -> None:
     for i in range(runs):
         feed.at(1000.0 + 10 * i).send(JobStarted, job_id="j")
         feed.at(1005.0 + 10 * i).send(JobEvicted, job_id="j", reason="preempted")
-    view = ledger(feed).jobs["j"]
+    view = ledger(feed).state.jobs["j"]
     assert view.run_count == runs + 1 and len(view.runs) == RUN_HISTORY  # placed again after the last eviction
     assert view.runs[0].started_at == 1000.0 + 10 * (runs - RUN_HISTORY + 1)
     assert view.runs[-1].ended_at is None
@@ -126,7 +126,7 @@ def test_folding_the_same_log_again_gives_the_same_views() -> None:
         again.fold(event, seq)
     first = ledger(feed)
     enc = msgspec.json.encode
-    assert [enc(v) for v in first.jobs.values()] == [enc(v) for v in again.jobs.values()]
+    assert [enc(v) for v in first.state.jobs.values()] == [enc(v) for v in again.state.jobs.values()]
     assert [enc(first.node_view(n)) for n in ("a", "m")] == [enc(again.node_view(n)) for n in ("a", "m")]
     assert enc(first.queue_view("ml-train")) == enc(again.queue_view("ml-train"))
 
@@ -140,14 +140,14 @@ def test_quota_reserved_by_a_job_no_node_takes_yet_is_unplaced_not_held() -> Non
     feed.send(JobStarted, job_id="big")
     feed.submit("waits", job().gpus(2))  # its queue has the quota, the node has no GPU left
     led = ledger(feed)
-    assert led.jobs["waits"].phase == "reserved" and led.jobs["waits"].reason == "insufficient_gpus"
+    assert led.state.jobs["waits"].phase == "reserved" and led.state.jobs["waits"].reason == "insufficient_gpus"
     q = led.queue_view("ml-train")
     assert (q.reserved_gpus, q.held_gpus, q.unplaced_gpus) == (6.0, 4.0, 2.0)
     (flavor,) = q.flavors
     assert (flavor.in_use_gpus, flavor.held_gpus, flavor.unplaced_gpus) == (6.0, 4.0, 2.0)
     feed.at(1100.0).send(JobFinished, job_id="big")  # its quota goes back, and the waiting job is placed
     q = led.queue_view("ml-train")
-    assert led.jobs["waits"].phase == "placed"
+    assert led.state.jobs["waits"].phase == "placed"
     assert (q.reserved_gpus, q.held_gpus, q.unplaced_gpus) == (2.0, 2.0, 0.0)
 
 
@@ -167,7 +167,7 @@ def test_an_evicted_job_holds_nothing_once_its_quota_is_released() -> None:
     feed.send(JobEvicted, job_id="j", reason="cancelled")
     q = ledger(feed).queue_view("ml-train")
     assert (q.reserved_gpus, q.held_gpus, q.unplaced_gpus) == (0.0, 0.0, 0.0)
-    assert ledger(feed).holds.jobs == {}
+    assert ledger(feed).state.holds.jobs == {}
 
 
 # --- a node's GPUs by how they are shared ----------------------------------------------------------------------
@@ -199,7 +199,7 @@ def test_a_gpu_taken_whole_by_fractions_is_still_split_and_unhealthy_gpus_count_
     led = ledger(feed)
     view = led.node_view("a")
     assert view.gpu_modes == ("split", "whole") and (view.split_gpus, view.split_free_milli) == (1, 0)
-    led.cluster.set_gpu_health("a", 1, False)
+    led.state.cluster.set_gpu_health("a", 1, False)
     assert led.node_view("a").idle_gpus == 0
 
 
@@ -210,7 +210,7 @@ def test_a_deferral_message_starts_with_what_the_job_asks_for_in_its_users_terms
     feed = world(8, node("a", 4))
     feed.at(1000.0).submit("big", job().gpus(4))
     feed.submit("waits", job().gpus(1).replicas(2).models("A100"))
-    view = ledger(feed).jobs["waits"]
+    view = ledger(feed).state.jobs["waits"]
     assert view.reason == "insufficient_gpus"
     assert view.message.startswith("2 x 1 whole GPU (A100): ")
     told = [e.message for e in feed.log if isinstance(e, PlacementDeferred) and e.job_id == "waits"]

@@ -52,7 +52,7 @@ def test_waiting_jobs_count_toward_demand_and_lost_capacity_leaves_the_count() -
     feed.at(40.0).send(GpuHealthChanged, node="b", index=0, healthy=False, reason="xid", xid=79)
     feed.at(50.0).send(NodeLost, node="a", reason="heartbeat")
     assert feed.ledger is not None
-    assert feed.ledger.demand()["A100"] == 24.0
+    assert feed.ledger.state.demand()["A100"] == 24.0
     report = capacity_report(enumerate(feed.log, start=1), horizon=1)
     a100 = next(m for m in report["models"] if m["model"] == "A100")
     assert a100["periods"][0]["peak_demand"] == 24.0 and a100["periods"][0]["peak_allocated"] == 8.0
@@ -70,11 +70,11 @@ def test_the_oldest_waiting_job_per_queue() -> None:
     feed.at(40.0).submit("second", job().gpus(8))
     assert feed.ledger is not None
     feed.at(100.0).send(JobStarted, job_id="nothing")  # only moves the ledger's clock
-    assert feed.ledger.oldest_pending_s("ml-train") == 70.0
+    assert feed.ledger.state.oldest_pending_s("ml-train") == 70.0
     feed.at(110.0).send(JobFinished, job_id="runs")
     feed.at(111.0).send(JobStarted, job_id="first")
-    assert feed.ledger.oldest_pending_s("ml-train") == 71.0  # "second", waiting since 40
-    assert feed.ledger.oldest_pending_s("nobody") == 0.0
+    assert feed.ledger.state.oldest_pending_s("ml-train") == 71.0  # "second", waiting since 40
+    assert feed.ledger.state.oldest_pending_s("nobody") == 0.0
 
 
 @pytest.mark.parametrize(("ys", "fit"), [([], (0.0, 0.0)), ([5.0], (5.0, 0.0)), ([1.0, 3.0, 5.0], (1.0, 2.0))])

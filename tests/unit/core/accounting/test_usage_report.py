@@ -47,7 +47,7 @@ def test_the_ledger_history_equals_gpus_times_time_summed_over_the_log() -> None
     assert oracle == pytest.approx({"ml": 1600.0, "cv": 200.0 + 100.0})
     # The accounting service's live figures come from the same fold.
     assert feed.ledger is not None
-    assert {t: u.gpu_seconds for t, u in feed.ledger.teams.items()} == pytest.approx(oracle)
+    assert {t: u.gpu_seconds for t, u in feed.ledger.state.teams.items()} == pytest.approx(oracle)
 
 
 def test_rows_group_by_any_keys_with_cost_from_the_model_rates() -> None:

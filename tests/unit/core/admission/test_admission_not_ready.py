@@ -45,7 +45,7 @@ async def api() -> AsyncIterator[Api]:
     feed.queues(queue("ml-dev", "ml", None))
     bus = RecordingBus()
     app = base_app("admission", lambda: True)
-    app[READY_DETAILS] = lambda: {"inventory": decider.inventory.known}
+    app[READY_DETAILS] = lambda: {"inventory": decider.state.inventory.known}
     JobsApi(cast(Bus, bus), decider, cast(ViewStore, None)).routes(app)
     ServicesApi(cast(Bus, bus), decider).routes(app)
     client = TestClient(TestServer(app))

@@ -189,7 +189,7 @@ async def test_a_retry_answered_200_while_the_first_publish_hangs_names_a_job_th
 
         assert first_status == 500  # the first attempt failed, as its caller may never learn
         told_exists = status == 200 and retry.get("id") == job_id
-        exists = job_id in cast(AdmissionDecider, a.feed.deciders[0]).jobs or any(
+        exists = job_id in cast(AdmissionDecider, a.feed.deciders[0]).state.jobs or any(
             getattr(d, "job_id", "") == job_id for d in decided)
         assert not told_exists or exists, (f"the retry was answered {status} {retry}, but no SubmitJob for "
                                            f"{job_id} was ever published: the job is lost")

@@ -46,7 +46,7 @@ def test_the_same_key_with_another_spec_is_refused_and_the_job_holding_it_is_unt
     assert refused.code == KEY_REUSED
     assert "gpus (stored 1, sent 2)" in refused.message and "duration_s (stored null, sent 60.0)" in refused.message
     assert refused.spec == keyed(gpus=2, duration_s=60.0)
-    assert decider(feed).jobs["j1"] == "admitted"
+    assert decider(feed).state.jobs["j1"] == "admitted"
     # The very same refused spec again is refused once only.
     assert feed.submit("j1", keyed(gpus=2, duration_s=60.0)) == []
 
@@ -101,7 +101,8 @@ def test_replaying_the_inputs_re_derives_the_same_refusals_and_key_holders() -> 
     again = EventFeed(AdmissionDecider())
     decisions = [d for e in feed.log if e.source != "admission" for d in again.deliver(e)]
     assert decisions == [e for e in feed.log if e.source == "admission"]
-    assert decider(again).keys == decider(feed).keys and decider(again).keys.holders == {("ml", "k1"): "j1"}
+    again_keys = decider(again).state.keys
+    assert again_keys == decider(feed).state.keys and again_keys.holders == {("ml", "k1"): "j1"}
 
 
 def test_fingerprints_ignore_how_a_spec_was_built() -> None:

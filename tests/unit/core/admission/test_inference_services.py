@@ -55,7 +55,7 @@ def world(nodes: int = 4, racks: int = 2) -> EventFeed:
 
 def live_replicas(feed: EventFeed, name: str = "chat") -> int:
     admission = feed.deciders[0]
-    return len(admission.services.services[name].replicas)  # type: ignore[attr-defined]
+    return len(admission.state.services.services[name].replicas)  # type: ignore[attr-defined]
 
 
 def load(feed: EventFeed, value: float, name: str = "chat") -> list[EventBase]:

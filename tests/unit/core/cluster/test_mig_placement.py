@@ -181,7 +181,7 @@ def test_quota_placement_and_accounting_charge_an_instance_the_same_share() -> N
     assert feed.ledger.queue_view("ml-train").reserved_gpus == pytest.approx(0.856)
     # A third does not fit the quota. None runs yet (no executor here): the demand counts each at its share.
     assert of(feed.submit("mig-3", job(mig_profile="3g.40gb")), QuotaReserved) == []
-    assert feed.ledger.demand()["all"] == pytest.approx(3 * 0.428)
+    assert feed.ledger.state.demand()["all"] == pytest.approx(3 * 0.428)
 
 
 # --- the reason a job finds no GPU of its kind --------------------------------------------------------------

@@ -57,8 +57,8 @@ def test_two_fresh_pipelines_fed_the_same_inputs_log_identical_bytes_and_snapsho
     first, second = script(pipeline(ledger=True)), script(pipeline(ledger=True))
     assert [encode(e) for e in first.log] == [encode(e) for e in second.log]
     assert [d.snapshot() for d in first.deciders] == [d.snapshot() for d in second.deciders]
-    assert msgspec.json.encode(first.ledger.jobs) == msgspec.json.encode(second.ledger.jobs)
-    assert msgspec.json.encode(first.ledger.teams) == msgspec.json.encode(second.ledger.teams)
+    assert msgspec.json.encode(first.ledger.state.jobs) == msgspec.json.encode(second.ledger.state.jobs)
+    assert msgspec.json.encode(first.ledger.state.teams) == msgspec.json.encode(second.ledger.state.teams)
 
 
 def test_every_logged_event_survives_the_codec_unchanged() -> None:

@@ -73,25 +73,25 @@ def placed_twice() -> tuple[EventFeed, JobPlaced, JobPlaced]:
 
 def assert_still_running(feed: EventFeed, second: JobPlaced) -> None:
     admission, quota, placement, preemption = deciders(feed)
-    assert quota.jobs[JOB].state == "reserved" and JOB in quota.reserved["ml-train"]
+    assert quota.state.jobs[JOB].state == "reserved" and JOB in quota.state.reserved["ml-train"]
     assert placement.state.placed[JOB] == second.placements
     assert placement.cluster.nodes["a"].gpus[0].free_milli == 0  # its GPUs stay allocated
     assert JOB in preemption.state.running
-    assert admission.jobs[JOB] == "admitted"
-    view = ledger_of(feed).jobs[JOB]
+    assert admission.state.jobs[JOB] == "admitted"
+    view = ledger_of(feed).state.jobs[JOB]
     assert (view.state, view.phase, view.placements, view.finished_at) == ("running", "running", second.placements,
                                                                           None)
     assert ledger_of(feed).node_view("a").allocated_gpus == 2.0
-    assert ledger_of(feed).usage.started_at(JOB) == 1030.0
+    assert ledger_of(feed).state.usage.started_at(JOB) == 1030.0
 
 
 def assert_ended(feed: EventFeed, decided: list[EventBase]) -> None:
     admission, quota, placement, preemption = deciders(feed)
     assert brief(decided) == [("QuotaReleased", JOB)]
-    assert JOB not in quota.jobs and JOB not in placement.state.placed and JOB not in preemption.state.running
+    assert JOB not in quota.state.jobs and JOB not in placement.state.placed and JOB not in preemption.state.running
     assert placement.cluster.nodes["a"].gpus[0].free_milli == 1000
-    assert admission.jobs[JOB] == "succeeded"
-    view = ledger_of(feed).jobs[JOB]
+    assert admission.state.jobs[JOB] == "succeeded"
+    view = ledger_of(feed).state.jobs[JOB]
     assert (view.state, view.placements) == ("succeeded", ())
     assert ledger_of(feed).node_view("a").allocated_gpus == 0.0
 
@@ -107,14 +107,14 @@ def test_a_late_report_of_the_first_run_leaves_the_second_running(late: tuple[ty
     assert feed.at(1040.0).send(kind, job_id=JOB, run=first.id, **fields) == []
     assert_still_running(feed, second)
     # The run it is about is over: the ledger charges nothing more for it (run 1's 10 s x 2 GPUs only).
-    assert ledger_of(feed).jobs[JOB].gpu_seconds == 20.0
+    assert ledger_of(feed).state.jobs[JOB].gpu_seconds == 20.0
 
 
 def test_the_same_report_naming_the_current_run_ends_it() -> None:
     feed, first, second = placed_twice()
     feed.at(1040.0).send(JobFinished, job_id=JOB, run=first.id)
     assert_ended(feed, feed.at(1050.0).send(JobFinished, job_id=JOB, run=second.id))
-    assert ledger_of(feed).jobs[JOB].gpu_seconds == 20.0 + 40.0
+    assert ledger_of(feed).state.jobs[JOB].gpu_seconds == 20.0 + 40.0
 
 
 def test_a_report_naming_no_run_is_about_the_current_run_as_before() -> None:
@@ -130,7 +130,7 @@ def test_a_late_report_is_not_taken_by_a_decider_restored_from_its_state_image()
     restore({"quota": quota_again, "placement": placement_again}, image)
     late = JobFinished(id="late", ts=1040.0, source=SIM_EXECUTOR, job_id=JOB, run=first.id)
     assert run_decider(quota_again, late, 100) == [] and run_decider(placement_again, late, 100) == []
-    assert quota_again.jobs[JOB].state == "reserved" and placement_again.state.placed[JOB] == second.placements
+    assert quota_again.state.jobs[JOB].state == "reserved" and placement_again.state.placed[JOB] == second.placements
     current = JobFinished(id="now", ts=1050.0, source=SIM_EXECUTOR, job_id=JOB, run=second.id)
     assert brief(run_decider(quota_again, current, 101)) == [("QuotaReleased", JOB)]
 
@@ -216,9 +216,9 @@ def test_a_late_report_in_a_recorded_log_changes_no_decision_nor_the_ledger() ->
     assert decided_late == [*decided[:at], [], *decided[at:]]  # the late report decides nothing
     assert sum(map(len, decided)) > 10
     assert states_late == states
-    view, before = ledger_late.jobs["long"], ledger.jobs["long"]
+    view, before = ledger_late.state.jobs["long"], ledger.state.jobs["long"]
     assert (view.state, view.finished_at, view.gpu_seconds) == ("succeeded", T0 + 110.0, before.gpu_seconds)
-    assert ledger_late.teams["ml"].jobs_finished == ledger.teams["ml"].jobs_finished == 2
+    assert ledger_late.state.teams["ml"].jobs_finished == ledger.state.teams["ml"].jobs_finished == 2
 
 
 # --- the executors' own folds ---------------------------------------------------------------------------

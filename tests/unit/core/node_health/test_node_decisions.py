@@ -67,9 +67,9 @@ def test_an_operator_removes_a_node_once_and_the_views_forget_it_until_it_regist
         ("n1", True, "removed_by_operator: ops: decommissioned")]
     assert f.send(RemoveNode, node="n1") == []  # gone: nothing more to remove
     assert f.send(CordonNode, node="n1") == []  # nor to cordon
-    assert f.ledger is not None and "n1" in f.ledger.removed_nodes and "n1" not in f.ledger.cordons
+    assert f.ledger is not None and "n1" in f.ledger.state.removed_nodes and "n1" not in f.ledger.state.cordons
     f.nodes(node("n1", 4))
-    assert "n1" not in f.ledger.removed_nodes and f.ledger.node_view("n1").online
+    assert "n1" not in f.ledger.state.removed_nodes and f.ledger.node_view("n1").online
 
 
 def test_node_decisions_form_a_verifiable_chain_of_their_own() -> None:

@@ -110,11 +110,11 @@ def two_jobs_on_two_gpus() -> tuple[EventFeed, PlacementDecider, PreemptionDecid
 def test_a_registration_dropping_a_gpu_in_use_is_folded_and_the_runs_end_releases_what_exists() -> None:
     feed, placement, preemption, ledger, on_gpu = two_jobs_on_two_gpus()
     feed.nodes(without_gpu(node("n", gpus=2), 1))
-    for c in (placement.cluster, preemption.cluster, ledger.cluster):
+    for c in (placement.cluster, preemption.cluster, ledger.state.cluster):
         assert free_view(c) == {"n": [(0, 0, A100_80)]}
     feed.send(JobEvicted, job_id=on_gpu[1], reason="gpu_removed")  # the executor's stop of the run there
     feed.send(JobFinished, job_id=on_gpu[0])
-    for c in (placement.cluster, preemption.cluster, ledger.cluster):
+    for c in (placement.cluster, preemption.cluster, ledger.state.cluster):
         assert free_view(c) == {"n": [(0, 1000, A100_80)]}
         assert c.free_total == 1000 and c.nodes["n"].free_cpu_milli == c.nodes["n"].cpu_milli
     # The evicted job waits for quota again; a new one takes the one GPU left.

@@ -55,8 +55,8 @@ def test_a_preempted_job_resumes_from_its_checkpoint(checkpoint_every: float | N
     ledger = Ledger()
     for seq, e in log:
         ledger.fold(e, seq)
-    assert ledger.jobs["long"].lost_gpu_seconds == pytest.approx(lost)
-    assert ledger.teams["ml"].lost_gpu_seconds == pytest.approx(lost)
+    assert ledger.state.jobs["long"].lost_gpu_seconds == pytest.approx(lost)
+    assert ledger.state.teams["ml"].lost_gpu_seconds == pytest.approx(lost)
 
 
 def test_a_job_that_checkpoints_is_the_cheaper_victim() -> None:
@@ -124,7 +124,7 @@ def test_retryable_failures_run_again_with_backoff(exit_codes: str, outcome: str
     ledger = Ledger()
     for seq, e in log:
         ledger.fold(e, seq)
-    view = ledger.jobs["j"]
+    view = ledger.state.jobs["j"]
     assert view.state == ("succeeded" if outcome == "finished" else "failed")
     assert view.retries == (failures if outcome == "finished" else failures - 1)
 

@@ -48,7 +48,7 @@ def evict(feed: EventFeed, decided: list[PreemptionDecided]) -> list[EventBase]:
 def usage(feed: EventFeed, name: str) -> float:
     """GPUs the queue holds by quota's own book."""
     quota = next(d for d in feed.deciders if isinstance(d, QuotaDecider))
-    return sum(u for (held_by, _), u in quota.book.used.items() if held_by == name) / 1000
+    return sum(u for (held_by, _), u in quota.state.book.used.items() if held_by == name) / 1000
 
 
 def victims(decided: list[PreemptionDecided]) -> list[str]:

@@ -561,7 +561,7 @@ def test_a_queue_switched_from_any_model_to_a_models_flavor_borrows_what_its_run
     feed.send(JobPlaced, job_id="b1", placements=(
         ReplicaPlacement(replica=0, node="n1", gpu_indices=(0,), gpu_milli=1000, model="H100"),))
     b_switches_to_h100(feed)
-    book = next(d for d in feed.deciders if isinstance(d, QuotaDecider)).book
+    book = next(d for d in feed.deciders if isinstance(d, QuotaDecider)).state.book
     assert (book.usage("b", "*"), book.usage("b", "H100"), book.borrowed("b", "H100")) == (0, 1000, 1000)
     assert book.room("a", "H100") == 1000  # a lends the GPU b1 holds: a reclaim can take it back
     assert outcome(feed.admit("a1", on("a", 2)), "a1") == ("deferred", "quota_lent_out")
@@ -598,7 +598,7 @@ def test_an_any_model_reservation_switched_while_unplaced_is_charged_to_the_mode
     feed = quota(q("a", cohort="c", flavors=(FlavorQuota(model="H100", nominal_gpus=2),)), q("b", 1))
     run(feed, ("b1", on("b", 1)))
     b_switches_to_h100(feed)
-    book = next(d for d in feed.deciders if isinstance(d, QuotaDecider)).book
+    book = next(d for d in feed.deciders if isinstance(d, QuotaDecider)).state.book
     assert book.usage("b", "*") == 1000  # unplaced, any model: no model to charge it to yet
     feed.send(JobPlaced, job_id="b1", placements=(
         ReplicaPlacement(replica=0, node="n1", gpu_indices=(0,), gpu_milli=1000, model="H100"),))
@@ -629,7 +629,7 @@ def test_a_reservation_made_again_after_an_eviction_is_not_charged_by_the_model_
     feed.send(QueuePolicyChanged, queue=q("b", cohort="c", flavors=(FlavorQuota(model="H100", nominal_gpus=0),
                                                                     FlavorQuota(model="A100", nominal_gpus=1))),
               version=3)
-    book = next(d for d in feed.deciders if isinstance(d, QuotaDecider)).book
+    book = next(d for d in feed.deciders if isinstance(d, QuotaDecider)).state.book
     assert (book.usage("b", "*"), book.usage("b", "H100")) == (1000, 0)  # unplaced: no model yet
     feed.send(JobPlaced, job_id="b1", placements=(
         ReplicaPlacement(replica=0, node="n2", gpu_indices=(0,), gpu_milli=1000, model="A100"),))

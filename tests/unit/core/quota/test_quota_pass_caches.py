@@ -15,20 +15,19 @@ import pytest
 from libs.core.kernel.decider import Decisions
 from libs.core.kernel.wait_reasons import WAITING_FOR_QUOTA
 from libs.core.quota import cycle as quota_cycle
-from libs.core.quota.decider import QuotaDecider
 from libs.core.quota.order import Order, order_key
 from libs.core.quota.shortcuts import kept_heads as quota_kept_heads
 from libs.core.quota.shortcuts import ranked_queues as quota_ranked
 from libs.core.quota.shortcuts import skipped_queues as quota_skipped
-from libs.core.quota.state import Cycle, QuotaJob
+from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 from tests.unit.many_queue_worlds import random_world, run_log
 
 
-def fresh_head(d: QuotaDecider, queue: str) -> QuotaJob:
+def fresh_head(d: QuotaState, queue: str) -> QuotaJob:
     return next(iter(Order(d, queue).remaining))
 
 
-def recount(d: QuotaDecider) -> tuple[dict[str, set[str]], dict[str, Counter[int]], dict[str, set[str]]]:
+def recount(d: QuotaState) -> tuple[dict[str, set[str]], dict[str, Counter[int]], dict[str, set[str]]]:
     waiting: dict[str, set[str]] = {}
     demands: dict[str, Counter[int]] = {}
     untold: dict[str, set[str]] = {}
@@ -45,14 +44,14 @@ def recount(d: QuotaDecider) -> tuple[dict[str, set[str]], dict[str, Counter[int
     return waiting, demands, untold
 
 
-def check_bookkeeping(d: QuotaDecider) -> None:
+def check_bookkeeping(d: QuotaState) -> None:
     waiting, demands, untold = recount(d)
     assert {c: set(qs) for c, qs in d.waiting_in.items() if qs} == waiting
     assert {c: Counter(n) for c, n in d.cohort_demands.items() if n} == demands
     assert {q: set(js) for q, js in d.untold.items() if js} == untold
 
 
-def check_ranked(d: QuotaDecider, cohort: str, unranked: list[str], cycle: Cycle, seen: Counter[str]) -> None:
+def check_ranked(d: QuotaState, cohort: str, unranked: list[str], cycle: Cycle, seen: Counter[str]) -> None:
     places: dict[str, tuple[object, ...]] = {}
     for entry in d.ranked.get(cohort, []):
         if quota_ranked.still_in_place(d, entry, cycle):
@@ -75,13 +74,13 @@ def test_what_a_pass_keeps_is_what_it_would_find(monkeypatch: pytest.MonkeyPatch
     seen: Counter[str] = Counter()
     rank_cohort, kept_head, lent_only = quota_cycle.rank_cohort, quota_kept_heads.kept_head, quota_skipped.lent_only
 
-    def checked_rank_cohort(d: QuotaDecider, cohort: str, cycle: Cycle, out: Decisions) -> list[str]:
+    def checked_rank_cohort(d: QuotaState, cohort: str, cycle: Cycle, out: Decisions) -> list[str]:
         check_bookkeeping(d)
         unranked = rank_cohort(d, cohort, cycle, out)
         check_ranked(d, cohort, unranked, cycle, seen)
         return unranked
 
-    def checked_kept_head(d: QuotaDecider, queue: str, cycle: Cycle) -> Any:
+    def checked_kept_head(d: QuotaState, queue: str, cycle: Cycle) -> Any:
         kept = kept_head(d, queue, cycle)
         if kept is not None:
             head = fresh_head(d, queue)
@@ -90,7 +89,7 @@ def test_what_a_pass_keeps_is_what_it_would_find(monkeypatch: pytest.MonkeyPatch
             seen["kept"] += 1
         return kept
 
-    def checked_lent_only(d: QuotaDecider, queue: str, backing_off: set[str]) -> bool:
+    def checked_lent_only(d: QuotaState, queue: str, backing_off: set[str]) -> bool:
         answer = lent_only(d, queue, backing_off)
         if queue not in backing_off:
             assert answer == quota_skipped.lent_only_now(d, queue)

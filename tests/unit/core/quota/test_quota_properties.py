@@ -298,7 +298,7 @@ def run(tree: list[QueueSpec], scheduling: SchedulingSettings, ops: list[tuple],
         if growth:
             audit.check_growth()
         if holds:
-            audit.check_holds(decider.policy.priority_of)
+            audit.check_holds(decider.state.policy.priority_of)
         audit.check_told(strict_told)
 
     start = len(feed.log)

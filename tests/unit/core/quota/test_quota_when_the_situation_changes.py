@@ -272,7 +272,7 @@ def test_a_job_that_never_ran_spends_no_budget() -> None:
     feed = budget_feed()
     run(feed, ("waits", on("a", 3)))
     feed.at(D + 3 * 3600)
-    assert decider(feed).budget_left_s("a", D + 3 * 3600) == 3600.0
+    assert decider(feed).state.budget_left_s("a", D + 3 * 3600) == 3600.0
     assert outcome(feed.admit("next", on("a", 1)), "next") == ("reserved", 0, "")
 
 
@@ -280,9 +280,9 @@ def test_a_budget_pays_for_the_time_a_job_ran() -> None:
     feed = budget_feed()
     run(feed, ("j", on("a", 2)))
     feed.at(D + 600).send(JobStarted, job_id="j")
-    assert decider(feed).budget_left_s("a", D + 1200) == 3600.0 - 2 * 600
+    assert decider(feed).state.budget_left_s("a", D + 1200) == 3600.0 - 2 * 600
     feed.at(D + 1800).send(JobFinished, job_id="j")
-    assert decider(feed).budget_left_s("a", D + 7200) == 3600.0 - 2 * 1200
+    assert decider(feed).state.budget_left_s("a", D + 7200) == 3600.0 - 2 * 1200
 
 
 def test_a_mig_instance_spends_its_share_of_a_gpu() -> None:
@@ -292,7 +292,7 @@ def test_a_mig_instance_spends_its_share_of_a_gpu() -> None:
         ReplicaPlacement(replica=0, node="n1", gpu_indices=(0,), gpu_milli=142, mig_slices=1, model="A100"),))
     feed.send(JobStarted, job_id="mig")
     feed.at(D + 3600).send(JobFinished, job_id="mig")
-    assert decider(feed).budget_left_s("a", D + 3600) == pytest.approx(3600.0 - 0.142 * 3600)
+    assert decider(feed).state.budget_left_s("a", D + 3600) == pytest.approx(3600.0 - 0.142 * 3600)
 
 
 def test_a_spent_budget_still_makes_jobs_wait() -> None:
@@ -358,7 +358,7 @@ def test_a_job_placed_before_placement_read_its_release_takes_its_quota_again() 
     decisions = feed.send(JobPlaced, job_id="big", placements=(
         ReplicaPlacement(replica=0, node="n1", gpu_indices=(0, 1, 2, 3), gpu_milli=1000, model="A100"),))
     assert reserved(decisions) == ["big"]
-    assert decider(feed).queue_used["a"] == 4000
+    assert decider(feed).state.queue_used["a"] == 4000
 
 
 def test_placement_forgets_a_job_whose_quota_went_back() -> None:

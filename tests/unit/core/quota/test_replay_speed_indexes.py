@@ -81,10 +81,10 @@ def check_preemption(d: PreemptionDecider) -> None:
 
 
 def check_quota(d: QuotaDecider) -> None:
-    assert set(d.budget_deferred) == {j for j, code in d.deferred.items() if code in BUDGET_WAITS}
-    for queue, waits in d.by_wait_in.items():
-        assert waits == [k for k in d.by_wait if d.jobs[k[2]].queue == queue]
-    assert sum(len(w) for w in d.by_wait_in.values()) == len(d.by_wait)
+    assert set(d.state.budget_deferred) == {j for j, code in d.state.deferred.items() if code in BUDGET_WAITS}
+    for queue, waits in d.state.by_wait_in.items():
+        assert waits == [k for k in d.state.by_wait if d.state.jobs[k[2]].queue == queue]
+    assert sum(len(w) for w in d.state.by_wait_in.values()) == len(d.state.by_wait)
 
 
 def _preemption_state(d: PreemptionDecider) -> object:
@@ -92,7 +92,7 @@ def _preemption_state(d: PreemptionDecider) -> object:
 
 
 def _quota_state(d: QuotaDecider) -> object:
-    return d.snapshot(), sorted(d.deferred.items()), d.chain.head
+    return d.snapshot(), sorted(d.state.deferred.items()), d.chain.head
 
 
 @pytest.mark.parametrize(("make", "state"), [(PreemptionDecider, _preemption_state), (QuotaDecider, _quota_state)])
