@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from contracts import EventBase, JobPlaced, JobSpec, JobSubmitted, QueuePolicyChanged, QuotaReleased, QuotaReserved
-from libs.core.kernel.quota_math import ANY, QuotaBook, reservation_model
+from libs.core.kernel.flavors import reservation_model
+from libs.core.kernel.quota_math import ANY, QuotaBook
 
 
 def quota_violations(events: Iterable[EventBase]) -> list[str]:

@@ -21,8 +21,9 @@ from libs.audit.guarantees.violation import (
     Violation,
     gpus,
 )
+from libs.core.kernel.flavors import reservation_model
 from libs.core.kernel.queue_limits import Limits
-from libs.core.kernel.quota_math import ANY, UNLIMITED, QuotaBook, reservation_model
+from libs.core.kernel.quota_math import ANY, UNLIMITED, QuotaBook
 
 UNBOUNDED = sys.maxsize
 
@@ -33,7 +34,7 @@ class Held:
     flavor: str
     milli: int
     over_budget: bool
-    model: str = ""  # the GPU model it is for (libs/core/kernel/quota_math.py reservation_model): its flavor follows it
+    model: str = ""  # the GPU model it is for (libs/core/kernel/flavors.py reservation_model): its flavor follows it
 
 
 def _gpus(milli: int) -> str:

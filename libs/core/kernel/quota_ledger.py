@@ -31,9 +31,10 @@ from contracts import (
 )
 from libs.core.kernel.budgets import BudgetBook
 from libs.core.kernel.fairness import DecayedUsage
+from libs.core.kernel.flavors import reservation_model
 from libs.core.kernel.policy import PolicyBook, demand_milli
 from libs.core.kernel.quota_figures import WAITS_AGAIN, budget_left_s, budget_period, charge_queue, fair_share
-from libs.core.kernel.quota_math import ANY, QuotaBook, reservation_model
+from libs.core.kernel.quota_math import ANY, QuotaBook
 
 
 @dataclass(slots=True)

@@ -27,99 +27,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any
 
 from contracts import JobSpec, QueueSpec
+from libs.core.kernel.book_what_if import BookWhatIf, Cell
+from libs.core.kernel.flavors import charged_flavor, flavor_matches
 from libs.core.kernel.queue_limits import ANY, UNLIMITED, Limits, flavor_quotas, limits_of, subtree_cap
-
-
-def flavor_name(model: str) -> str:
-    """The flavor as events carry it: "" for any model."""
-    return "" if model == ANY else model
-
-
-def flavor_matches(flavor: str, spec: JobSpec) -> bool:
-    return flavor == ANY or not spec.gpu_models or flavor in spec.gpu_models
-
-
-def reservation_model(flavor: str, placed_model: str, spec: JobSpec | None) -> str:
-    """The GPU model a reservation is for: the model its job was placed on, else its flavor's model, else the
-    one model the job asks for; "" when unknown (any model)."""
-    if placed_model:
-        return placed_model
-    if flavor != ANY:
-        return flavor
-    return spec.gpu_models[0] if spec is not None and len(spec.gpu_models) == 1 else ""
-
-
-def charged_flavor(limits: dict[str, Limits], flavor: str, model: str) -> str:
-    """The flavor a reservation charged to `flavor`, for GPU model `model` ("" unknown), is charged to under its
-    queue's current flavors (`limits`): its own while the queue still has it; else the flavor of its model,
-    else "*" (it covers every model); else, no flavor covering it, where it is (it still binds there)."""
-    if flavor in limits:
-        return flavor
-    if model and model in limits:
-        return model
-    return ANY if ANY in limits else flavor
-
-
-# One usage tally a what-if recorded before changing it: (the tally, its key, its value then; None: absent).
-Cell = tuple[dict[Any, int], object, int | None]
-
-
-class BookWhatIf:
-    """A trial on the live quota book, rolled back when it ends: `with book.what_if():`.
-
-    While it is open, every usage change on the book (`add`, and `recharge` through it) is recorded, whoever
-    makes it, as the tallies it changes and their values before. On leaving the block, by its end or by an
-    exception, they are restored, last first, so the book ends exactly as it began (no tally left behind at zero
-    either); unless `keep()` was called: then the changes stand, and an enclosing what-if records them as its
-    own. What-ifs nest; each rolls back only its own changes.
-
-    Only usage is recorded: the queue tree and its limits (set_queues, set_queue) are refused while a what-if is
-    open, since they are facts from the log, never trials.
-
-        with book.what_if():
-            for job in ending:
-                book.add(job.queue, job.flavor, -job.demand)  # the jobs gone...
-            room = book.room(queue, flavor)  # ...how much room would the queue have?
-        # here the jobs hold their quota again
-    """
-
-    __slots__ = ("_book", "_cells", "_kept", "_outer")
-
-    def __init__(self, book: QuotaBook) -> None:
-        self._book = book
-        self._cells: list[Cell] = []
-        self._outer: list[Cell] | None = None
-        self._kept = False
-
-    def __enter__(self) -> BookWhatIf:
-        self._outer = self._book._cells
-        self._book._cells = self._cells
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        cells = self._cells
-        if cells:  # (most trials that are not asked to change anything change nothing)
-            if self._kept:
-                if self._outer is not None:
-                    self._outer.extend(cells)
-            else:
-                for tally, key, value in reversed(cells):
-                    if value is None:
-                        del tally[key]
-                    else:
-                        tally[key] = value
-            self._cells = []
-        self._book._cells = self._outer
-        self._kept = False
-
-    def keep(self) -> None:
-        """Let the changes made in this what-if stand when it ends (a trial that became the decision)."""
-        self._kept = True
 
 
 @dataclass(slots=True)

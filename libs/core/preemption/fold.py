@@ -36,8 +36,9 @@ from contracts import (
     SchedulingSettingsChanged,
 )
 from libs.core.kernel.attained_service import threshold_milli_s
+from libs.core.kernel.flavors import reservation_model
 from libs.core.kernel.policy import PolicyBook, declared_runtime, demand_milli
-from libs.core.kernel.quota_math import ANY, reservation_model
+from libs.core.kernel.quota_math import ANY
 from libs.core.kernel.starvation import CAPACITY_HELD
 from libs.core.kernel.wait_reasons import BUDGET_WAITS, RETRY_BACKOFF, USER_LIMIT, WAITING_FOR_QUOTA
 from libs.core.preemption.state import PLACEMENT, PreemptionState, Running, World

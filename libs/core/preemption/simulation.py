@@ -21,8 +21,9 @@ import msgspec
 from contracts import JobSpec, ReplicaPlacement
 from libs.core.cluster.job_fit import Shortfall, fits, place_gang
 from libs.core.cluster.model import Cluster
+from libs.core.kernel.flavors import flavor_matches
 from libs.core.kernel.policy import PolicyBook, demand_milli
-from libs.core.kernel.quota_math import ANY, flavor_matches
+from libs.core.kernel.quota_math import ANY
 from libs.core.preemption.candidates import budget_left
 from libs.core.preemption.state import PLACEMENT, PreemptionState, Running
 from libs.core.preemption.victim_sets import choose_victims

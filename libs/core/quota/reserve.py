@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from contracts import QuotaReserved
 from libs.core.kernel.decider import Decisions
+from libs.core.kernel.flavors import flavor_name
 from libs.core.kernel.nomination import NOMINATION_TTL_S
 from libs.core.kernel.policy import runtime_bound
-from libs.core.kernel.quota_math import ANY, UNLIMITED, flavor_name
+from libs.core.kernel.quota_math import ANY, UNLIMITED
 from libs.core.kernel.wait_reasons import (
     BUDGET_SPENT,
     COHORT_QUOTA_EXHAUSTED,

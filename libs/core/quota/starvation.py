@@ -85,8 +85,14 @@ def find_starving(state: QuotaState, group: list[str], cycle: Cycle) -> None:
     if oldest is None:
         return
     flavors = flavors_of(state, oldest) or (ANY,)
-    holding = [j for q in group for j_id in state.reserved.get(q, {}) if (j := state.jobs[j_id]).flavor in flavors]
-    shadow = reservations_shadow(state.book, oldest, flavors, holding, cycle.now)
+    if _fits(state.book, oldest, flavors):
+        # It fits as the book is: its shadow is now, reservations_shadow's first answer, found without reading
+        # the group's reservations.
+        shadow: Shadow[QuotaJob] | None = Shadow(at=cycle.now, ending=())
+    else:
+        holding = [j for q in group for j_id in state.reserved.get(q, {})
+                   if (j := state.jobs[j_id]).flavor in flavors]
+        shadow = reservations_shadow(state.book, oldest, flavors, holding, cycle.now)
     if shadow is None:
         return  # it could not fit even with every reservation gone: it holds nobody
     cycle.starving = oldest

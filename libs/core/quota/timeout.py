@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from contracts import QuotaReleased, QuotaReserved
 from libs.core.kernel.decider import Decisions
+from libs.core.kernel.flavors import flavor_name
 from libs.core.kernel.quota_figures import PLACEMENT_TIMEOUT
-from libs.core.kernel.quota_math import flavor_name
 from libs.core.kernel.starvation import CAPACITY_HELD
 from libs.core.kernel.wait_reasons import PLACEMENT_TIMED_OUT
 from libs.core.quota.reasons import defer

@@ -3,8 +3,8 @@ flavor's in the quota book; and where a queue's reservations are charged when it
 
 from __future__ import annotations
 
+from libs.core.kernel.flavors import reservation_model
 from libs.core.kernel.quota_figures import charge_queue
-from libs.core.kernel.quota_math import reservation_model
 from libs.core.quota.state import QuotaJob, QuotaState
 from libs.core.quota.waiting import queue_changed
 

@@ -30,8 +30,9 @@ from contracts import (
     QuotaReserved,
     ReplicaPlacement,
 )
+from libs.core.kernel.flavors import charged_flavor, reservation_model
 from libs.core.kernel.queue_limits import Limits
-from libs.core.kernel.quota_math import QuotaBook, charged_flavor, reservation_model
+from libs.core.kernel.quota_math import QuotaBook
 from libs.core.quota.decider import QuotaDecider
 from tests.unit.builders import EventFeed, Job, brief, kinds, node, of, pipeline, spec_of
 from tests.unit.quota_builders import DAY, D, on, outcome, q, quota, reserved, run, settings, wait

@@ -47,8 +47,9 @@ from contracts import (
     SchedulingSettings,
     SchedulingSettingsChanged,
 )
+from libs.core.kernel.flavors import flavor_matches
 from libs.core.kernel.policy import demand_milli
-from libs.core.kernel.quota_math import ANY, UNLIMITED, QuotaBook, flavor_matches
+from libs.core.kernel.quota_math import ANY, UNLIMITED, QuotaBook
 from libs.core.kernel.wait_reasons import BEHIND_HIGHER_PRIORITY, QUOTA_LENT_OUT
 from libs.core.quota.decider import QuotaDecider
 from tests.unit.builders import EventFeed
