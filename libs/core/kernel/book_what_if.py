@@ -4,13 +4,17 @@ every usage change made while one is open, and the trial restores them."""
 from __future__ import annotations
 
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from libs.core.kernel.quota_math import QuotaBook
+from typing import Any, Protocol
 
 # One usage tally a what-if recorded before changing it: (the tally, its key, its value then; None: absent).
 Cell = tuple[dict[Any, int], object, int | None]
+
+
+class RecordingBook(Protocol):
+    """What a trial needs of the book (quota_math.QuotaBook): where it records the cells it changes (None: no
+    trial open). A protocol, so this module does not import the book that imports it."""
+
+    _cells: list[Cell] | None
 
 
 class BookWhatIf:
@@ -34,7 +38,7 @@ class BookWhatIf:
 
     __slots__ = ("_book", "_cells", "_kept", "_outer")
 
-    def __init__(self, book: QuotaBook) -> None:
+    def __init__(self, book: RecordingBook) -> None:
         self._book = book
         self._cells: list[Cell] = []
         self._outer: list[Cell] | None = None
