@@ -104,8 +104,8 @@ class ClusterArrays:
             self._fill(i)
         self.version = self.cluster.version
 
-    def _fill(self, i: int) -> None:
-        node = self.nodes[i]
+    def _fill(self, row: int) -> None:
+        node = self.nodes[row]
         width = self.width
         free = [UNUSABLE] * width
         mem = [0] * width
@@ -137,26 +137,26 @@ class ClusterArrays:
         shares += [UNUSABLE] * (width - len(shares) - overdrawn)
         shares.sort()
         # The arrays are written only where the row changed: at this size numpy's cost per call dominates.
-        if free != self.free_rows[i]:
-            self.free[i] = free
-        if mem != self.free_mem_rows[i]:
-            self.free_mem[i] = mem
-        self.free_rows[i] = free
-        self.free_mem_rows[i] = mem
-        self.share_rows[i] = shares
-        self.fraction_room[i] = room
+        if free != self.free_rows[row]:
+            self.free[row] = free
+        if mem != self.free_mem_rows[row]:
+            self.free_mem[row] = mem
+        self.free_rows[row] = free
+        self.free_mem_rows[row] = mem
+        self.share_rows[row] = shares
+        self.fraction_room[row] = room
         host = (node.free_cpu_milli, node.free_memory_mib, node.free_rdma_nics)
-        if host != self.host_rows[i]:
-            self.host_rows[i] = host
-            self.cpu[i], self.mem[i], self.rdma[i] = host
-        self.usable_rows[i] = (usable, usable_share, idle_gpus)
-        if idle != self.idle_rows[i]:
-            self.idle_rows[i] = idle
-            self.idle[i] = idle
+        if host != self.host_rows[row]:
+            self.host_rows[row] = host
+            self.cpu[row], self.mem[row], self.rdma[row] = host
+        self.usable_rows[row] = (usable, usable_share, idle_gpus)
+        if idle != self.idle_rows[row]:
+            self.idle_rows[row] = idle
+            self.idle[row] = idle
         online = bool(node.online)
-        if online != self.online_rows[i]:
-            self.online_rows[i] = online
-            self.online[i] = online
+        if online != self.online_rows[row]:
+            self.online_rows[row] = online
+            self.online[row] = online
 
     def refresh(self) -> list[int]:
         """Bring the arrays up to date; returns the rows that changed."""

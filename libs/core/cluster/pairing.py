@@ -186,14 +186,14 @@ class _PackingDual:
         self.t = np.vstack([self.t, row])
         self.basis.append(slack)
 
-    def _pivot(self, i: int, j: int) -> None:
-        t = self.t
-        t[i] = t[i] / t[i, j]
-        column = t[:, j].copy()
-        column[i] = 0.0
-        t -= column[:, None] * t[i][None, :]
-        self.z = self.z - self.z[j] * t[i]
-        self.basis[i] = j
+    def _pivot(self, pivot_row: int, pivot_column: int) -> None:
+        table = self.t
+        table[pivot_row] = table[pivot_row] / table[pivot_row, pivot_column]
+        column = table[:, pivot_column].copy()
+        column[pivot_row] = 0.0
+        table -= column[:, None] * table[pivot_row][None, :]
+        self.z = self.z - self.z[pivot_column] * table[pivot_row]
+        self.basis[pivot_row] = pivot_column
 
     def _primal(self) -> None:
         columns = self.n + len(self.basis)

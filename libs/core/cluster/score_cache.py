@@ -144,32 +144,33 @@ class ShapeScores:
             self._score(rows, cols, v)
         self._mark()
 
-    def _candidates(self, r: int) -> list[tuple[int, int]]:
+    def _candidates(self, row: int) -> list[tuple[int, int]]:
         """A node's candidates as `choose` lists them: (GPU column, its free share), for a shared request the
         first GPU of each free share that fits."""
         req = self.req
         if not req.shared:
             return [(0, FULL if req.gpus else 0)]
         firsts: dict[int, int] = {}
-        mask = self._gpu_models[r]
-        needs = memory_need_row(self.a, req, r)
-        for j, (v, mem, need) in enumerate(zip(self.a.free_rows[r], self.a.free_mem_rows[r], needs, strict=True)):
-            if v >= req.milli and mem >= need and mask[j] and v not in firsts:
-                firsts[v] = j
-        return [(j, v) for v, j in firsts.items()]
+        mask = self._gpu_models[row]
+        needs = memory_need_row(self.a, req, row)
+        gpus = zip(self.a.free_rows[row], self.a.free_mem_rows[row], needs, strict=True)
+        for column, (share, mem, need) in enumerate(gpus):
+            if share >= req.milli and mem >= need and mask[column] and share not in firsts:
+                firsts[share] = column
+        return [(column, share) for share, column in firsts.items()]
 
-    def _score(self, rows: I64, cols: I64, v: I64) -> None:
+    def _score(self, rows: I64, cols: I64, shares: I64) -> None:
         """Score candidates (vectorised, as `choose`) and keep each node's best: under fgd by (-score, column);
         under packing by (-score, -tie, share left, column), where the tie-break score (as costly as the score
         itself) is computed now only for nodes with several candidates at their best score, and for the others
         when their score ties for the top at a pick (`choose` too scores ties only)."""
         frag, req = self.frag, self.req
-        k, m, c = req.gpus, req.milli, req.cpu
+        gpus, milli, cpu = req.gpus, req.milli, req.cpu
         uniform = not req.shared
-        score = frag.sigmoid_score(frag.frag[rows] - frag.after(rows, v, k, m, c, uniform=uniform))
+        score = frag.sigmoid_score(frag.frag[rows] - frag.after(rows, shares, gpus, milli, cpu, uniform=uniform))
         if req.shared:
-            score = frag.rank_shared(score, v, m)
-        left = v - m
+            score = frag.rank_shared(score, shares, milli)
+        left = shares - milli
         tie = np.zeros_like(score)
         known = np.zeros(len(rows), dtype=bool)
         if self.multi and req.shared:  # several candidates per node only when GPUs are shared
@@ -182,7 +183,7 @@ class ShapeScores:
             need = order[several]
             if need.size:
                 tie[need] = frag.sigmoid_score(frag.frag_multi[rows[need]] - frag.after(
-                    rows[need], v[need], k, m, c, multi=True, mem=req.mem))
+                    rows[need], shares[need], gpus, milli, cpu, multi=True, mem=req.mem))
                 known[need] = True
         order = np.lexsort((cols, left, -tie, -score, rows) if self.multi else (cols, -score, rows))
         ordered = rows[order]
@@ -202,42 +203,43 @@ class ShapeScores:
             rows, self.left[rows] + m, k, m, c, multi=True, uniform=not req.shared, mem=req.mem))
         self.tie_known[rows] = True
 
-    def _score_plain(self, r: int, j: int, v: int) -> None:
+    def _score_plain(self, row: int, column: int, share: int) -> None:
         """`_score` for one candidate, in plain integers, kept if it beats the node's best so far."""
         frag, req = self.frag, self.req
-        k, m, c = req.gpus, req.milli, req.cpu
-        row = frag.row(r)
-        s = frag.sigmoid_one(row[6] - frag.after_one(r, v, k, m, c))
+        gpus, milli, cpu = req.gpus, req.milli, req.cpu
+        figures = frag.row(row)
+        score = frag.sigmoid_one(figures[6] - frag.after_one(row, share, gpus, milli, cpu))
         if req.shared:
-            s = frag.rank_shared_one(s, v, m)
-        t = frag.sigmoid_one(row[7] - frag.after_one(r, v, k, m, c, multi=True, mem=req.mem)) if self.multi else 0
-        if self.score[r] != NONE:
-            key = (-s, -t, v - m, j) if self.multi else (-s, 0, 0, j)
-            held = int(self.score[r]), int(self.tie[r]), int(self.left[r]), int(self.col[r])
+            score = frag.rank_shared_one(score, share, milli)
+        tie = (frag.sigmoid_one(figures[7] - frag.after_one(row, share, gpus, milli, cpu, multi=True, mem=req.mem))
+               if self.multi else 0)
+        if self.score[row] != NONE:
+            key = (-score, -tie, share - milli, column) if self.multi else (-score, 0, 0, column)
+            held = int(self.score[row]), int(self.tie[row]), int(self.left[row]), int(self.col[row])
             if key >= ((-held[0], -held[1], held[2], held[3]) if self.multi else (-held[0], 0, 0, held[3])):
                 return
-        self.score[r], self.tie[r], self.left[r], self.col[r] = s, t, v - m, j
-        self.tie_known[r] = True
+        self.score[row], self.tie[row], self.left[row], self.col[row] = score, tie, share - milli, column
+        self.tie_known[row] = True
 
-    def _fits(self, r: int) -> bool:
+    def _fits(self, row: int) -> bool:
         """feasible_rows for one node (no allowed mask)."""
-        a, req = self.a, self.req
-        if not (a.online_rows[r] and self._models[r]):
+        arrays, req = self.a, self.req
+        if not (arrays.online_rows[row] and self._models[row]):
             return False
-        cpu, mem, rdma = a.host_rows[r]
+        cpu, mem, rdma = arrays.host_rows[row]
         if cpu < req.cpu or mem < req.mem or rdma < req.rdma:
             return False
         if req.gpus == 0:
-            return a.model_rows[r] >= 0
-        if not a.mixed:
-            return row_has_gpus(a, req, r)
-        fitting = [j for j, (v, free_mem, need) in enumerate(zip(a.free_rows[r], a.free_mem_rows[r],
-                                                                  memory_need_row(a, req, r), strict=True))
-                   if v >= req.milli and free_mem >= need]
+            return arrays.model_rows[row] >= 0
+        if not arrays.mixed:
+            return row_has_gpus(arrays, req, row)
+        gpus = zip(arrays.free_rows[row], arrays.free_mem_rows[row], memory_need_row(arrays, req, row), strict=True)
+        fitting = [column for column, (share, free_mem, need) in enumerate(gpus)
+                   if share >= req.milli and free_mem >= need]
         counts: dict[int, int] = {}
-        models = a.gpu_model[r]
-        for j in fitting:
-            model = int(models[j])
+        models = arrays.gpu_model[row]
+        for column in fitting:
+            model = int(models[column])
             if model in self._model_ids:
                 counts[model] = counts.get(model, 0) + 1
         return any(n >= req.gpus for n in counts.values())

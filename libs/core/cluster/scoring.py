@@ -60,22 +60,22 @@ _SALTED: dict[tuple[int, int], I64] = {}
 _SALTED_LISTS: dict[tuple[int, int], list[int]] = {}
 
 
-def _salted_list(n: int, salt: int) -> list[int]:
-    keys = _SALTED_LISTS.get((n, salt))
+def _salted_list(count: int, salt: int) -> list[int]:
+    keys = _SALTED_LISTS.get((count, salt))
     if keys is None:
         if len(_SALTED_LISTS) > 64:
             _SALTED_LISTS.clear()
-        keys = _SALTED_LISTS[(n, salt)] = salted_rows(n, salt).tolist()
+        keys = _SALTED_LISTS[(count, salt)] = salted_rows(count, salt).tolist()
     return keys
 
 
-def salted_rows(n: int, salt: int) -> I64:
+def salted_rows(count: int, salt: int) -> I64:
     """salted_order of every row 0..n-1 (each row's key depends on the row and the salt alone)."""
-    keys = _SALTED.get((n, salt))
+    keys = _SALTED.get((count, salt))
     if keys is None:
         if len(_SALTED) > 64:
             _SALTED.clear()
-        keys = _SALTED[(n, salt)] = salted_order(np.arange(n, dtype=np.int64), salt)
+        keys = _SALTED[(count, salt)] = salted_order(np.arange(count, dtype=np.int64), salt)
         keys.flags.writeable = False
     return keys
 
