@@ -31,13 +31,15 @@ from contracts import (
     PriorityClassesChanged,
     QueuePolicyChanged,
     QueueSpec,
+    QuotaReleased,
+    QuotaReserved,
     SchedulingSettingsChanged,
     SubmitJob,
 )
 from libs.core.accounting.ledger import Ledger
 from libs.core.kernel.decider import derived_id
 from libs.core.kernel.policy import PolicyBook
-from libs.core.kernel.queue_limits import check_tree
+from libs.core.kernel.queue_limits import ANY, check_tree
 from libs.nodes.sim import (
     DEFAULT_GPU_MEMORY_MIB,
     GPU_MEMORY_MIB,
@@ -231,11 +233,24 @@ def job_outcomes(log: list[tuple[int, EventBase]]) -> dict[str, JobOutcome]:
     return {job: JobOutcome(view.state, view.reason) for job, view in sorted(ledger.jobs.items())}
 
 
+def held_flavors(log: list[tuple[int, EventBase]]) -> dict[str, str]:
+    """The flavor each job holds quota in at the end of the log: its last QuotaReserved's ("*" for the
+    any-model flavor), unless given back since."""
+    held: dict[str, str] = {}
+    for _, event in log:
+        if isinstance(event, QuotaReserved):
+            held[event.job_id] = event.flavor or ANY
+        elif isinstance(event, QuotaReleased):
+            held.pop(event.job_id, None)
+    return held
+
+
 def unmet_expectations(scenario: Scenario, log: list[tuple[int, EventBase]],
                        violations: list[ViolationLike]) -> list[str]:
     expect = scenario.expect
     out: list[str] = []
     outcomes = job_outcomes(log) if expect.jobs else {}
+    flavors = held_flavors(log) if any(want.flavor is not None for want in expect.jobs.values()) else {}
     for job, want in sorted(expect.jobs.items()):
         got = outcomes.get(job)
         if got is None:
@@ -245,6 +260,9 @@ def unmet_expectations(scenario: Scenario, log: list[tuple[int, EventBase]],
             out.append(f"job {job}: expected {want.state}, got {got.state}" + (f" ({got.code})" if got.code else ""))
         if want.code is not None and got.code != want.code:
             out.append(f"job {job}: expected code {want.code}, got {got.code or 'none'}")
+        if want.flavor is not None and flavors.get(job, "") != want.flavor:
+            out.append(f"job {job}: expected its quota in flavor {want.flavor or 'none'}, "
+                       f"got {flavors.get(job) or 'none'}")
     if expect.violations is not None:
         found = sorted({v.guarantee for v in violations})
         if found != sorted(set(expect.violations)):

@@ -122,10 +122,12 @@ ACTIONS = tuple(f for f in Step.__struct_fields__ if f != "at")
 
 class JobExpectation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
     """What a job's record says at the end: state (pending, running, succeeded, failed, cancelled, rejected)
-    and, for a rejection or a wait, its reason code."""
+    and, for a rejection or a wait, its reason code; and the flavor its quota is held in at the end (the
+    GPU model of its last QuotaReserved not given back since; "*" for the any-model flavor, "" for none)."""
 
     state: str | None = None
     code: str | None = None
+    flavor: str | None = None
 
 
 class Expect(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
