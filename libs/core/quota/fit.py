@@ -22,6 +22,27 @@ def flavors_of(state: QuotaState, job: QuotaJob) -> tuple[str, ...]:
     return job.flavors
 
 
+def judged_anew(state: QuotaState) -> set[str]:
+    """The queues of the waiting jobs whose answer the fleet event just folded may change. Quota reads the fleet
+    through two questions only, so these are the jobs it changes: every answer is judged on the flavors the job
+    may use (flavors_of: those of a model the nodes present serve), and NO_NODE_COULD_HOLD also on whether the
+    nodes present could hold it at all (could_hold)."""
+    queues = {state.jobs[j].queue for j in state.judged_on_nodes if j in state.jobs}
+    if state.fleet.before is state.fleet.by_model:
+        return queues  # no model's count changed: no job's flavors moved
+    for job_id in state.deferred:
+        job = state.jobs.get(job_id)
+        if job is not None and job.state == "pending" and job.queue not in queues and flavors_moved(state, job):
+            queues.add(job.queue)
+    return queues
+
+
+def flavors_moved(state: QuotaState, job: QuotaJob) -> bool:
+    """Are the flavors the job may use now other than before the fleet event just folded?"""
+    flavors = tuple(state.book.flavors_for(job.queue, job.spec))
+    return state.fleet.servable(flavors, job.spec, job.demand, state.fleet.before) != flavors_of(state, job)
+
+
 def may_borrow(state: QuotaState, job: QuotaJob) -> bool:
     """May the job use quota its queue borrows? Not a job that cannot be preempted: the lender would never
     get that quota back while it runs (as KAI Scheduler keeps such jobs within their queue's quota)."""

@@ -30,12 +30,16 @@ class Fleet:
         self.cordoned: set[str] = set()  # out of placement until uncordoned (a registration keeps it so)
         self.by_model: dict[str, int] = {}  # model -> healthy GPUs of it
         self.version = 0  # bumps whenever `by_model` changes: answers cached per version go stale
+        # `by_model` as it was before the last fleet event folded (the very same object when that event changed
+        # no count): what a job was judged on before it, to tell whose flavors it moved.
+        self.before: dict[str, int] = self.by_model
         # The present nodes with nothing on them: could they hold a job with every running job gone?
         self.inventory = EmptyInventory()
 
     def fold(self, event: EventBase) -> None:
         if isinstance(event, FLEET_EVENTS):
             self.inventory.evolve(event)
+            self.before = self.by_model
         match event:
             case NodeRegistered():
                 self.healthy[event.node.name] = {g.index: (g.model, g.healthy) for g in event.node.gpus}
@@ -82,20 +86,25 @@ class Fleet:
             self.by_model = counts
             self.version += 1
 
-    def could_hold(self, flavor: str, spec: JobSpec, demand_milli: int) -> bool:
-        """Has the cluster enough healthy GPUs of the flavor's model (any the job allows, for ANY) for the job?"""
-        models = self._models(flavor, spec)
-        return sum(self.by_model.get(m, 0) for m in models) * 1000 >= demand_milli
+    def could_hold(self, flavor: str, spec: JobSpec, demand_milli: int, counts: dict[str, int] | None = None) -> bool:
+        """Has the cluster enough healthy GPUs of the flavor's model (any the job allows, for ANY) for the job?
+        By `counts` (healthy GPUs per model) when given, else by the fleet as it is now."""
+        by_model = self.by_model if counts is None else counts
+        models = _models(flavor, spec, by_model)
+        return sum(by_model.get(m, 0) for m in models) * 1000 >= demand_milli
 
-    def _models(self, flavor: str, spec: JobSpec) -> Iterable[str]:
-        if flavor != ANY:
-            return (flavor,)
-        if spec.gpu_models:
-            return spec.gpu_models
-        return self.by_model.keys()
-
-    def servable(self, flavors: tuple[str, ...], spec: JobSpec, demand_milli: int) -> tuple[str, ...]:
+    def servable(self, flavors: tuple[str, ...], spec: JobSpec, demand_milli: int,
+                 counts: dict[str, int] | None = None) -> tuple[str, ...]:
         """The flavors the cluster could serve the job with, in their order; all of them when none could (then
-        no flavor is better than another, and placement tells why the job cannot run)."""
-        able = tuple(f for f in flavors if self.could_hold(f, spec, demand_milli))
+        no flavor is better than another, and placement tells why the job cannot run). By `counts` as
+        could_hold."""
+        able = tuple(f for f in flavors if self.could_hold(f, spec, demand_milli, counts))
         return able if able else flavors
+
+
+def _models(flavor: str, spec: JobSpec, by_model: dict[str, int]) -> Iterable[str]:
+    if flavor != ANY:
+        return (flavor,)
+    if spec.gpu_models:
+        return spec.gpu_models
+    return by_model.keys()
