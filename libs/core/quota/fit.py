@@ -9,14 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from libs.core.kernel.quota_math import ANY, UNLIMITED
+from libs.core.kernel.usable_flavors import usable_flavors
 from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 
 def flavors_of(state: QuotaState, job: QuotaJob) -> tuple[str, ...]:
     """The queue's flavors the job may use, in the queue's order, less those of a model no node of the cluster
-    could hold it on while another could (quota of a model the cluster lacks would never be placed)."""
+    could hold it on while another could (kernel/usable_flavors.py, the rule preemption simulates by too)."""
     if job.flavors_version != state.flavors_epoch:
-        flavors = state.fleet.servable(tuple(state.book.flavors_for(job.queue, job.spec)), job.spec, job.demand)
+        flavors = usable_flavors(state.book, state.fleet, job.spec, job.demand)
         job.flavors = state.interned_flavors.setdefault(flavors, flavors)  # one object per value: compared by identity
         job.flavors_version = state.flavors_epoch
     return job.flavors
@@ -39,8 +40,8 @@ def judged_anew(state: QuotaState) -> set[str]:
 
 def flavors_moved(state: QuotaState, job: QuotaJob) -> bool:
     """Are the flavors the job may use now other than before the fleet event just folded?"""
-    flavors = tuple(state.book.flavors_for(job.queue, job.spec))
-    return state.fleet.servable(flavors, job.spec, job.demand, state.fleet.before) != flavors_of(state, job)
+    before = usable_flavors(state.book, state.fleet, job.spec, job.demand, state.fleet.before)
+    return before != flavors_of(state, job)
 
 
 def may_borrow(state: QuotaState, job: QuotaJob) -> bool:
