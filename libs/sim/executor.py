@@ -32,6 +32,7 @@ from contracts import (
     NodeRegistered,
     PreemptionDecided,
     PriorityClassesChanged,
+    QuotaReserved,
     ReplicaPlacement,
 )
 from libs.core.cluster.runs_after_reregistration import RunOnNode, runs_to_stop
@@ -123,6 +124,7 @@ class ExecutorBook:
         self.ended_runs: dict[str, int] = {}  # job -> runs that finished or failed
         self.replicas: dict[str, None] = {}  # inference service replicas: ready as soon as they run
         self.needs: dict[str, tuple[tuple[str, ...], str]] = {}  # job -> (GPU models allowed, MIG profile)
+        self.flavors: dict[str, str] = {}  # job -> the flavor of its last QuotaReserved ("": any model)
 
     def reports(self, run: Run) -> RunReports:
         """The shared report model (libs/nodes/reports.py), with the ids this executor's logs were recorded with."""
@@ -169,6 +171,8 @@ class ExecutorBook:
                                               limit=self.limits.get(event.job_id))
                 models, profile = self.needs.get(event.job_id, ((), ""))
                 self.runs[event.job_id].gpu_models, self.runs[event.job_id].mig_profile = models, profile
+            case QuotaReserved():
+                self.flavors[event.job_id] = event.flavor
             case PriorityClassesChanged():
                 self.grace = {c.name: c.checkpoint_grace_s for c in event.classes}
             case PreemptionDecided():
@@ -245,7 +249,8 @@ class ExecutorBook:
                     out += self.stop(run, GPU_REMOVED, now)
                 # Registered with a spec the rest no longer fit (another model, MIG switched, less capacity):
                 # the runs that must go for the others to fit stop the same way.
-                here = [RunOnNode(r.job_id, r.placed_at, r.placements, r.gpu_models, r.mig_profile)
+                here = [RunOnNode(r.job_id, r.placed_at, r.placements, r.gpu_models, r.mig_profile,
+                                  self.flavors.get(r.job_id, ""))
                         for r in runs.values() if r.job_id in self.runs and any(n == name for n, _ in r.gpus)]
                 for job_id in runs_to_stop(event.node, here):
                     out += self.stop(runs[job_id], NODE_CHANGED, now)

@@ -47,6 +47,7 @@ from contracts import (
     NodeSpec,
     PreemptionDecided,
     PriorityClassesChanged,
+    QuotaReserved,
     ReplicaPlacement,
 )
 from libs.bus.jetstream import Bus
@@ -138,6 +139,7 @@ class ProcessExecutor:
     # jobs that ran long ago): they are folded, never acted on.
     live_from: int = 0
     specs: dict[str, JobSpec] = field(default_factory=dict)
+    flavors: dict[str, str] = field(default_factory=dict)  # job -> the flavor of its last QuotaReserved ("": any)
     grace: dict[str, float] = field(default_factory=lambda: {c.name: c.checkpoint_grace_s
                                                              for c in DEFAULT_PRIORITY_CLASSES})
     placed: dict[str, LocalRun] = field(default_factory=dict)  # job -> its run here, as the log says
@@ -161,8 +163,8 @@ class ProcessExecutor:
     # --- the fold ----------------------------------------------------------------------------------
 
     def input_types(self) -> Iterable[type[EventBase]]:
-        return (JobSubmitted, JobPlaced, JobCancelled, PreemptionDecided, PriorityClassesChanged, JobStarted,
-                JobCheckpointed, *ENDS, NodeRegistered, NodeLost, GpuHealthChanged, NodeCordoned)
+        return (JobSubmitted, QuotaReserved, JobPlaced, JobCancelled, PreemptionDecided, PriorityClassesChanged,
+                JobStarted, JobCheckpointed, *ENDS, NodeRegistered, NodeLost, GpuHealthChanged, NodeCordoned)
 
     def replay(self, seq: int, event: EventBase) -> None:
         self.seen = seq
@@ -176,6 +178,8 @@ class ProcessExecutor:
         match event:
             case JobSubmitted():
                 self.specs[event.job_id] = event.spec
+            case QuotaReserved():
+                self.flavors[event.job_id] = event.flavor
             case PriorityClassesChanged():
                 self.grace = {c.name: c.checkpoint_grace_s for c in event.classes}
             case NodeRegistered() if event.node.name == self.node:
@@ -200,6 +204,7 @@ class ProcessExecutor:
                 else:
                     self.saved.pop(event.job_id, None)
                     self.specs.pop(event.job_id, None)
+                    self.flavors.pop(event.job_id, None)
                 return self.placed.pop(event.job_id, None)
             case JobCancelled():
                 self.cancelled.add(event.job_id)
@@ -257,7 +262,7 @@ class ProcessExecutor:
                 continue
             spec = self.specs.get(job_id)
             out.append(RunOnNode(job_id, r.placed_at, r.pieces, spec.gpu_models if spec else (),
-                                 spec.mig_profile if spec else ""))
+                                 spec.mig_profile if spec else "", self.flavors.get(job_id, "")))
         return out
 
     async def after_batch(self) -> None:

@@ -17,6 +17,7 @@ from libs.core.kernel.nomination import NOMINATION_TTL_S
 from libs.core.kernel.policy import demand_milli
 from libs.core.kernel.quota_math import ANY
 from libs.core.kernel.starvation import longest_waiting
+from libs.core.kernel.usable_flavors import usable_flavors
 from libs.core.quota.fit import could_hold, smallest_servable
 from libs.core.quota.nomination import holding_nominee, nominees
 from libs.core.quota.starvation import may_starve
@@ -48,7 +49,7 @@ def quota_flavors_with_room(world: World, spec: JobSpec) -> list[str]:
     borrows = world.quota.policy.preemptible(spec)  # a job that cannot be preempted never borrows
     # Of a model no present node could hold the job on, while another could, quota gives no flavor (the
     # decider's own narrowing, quota_fit.flavors_of): room there is no room the job could use.
-    flavors = world.quota.fleet.servable(tuple(book.flavors_for(spec.queue, spec)), spec, demand)
+    flavors = usable_flavors(book, world.quota.fleet, spec, demand)
     return [f for f in flavors
             if (book.borrow_only_room(spec.queue, f) if over else book.room(spec.queue, f) if borrows
                 else book.room_within_nominal(spec.queue, f)) >= demand]

@@ -2,10 +2,13 @@
 model, MIG switched, less GPU memory, CPU, memory or RDMA NICs). Both executors stop the runs this names, an
 infrastructure stop that puts the jobs back in line, so that no run goes on overcommitting its node.
 
-A run that cannot go on at all (a GPU index gone, a model its job does not allow, MIG turned off under
-its instance, a MIG profile the GPU no longer offers) stops. Of the rest, while the node's runs together
-take more than it has, the latest placed run that takes part in an overcommitted resource stops (job id
-breaks ties), until the others fit."""
+A run that cannot go on at all (a GPU index gone, a model it may not run on, MIG turned off under its
+instance, a MIG profile the GPU no longer offers) stops. The model a run may run on is the one its quota flavor
+bound it to (placement placed it on that model alone, and its queue is charged for that model), else any its
+job allows: a run reserved under A100 quota does not go on, still charged to A100, on a node now of H100.
+
+Of the rest, while the node's runs together take more than it has, the latest placed run that takes part in
+an overcommitted resource stops (job id breaks ties), until the others fit."""
 
 from __future__ import annotations
 
@@ -27,6 +30,11 @@ class RunOnNode:
     pieces: tuple[ReplicaPlacement, ...]  # its replicas on this node
     gpu_models: tuple[str, ...] = ()  # models the job allows; empty: any
     mig_profile: str = ""
+    bound_model: str = ""  # the model of the quota flavor it runs under (its QuotaReserved's); "": any model
+
+    def models(self) -> tuple[str, ...]:
+        """The models the run may go on running on (empty: any)."""
+        return (self.bound_model,) if self.bound_model else self.gpu_models
 
 
 def runs_to_stop(node: NodeSpec, runs: Sequence[RunOnNode]) -> list[str]:
@@ -47,12 +55,13 @@ def runs_to_stop(node: NodeSpec, runs: Sequence[RunOnNode]) -> list[str]:
 
 
 def _can_run(run: RunOnNode, name: str, gpus: dict[int, GpuSpec]) -> bool:
+    models = run.models()
     for p in run.pieces:
         if p.node != name:
             continue
         for i in p.gpu_indices:
             gpu = gpus.get(i)
-            if gpu is None or (run.gpu_models and gpu.model not in run.gpu_models):
+            if gpu is None or (models and gpu.model not in models):
                 return False
             if run.mig_profile and not gpu.mig_enabled:
                 return False  # MIG turned off under an instance (one turned on under a share waits for it)

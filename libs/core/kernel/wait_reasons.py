@@ -31,9 +31,6 @@ WAITING_FOR_QUOTA = PREEMPTION_MAY_HELP | {BEHIND_HIGHER_PRIORITY}
 # since (a node came back) with nothing to tell it yet; the inventory is asked again (quota_fit.could_hold).
 WAITING_OR_HELD = WAITING_FOR_QUOTA | {HELD_FOR_STARVING_JOB, NO_NODE_COULD_HOLD}
 BUDGET_WAITS = frozenset({BUDGET_SPENT, OVER_BUDGET_WAITS})
-# Reasons judged on the nodes present: no node could hold the job, or its queue's quota of the models some node
-# serves could never hold it. A node that registers or comes back (a model no node had, say) may change them.
-JUDGED_ON_NODES = frozenset({NO_NODE_COULD_HOLD, EXCEEDS_QUEUE_QUOTA})
 
 # A preemptor's claim (its nomination, kernel/nomination.py) holds others back: quota tells a job whose
 # reservation would leave the preemptor without room, placement one that would take the capacity its victims free.

@@ -10,7 +10,9 @@ from __future__ import annotations
 from contracts import LEAST_ATTAINED_SERVICE, RECLAIM, WITHIN_QUEUE_PRIORITY, JobSpec, PreemptionDecided, Victim
 from libs.core.kernel.attained_service import threshold_milli_s
 from libs.core.kernel.decider import Decisions
+from libs.core.kernel.policy import demand_milli
 from libs.core.kernel.quota_math import ANY
+from libs.core.kernel.usable_flavors import usable_flavors
 from libs.core.preemption.candidates import candidates
 from libs.core.preemption.reclaim import placement_victims, reclaim_victims
 from libs.core.preemption.shortcuts import AlikeJobs
@@ -105,7 +107,8 @@ def _victims_for_quota(world: World, job_id: str, spec: JobSpec, grace_over: boo
     queue of lower priority, so that quota admits it and placement places it."""
     if _behind_higher_priority(world, spec):
         return []
-    flavors = world.policy.quotas.flavors_for(spec.queue, spec) or [ANY]
+    # The flavors quota would reserve it in: of its queue's, those of a model the nodes serve (one rule for both).
+    flavors = list(usable_flavors(world.policy.quotas, world.models, spec, demand_milli(spec))) or [ANY]
     with _simulation(world, spec, job_id, now) as sim:
         victims = reclaim_victims(sim, flavors, job_id) if grace_over else []
         found = [] if victims else candidates(world.state, world.policy, spec, job_id, now)
@@ -165,7 +168,7 @@ def _simulation(world: World, spec: JobSpec, job_id: str, now: float) -> Simulat
     # nobody has claimed; victims leaving for a preemptor still waiting do not: that room is its.
     leaving = [state.running[other] for other in sorted({**state.cancelled, **state.victim_of})
                if other in state.running and unclaimed(other)]
-    return Simulation(state, world.policy, world.cluster, spec, leaving, now, job_id)
+    return Simulation(state, world.policy, world.cluster, spec, leaving, now, job_id, world.models)
 
 
 def _decide(world: World, job_id: str, spec: JobSpec, victims: list[Running], now: float, out: Decisions) -> None:

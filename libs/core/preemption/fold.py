@@ -155,6 +155,7 @@ def fold_job_cancelled(world: World, event: JobCancelled) -> None:
 
 def fold_node_event(world: World, event: EventBase) -> None:
     world.cluster.apply_node_event(event)
+    world.models.fold(event)
 
 
 def fold_priority_classes(world: World, event: PriorityClassesChanged) -> None:

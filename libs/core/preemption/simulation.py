@@ -24,6 +24,7 @@ from libs.core.cluster.model import Cluster
 from libs.core.kernel.flavors import flavor_matches
 from libs.core.kernel.policy import PolicyBook, demand_milli
 from libs.core.kernel.quota_math import ANY
+from libs.core.kernel.usable_flavors import ModelCounts, usable_flavors
 from libs.core.preemption.candidates import budget_left
 from libs.core.preemption.state import PLACEMENT, PreemptionState, Running
 from libs.core.preemption.victim_sets import choose_victims
@@ -35,11 +36,14 @@ class Simulation:
     leaving rolls back everything the simulation changed in the book."""
 
     def __init__(self, state: PreemptionState, policy: PolicyBook, cluster: Cluster, spec: JobSpec,
-                 leaving: list[Running], now: float = 0.0, job_id: str = "") -> None:
+                 leaving: list[Running], now: float = 0.0, job_id: str = "", models: ModelCounts | None = None
+                 ) -> None:
         self.state = state
         self.policy = policy
         self.book = policy.quotas  # changed only inside the simulation's what-if (rolled back on leaving)
         self.cluster = cluster  # changed only inside a what-if of each question (fits)
+        # The GPU models the nodes serve: which flavors a job can use (none known: every flavor it may use).
+        self.models = ModelCounts() if models is None else models
         self.spec = spec
         self.job_id = job_id
         self.demand = demand_milli(spec)
@@ -89,8 +93,8 @@ class Simulation:
 
     def _claimed_flavor(self, preemptor: str, spec: JobSpec) -> str:
         """The flavor a preemptor waiting for quota will get: that of its first victim it may use (a reclaim's
-        victims all hold the flavor reclaimed), else its queue's first."""
-        flavors = self.book.flavors_for(spec.queue, spec)
+        victims all hold the flavor reclaimed), else the first its queue's quota would reserve it in."""
+        flavors = usable_flavors(self.book, self.models, spec, demand_milli(spec))
         for victim in self.state.in_flight[preemptor]:
             run = self.state.running.get(victim)
             if run is not None and run.flavor in flavors:

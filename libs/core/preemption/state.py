@@ -14,6 +14,7 @@ from libs.core.kernel.attained_service import AttainedService
 from libs.core.kernel.policy import PolicyBook
 from libs.core.kernel.quota_math import ANY
 from libs.core.kernel.retries import RetryBook
+from libs.core.kernel.usable_flavors import ModelCounts
 
 # A job still running this long after its declared end has overrun its estimate (its executor's report of
 # an end on time would have come by then): it is no longer about to end.
@@ -248,3 +249,5 @@ class World:
     policy: PolicyBook = field(default_factory=PolicyBook)
     cluster: Cluster = field(default_factory=Cluster)
     retries: RetryBook = field(default_factory=RetryBook)
+    # The healthy GPUs of each model: which of its queue's flavors a job can use (kernel/usable_flavors.py).
+    models: ModelCounts = field(default_factory=ModelCounts)

@@ -9,17 +9,39 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from libs.core.kernel.quota_math import ANY, UNLIMITED
+from libs.core.kernel.usable_flavors import usable_flavors
 from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 
 def flavors_of(state: QuotaState, job: QuotaJob) -> tuple[str, ...]:
     """The queue's flavors the job may use, in the queue's order, less those of a model no node of the cluster
-    could hold it on while another could (quota of a model the cluster lacks would never be placed)."""
+    could hold it on while another could (kernel/usable_flavors.py, the rule preemption simulates by too)."""
     if job.flavors_version != state.flavors_epoch:
-        flavors = state.fleet.servable(tuple(state.book.flavors_for(job.queue, job.spec)), job.spec, job.demand)
+        flavors = usable_flavors(state.book, state.fleet, job.spec, job.demand)
         job.flavors = state.interned_flavors.setdefault(flavors, flavors)  # one object per value: compared by identity
         job.flavors_version = state.flavors_epoch
     return job.flavors
+
+
+def judged_anew(state: QuotaState) -> set[str]:
+    """The queues of the waiting jobs whose answer the fleet event just folded may change. Quota reads the fleet
+    through two questions only, so these are the jobs it changes: every answer is judged on the flavors the job
+    may use (flavors_of: those of a model the nodes present serve), and NO_NODE_COULD_HOLD also on whether the
+    nodes present could hold it at all (could_hold)."""
+    queues = {state.jobs[j].queue for j in state.judged_on_nodes if j in state.jobs}
+    if state.fleet.before is state.fleet.by_model:
+        return queues  # no model's count changed: no job's flavors moved
+    for job_id in state.deferred:
+        job = state.jobs.get(job_id)
+        if job is not None and job.state == "pending" and job.queue not in queues and flavors_moved(state, job):
+            queues.add(job.queue)
+    return queues
+
+
+def flavors_moved(state: QuotaState, job: QuotaJob) -> bool:
+    """Are the flavors the job may use now other than before the fleet event just folded?"""
+    before = usable_flavors(state.book, state.fleet, job.spec, job.demand, state.fleet.before)
+    return before != flavors_of(state, job)
 
 
 def may_borrow(state: QuotaState, job: QuotaJob) -> bool:

@@ -42,7 +42,7 @@ from libs.core.kernel.nomination import NOMINATION_TTL_S
 from libs.core.kernel.policy import demand_milli
 from libs.core.kernel.quota_figures import budget_period
 from libs.core.kernel.quota_math import ANY
-from libs.core.kernel.wait_reasons import BUDGET_WAITS, JUDGED_ON_NODES, WAITING_FOR_QUOTA
+from libs.core.kernel.wait_reasons import BUDGET_WAITS, NO_NODE_COULD_HOLD, WAITING_FOR_QUOTA
 from libs.core.quota.state import QuotaJob, QuotaState
 from libs.core.quota.timeout import PLACEMENT_TIMEOUT, end_placement_backoffs, placement_backoff_s
 from libs.core.quota.usage import charge, recharge
@@ -177,7 +177,7 @@ def fold_deferred(state: QuotaState, event: QuotaDeferred) -> None:
         state.budget_deferred[event.job_id] = None
     else:
         state.budget_deferred.pop(event.job_id, None)
-    if event.code in JUDGED_ON_NODES:
+    if event.code == NO_NODE_COULD_HOLD:
         state.judged_on_nodes[event.job_id] = None
     else:
         state.judged_on_nodes.pop(event.job_id, None)

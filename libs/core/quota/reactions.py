@@ -29,7 +29,7 @@ from contracts import (
 )
 from libs.core.kernel.decider import Decisions
 from libs.core.quota.cycle import schedule
-from libs.core.quota.fit import group_of, groups
+from libs.core.quota.fit import group_of, groups, judged_anew
 from libs.core.quota.reasons import tell_new, tell_no_node
 from libs.core.quota.state import QuotaState
 from libs.core.quota.timeout import give_back_unplaced, take_back
@@ -103,10 +103,10 @@ def release(state: QuotaState, event: JobFinished | JobFailed | JobCancelled | J
 
 def react_capacity_grew(state: QuotaState, event: NodeRegistered | NodeUncordoned | GpuHealthChanged,
                         after: AfterFold, out: Decisions) -> None:
-    """The queues of jobs whose placement backoff ended, and of jobs told a reason judged on the nodes present (no
-    node could hold them, or their queue's quota of the models a node serves never could): a node that changes
-    that may be there now (of a model no node had, say), and they may starve again (the cycle tells them anew)."""
-    changed = {*after.backoffs_ended, *(state.jobs[j].queue for j in state.judged_on_nodes if j in state.jobs)}
+    """The queues of jobs whose placement backoff ended, and of waiting jobs whose answer the new capacity may
+    change (fit.judged_anew: a model no node served is served now, say): they may be reserved now, or starve
+    again (the cycle tells them anew)."""
+    changed = {*after.backoffs_ended, *judged_anew(state)}
     if isinstance(event, NodeRegistered) or (isinstance(event, GpuHealthChanged) and not event.healthy):
         # Capacity may have shrunk too: a GPU turned sick, or a node registered again smaller (fewer GPUs,
         # MIG on), so a waiting job no node could hold any more holds nobody now.

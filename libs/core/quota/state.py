@@ -92,7 +92,7 @@ class QuotaState:
     deferred: dict[str, str] = field(default_factory=dict)  # job -> the reason code it was last told
     # The deferred jobs waiting for a budget (BUDGET_SPENT, OVER_BUDGET_WAITS): clock ticks look at these.
     budget_deferred: dict[str, None] = field(default_factory=dict)
-    # The jobs told no node could hold them: capacity that grows may let them be told their quota reason.
+    # The jobs told no node could hold them (judged on the nodes present, not only on their models: fit.judged_anew).
     judged_on_nodes: dict[str, None] = field(default_factory=dict)
     arrivals: int = 0  # admissions so far: each admitted job's place in line
     submitted: dict[str, JobSubmitted] = field(default_factory=dict)  # submissions not admitted yet

@@ -13,10 +13,11 @@ def node(gpus: int = 2, model: str = "A100", memory: int = 81920, cpu: int = 640
 
 
 def run(job: str, at: float, indices: tuple[int, ...] = (0,), milli: int = 1000, gpu_mem: int = 0, cpu: int = 0,
-        mem: int = 0, rdma: int = 0, models: tuple[str, ...] = (), profile: str = "", where: str = "n0") -> RunOnNode:
+        mem: int = 0, rdma: int = 0, models: tuple[str, ...] = (), profile: str = "", where: str = "n0",
+        bound: str = "") -> RunOnNode:
     piece = ReplicaPlacement(replica=0, node=where, gpu_indices=indices, gpu_milli=milli, gpu_memory_mib=gpu_mem,
                              cpu_milli=cpu, memory_mib=mem, rdma_nics=rdma)
-    return RunOnNode(job, at, (piece,), models, profile)
+    return RunOnNode(job, at, (piece,), models, profile, bound)
 
 
 def test_runs_that_fit_keep_running() -> None:
@@ -31,6 +32,14 @@ def test_a_gpu_index_gone_stops_its_run() -> None:
 def test_a_model_the_job_does_not_allow_stops_it() -> None:
     runs = [run("a", 0, models=("A100",)), run("b", 1, (1,))]
     assert runs_to_stop(node(model="H100"), runs) == ["a"]
+
+
+def test_a_model_other_than_the_one_its_quota_flavor_bound_it_to_stops_it() -> None:
+    """A job allowing any model, reserved under A100 quota, was placed on A100 alone and is charged to A100:
+    it does not go on on H100; one reserved under the any-model flavor does."""
+    runs = [run("bound", 0, bound="A100"), run("any", 1, (1,), models=("A100", "H100"))]
+    assert runs_to_stop(node(model="H100"), runs) == ["bound"]
+    assert runs_to_stop(node(model="A100"), runs) == []
 
 
 def test_mig_switched_off_under_a_slice_stops_it() -> None:

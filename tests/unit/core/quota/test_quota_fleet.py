@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from contracts import (
     GpuHealthChanged,
     GpuSpec,
@@ -23,7 +25,7 @@ from libs.core.kernel.quota_math import ANY
 from libs.core.quota.decider import PLACEMENT_TIMEOUT
 from libs.core.quota.fleet import Fleet
 from libs.sim.scenario import run_scenario
-from libs.sim.scenario_model import load_scenario
+from libs.sim.scenario_model import load_scenario, parse_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 
@@ -94,4 +96,38 @@ def test_preemptor_keeps_its_quota_while_a_slow_victim_checkpoints() -> None:
     assert not [e for e in events if isinstance(e, JobEvicted) and e.job_id == "mid"]  # never placed to be evicted
     placed = [e for e in events if isinstance(e, JobPlaced)]
     assert [e.job_id for e in placed] == ["low", "high"]
+    assert run.violations == [] and run.unmet == []
+
+
+SERVED_FLAVOR_TAKEN = """
+name: served-flavor-taken
+settings: {{quiet_s: 900, starvation_after_s: 100000}}
+queues:
+  - {{name: a, team: a, flavors: [{{model: A100, nominal_gpus: 1}}, {{model: H100, nominal_gpus: 2}}]}}
+cluster:
+  nodes:
+    - {{name: n0, gpus: 2, model: A100}}
+events:
+{before}
+  - {{at: 0, submit: {{job: j1, team: a, queue: a, gpus: 1}}}}
+  - {{at: 10, submit: {{job: j2, team: a, queue: a, gpus: 1}}}}
+  - {{at: 100, {change}}}
+expect:
+  jobs:
+    j2: {{state: running}}
+  violations: []
+"""
+
+
+@pytest.mark.parametrize(("before", "change"), [
+    pytest.param("", "register: {name: n1, gpus: 2, model: H100}", id="registered"),
+    pytest.param("  - {at: 0, register: {name: n1, gpus: 2, model: H100}}\n  - {at: 0, cordon: n1}",
+                 "uncordon: n1", id="uncordoned"),
+])
+def test_a_job_told_its_quota_reason_in_the_served_flavors_is_judged_again_when_another_model_is_served(
+        before: str, change: str) -> None:
+    """j2 (any model) is told its queue's A100 quota is taken while no node serves H100; once one does, its
+    queue's idle H100 quota serves it: every quota answer is judged on the flavors the nodes present serve."""
+    scenario = parse_scenario(SERVED_FLAVOR_TAKEN.format(before=before, change=change))
+    run = run_scenario(scenario, SCENARIOS)
     assert run.violations == [] and run.unmet == []
