@@ -57,4 +57,4 @@ def test_quota_and_preemption_see_the_same_models_from_the_same_log() -> None:
     for event in events:
         quota.evolve(event)
         preemption.evolve(event)
-    assert quota.fleet.by_model == preemption.world.models.by_model == {"A100": 1}
+    assert quota.state.fleet.by_model == preemption.world.models.by_model == {"A100": 1}
