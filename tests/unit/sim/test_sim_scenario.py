@@ -24,8 +24,6 @@ KNOWN_HOLES: dict[str, str] = {
         "no pass runs when a lender's budget runs out during a run, so the lender-first hold stays",
     "held-for-starving-job-reserved-in-the-same-cycle":
         "a job held for a starving job reserved in the same cycle is never tried again once that job is placed",
-    "lender-job-evicted-after-a-reclaim-never-reclaims-again":
-        "a borrower once preempted for a job keeps protecting itself from that job after the job is evicted",
     # A safety hole: a queue with no quota of its own under a parent capped at its nominal is not held to the
     # parent's bound (the checker's parent_quota).
     "ungoverned-leaf-exceeds-its-capped-parent": "quota does not bound an ungoverned leaf by its capped parent",
