@@ -171,6 +171,7 @@ class Cycle:
     rule: Starving | None = None  # the starving job as the starvation rule sees it
     ending: tuple[QuotaJob, ...] = ()  # the reserved jobs that end by its shadow time
     held_message: str = ""  # what a job held for the starving job is told (made once per cycle)
+    held_for_starving_job: bool = False  # was any job held for the starving job?
     # Cached between reservations (a reservation changes usage, so it clears them).
     keys: dict[str, tuple[object, ...]] = field(default_factory=dict)  # job id -> its order key
     within: dict[tuple[str, int, tuple[str, ...]], bool] = field(default_factory=dict)

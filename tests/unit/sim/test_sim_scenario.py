@@ -22,8 +22,6 @@ KNOWN_HOLES: dict[str, str] = {
     # No pass runs after a change that alters a waiting job's answer: each decider hand-picks its triggers.
     "borrower-held-for-lender-whose-budget-ran-out":
         "no pass runs when a lender's budget runs out during a run, so the lender-first hold stays",
-    "held-for-starving-job-reserved-in-the-same-cycle":
-        "a job held for a starving job reserved in the same cycle is never tried again once that job is placed",
     # A safety hole: a queue with no quota of its own under a parent capped at its nominal is not held to the
     # parent's bound (the checker's parent_quota).
     "ungoverned-leaf-exceeds-its-capped-parent": "quota does not bound an ungoverned leaf by its capped parent",
