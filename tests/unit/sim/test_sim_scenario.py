@@ -20,8 +20,6 @@ SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 # Scenario files that fail today, each for a hole in the deciders (file stem -> the hole).
 KNOWN_HOLES: dict[str, str] = {
     # No pass runs after a change that alters a waiting job's answer: each decider hand-picks its triggers.
-    "borrower-held-for-lender-whose-budget-ran-out":
-        "no pass runs when a lender's budget runs out during a run, so the lender-first hold stays",
     # A safety hole: a queue with no quota of its own under a parent capped at its nominal is not held to the
     # parent's bound (the checker's parent_quota).
     "ungoverned-leaf-exceeds-its-capped-parent": "quota does not bound an ungoverned leaf by its capped parent",
