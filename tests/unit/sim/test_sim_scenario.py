@@ -23,6 +23,9 @@ KNOWN_HOLES: dict[str, str] = {
     # A safety hole: a queue with no quota of its own under a parent capped at its nominal is not held to the
     # parent's bound (the checker's parent_quota).
     "ungoverned-leaf-exceeds-its-capped-parent": "quota does not bound an ungoverned leaf by its capped parent",
+    "ungoverned-leaf-under-a-middle-queue-capped-at-zero":
+        "the same, three levels deep (found by the stateful test): a leaf without quota under m (nominal 0, "
+        "borrowing limit 0) takes a GPU",
 }
 
 
