@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from contracts import FlavorQuota, QueueSpec
+from contracts import FlavorQuota, PriorityClass, QueueSpec, SchedulingSettings
 from libs.sim.executor import SIM_EXIT_CODES
 from libs.sim.scenario_model import Ended, Report, Settings, Step
 
@@ -26,8 +26,18 @@ MIG_PROFILES = ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb", "1g.20gb"
 GAPS = (0.0, 0.0, 1.0, 5.0, 15.0, 40.0, 120.0)
 LABELS: tuple[dict[str, str], ...] = ({}, {"rack": "r1", "block": "b1"}, {"rack": "r2", "block": "b1"})
 QUEUE_CHANGES = ("raise", "lower", "flavors", "limits", "budget", "user", "evictions", "reclaim")
+# Queue changes the stateful test draws besides QUEUE_CHANGES (the frozen sequences draw only those).
+MORE_QUEUE_CHANGES = ("las",)
 NODE_CHANGES = ("same", "fewer", "mig", "model", "new")
 REPORT_KINDS = ("finish", "fail", "fail_retryable", "evict")
+# Changes of a priority class while jobs of it run or wait, of the scheduling settings, and of where a queue
+# sits in the tree (the stateful test draws these; the frozen sequences do not, so adding one moves nothing).
+CLASS_CHANGES = ("value", "min_runtime", "preemptible")
+CLASS_VALUES = (50, 400, 900, 1200)
+MIN_RUNTIMES = (0.0, 30.0, 600.0)
+SETTINGS_CHANGES = ("starvation", "remaining", "timeout", "half_life", "slack")
+TREE_SHAPES = ("flat", "cohort", "three_levels")
+MOVES = ("other_cohort", "no_cohort", "under_mid", "under_org")
 T = TypeVar("T")
 
 
@@ -85,7 +95,50 @@ def changed_queue(queue: QueueSpec, change: str, model: str) -> QueueSpec:
             return replace(queue, user_max_gpus=2)
         case "evictions":
             return replace(queue, eviction_budget_gpus=1, eviction_window_s=60.0)
+        case "las":  # least attained service: a job past 36 GPU-seconds waits behind its peers below
+            return replace(queue, las_threshold_gpu_hours=None if queue.las_threshold_gpu_hours else 0.01)
     return replace(queue, reclaim_after_s=5.0)
+
+
+def changed_class(cls: PriorityClass, change: str, value: int, min_runtime_s: float) -> PriorityClass:
+    """A priority class changed while its jobs run: its value, its minimum runtime, or whether it may be
+    preempted (toggled)."""
+    replace = msgspec.structs.replace
+    match change:
+        case "value":
+            return replace(cls, value=value)
+        case "min_runtime":
+            return replace(cls, min_runtime_s=min_runtime_s)
+    return replace(cls, preemptible=not cls.preemptible)
+
+
+def changed_settings(settings: SchedulingSettings, change: str) -> SchedulingSettings:
+    """The scheduling settings with one knob turned (toggled between two values)."""
+    replace = msgspec.structs.replace
+    match change:
+        case "starvation":
+            return replace(settings, starvation_after_s=None if settings.starvation_after_s else 60.0)
+        case "remaining":
+            return replace(settings, preempt_min_remaining_s=30.0 if not settings.preempt_min_remaining_s else 0.0)
+        case "timeout":
+            return replace(settings, placement_timeout_s=60.0 if settings.placement_timeout_s != 60.0 else None)
+        case "half_life":
+            return replace(settings, fair_share_half_life_s=0.0 if settings.fair_share_half_life_s else 3600.0)
+    return replace(settings, preemption_slack_gpus=0 if settings.preemption_slack_gpus else 8)
+
+
+def moved_queue(queue: QueueSpec, move: str) -> QueueSpec:
+    """The queue moved in the tree: into a cohort of its own name ("c2"), out of any cohort (its parent's
+    cohort named away as itself), under the middle queue "m", or straight under "org"."""
+    replace = msgspec.structs.replace
+    match move:
+        case "other_cohort":
+            return replace(queue, cohort="c2")
+        case "no_cohort":
+            return replace(queue, parent="", cohort="")
+        case "under_mid":
+            return replace(queue, parent="m", cohort="")
+    return replace(queue, parent="org", cohort="")
 
 
 def report_step(how: str, job: str, run: int | None = None) -> Step:

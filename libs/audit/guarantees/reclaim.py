@@ -82,7 +82,7 @@ class ReclaimWatch:
         for _, job in borrowers(world, queue, flavor):
             cls = policy.classes.get(job.spec.priority)
             if cls is not None:
-                protection = max(protection, max(0.0, job.since + cls.min_runtime_s - start)
+                protection = max(protection, max(0.0, job.since + job.min_runtime_s - start)
                                  + cls.checkpoint_grace_s)
             borrower = policy.queues.get(job.spec.queue)
             if borrower is not None and borrower.eviction_budget_gpus is not None:

@@ -57,6 +57,9 @@ class JobState:
     flavor: str = ANY  # of its quota reservation
     over_budget: bool = False
     cancelled: bool = False
+    # The minimum runtime its current run started with (its class's then): a run keeps it whatever the class
+    # says later, as preemption keeps it.
+    min_runtime_s: float = 0.0
     ended_as: str = ""
 
 
@@ -112,6 +115,7 @@ class World:
                 placed = self._enter(event.job_id, RUNNING, event.ts)
                 if placed is not None:
                     placed.place_wait_since = None
+                    placed.min_runtime_s = self.quota.policy.min_runtime_s(placed.spec)
                 self.nominated.pop(event.job_id, None)
                 self.reclaiming.pop(event.job_id, None)
                 self.least_served.pop(event.job_id, None)

@@ -14,6 +14,7 @@ from contracts import (
     JobFinished,
     NodeRegistered,
     NodeUncordoned,
+    PriorityClassesChanged,
     QuotaReserved,
 )
 from libs.core.kernel.decider import Decisions
@@ -24,6 +25,8 @@ from libs.core.placement.starvation import find_starving, tell_starving
 from libs.core.placement.state import PlacementState
 
 CAPACITY_BACK = (JobFinished, JobFailed, JobEvicted, NodeRegistered, NodeUncordoned)
+# New priorities reorder the waiting jobs and the holds of nominated preemptors: a job held back may go now.
+ORDER_CHANGED = (PriorityClassesChanged,)
 
 
 def decide(state: PlacementState, out: Decisions) -> None:
@@ -32,7 +35,8 @@ def decide(state: PlacementState, out: Decisions) -> None:
     if isinstance(event, QuotaReserved):
         if event.job_id in state.waiting:
             try_place(state, event.job_id, out)
-    elif isinstance(event, CAPACITY_BACK) or (isinstance(event, GpuHealthChanged) and event.healthy):
+    elif (isinstance(event, CAPACITY_BACK + ORDER_CHANGED)
+          or (isinstance(event, GpuHealthChanged) and event.healthy)):
         place_waiting(state, out)
     elif isinstance(event, ClockTick):
         on_tick(state, event.ts, out)

@@ -25,6 +25,7 @@ from contracts import (
     NodeUncordoned,
     PlacementDeferred,
     PreemptionDecided,
+    PriorityClassesChanged,
     QuotaReleased,
     QuotaReserved,
 )
@@ -165,7 +166,23 @@ def reserved_spec(state: PlacementState, job_id: str, flavor: str) -> JobSpec | 
     return narrowed
 
 
+def priority_classes(state: PlacementState, event: PriorityClassesChanged) -> None:
+    """A job's priority is its class's value now, everywhere: the waiting jobs' order and the nominated
+    preemptors' holds take the new values (as quota's order and holds do), not those they were decided with."""
+    state.policy.apply(event)
+    state.generation += 1
+    for job_id, (_, reservation, _) in state.waiting.items():
+        spec = state.specs.get(job_id)
+        if spec is not None:
+            state.waiting[job_id] = wait_key(state.policy.priority_of(spec), reservation, job_id)
+    for job_id, nomination in state.nominated.items():
+        spec = state.specs.get(job_id)
+        if spec is not None:
+            nomination.priority = state.policy.priority_of(spec)
+
+
 FOLDS: dict[type[EventBase], Callable[[PlacementState, Any], None]] = {
+    PriorityClassesChanged: priority_classes,
     JobSubmitted: submitted,
     QuotaReserved: reserved,
     JobPlaced: placed,

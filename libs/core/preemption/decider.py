@@ -56,6 +56,7 @@ from contracts import (
 )
 from libs.core.cluster.model import Cluster
 from libs.core.kernel.decider import Chain, Decisions, Trigger
+from libs.core.kernel.dependencies import PassDependencies, Reads
 from libs.core.kernel.policy import PolicyBook
 from libs.core.kernel.runs import CurrentRuns
 from libs.core.preemption.cycle import consider, may_evict_for, tick
@@ -65,6 +66,15 @@ from libs.core.preemption.state import PreemptionState, World
 __all__ = ["SERVICE", "PreemptionDecider"]
 
 SERVICE = "preemption"
+_NEXT_TICK = "looked at on the next tick: every fold but a tick's marks the world changed (fold.py), and the tick " \
+             "tries each queue's first waiting job again (cycle.tick)"
+# What a preemption pass reads; a deferral asks about its job at once, the clock about every job a change may
+# serve (libs/core/kernel/dependencies.py).
+PASS = PassDependencies(
+    reads=(Reads.QUEUES | Reads.CLASSES | Reads.SETTINGS | Reads.NODES | Reads.SUBMISSIONS | Reads.HELD
+           | Reads.DEFERRALS | Reads.NOMINATIONS | Reads.RUNS | Reads.CLOCK),
+    not_triggered=dict.fromkeys((Reads.QUEUES, Reads.CLASSES, Reads.SETTINGS, Reads.NODES, Reads.SUBMISSIONS,
+                                 Reads.HELD, Reads.NOMINATIONS, Reads.RUNS), _NEXT_TICK))
 
 
 class PreemptionDecider:
@@ -100,8 +110,8 @@ class PreemptionDecider:
         fold(self.world, event)
 
     def reacts_to(self) -> tuple[type[EventBase], ...]:
-        """The inputs `react` may decide something about; to any other it answers [] and changes nothing."""
-        return (QuotaDeferred, PlacementDeferred, ClockTick)
+        """The inputs `react` may decide something about (PASS); to any other it answers [] and changes nothing."""
+        return PASS.triggers(self.input_types())
 
     def react(self, trigger: Trigger) -> list[EventBase]:
         event = trigger.event

@@ -242,6 +242,7 @@ def _gone(world: World, job_id: str, final: bool) -> None:
         world.cluster.release(run.placements)
         if job_id in state.reserved:
             state.ended[job_id] = None
+        _released_victims(state, job_id)
     preemptor = state.victim_of.pop(job_id, None)
     if preemptor is not None:
         left = [victim for victim in state.in_flight.get(preemptor, []) if victim != job_id]
@@ -255,6 +256,18 @@ def _gone(world: World, job_id: str, final: bool) -> None:
         state.in_flight.pop(job_id, None)
         state.cancelled.pop(job_id, None)
         state.preempted_by.pop(job_id, None)
+
+
+def _released_victims(state: PreemptionState, job_id: str) -> None:
+    """The job's run is over: the room its victims gave up is no longer its, so the pair's guard against
+    evicting each other back and forth ends (it guards a preemptor's run, and that run is over). Waiting
+    again (evicted in turn, or failed and run again), the job may reclaim from a victim that borrows again;
+    the victim, running again, may not be spared for a run that is gone."""
+    for victim in [v for v, preemptors in state.preempted_by.items() if job_id in preemptors]:
+        preemptors = state.preempted_by[victim]
+        del preemptors[job_id]
+        if not preemptors:
+            del state.preempted_by[victim]
 
 
 def _run_of(world: World, event: JobPlaced) -> Running:

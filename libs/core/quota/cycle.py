@@ -25,7 +25,20 @@ OrderKey = tuple[object, ...]
 
 
 def schedule(state: QuotaState, group: list[str], now: float, out: Decisions) -> None:
-    """One scheduling cycle over the group's queues, its decisions emitted to `out`."""
+    """A scheduling cycle over the group's queues, its decisions emitted to `out`; again while a cycle held
+    jobs for a starving job that it then reserved: that hold ended inside the cycle, and the jobs it held would
+    otherwise wait for a trigger that may never come."""
+    while held_for_a_job_reserved(state, one_cycle(state, group, now, out)):
+        pass
+
+
+def held_for_a_job_reserved(state: QuotaState, cycle: Cycle) -> bool:
+    starving = cycle.starving
+    return cycle.held_for_starving_job and starving is not None and starving.state != "pending"
+
+
+def one_cycle(state: QuotaState, group: list[str], now: float, out: Decisions) -> Cycle:
+    """One scheduling cycle over the group's queues; what it learned."""
     # 1. Take a view of what holds for the whole cycle: the nominated preemptors, the starving job, the queues
     #    with a job backing off, the group's cohort, and whether a single queue waits in it.
     cycle = take_view(state, group, now)
@@ -50,6 +63,7 @@ def schedule(state: QuotaState, group: list[str], now: float, out: Decisions) ->
         try_heads(state, to_try, [], cycle, out)
     else:
         try_heads(state, to_rank, state.ranked[cycle.cohort], cycle, out)
+    return cycle
 
 
 def take_view(state: QuotaState, group: list[str], now: float) -> Cycle:

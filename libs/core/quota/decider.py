@@ -63,6 +63,7 @@ from contracts import (
     SchedulingSettingsChanged,
 )
 from libs.core.kernel.decider import Chain, Decisions, Trigger
+from libs.core.kernel.dependencies import PassDependencies, Reads
 from libs.core.kernel.nomination import NOMINATION_TTL_S
 from libs.core.kernel.quota_figures import fair_share
 from libs.core.kernel.runs import CurrentRuns
@@ -124,6 +125,19 @@ __all__ = [
 ]
 
 SERVICE = "quota"
+# What a quota pass reads; its triggers follow (libs/core/kernel/dependencies.py), and REACTIONS answers each.
+PASS = PassDependencies(
+    reads=(Reads.QUEUES | Reads.CLASSES | Reads.SETTINGS | Reads.NODES | Reads.SUBMISSIONS | Reads.ARRIVALS
+           | Reads.HELD | Reads.DEFERRALS | Reads.NOMINATIONS | Reads.RUNS | Reads.CLOCK),
+    not_triggered={
+        Reads.SUBMISSIONS: "a submission is only kept until its admission, which triggers a pass",
+        Reads.DEFERRALS: "a deferral (its own, or placement's word on a reservation) frees no quota; a reservation "
+                         "placement cannot place goes back on a tick (the placement timeout)",
+        Reads.NOMINATIONS: "a nomination only puts its preemptor first and holds others back; the quota its victims "
+                           "free comes back with their end, a trigger, and a lapse is noted on a tick",
+        Reads.RUNS: "GPU time spent changes a verdict only as it accrues: a tick notes a budget that ran out "
+                    "(fold.budgets_turned)",
+    })
 
 
 class QuotaDecider:
@@ -149,11 +163,9 @@ class QuotaDecider:
                 PlacementDeferred, NodeLost, NodeCordoned, *CAPACITY_GREW)
 
     def reacts_to(self) -> tuple[type[EventBase], ...]:
-        """The inputs `react` may decide something about; to any other (a submission, a preemption) it answers
-        [] and changes nothing."""
-        return (JobAdmitted, JobFinished, JobFailed, JobCancelled, JobEvicted, QueuePolicyChanged,
-                PriorityClassesChanged, SchedulingSettingsChanged, ClockTick, JobPlaced, *CAPACITY_GREW, NodeLost,
-                NodeCordoned)
+        """The inputs `react` may decide something about: those that change what a pass reads (PASS); to any
+        other (a submission, a preemption) it answers [] and changes nothing."""
+        return PASS.triggers(self.input_types())
 
     def evolve(self, event: EventBase) -> None:
         fold(self.state, event)  # (the kernel's name for the fold)

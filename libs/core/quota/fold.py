@@ -56,6 +56,7 @@ def fold(state: QuotaState, event: EventBase) -> None:
     state.left_waiting = None
     state.lapsed = []
     state.backoffs_ended = []
+    state.budget_turned = []
     state.placed_while_waiting = None
     FOLDS.get(type(event), fold_policy)(state, event)
 
@@ -287,13 +288,26 @@ def fold_gpu_health(state: QuotaState, event: GpuHealthChanged) -> None:
 
 
 def fold_tick(state: QuotaState, event: ClockTick) -> None:
-    """Nominations past their time lapse: the jobs they held may go now."""
+    """Nominations past their time lapse: the jobs they held may go now. A budget spent by runs going on (or
+    back with a new period) turns its queue's answer to "over budget" with time alone: noted, for react."""
+    budgets_turned(state, event.ts)
     for job_id in [j for j, t in state.nominated.items() if event.ts - t > NOMINATION_TTL_S]:
         del state.nominated[job_id]
         lapsed = state.jobs.get(job_id)
         if lapsed is not None and lapsed.state == "pending":
             state.lapsed.append(lapsed.queue)
             queue_changed(state, lapsed.queue)
+
+
+def budgets_turned(state: QuotaState, now: float) -> None:
+    for queue, spec in state.policy.queues.items():
+        if spec.budget_gpu_hours is None:
+            continue
+        left = state.budget_left_s(queue, now)
+        over = left is not None and left <= 0
+        if over != state.over_budget_at_tick.get(queue, False):
+            state.over_budget_at_tick[queue] = over
+            state.budget_turned.append(queue)
 
 
 # --- the policy ------------------------------------------------------------------------------------------

@@ -45,10 +45,12 @@ class AfterFold(NamedTuple):
     lapsed: list[str]  # the queues of nominations the trigger let lapse
     backoffs_ended: list[str]  # the queues of jobs whose placement backoff new capacity ended
     placed_while_waiting: str | None  # the job placed after its quota went back
+    budget_turned: list[str]  # the queues whose budget ran out, or came back, by the tick
 
 
 def after_fold(state: QuotaState) -> AfterFold:
-    return AfterFold(state.left_waiting, state.lapsed, state.backoffs_ended, state.placed_while_waiting)
+    return AfterFold(state.left_waiting, state.lapsed, state.backoffs_ended, state.placed_while_waiting,
+                     state.budget_turned)
 
 
 def decides_nothing(state: QuotaState, event: EventBase) -> bool:
@@ -56,7 +58,7 @@ def decides_nothing(state: QuotaState, event: EventBase) -> bool:
     to cycle, and a placement of a job that holds its quota."""
     if isinstance(event, ClockTick):
         return (not state.budget_deferred and not state.backing_off and not state.requeued and not state.unplaced
-                and not state.lapsed)
+                and not state.lapsed and not state.budget_turned)
     return isinstance(event, JobPlaced) and state.placed_while_waiting is None
 
 
@@ -126,11 +128,13 @@ def react_policy(state: QuotaState, event: QueuePolicyChanged | PriorityClassesC
 
 
 def react_tick(state: QuotaState, event: ClockTick, after: AfterFold, out: Decisions) -> None:
-    """Time alone can change a verdict: a new budget period opens, a backoff ends, a reservation that placement
+    """Time alone can change a verdict: a new budget period opens, a budget runs out (its queue is owed no
+    nominal quota any more: what it lent is free for its cohort), a backoff ends, a reservation that placement
     could not place in time goes back, a preemptor's nomination lapses."""
     now = event.ts
     waiting = {state.jobs[j].queue for j in state.budget_deferred}
     waiting.update(after.lapsed)
+    waiting.update(after.budget_turned)
     waiting.update(give_back_unplaced(state, now, out))
     for backoffs in (state.backing_off, state.requeued):
         waiting.update(state.jobs[j].queue for j, t in backoffs.items() if t <= now and j in state.jobs)

@@ -71,6 +71,8 @@ def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) 
         out.emit(QuotaReserved, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue,
                  gpu_milli=job.demand, flavor=flavor_name(flavor), borrowed_milli=borrowed,
                  over_budget=spent)
+        if job is cycle.starving:
+            cycle.rule = None  # it holds quota now: nobody waits for it any longer
         return True
     if held_by is not None:
         tell_held_for_preemptor(state, job, held_by, out)
@@ -134,6 +136,7 @@ def tell_held_for_preemptor(state: QuotaState, job: QuotaJob, held_by: QuotaJob,
 def tell_held_for_starving(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) -> None:
     """The quota the job could take is held for the starving job: told so (the message made once per cycle)."""
     starving = cycle.starving
+    cycle.held_for_starving_job = True
     if cycle.one_queue and runtime_bound(job.spec) is None:
         cycle.held_for_starving[starving_key(state, job)] = (cycle.holds, len(cycle.no_borrowing))
     if starving is not None and state.deferred.get(job.job_id) != HELD_FOR_STARVING_JOB:

@@ -118,6 +118,10 @@ class QuotaState:
     left_waiting: str | None = None
     lapsed: list[str] = field(default_factory=list)
     backoffs_ended: list[str] = field(default_factory=list)
+    # The queues whose budget ran out (or came back with a new period) by this tick, and each budgeted queue's
+    # answer at the last tick: over its budget, a queue is owed no nominal quota, so its lent quota is free.
+    budget_turned: list[str] = field(default_factory=list)
+    over_budget_at_tick: dict[str, bool] = field(default_factory=dict)
     # (queue, demand, flavors) -> could the queue ever hold that much (fit.could_ever_fit), at policy version
     ever_fits: dict[tuple[str, int, tuple[str, ...]], bool] = field(default_factory=dict)
     ever_fits_version: int = -1
@@ -169,6 +173,7 @@ class Cycle:
     rule: Starving | None = None  # the starving job as the starvation rule sees it
     ending: tuple[QuotaJob, ...] = ()  # the reserved jobs that end by its shadow time
     held_message: str = ""  # what a job held for the starving job is told (made once per cycle)
+    held_for_starving_job: bool = False  # was any job held for the starving job?
     # Cached between reservations (a reservation changes usage, so it clears them).
     keys: dict[str, tuple[object, ...]] = field(default_factory=dict)  # job id -> its order key
     within: dict[tuple[str, int, tuple[str, ...]], bool] = field(default_factory=dict)

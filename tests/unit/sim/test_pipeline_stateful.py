@@ -7,12 +7,16 @@ valid and invalid MIG profiles, gangs, every topology required or preferred, spr
 any, requests that can never fit), a cancellation, a running job finishing, failing or evicted by its
 executor, a node lost or registered again (the same, fewer GPUs, MIG switched, another model), a cordon, a
 drain or an uncordon, a queue change (nominal raised, lowered below usage, flavors removed, limits, a
-budget), or only the clock. The safety guarantees are checked after every step; liveness once the clock has
+budget that runs out mid-run, least attained service switched on or off), a queue moved to another cohort, out
+of one or to another parent (the tree is flat, one cohort, or three levels: org, a middle queue, leaves), a
+priority class's value, minimum runtime or preemptibility changed while its jobs run, a scheduling setting
+turned, or only the clock. The safety guarantees are checked after every step; liveness once the clock has
 run on quietly at the end.
 
 A failing sequence shrinks to a minimal one, which is written as a scenario file (`gpusched sim scenario
 FILE --check` runs it again) to a temporary path and printed with the failure. The examples are derandomised
-(the same sequences on every run); GPUSCHED_SOAK_EXAMPLES=N explores N sequences instead of the default.
+(the same sequences on every run); GPUSCHED_SOAK_EXAMPLES=N explores N sequences instead of the default, and
+GPUSCHED_SOAK_SEED=1 with pytest's --hypothesis-seed=S other sequences for each S (a soak in chunks).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from contracts import EventBase, FlavorQuota, QueueSpec
+from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES
 from libs.core.kernel.queue_limits import check_tree
 from libs.sim import world_steps as steps
 from libs.sim.guarantee_check import ViolationLike, check_liveness, check_safety
@@ -55,18 +60,33 @@ from libs.sim.scenario_model import (
 )
 from libs.sim.scenario_write import node_entry, write_scenario
 from libs.sim.world_steps import (
+    CLASS_CHANGES,
+    CLASS_VALUES,
+    CLASSES,
     GAPS,
     MIG_PROFILES,
+    MIN_RUNTIMES,
     MODELS,
+    MORE_QUEUE_CHANGES,
+    MOVES,
     NODES,
+    QUEUE_CHANGES,
     QUEUES,
     REPORT_KINDS,
     SETTINGS,
+    SETTINGS_CHANGES,
+    TREE_SHAPES,
+    changed_class,
     changed_queue,
+    changed_settings,
+    moved_queue,
     report_step,
 )
 
 EXAMPLES = int(os.environ.get("GPUSCHED_SOAK_EXAMPLES", "0")) or 200
+# A soak split in chunks explores other sequences in each: GPUSCHED_SOAK_SEED=any turns derandomisation off, and
+# pytest's --hypothesis-seed picks the chunk's sequences.
+DERANDOMIZE = not os.environ.get("GPUSCHED_SOAK_SEED")
 T = TypeVar("T")
 COUNTEREXAMPLE_DIR = Path(tempfile.mkdtemp(prefix="gpusched-stateful-"))
 
@@ -96,13 +116,29 @@ def quota_fields() -> st.SearchStrategy[dict[str, object]]:
 
 @st.composite
 def queues(draw: st.DrawFn) -> list[QueueSpec]:
-    cohort = draw(st.booleans())
-    out = [QueueSpec(name="org", team="org")] if cohort else []
+    """The leaves a and b alone, in one cohort under org, or three levels deep: org, a middle queue m with
+    quota of its own under it, a under m, and b under m or org."""
+    shape = draw(st.sampled_from(TREE_SHAPES))
+    out = [] if shape == "flat" else [QueueSpec(name="org", team="org")]
+    if shape == "three_levels":
+        out.append(QueueSpec(name="m", team="m", parent="org", **draw(quota_fields())))  # type: ignore[arg-type]
     for name in QUEUES:
-        out.append(QueueSpec(name=name, team=name, parent="org" if cohort else "",
-                             reclaim_after_s=draw(st.sampled_from([0.0, 0.0, 10.0, 60.0])),
-                             **draw(quota_fields())))  # type: ignore[arg-type]
+        parent = "" if shape == "flat" else "org"
+        if shape == "three_levels":
+            parent = "m" if name == "a" else draw(st.sampled_from(["m", "org"]))
+        leaf = QueueSpec(name=name, team=name, parent=parent,
+                         reclaim_after_s=draw(st.sampled_from([0.0, 0.0, 10.0, 60.0])),
+                         **draw(quota_fields()))  # type: ignore[arg-type]
+        out.append(governed_under_m(leaf))
     return out
+
+
+def governed_under_m(queue: QueueSpec) -> QueueSpec:
+    """A leaf under the middle queue has quota of its own: an ungoverned one is a known hole of quota (it is not
+    bounded by its capped parent: KNOWN_HOLES in test_sim_scenario.py) the machine would find at once."""
+    if queue.parent == "m" and queue.nominal_gpus is None and not queue.flavors:
+        return msgspec.structs.replace(queue, nominal_gpus=0)
+    return queue
 
 
 def mostly(common: Sequence[T], rare: Sequence[T], odds: int) -> st.SearchStrategy[T]:
@@ -174,6 +210,8 @@ class PipelineMachine(RuleBasedStateMachine):
         self.nodes: dict[str, NodeEntry] = {}
         self.lost: set[str] = set()
         self.queues: dict[str, QueueSpec] = {}
+        self.classes = {c.name: c for c in DEFAULT_PRIORITY_CLASSES}
+        self.settings = SETTINGS.scheduling()
         self.jobs: list[str] = []
         self.failed = False
 
@@ -299,11 +337,33 @@ class PipelineMachine(RuleBasedStateMachine):
         self.act(Step(**{what: name}), gap)  # type: ignore[arg-type]
 
     @rule(name=st.sampled_from(QUEUES), model=st.sampled_from(MODELS), gap=st.sampled_from(GAPS),
-          change=st.sampled_from(["raise", "lower", "flavors", "limits", "budget", "user", "evictions", "reclaim"]))
+          change=st.sampled_from([*QUEUE_CHANGES, *MORE_QUEUE_CHANGES]))
     def change_queue(self, name: str, change: str, model: str, gap: float) -> None:
         queue = changed_queue(self.queues[name], change, model)
         others = {q.name: q for q in self.queues.values() if q.name != name}
         assume(check_tree(others, queue) is None)  # what the queue API would refuse never reaches the log
+        self.queues[name] = queue
+        self.act(Step(queue=queue), gap)
+
+    @rule(name=st.sampled_from(CLASSES), change=st.sampled_from(CLASS_CHANGES), value=st.sampled_from(CLASS_VALUES),
+          min_runtime_s=st.sampled_from(MIN_RUNTIMES), gap=st.sampled_from(GAPS))
+    def change_class(self, name: str, change: str, value: int, min_runtime_s: float, gap: float) -> None:
+        """A priority class's value, minimum runtime or preemptibility changes while its jobs run and wait."""
+        self.classes[name] = changed_class(self.classes[name], change, value, min_runtime_s)
+        self.act(Step(priority_classes=list(self.classes.values())), gap)
+
+    @rule(change=st.sampled_from(SETTINGS_CHANGES), gap=st.sampled_from(GAPS))
+    def change_settings(self, change: str, gap: float) -> None:
+        self.settings = changed_settings(self.settings, change)
+        self.act(Step(settings=self.settings), gap)
+
+    @precondition(lambda self: "org" in self.queues)
+    @rule(name=st.sampled_from(QUEUES), move=st.sampled_from(MOVES), gap=st.sampled_from(GAPS))
+    def move_queue(self, name: str, move: str, gap: float) -> None:
+        """A queue moves to another cohort, out of any, or to another parent, with jobs running and waiting."""
+        queue = governed_under_m(moved_queue(self.queues[name], move))
+        others = {q.name: q for q in self.queues.values() if q.name != name}
+        assume(queue != self.queues[name] and check_tree(others, queue) is None)
         self.queues[name] = queue
         self.act(Step(queue=queue), gap)
 
@@ -330,7 +390,7 @@ class PipelineMachine(RuleBasedStateMachine):
 
 
 PipelineMachine.TestCase.settings = settings(
-    max_examples=EXAMPLES, stateful_step_count=30, deadline=None, derandomize=True, database=None,
+    max_examples=EXAMPLES, stateful_step_count=30, deadline=None, derandomize=DERANDOMIZE, database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
 TestPipelineStateful = PipelineMachine.TestCase
 

@@ -102,7 +102,10 @@ def test_shortcuts_decide_as_the_long_way(monkeypatch: pytest.MonkeyPatch, pool:
     assert fast == slow
     # Each shortcut was taken where it can be: skipping held jobs and summing need jobs without a runtime
     # limit, a reclaim a cohort.
-    assert (taken["summed"] > 0 and taken["held"] > 0) or declare == "noisy"
+    assert taken["summed"] > 0 or declare == "noisy"
+    # Skipping a held job is a shortcut of a cycle over one queue, rare in a shared pool, where a hold also ends
+    # as soon as the starving job holds quota (quota/reserve.py): it is taken in the partitioned pools.
+    assert taken["held"] > 0 or declare == "noisy" or pool == "shared"
     assert taken["no_reclaim"] > 0 or pool == "partitioned"
     assert taken["skippable"] > 0
     # (A queue alone in its pass, with no cohort, is ranked against nobody.)

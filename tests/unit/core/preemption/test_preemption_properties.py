@@ -281,10 +281,14 @@ def check_no_mutual_evictions(log: Log) -> None:
 
 
 def check_no_victim_evicted_twice_by_one_preemptor(log: Log) -> None:
-    """A preemptor evicts a job at most once, however often either of them runs."""
-    evicted_by: dict[str, set[str]] = {}  # preemptor -> every job it evicted
+    """A preemptor evicts a job at most once while its run lasts, however often the victim runs: once the
+    preemptor's own run is over (evicted, or failed to run again), the room it took is gone, and a victim that
+    borrows that room again may be taken again (else its lender waits for good)."""
+    evicted_by: dict[str, set[str]] = {}  # preemptor -> every job it evicted since its run last ended
     for _, e in log:
-        if isinstance(e, PreemptionDecided):
+        if isinstance(e, JobEvicted | JobFailed | JobFinished):
+            evicted_by.pop(e.job_id, None)
+        elif isinstance(e, PreemptionDecided):
             pairs = evicted_by.setdefault(e.preemptor_id, set())
             for v in e.victims:
                 assert v.job_id not in pairs, f"{e.preemptor_id} evicted {v.job_id} again at T0{e.ts - T0:+g}"

@@ -33,9 +33,6 @@ def broken(seed: int, reason: str) -> object:
 BROKEN = [
     broken(12, "no_idle_while_fitting_waits as for seed 9 (j0153, j0172, j0186 in q05), and a reclaim_within_bound "
                "not traced"),
-    broken(27, "lending_limit: placement placed j0341 on the very tick its reservation went back at the placement "
-               "timeout (both on one ClockTick), and quota took the quota again for the placed job whatever the "
-               "cohort lent (the race docs/guarantees.md 'Found in the deciders' describes)"),
     broken(9, "no_idle_while_fitting_waits: j0098 (urgent, a class made non-preemptible mid-run; 2 GPUs) in q20 "
               "(nominal 0, over its budget with over_budget=borrow) is told exceeds_queue_quota, as if it could use "
               "its nominal only, though over budget it is admitted preemptible and borrows; and a "
@@ -46,9 +43,6 @@ BROKEN = [
                "peer queue cannot be preempted (here urgent jobs, the class made non-preemptible mid-run) without "
                "asking whether a reclaim, which may take such a job, could serve the waiting job: j0150 needs 8 "
                "GPUs, room 3, and none keeping nominal_protected frees the rest"),
-    broken(6, "reclaim_within_bound: the checker owes the reclaim to the smallest job of the highest waiting "
-              "priority; preemption's _heads_of_queues considers the first by id, which fits the nominal on paper "
-              "(demand <= nominal) but not beside what its queue holds, and stops there"),
 ]
 
 
