@@ -89,9 +89,9 @@ def test_no_quota_fold_changes_a_part_its_input_does_not_declare(name: str) -> N
     for event in log:
         if type(event) not in folded:
             continue
-        before = {part: read(decider) for part, read in QUOTA_PARTS.items()}
+        before = {part: read(decider.state) for part, read in QUOTA_PARTS.items()}
         decider.evolve(event)
-        changed = [part for part, read in QUOTA_PARTS.items() if not same(before[part], read(decider))]
+        changed = [part for part, read in QUOTA_PARTS.items() if not same(before[part], read(decider.state))]
         undeclared = [part.name for part in changed if not part & CHANGES[type(event)]]
         assert undeclared == [], f"{type(event).__name__} at {event.ts:g} changed {undeclared}"
 
