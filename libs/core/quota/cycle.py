@@ -10,11 +10,13 @@ import heapq
 from dataclasses import dataclass, field
 
 from libs.core.kernel.decider import Decisions
+from libs.core.kernel.policy import runtime_bound
 from libs.core.quota.next_head import next_head
 from libs.core.quota.nomination import nominees
 from libs.core.quota.order import Order, order_key
 from libs.core.quota.reclaim import lent_out
 from libs.core.quota.reserve import try_reserve
+from libs.core.quota.shortcuts.kept_failures import failures_stand, keep_failures
 from libs.core.quota.shortcuts.kept_heads import backing_off_queues, keep_head, kept_head, may_keep_head
 from libs.core.quota.shortcuts.ranked_queues import RankedEntry, rank_cohort, still_in_place
 from libs.core.quota.shortcuts.skipped_queues import cohort_full, lent_only, skippable
@@ -82,12 +84,17 @@ def take_view(state: QuotaState, group: list[str], now: float) -> Cycle:
 def try_one_queue(state: QuotaState, queues: list[str], cycle: Cycle, out: Decisions) -> None:
     """One queue waits (or the group has no cohort): each queue's own order is the cycle's."""
     for queue in queues:
-        if skippable(state, queue, cycle):
-            continue
+        if failures_stand(state, queue, cycle) or skippable(state, queue, cycle):
+            continue  # (trying its jobs would decide nothing)
         order = Order(state, queue)
+        told, timed = len(out.out), False
+        cycle.stopped_at = None
+        cycle.skipped.clear()
         while (head := next_head(state, queue, order, cycle, out)) is not None:
+            timed = timed or runtime_bound(head.spec) is not None
             if try_reserve(state, head, cycle, out):
                 cycle.note_reservation()
+        keep_failures(state, queue, cycle, decided=len(out.out) != told, timed=timed)
 
 
 def try_heads(state: QuotaState, to_rank: list[str], ranked: list[RankedEntry], cycle: Cycle,

@@ -168,7 +168,7 @@ def fold_deferred(state: QuotaState, event: QuotaDeferred) -> None:
     state.deferred[event.job_id] = event.code
     job = state.jobs.get(event.job_id)
     if job is not None and job.state == "pending":
-        queue_changed(state, job.queue)
+        queue_changed(state, job.queue, job)
         if event.code in WAITING_FOR_QUOTA:
             if (untold := state.untold.get(job.queue)) is not None:
                 untold.pop(job.job_id, None)

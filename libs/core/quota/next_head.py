@@ -18,17 +18,13 @@ from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 def next_head(state: QuotaState, queue: str, order: Order, cycle: Cycle, out: Decisions) -> QuotaJob | None:
     """The next job of the queue worth trying; jobs that cannot fit are told why (once) on the way."""
-    backing_off = state.backing_off
-    requeued = state.requeued
+    backing_off, requeued = state.backing_off, state.requeued
     # None of these changes while the queue's next head is looked for (only trying a head does).
     held = cycle.held_below.get(queue)
     held_all = cycle.held_all.get(queue)
     failures = cycle.failed
     held_for_starving = cycle.held_for_starving
-    now = cycle.now
-    deferred = state.deferred
-    version = state.flavors_epoch
-    waiting_for_quota = WAITING_FOR_QUOTA
+    now, deferred, version = cycle.now, state.deferred, state.flavors_epoch
     # The last flavors (interned: see fit.flavors_of) and level seen, with what the cycle knows of them.
     seen_flavors: tuple[str, ...] | None = None
     seen_failed: int | None = None
@@ -43,49 +39,33 @@ def next_head(state: QuotaState, queue: str, order: Order, cycle: Cycle, out: De
     under: float | None = None
     for job in order.remaining:
         job_id = job.job_id
-        if backing_off or requeued:
-            backoffs = backing_off if job_id in backing_off else requeued
-            not_before = backoffs.get(job_id)
-            if not_before is not None:
-                if not_before > now:
-                    if deferred.get(job_id) not in BACKING_OFF:
-                        defer(state, job, RETRY_BACKOFF, f"it failed and runs again after {not_before:.0f}", 0, out)
-                    continue
-                del backoffs[job_id]
+        if (backing_off or requeued) and backs_off(state, job, now, out):
+            continue
         if held is not None or failures:
             flavors = job.flavors if job.flavors_version == version else flavors_of(state, job)
             if held is not None:
                 usable = ungoverned or flavors
                 if usable is not under_flavors:
-                    under_flavors = usable
-                    if usable in held_under:
-                        under = held_under[usable]
-                    else:
-                        under = held_under[usable] = held_bound(held, usable)
+                    under_flavors, under = usable, bound_of(held_under, held, usable)
                 priority = job.priority
                 below_all = held_all is not None and priority < held_all
                 if below_all or (under is not None and priority < under):
                     if below_all and deferred.get(job_id) in WAITING_FOR_QUOTA:
+                        cycle.stopped_at = job
                         return None  # everything after it is of lower priority still, held in every flavor, and told
-                    if tells(state, job, BEHIND_HIGHER_PRIORITY):
-                        defer(state, job, BEHIND_HIGHER_PRIORITY,
-                              f"a job of higher priority waits for queue {queue}'s quota first", 0, out)
+                    tell_behind(state, job, out)
                     continue
             if failures:
                 if flavors is not seen_flavors:
                     seen_flavors, seen_failed, seen_level = flavors, failures.get((queue, flavors)), -1
                 failed = seen_failed
                 if failed is not None and job.demand >= failed:
-                    if deferred.get(job_id) in waiting_for_quota:
+                    if deferred.get(job_id) in WAITING_FOR_QUOTA:
                         if job.priority != seen_level:
                             seen_level = job.priority
-                            level = (queue, seen_level)
-                            smallest = cycle.smallest.get(level)
-                            if smallest is None:
-                                smallest = cycle.smallest[level] = min(state.demands[level])
-                            # Nothing of this level is smaller or asks for other models: skip the level.
-                            level_skips = failed <= smallest and len(state.models[level]) == 1
+                            level_skips = skips_level(state, (queue, seen_level), failed, cycle)
                         if level_skips:
+                            cycle.skipped[seen_level] = job
                             order.skip_level()
                         continue
                     defer(state, job, *quota_reason(state, job, cycle), out)
@@ -94,6 +74,45 @@ def next_head(state: QuotaState, queue: str, order: Order, cycle: Cycle, out: De
             continue
         return job
     return None
+
+
+def backs_off(state: QuotaState, job: QuotaJob, now: float, out: Decisions) -> bool:
+    """Does the job back off still (told so, once)? A backoff that is over is forgotten here."""
+    backoffs = state.backing_off if job.job_id in state.backing_off else state.requeued
+    not_before = backoffs.get(job.job_id)
+    if not_before is None:
+        return False
+    if not_before > now:
+        if state.deferred.get(job.job_id) not in BACKING_OFF:
+            defer(state, job, RETRY_BACKOFF, f"it failed and runs again after {not_before:.0f}", 0, out)
+        return True
+    del backoffs[job.job_id]
+    return False
+
+
+def tell_behind(state: QuotaState, job: QuotaJob, out: Decisions) -> None:
+    """The job is held back behind a job of higher priority of its queue: told so, once."""
+    if tells(state, job, BEHIND_HIGHER_PRIORITY):
+        defer(state, job, BEHIND_HIGHER_PRIORITY, f"a job of higher priority waits for queue {job.queue}'s quota "
+              "first", 0, out)
+
+
+def skips_level(state: QuotaState, level: tuple[str, int], failed: int, cycle: Cycle) -> bool:
+    """May the scan skip the rest of the level (queue, priority), a job of it told already failing as one of
+    `failed` did? So when nothing of the level is smaller, nor asks for other models."""
+    smallest = cycle.smallest.get(level)
+    if smallest is None:
+        smallest = cycle.smallest[level] = min(state.demands[level])
+    return failed <= smallest and len(state.models[level]) == 1
+
+
+def bound_of(known: dict[tuple[str, ...], float | None], held: dict[str, int],
+             flavors: tuple[str, ...]) -> float | None:
+    """held_bound, kept in `known` per flavors while the queue's holds stay as they are."""
+    if flavors in known:
+        return known[flavors]
+    bound = known[flavors] = held_bound(held, flavors)
+    return bound
 
 
 def held_bound(held: dict[str, int], flavors: tuple[str, ...]) -> float | None:

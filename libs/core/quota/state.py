@@ -25,6 +25,24 @@ KeptHead = tuple[tuple[object, ...], str, tuple[object, ...]]
 RankedEntry = tuple[tuple[object, ...], str, tuple[object, ...]]
 
 
+# What a scan read of a priority it stopped in or skipped the rest of: the (arrival, id) of the last job it read,
+# the one user waiting at that priority (None: several), and, when it skipped the rest, the level's smallest
+# demand and its one set of models (which it skipped by); see shortcuts/kept_failures.py.
+LevelRead = tuple[tuple[int, str], str | None, tuple[int, tuple[str, ...]] | None]
+
+
+@dataclass(slots=True)
+class KeptFailures:
+    """What a cycle over a queue without a cohort keeps of trying its jobs when that decided nothing: see
+    shortcuts/kept_failures.py."""
+
+    view: tuple[object, ...]  # what the cycle's view and the versions it read were
+    stopped_at: int  # the priority its scan stopped at: nothing below it was read
+    levels: dict[int, LevelRead]  # what it read of the priorities it stopped in or skipped the rest of
+    timed: bool  # did a job tried have a runtime limit (then the starving job's shadow is read with the clock)?
+    version: int  # the queue's version (waiting.queue_changed) the failures stand for
+
+
 @dataclass(slots=True)
 class QuotaJob:
     job_id: str
@@ -136,6 +154,7 @@ class QuotaState:
     queue_version: dict[str, int] = field(default_factory=dict)
     cohort_demands: dict[str, dict[int, int]] = field(default_factory=dict)  # cohort -> waiting demand -> jobs
     kept_heads: dict[str, KeptHead] = field(default_factory=dict)  # queue -> its kept head: see shortcuts/kept_heads.py
+    kept_failures: dict[str, KeptFailures] = field(default_factory=dict)  # see shortcuts/kept_failures.py
     # The queues of each cohort kept ranked in fair order (shortcuts/ranked_queues.py): cohort -> its waiting
     # queues, its heap of ranked ones, the versions it was ranked at, those changed since a cycle looked, and
     # those not ranked when last looked at.
@@ -204,6 +223,10 @@ class Cycle:
     backing_off: set[str] = field(default_factory=set)  # the queues with a job backing off
     cohort: str = ""  # the cycle's cohort ("": a queue without one)
     reservations: int = 0  # how many the cycle made so far
+    # The job at which a queue's scan for its next head last stopped, it and every job after it held in every
+    # flavor, it told it waits for quota (None: the scan did not stop so); see shortcuts/kept_failures.py.
+    stopped_at: QuotaJob | None = None
+    skipped: dict[int, QuotaJob] = field(default_factory=dict)  # priority -> the job the scan skipped its rest at
 
     def note_reservation(self) -> None:
         """A job got quota: usage changed, so every answer kept until the next reservation goes."""

@@ -11,13 +11,17 @@ import bisect
 from libs.core.kernel.attained_service import DEMOTED, threshold_milli_s
 from libs.core.kernel.wait_reasons import WAITING_FOR_QUOTA
 from libs.core.quota.fit import could_ever_fit, could_hold
+from libs.core.quota.shortcuts.kept_failures import follow
 from libs.core.quota.state import QuotaJob, QuotaState
 
 
-def queue_changed(state: QuotaState, queue: str) -> None:
+def queue_changed(state: QuotaState, queue: str, job: QuotaJob | None = None, how: str = "told") -> None:
     """Something of the queue's own changed (its waiting jobs, its usage, what they were told, a nomination):
-    what a cycle kept of it (shortcuts: kept_heads, skipped_queues.lent_only) goes stale."""
-    state.queue_version[queue] = state.queue_version.get(queue, 0) + 1
+    what a cycle kept of it (shortcuts: kept_heads, skipped_queues.lent_only) goes stale; kept failures may stand
+    when the change is the `job` that joins, leaves or is told something (`how`; shortcuts/kept_failures.py)."""
+    version = state.queue_version[queue] = state.queue_version.get(queue, 0) + 1
+    if job is not None and state.kept_failures:
+        follow(state, queue, version, job, how)
     cohort = state.book.cohort.get(queue, "")
     if cohort:
         state.changed_queues.setdefault(cohort, {})[queue] = None
@@ -43,11 +47,11 @@ def count_demand(state: QuotaState, queue: str, demand: int, sign: int) -> None:
 
 def enqueue(state: QuotaState, job: QuotaJob) -> None:
     job.state = "pending"
-    queue_changed(state, job.queue)
     count_demand(state, job.queue, job.demand, 1)
     las = threshold_milli_s(state.policy.queues.get(job.queue))
     if las is not None and job.arrival < DEMOTED and state.attained.held.get(job.job_id, 0.0) > las:
         job.arrival += DEMOTED  # least attained service: behind every job of its priority that held less
+    queue_changed(state, job.queue, job, "joins")  # (with its place in line as it is from now on)
     users = state.pending.setdefault(job.queue, {}).setdefault(job.priority, {})
     bisect.insort(users.setdefault(job.user, []), (job.arrival, job.job_id))
     demands = state.demands.setdefault((job.queue, job.priority), {})
@@ -69,7 +73,7 @@ def enqueue(state: QuotaState, job: QuotaJob) -> None:
 
 
 def dequeue(state: QuotaState, job: QuotaJob) -> None:
-    queue_changed(state, job.queue)
+    queue_changed(state, job.queue, job, "leaves")
     levels = state.pending[job.queue]
     users = levels[job.priority]
     keys = users[job.user]

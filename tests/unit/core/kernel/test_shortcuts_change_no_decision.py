@@ -13,6 +13,8 @@ set-up gives the same log, byte for byte, with each shortcut switched off.
 - quota reads back a queue's head and its order key from an earlier cycle when nothing they depend on
   changed (shortcuts/kept_heads.kept_head), and keeps a cohort's lent-only queues ranked between cycles
   (shortcuts/ranked_queues);
+- quota leaves out a cycle over a queue without a cohort whose earlier cycle tried its jobs and decided nothing,
+  when nothing those tries read changed since (shortcuts/kept_failures.failures_stand);
 - on a tick, preemption considers no waiting job alike to one that found no victims since the last decision
   (libs/core/preemption/shortcuts.py alike_key).
 """
@@ -32,11 +34,13 @@ from libs.core.quota import next_head as quota_next_head
 from libs.core.quota import starvation as quota_starvation
 from libs.core.quota.shortcuts import ranked_queues as quota_ranked
 from libs.core.quota.state import QuotaJob
-from libs.sim.pipeline import VirtualWorld
+from libs.runtime.settings import DEFAULT_CLUSTER
+from libs.sim.pipeline import VirtualWorld, run_virtual
 from libs.sim.scenario import run_scenario
 from libs.sim.scenario_model import load_scenario
 from libs.sim.trace_outcome import TraceJob
 from libs.sim.trace_run import Setup, world_inputs
+from libs.sim.workload import synthetic_inputs
 from tests.unit.many_queue_worlds import random_world, run_log
 
 TEAMS = {"a": 1, "b": 2, "c": 1}  # nodes of 8 GPUs: 32 GPUs
@@ -72,6 +76,7 @@ def log_bytes(jobs: list[TraceJob], setup: Setup) -> list[bytes]:
 def no_shortcuts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(quota_next_head, "held_like_another", lambda d, job, cycle: False)
     monkeypatch.setattr(quota_cycle, "skippable", lambda d, queue, cycle: False)
+    monkeypatch.setattr(quota_cycle, "failures_stand", lambda d, queue, cycle: False)
     for module in (quota_cycle, quota_ranked):
         monkeypatch.setattr(module, "lent_only", lambda d, queue, backing_off: False)
         monkeypatch.setattr(module, "kept_head", lambda d, queue, cycle: None)
@@ -91,7 +96,8 @@ def test_shortcuts_decide_as_the_long_way(monkeypatch: pytest.MonkeyPatch, pool:
                                           las: bool) -> None:
     jobs = loaded_trace(seed=7)
     setup = Setup(pool, "platform", pool, declare, las=las)
-    taken: dict[str, int] = {"held": 0, "summed": 0, "no_reclaim": 0, "skippable": 0, "lent_only": 0, "kept": 0}
+    taken: dict[str, int] = {"held": 0, "summed": 0, "no_reclaim": 0, "skippable": 0, "lent_only": 0, "kept": 0,
+                             "failures_stand": 0}
     with monkeypatch.context() as m:
         count_shortcuts(m, taken)
         fast = log_bytes(jobs, setup)
@@ -116,6 +122,12 @@ def count_shortcuts(monkeypatch: pytest.MonkeyPatch, taken: dict[str, int]) -> N
     held, summed = quota_next_head.held_like_another, quota_starvation._summed
     could = preemption_shortcuts.could_fit_nominal
     skippable, lent_only, kept = quota_cycle.skippable, quota_cycle.lent_only, quota_cycle.kept_head
+    stand = quota_cycle.failures_stand
+
+    def counted_stand(*args: Any) -> bool:
+        answer = stand(*args)
+        taken["failures_stand"] += answer
+        return answer
 
     def counted_lent_only(*args: Any) -> bool:
         answer = lent_only(*args)
@@ -151,6 +163,7 @@ def count_shortcuts(monkeypatch: pytest.MonkeyPatch, taken: dict[str, int]) -> N
     monkeypatch.setattr(quota_starvation, "_summed", counted_summed)
     monkeypatch.setattr(preemption_shortcuts, "could_fit_nominal", counted_could)
     monkeypatch.setattr(quota_cycle, "skippable", counted_skippable)
+    monkeypatch.setattr(quota_cycle, "failures_stand", counted_stand)
     for module in (quota_cycle, quota_ranked):
         monkeypatch.setattr(module, "lent_only", counted_lent_only)
         monkeypatch.setattr(module, "kept_head", counted_kept)
@@ -182,3 +195,21 @@ def test_many_queue_world_decides_as_the_long_way(monkeypatch: pytest.MonkeyPatc
         slow = run_log(inputs)
     assert len(fast) > 1000
     assert fast == slow
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_synthetic_workload_decides_as_the_long_way(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """The replay benchmark's workload (queues without a cohort, three priorities, jobs arriving faster than
+    they end): the same log with every shortcut off, and admissions that decide nothing left out on the way."""
+    inputs = synthetic_inputs(DEFAULT_CLUSTER, 400, seed=seed)
+    taken: dict[str, int] = {"held": 0, "summed": 0, "no_reclaim": 0, "skippable": 0, "lent_only": 0, "kept": 0,
+                             "failures_stand": 0}
+    with monkeypatch.context() as m:
+        count_shortcuts(m, taken)
+        fast = [msgspec.json.encode(e) for _, e in run_virtual(inputs, tick_s=5.0).log]
+    with monkeypatch.context() as m:
+        no_shortcuts(m)
+        slow = [msgspec.json.encode(e) for _, e in run_virtual(inputs, tick_s=5.0).log]
+    assert len(fast) > 4000
+    assert fast == slow
+    assert taken["failures_stand"] > 0
