@@ -1,4 +1,4 @@
-"""The one reactor shell every service runs: fetch a batch -> decode -> evolve -> react -> publish
+"""The one reactor shell every service runs: fetch a batch -> decode -> fold -> react -> publish
 decisions -> acknowledge.
 
 - Batches: one fetch of up to `batch_size` events, all decisions published pipelined, one AckAll.

@@ -78,7 +78,7 @@ class SimExecutor:
         self._seen = seq
         if self._elsewhere(event):
             return
-        self.inventory.evolve(event)
+        self.inventory.fold(event)
         self.book.fold(event)
 
     def _elsewhere(self, event: EventBase) -> bool:
@@ -94,7 +94,7 @@ class SimExecutor:
             # Until every report of the replaced process is read, the book may hold runs that already ended
             # (a preemption decided before a run's finish, read here before that finish): acting now could
             # evict a finished job. The event is folded now and acted on at the resume, on the runs as they are.
-            self.inventory.evolve(event)
+            self.inventory.fold(event)
             self.book.fold(event)
             # Placements and cancellations are served by the resume's pass over the runs (a start is timed
             # when it comes back through the log); only the decisions that stop runs wait, with their runs.
@@ -124,7 +124,7 @@ class SimExecutor:
                 if run is not None and event.id == self.book.reports(run).report_id("started"):
                     self._arm(run)
             return []
-        self.inventory.evolve(event)
+        self.inventory.fold(event)
         reports = self._made(self.book.react(event, time.time()))
         self._untime_evicted(reports)
         self._arm_stops()

@@ -26,9 +26,9 @@ def test_every_planned_job_is_valid_and_the_plan_is_the_seeds(tmp_path: Path) ->
     (tmp_path / "cluster.csv").write_text(scenario.CLUSTER_CSV)
     admission = AdmissionDecider()
     for event in policy_changes(PolicyBook(), load_policy(tmp_path / "policy.toml"), 1, 0.0):
-        admission.evolve(event)
+        admission.fold(event)
     for i, node in enumerate(CsvClusterBackend(str(tmp_path / "cluster.csv")).discover()):
-        admission.evolve(NodeRegistered(id=f"n{i}", ts=0.0, source="test", node=node))
+        admission.fold(NodeRegistered(id=f"n{i}", ts=0.0, source="test", node=node))
     plan = scenario.plan(500, seed=3, window_s=10.0)
     assert [validate(s.job_spec(), admission.state.policy, admission.state.inventory) for s in plan] == [None] * 500
     assert plan == scenario.plan(500, seed=3, window_s=10.0) != scenario.plan(500, seed=4, window_s=10.0)

@@ -1,7 +1,7 @@
 """Admission: validate, de-duplicate and accept or reject each submission; accept cancellations; run inference
 services' replicas.
 
-The decider holds its state (admission/state.py, `state`) with the decider protocol over it: `evolve` is the fold
+The decider holds its state (admission/state.py, `state`) with the decider protocol over it: `fold` applies the fold
 (admission/fold.py); `react` hands each command to its handler (admission/submissions.py for jobs,
 admission/service_decisions.py for services). The API asks the same questions the handlers ask (`validate`,
 `service_refusal`, `cancel_refusal`, `resubmission`), so that the API and the log never disagree.
@@ -70,14 +70,14 @@ class AdmissionDecider:
         return (SubmitJob, CancelJob, QueuePolicyChanged, PriorityClassesChanged, NodeRegistered, NodeLost, JobPlaced,
                 JobFinished, JobFailed, JobEvicted, JobReady, DeployService, DeleteService, ReportServiceLoad)
 
-    def evolve(self, event: EventBase) -> None:
+    def fold(self, event: EventBase) -> None:
         fold(self.state, event)
 
     def react(self, trigger: Trigger) -> list[EventBase]:
         """1. A command goes to its handler, which decides.
         2. Any other input decides something only when a service's replica ended for good with it: another
            replica takes its place."""
-        out = Decisions(SERVICE, trigger, self.evolve, self.chain)
+        out = Decisions(SERVICE, trigger, self.fold, self.chain)
         handler = COMMANDS.get(type(trigger.event))
         if handler is not None:
             handler(self.state, trigger.event, out)

@@ -21,7 +21,7 @@ class EmptyInventory:
         self.version = 0  # bumps whenever the inventory changes: answers kept per version go stale
         self._answers: dict[tuple[object, ...], bool] = {}  # request shape -> could the inventory hold it
 
-    def evolve(self, event: EventBase) -> None:
+    def fold(self, event: EventBase) -> None:
         if not self.cluster.apply_node_event(event):
             return
         self.version += 1

@@ -1,4 +1,4 @@
-"""The shape every service core has: `evolve` folds an event into state, `react` decides.
+"""The shape every service core has: `fold` takes an event into the state, `react` decides.
 
 `react` applies each decision it makes to its own state at once (through `Decisions.emit`), so that the
 next decision within the same trigger, and the next trigger, see it.
@@ -82,7 +82,7 @@ class Decisions:
 
     service: str
     trigger: Trigger
-    apply: Any  # Callable[[EventBase], None]: the decider's evolve
+    apply: Any  # Callable[[EventBase], None]: the decider's fold
     chain: Chain
     out: list[EventBase] = field(default_factory=list)
 
@@ -117,7 +117,7 @@ class Decider(Protocol):
         """The event types this decider consumes (its consumer's subject filter)."""
         ...
 
-    def evolve(self, event: EventBase) -> None:
+    def fold(self, event: EventBase) -> None:
         """Fold one event (an input, or one of its own decisions) into the state."""
         ...
 
@@ -135,18 +135,18 @@ def run_decider(decider: Decider, event: EventBase, seq: int, react: bool = True
     input the decider's react decides nothing about, only folded).
 
     A decider that keeps a book of its jobs' current runs (a `runs` attribute, libs/core/kernel/runs.py) never sees
-    an executor's report about a run that is over: such a report is dropped here, before its evolve, so that
+    an executor's report about a run that is over: such a report is dropped here, before its fold, so that
     no decider need know about runs. The book follows the placements the decider reads and those it decides.
     """
     runs: CurrentRuns | None = getattr(decider, "runs", None)
     if runs is None:
-        decider.evolve(event)
+        decider.fold(event)
         return decider.react(Trigger(event, seq)) if react else []
     if type(event) in _RUN_EVENTS:  # (the book neither drops nor folds any other event: most are not these)
         if runs.is_stale(event):
             return []
         runs.fold(event)
-    decider.evolve(event)
+    decider.fold(event)
     if not react:
         return []
     decided = decider.react(Trigger(event, seq))

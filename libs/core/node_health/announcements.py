@@ -28,7 +28,7 @@ class InventoryBook:
     def input_types(self) -> Iterable[type[EventBase]]:
         return (NodeRegistered, NodeLost)
 
-    def evolve(self, event: EventBase) -> None:
+    def fold(self, event: EventBase) -> None:
         if isinstance(event, NodeRegistered):
             self.nodes[event.node.name] = event.node
             self.versions[event.node.name] = self.versions.get(event.node.name, 0) + 1

@@ -2,7 +2,7 @@
 (node_health/gpu_faults.py), and which cordon / uncordon / remove commands take effect
 (node_health/operator_actions.py).
 
-The decider holds its state (node_health/state.py, `state`) with the decider protocol over it: `evolve` is the fold
+The decider holds its state (node_health/state.py, `state`) with the decider protocol over it: `fold` applies the fold
 (node_health/fold.py); `react` hands each fault report or command to its handler.
 """
 
@@ -58,11 +58,11 @@ class NodeDecider:
         return (NodeRegistered, GpuHealthChanged, GpuFault, CordonNode, UncordonNode, NodeCordoned,
                 NodeUncordoned, RemoveNode, NodeLost)
 
-    def evolve(self, event: EventBase) -> None:
+    def fold(self, event: EventBase) -> None:
         fold(self.state, event)
 
     def react(self, trigger: Trigger) -> list[EventBase]:
-        out = Decisions(SERVICE, trigger, self.evolve, self.chain)
+        out = Decisions(SERVICE, trigger, self.fold, self.chain)
         handler = HANDLERS.get(type(trigger.event))
         if handler is not None:
             handler(self.state, trigger.event, out)

@@ -59,11 +59,11 @@ class PlacementDecider:
                 PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, QuotaReserved, JobCancelled,
                 JobFinished, JobFailed, JobEvicted, PreemptionDecided, ClockTick, QuotaReleased)
 
-    def evolve(self, event: EventBase) -> None:
+    def fold(self, event: EventBase) -> None:
         fold(self.state, event)
 
     def react(self, trigger: Trigger) -> list[EventBase]:
-        out = Decisions(SERVICE, trigger, self.evolve, self.chain)
+        out = Decisions(SERVICE, trigger, self.fold, self.chain)
         decide(self.state, out)
         return out.out
 

@@ -134,7 +134,7 @@ def cancelled(state: PlacementState, event: JobCancelled) -> None:
 
 def node_event(state: PlacementState, event: EventBase) -> None:
     state.cluster.apply_node_event(event)
-    state.inventory.evolve(event)
+    state.inventory.fold(event)
     state.generation += 1
 
 

@@ -106,7 +106,7 @@ class PreemptionDecider:
                 QuotaDeferred, JobPlaced, PlacementDeferred, JobCancelled, JobFinished, JobFailed, JobEvicted,
                 JobCheckpointed, ClockTick)
 
-    def evolve(self, event: EventBase) -> None:
+    def fold(self, event: EventBase) -> None:
         fold(self.world, event)
 
     def reacts_to(self) -> tuple[type[EventBase], ...]:
@@ -118,10 +118,10 @@ class PreemptionDecider:
         if isinstance(event, QuotaDeferred | PlacementDeferred):
             if not may_evict_for(self.world, event.job_id):
                 return []  # the common answer: no decision (and no need to prepare any)
-            out = Decisions(SERVICE, trigger, self.evolve, self.chain)
+            out = Decisions(SERVICE, trigger, self.fold, self.chain)
             consider(self.world, event.job_id, event.ts, out)
         elif isinstance(event, ClockTick):
-            out = Decisions(SERVICE, trigger, self.evolve, self.chain)
+            out = Decisions(SERVICE, trigger, self.fold, self.chain)
             tick(self.world, event.ts, out)
         else:
             return []  # nothing else is reacted to

@@ -167,7 +167,7 @@ class QuotaDecider:
         other (a submission, a preemption) it answers [] and changes nothing."""
         return PASS.triggers(self.input_types())
 
-    def evolve(self, event: EventBase) -> None:
+    def fold(self, event: EventBase) -> None:
         fold(self.state, event)  # (the kernel's name for the fold)
 
     def fair_share(self, queue: str, now: float) -> float:
@@ -181,7 +181,7 @@ class QuotaDecider:
         if reaction is None or decides_nothing(state, event):
             return []
         after = after_fold(state)  # read first: folding the decisions made below clears it
-        out = Decisions(SERVICE, trigger, self.evolve, self.chain)
+        out = Decisions(SERVICE, trigger, self.fold, self.chain)
         reaction(state, event, after, out)
         return out.out
 

@@ -30,7 +30,7 @@ class Fleet(ModelCounts):
 
     def fold(self, event: EventBase) -> None:
         if isinstance(event, MODEL_EVENTS):
-            self.inventory.evolve(event)
+            self.inventory.fold(event)
         super().fold(event)
 
     def could_place(self, flavors: tuple[str, ...], spec: JobSpec) -> bool:

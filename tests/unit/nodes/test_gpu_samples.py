@@ -11,7 +11,7 @@ from tests.unit.builders import node
 
 def test_only_gpus_of_started_runs_are_busy_and_shares_add_up() -> None:
     inventory = InventoryBook()
-    inventory.evolve(NodeRegistered(id="n", ts=0.0, source="t", node=node("a", 4, gpu_memory_mib=1000)))
+    inventory.fold(NodeRegistered(id="n", ts=0.0, source="t", node=node("a", 4, gpu_memory_mib=1000)))
     runs = [Run("whole", "p1", 10.0, started_at=1.0, gpus=frozenset({("a", 0), ("a", 1)})),
             Run("half", "p2", 10.0, started_at=1.0, gpus=frozenset({("a", 2)}), gpu_milli=500, gpu_memory_mib=250),
             Run("quarter", "p3", 10.0, started_at=1.0, gpus=frozenset({("a", 2)}), gpu_milli=250),

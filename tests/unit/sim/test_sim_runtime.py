@@ -110,7 +110,7 @@ events:
     for event in log[:log.index(started) + 1]:  # their inputs, and placement's own decision
         for decider in (placement, preemption):
             if isinstance(event, (*decider.input_types(), JobPlaced)):
-                decider.evolve(event)
+                decider.fold(event)
     assert placement.state.ends["j"] == started.ts + 30.0
     assert preemption.state.running["j"].ends_at == started.ts + 30.0
 

@@ -256,8 +256,8 @@ def test_a_removed_node_offers_nothing_more_and_one_lost_still_does() -> None:
     assert inv.verdict(asks_h100) is None
     decider = AdmissionDecider()
     for n in NODES:
-        decider.evolve(NodeRegistered(id=n.name, ts=0.0, source="test", node=n))
-    decider.evolve(NodeLost(id="lost", ts=1.0, source="test", node="b", reason="heartbeat_timeout"))
+        decider.fold(NodeRegistered(id=n.name, ts=0.0, source="test", node=n))
+    decider.fold(NodeLost(id="lost", ts=1.0, source="test", node="b", reason="heartbeat_timeout"))
     assert "b" in decider.state.inventory.nodes  # lost may come back: it still counts
-    decider.evolve(NodeLost(id="gone", ts=2.0, source="test", node="b", reason="removed", removed=True))
+    decider.fold(NodeLost(id="gone", ts=2.0, source="test", node="b", reason="removed", removed=True))
     assert "b" not in decider.state.inventory.nodes

@@ -90,7 +90,7 @@ def test_no_quota_fold_changes_a_part_its_input_does_not_declare(name: str) -> N
         if type(event) not in folded:
             continue
         before = {part: read(decider.state) for part, read in QUOTA_PARTS.items()}
-        decider.evolve(event)
+        decider.fold(event)
         changed = [part for part, read in QUOTA_PARTS.items() if not same(before[part], read(decider.state))]
         undeclared = [part.name for part in changed if not part & CHANGES[type(event)]]
         assert undeclared == [], f"{type(event).__name__} at {event.ts:g} changed {undeclared}"
@@ -104,5 +104,5 @@ def test_every_preemption_fold_but_a_ticks_marks_the_world_changed(name: str) ->
     for event in log:
         if type(event) in folded and not isinstance(event, ClockTick):
             decider.state.changed = False
-            decider.evolve(event)
+            decider.fold(event)
             assert decider.state.changed

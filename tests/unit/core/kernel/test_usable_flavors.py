@@ -55,6 +55,6 @@ def test_quota_and_preemption_see_the_same_models_from_the_same_log() -> None:
               _registered("n1", "H100"), NodeCordoned(id="c", ts=1.0, source="test", node="n1")]
     quota, preemption = QuotaDecider(), PreemptionDecider()
     for event in events:
-        quota.evolve(event)
-        preemption.evolve(event)
+        quota.fold(event)
+        preemption.fold(event)
     assert quota.state.fleet.by_model == preemption.world.models.by_model == {"A100": 1}

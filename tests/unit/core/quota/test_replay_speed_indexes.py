@@ -105,7 +105,7 @@ def test_a_decider_reacts_only_to_what_it_says(make: Callable[[], Any], state: C
     for seq, event in history(seed=5, jobs=120):
         if not isinstance(event, accepted):
             continue
-        decider.evolve(event)
+        decider.fold(event)
         if isinstance(event, reacts):
             decider.react(Trigger(event, seq))
             continue
