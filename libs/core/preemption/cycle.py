@@ -10,10 +10,9 @@ from __future__ import annotations
 from contracts import LEAST_ATTAINED_SERVICE, RECLAIM, WITHIN_QUEUE_PRIORITY, JobSpec, PreemptionDecided, Victim
 from libs.core.kernel.attained_service import threshold_milli_s
 from libs.core.kernel.decider import Decisions
-from libs.core.kernel.policy import demand_milli
 from libs.core.kernel.quota_math import ANY
-from libs.core.kernel.usable_flavors import usable_flavors
 from libs.core.preemption.candidates import candidates
+from libs.core.preemption.holds import free_flavors
 from libs.core.preemption.reclaim import placement_victims, reclaim_victims
 from libs.core.preemption.shortcuts import AlikeJobs
 from libs.core.preemption.simulation import Simulation, smallest_waiting
@@ -31,10 +30,11 @@ def tick(world: World, now: float, out: Decisions) -> None:
     if not (state.changed or due or unprotected):
         return
     state.changed = False
-    # 2. The jobs to try, in this order, each once: the first waiting job of each queue, the jobs holding
-    #    quota that wait for a place, the jobs whose grace ended, the jobs that could evict where a protection
-    #    ran out.
-    jobs = heads_of_queues(state, book) + placement_waiters(state) + due + could_evict_in(state, book, unprotected)
+    # 2. The jobs to try, in this order, each once: per queue, the first waiting job of each priority for each
+    #    flavor quota does not hold it back from (a job ending frees quota for jobs behind the first too: no
+    #    deferral tells them), the jobs holding quota that wait for a place, the jobs whose grace ended, the
+    #    jobs that could evict where a protection ran out.
+    jobs = heads_of_queues(world) + placement_waiters(state) + due + could_evict_in(state, book, unprotected)
     # 3. Try each (skipping a job alike to one that just found no victims: shortcuts.AlikeJobs).
     alike = AlikeJobs(state, world.policy, now)
     for job_id in dict.fromkeys(jobs):
@@ -105,10 +105,11 @@ def _victims_for_placement(world: World, job_id: str, spec: JobSpec, grace_over:
 def _victims_for_quota(world: World, job_id: str, spec: JobSpec, grace_over: bool, now: float) -> list[Running]:
     """A job waiting for quota: first (its grace over) a reclaim of the quota its queue lent, else jobs of its
     queue of lower priority, so that quota admits it and placement places it."""
-    if _behind_higher_priority(world, spec):
+    # The flavors quota would reserve it in (one rule for both deciders), less those a job of higher priority
+    # of its queue waits for: quota freed there goes to that one first, so evicting for it would serve the other.
+    flavors = list(free_flavors(world, job_id))
+    if not flavors:
         return []
-    # The flavors quota would reserve it in: of its queue's, those of a model the nodes serve (one rule for both).
-    flavors = list(usable_flavors(world.policy.quotas, world.models, spec, demand_milli(spec))) or [ANY]
     with _simulation(world, spec, job_id, now) as sim:
         victims = reclaim_victims(sim, flavors, job_id) if grace_over else []
         found = [] if victims else candidates(world.state, world.policy, spec, job_id, now)
@@ -120,13 +121,6 @@ def _victims_for_quota(world: World, job_id: str, spec: JobSpec, grace_over: boo
 
             victims = sim.choose(found, admitted_and_placed, placed=lambda: any(sim.fits(f) for f in flavors))
     return victims
-
-
-def _behind_higher_priority(world: World, spec: JobSpec) -> bool:
-    """Does a job of higher priority of the same queue wait for quota too? Freed quota goes to it first,
-    so evicting for this one would serve the other."""
-    priorities = world.state.waiting_priorities.get(spec.queue, {})
-    return bool(priorities) and max(priorities) > world.policy.priority_of(spec)
 
 
 def _giving_back(world: World, job_id: str, now: float) -> bool:

@@ -18,11 +18,16 @@ the least harm first (victim_sets.py), that a simulation (simulation.py) says ma
 room by quota's and placement's own rules, counting the evictions already decided as done. No fit in
 simulation, no eviction.
 
-A clock tick looks again (circumstances change without a new deferral): at the first waiting job of each
-queue when anything changed, at every job whose reclaim grace just ended, and, when a protection ran out
-with time (a running job's minimum runtime, a queue's eviction budget growing back), at every waiting job
-that could evict there. So a queue inside its nominal quota waits for borrowers no longer than its reclaim
-grace plus the longest minimum runtime that protects them (and the tick after).
+A job waiting for quota behind a job of higher priority of its queue is served only in the flavors no such job
+waits for (holds.py): quota gives what is freed in the others to the higher job first.
+
+A clock tick looks again (circumstances change without a new deferral): when anything changed, in each queue
+at the first waiting job of each priority for each flavor quota does not hold that priority back from (and
+the first there that may reclaim), the jobs quota would give what is freed there to first; at every job
+whose reclaim grace just ended; and, when a protection ran out with time (a running job's minimum runtime,
+a queue's eviction budget growing back), at every waiting job that could evict there. So a queue inside its
+nominal quota waits for borrowers no longer than its reclaim grace plus the longest minimum runtime that
+protects them (and the tick after).
 """
 
 from __future__ import annotations
@@ -67,7 +72,9 @@ __all__ = ["SERVICE", "PreemptionDecider"]
 
 SERVICE = "preemption"
 _NEXT_TICK = "looked at on the next tick: every fold but a tick's marks the world changed (fold.py), and the tick " \
-             "tries each queue's first waiting job again (cycle.tick)"
+             "tries again, in each queue, the first waiting job of each priority for each flavor quota does not " \
+             "hold that priority back from, and the first there that may reclaim: the jobs quota would give what " \
+             "is freed there to first (tick_jobs.first_of_each_priority)"
 # What a preemption pass reads; a deferral asks about its job at once, the clock about every job a change may
 # serve (libs/core/kernel/dependencies.py).
 PASS = PassDependencies(

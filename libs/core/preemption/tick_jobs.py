@@ -4,8 +4,9 @@ ends, a protection runs out, anything is folded), and only the jobs such a chang
 from __future__ import annotations
 
 from libs.core.kernel.policy import PolicyBook, demand_milli
-from libs.core.kernel.quota_math import QuotaBook
-from libs.core.preemption.state import PLACEMENT, PreemptionState
+from libs.core.kernel.quota_math import ANY, QuotaBook
+from libs.core.preemption.holds import flavors_of, holds_others
+from libs.core.preemption.state import PLACEMENT, PreemptionState, World
 
 
 def grace_ends(state: PreemptionState, policy: PolicyBook, now: float) -> list[str]:
@@ -27,28 +28,69 @@ def grace_ends(state: PreemptionState, policy: PolicyBook, now: float) -> list[s
     return due
 
 
-def heads_of_queues(state: PreemptionState, book: QuotaBook) -> list[str]:
-    """The first waiting job per queue (the index keeps each queue's waiting jobs in (-priority, id)
-    order), not already waiting for its victims to leave; where that one can never reclaim (it waits for
-    placement, or is above its queue's nominal quota in every flavor), also the first of its priority
-    that can: it may reclaim while the first waits."""
-    heads = []
-    for queue in sorted(state.heads):
-        first_priority = None
-        for negative_priority, job_id in state.heads[queue]:
-            if job_id in state.in_flight:
-                continue
-            if first_priority is None:
-                first_priority = negative_priority
-                heads.append(job_id)
-                if not book.cohort.get(queue, "") or may_reclaim(state, book, job_id):
-                    break
-            elif negative_priority != first_priority:
-                break
-            elif may_reclaim(state, book, job_id):
-                heads.append(job_id)
-                break
-    return heads
+def heads_of_queues(world: World) -> list[str]:
+    """Per queue (in name order), the waiting jobs a change may let preemption serve (first_of_each_priority)."""
+    return [job_id for queue in sorted(world.state.heads) for job_id in first_of_each_priority(world, queue)]
+
+
+def first_of_each_priority(world: World, queue: str) -> list[str]:
+    """The queue's waiting jobs worth trying, in its (-priority, id) order, skipping those already waiting for
+    their victims to leave. Of each priority, for each flavor free to it (holds.py: quota holds a job back in
+    the flavors a job of higher priority waits for), the first job that may use it; where that one can never
+    reclaim (it waits for placement, or is above its queue's nominal quota in every flavor), also the first
+    that can. So a lower job that quota would give freed quota of its own flavors to is tried too, not only
+    each queue's first: lower priorities are looked at while some flavor of the queue is free."""
+    state, book = world.state, world.policy.quotas
+    cohort = bool(book.cohort.get(queue, ""))
+    everything = set(book.limits.get(queue, ())) or {ANY}
+    held: set[str] = set()  # the flavors jobs of the priorities above wait for
+    level = _Level(None)
+    found = []
+    for negative_priority, job_id in state.heads[queue]:
+        if negative_priority != level.negative_priority:
+            held |= level.holding
+            if held >= everything:
+                break  # every flavor is held for a job above: quota would give none to a lower job
+            level = _Level(negative_priority)
+        flavors = flavors_of(world, job_id)
+        if holds_others(world, job_id):
+            level.holding.update(flavors)  # (ANY, all there is, in a queue without quota)
+        free = set(flavors) - held
+        if free and job_id not in state.in_flight and level.worth_trying(free, state, book, job_id, cohort):
+            found.append(job_id)
+        if level.spent(held, everything):
+            break  # (the common case, one flavor: the first job that may reclaim ends the walk)
+    return found
+
+
+class _Level:
+    """One priority of a queue as the tick walks it: the flavors its jobs hold lower ones back from, and the
+    flavors a job tried so far could take (`tried`), and reclaim in (`reclaiming`)."""
+
+    def __init__(self, negative_priority: int | None) -> None:
+        self.negative_priority = negative_priority
+        self.holding: set[str] = set()
+        self.tried: set[str] = set()
+        self.reclaiming: set[str] = set()
+
+    def worth_trying(self, free: set[str], state: PreemptionState, book: QuotaBook, job_id: str, cohort: bool
+                     ) -> bool:
+        """Is the job, whose free flavors are `free`, the first of its priority for one of them, or the first
+        that may reclaim in one? Then it is tried, and noted."""
+        if free <= self.reclaiming:
+            return False
+        reclaims = not cohort or may_reclaim(state, book, job_id)  # (without a cohort nothing is to reclaim)
+        if free <= self.tried and not reclaims:
+            return False
+        self.tried |= free
+        if reclaims:
+            self.reclaiming |= free
+        return True
+
+    def spent(self, held: set[str], everything: set[str]) -> bool:
+        """Is there nothing left to try, at this priority or below? Every flavor is held for a job of this
+        priority or above, and each flavor free to this one was tried by a job that may reclaim in it."""
+        return bool(self.reclaiming) and self.reclaiming >= everything - held and held | self.holding >= everything
 
 
 def placement_waiters(state: PreemptionState) -> list[str]:
