@@ -116,12 +116,12 @@ def higher_priority_hold(world: World, job_id: str, spec: JobSpec) -> str:
     levels = world.quota.pending.get(spec.queue, {})
     mine = priority(world, spec)
     for prio, users in levels.items():
-        if prio > mine and any(_holdable(world, j) for keys in users.values() for _, j in keys):
+        if prio > mine and any(holdable(world, j) for keys in users.values() for _, j in keys):
             return f"jobs of higher priority wait for queue {spec.queue}'s quota first"
     return ""
 
 
-def _holdable(world: World, job_id: str) -> bool:
+def holdable(world: World, job_id: str) -> bool:
     """Could a node present hold the quota decider's job with every running job gone (quota_fit.could_hold)?"""
     job = world.quota.jobs.get(job_id)
     return job is not None and could_hold(world.quota, job)

@@ -8,20 +8,24 @@ and of each borrowing queue its smallest jobs while the queue stays at or above 
 quota and capacity together; a reclaim could serve the lender if its first waiting job then has room in its
 queue and fits the free capacity. Non-preemptible borrowers and borrowers waiting for a place keep the bound
 owed: they hold the quota against the guarantee (one waiting for a place gives it back at its placement
-timeout, which the bound allows), and the violation says so."""
+timeout, which the bound allows, or without one as soon as a lender waits), and the violation says so;
+one waiting for a place only while a node present could hold the lender's first waiting job."""
 
 from __future__ import annotations
 
-from libs.audit.guarantees.holds import first_waiting, fits_now
+from libs.audit.guarantees.holds import first_waiting, fits_now, holdable
 from libs.audit.guarantees.world import PLACEMENT, RUNNING, JobState, World
 from libs.core.kernel.policy import demand_milli
 
 
 def reclaimable(world: World, queue: str, flavor: str) -> bool:
     running = borrowers(world, queue, flavor)
-    if borrowers(world, queue, flavor, PLACEMENT):
-        return True
     first = first_waiting(world, queue)
+    if borrowers(world, queue, flavor, PLACEMENT):
+        # Giving a reservation back needs no room on the GPUs, but a lender whose job no node present could
+        # hold is owed nothing: quota keeps no quota for such a job (it holds nobody, and nobody reclaims for
+        # it), as a reclaim from running borrowers is owed only where the job would then fit.
+        return first is None or holdable(world, first)
     if not running:
         # Nobody borrows: a shortfall is owed, unless the queue's parent's quota, held by queues within their
         # own nominal, is what leaves it no room (no reclaim could serve it: a child's nominal is guaranteed only

@@ -15,6 +15,7 @@ from contracts import (
     NodeRegistered,
     NodeUncordoned,
     PriorityClassesChanged,
+    QueuePolicyChanged,
     QuotaReserved,
 )
 from libs.core.kernel.decider import Decisions
@@ -37,6 +38,10 @@ def decide(state: PlacementState, out: Decisions) -> None:
             try_place(state, event.job_id, out)
     elif (isinstance(event, CAPACITY_BACK + ORDER_CHANGED)
           or (isinstance(event, GpuHealthChanged) and event.healthy)):
+        place_waiting(state, out)
+    elif isinstance(event, QueuePolicyChanged) and state.recharged:
+        # A reservation moved to another flavor may fit where its former one did not.
+        state.recharged.clear()
         place_waiting(state, out)
     elif isinstance(event, ClockTick):
         on_tick(state, event.ts, out)

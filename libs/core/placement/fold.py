@@ -26,9 +26,11 @@ from contracts import (
     PlacementDeferred,
     PreemptionDecided,
     PriorityClassesChanged,
+    QueuePolicyChanged,
     QuotaReleased,
     QuotaReserved,
 )
+from libs.core.kernel.flavors import charged_flavor, flavor_name
 from libs.core.kernel.policy import declared_runtime
 from libs.core.placement.nomination import end_nomination, lapse, left_for_good, nominate
 from libs.core.placement.order import wait_key
@@ -181,8 +183,29 @@ def priority_classes(state: PlacementState, event: PriorityClassesChanged) -> No
             nomination.priority = state.policy.priority_of(spec)
 
 
+def queue_policy(state: PlacementState, event: QueuePolicyChanged) -> None:
+    """A waiting job's reservation follows its queue's current flavors, as quota's does (QuotaBook.recharge):
+    one narrowed to a flavor the queue no longer has is placed by the flavor that covers it now (any model, or
+    none narrower than the job's own models), and is tried again (cycle.decide): else it would wait for a model
+    its quota no longer names, beside free GPUs it may use."""
+    state.policy.apply(event)
+    state.generation += 1
+    state.recharged.clear()
+    limits = state.policy.quotas.limits.get(event.queue.name, {})
+    for job_id in state.waiting:
+        spec = state.specs.get(job_id)
+        if job_id not in state.submitted or spec is None or spec.queue != event.queue.name:
+            continue  # (only a reservation narrowed to a flavor's model can move: see reserved_spec)
+        flavor = spec.gpu_models[0]
+        target = charged_flavor(limits, flavor, "")
+        if target != flavor:
+            reserved_spec(state, job_id, flavor_name(target))
+            state.recharged.append(job_id)
+
+
 FOLDS: dict[type[EventBase], Callable[[PlacementState, Any], None]] = {
     PriorityClassesChanged: priority_classes,
+    QueuePolicyChanged: queue_policy,
     JobSubmitted: submitted,
     QuotaReserved: reserved,
     JobPlaced: placed,

@@ -62,6 +62,8 @@ class PlacementState:
     deferred: dict[str, str] = field(default_factory=dict)  # job -> the reason it was last told it waits
     cancelled: dict[str, None] = field(default_factory=dict)  # placed jobs cancelled: over once reported gone
     nominated: dict[str, Nomination] = field(default_factory=dict)
+    # Waiting jobs whose reservation a queue change moved to another flavor (fold.queue_policy), to try again.
+    recharged: list[str] = field(default_factory=list)
     lapsed: bool = False  # did the last tick end a nomination?
     held_back_free: bool = False  # was a nomination ended since the last tick (so its hold ended)?
     starving: StarvingJob | None = None

@@ -125,10 +125,15 @@ def _victims_for_quota(world: World, job_id: str, spec: JobSpec, grace_over: boo
 
 def _giving_back(world: World, job_id: str, now: float) -> bool:
     """Is the job's placement timeout over, so that quota gives its reservation back (as quota_timeout does:
-    unless capacity is held for it)? It is reserved again later, and may evict then."""
+    unless capacity is held for it)? Without a timeout, quota gives it back while a lender waits for the quota
+    it borrows (timeout.give_back_lent). It is reserved again later, and may evict then."""
     timeout = world.policy.settings.placement_timeout_s
     reserved_at = world.state.reserved_at.get(job_id)
-    if timeout is None or reserved_at is None or now - reserved_at < timeout:
+    if reserved_at is None:
+        return False
+    if timeout is None:
+        return _lender_waits(world, job_id)
+    if now - reserved_at < timeout:
         return False
     return job_id not in world.state.capacity_held or _lender_waits(world, job_id)
 

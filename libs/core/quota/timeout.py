@@ -36,8 +36,10 @@ def give_back_unplaced(state: QuotaState, now: float, out: Decisions) -> list[st
     checkpoint may take longer than the timeout: the room they free is the job's); the queues that got
     quota back."""
     timeout = state.policy.settings.placement_timeout_s
-    if timeout is None or not state.unplaced:
+    if not state.unplaced:
         return []
+    if timeout is None:
+        return give_back_lent(state, now, out)
     # The cycle lender_waits reads through is made only when a job placement holds capacity for is past its
     # timeout (at most ticks ask it): nothing changes before the last job is looked at, so one made then
     # answers as one made first would.
@@ -60,6 +62,24 @@ def give_back_unplaced(state: QuotaState, now: float, out: Decisions) -> list[st
         defer(state, job, PLACEMENT_TIMED_OUT, f"no node could hold it within {timeout:g} s of its quota "
               f"reservation (placement: {job.placement_code or 'deferred'}); its quota went back and it "
               f"may be reserved again {max(0.0, again - now):.0f} s from now", 0, out)
+    return [job.queue for job in expired]
+
+
+def give_back_lent(state: QuotaState, now: float, out: Decisions) -> list[str]:
+    """Without a placement timeout nothing else gives back a reservation placement deferred, and no eviction can
+    take it (it holds no GPU): a borrower that placement deferred gives back the quota a lender of its cohort waits
+    for (lender_waits), on the next tick, as it would at its timeout. Else a borrower never placed (its node lost,
+    its model gone) would keep the lender's nominal quota for good. The queues that got quota back."""
+    cycle = Cycle(now=now)
+    expired = [job for job_id in state.unplaced if (job := state.jobs[job_id]).placement_code
+               and not victims_leaving(state, job_id) and lender_waits(state, job, cycle)]
+    for job in expired:
+        out.emit(QuotaReleased, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue,
+                 gpu_milli=job.demand, reason=PLACEMENT_TIMEOUT)
+        again = state.requeued.get(job.job_id, now)
+        defer(state, job, PLACEMENT_TIMED_OUT, f"placement has not placed it (placement: {job.placement_code}) and "
+              "a queue of its cohort waits for the quota it borrows: its quota went back and it may be reserved "
+              f"again {max(0.0, again - now):.0f} s from now", 0, out)
     return [job.queue for job in expired]
 
 

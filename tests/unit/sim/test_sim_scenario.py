@@ -22,14 +22,6 @@ from libs.sim.scenario_write import write_scenario
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 # Scenario files that fail today, each for a hole in the deciders (file stem -> the hole).
 KNOWN_HOLES: dict[str, str] = {
-    # No pass runs after a change that alters a waiting job's answer: each decider hand-picks its triggers.
-    "unplaced-borrower-keeps-lent-quota-without-placement-timeout":
-        "with the placement timeout turned off (a settings change), a borrower reserved but never placed (its node "
-        "lost) keeps the quota its lender waits for: nothing gives it back and no eviction can (found by the "
-        "stateful test)",
-    "placement-waiter-told-no-model-match-not-tried-again":
-        "a job holding quota told no_model_match waits for a place beside free capacity it fits, with the placement "
-        "timeout turned off (found by the stateful test; not traced yet)",
     # A safety hole: a queue with no quota of its own under a parent capped at its nominal is not held to the
     # parent's bound (the checker's parent_quota).
     "ungoverned-leaf-exceeds-its-capped-parent": "quota does not bound an ungoverned leaf by its capped parent",
