@@ -50,30 +50,35 @@ class Reads(Flag):
     CLASSES = auto()  # priority classes: values, minimum runtimes, preemptibility
     SETTINGS = auto()  # the scheduling settings
     NODES = auto()  # the nodes present: their GPU models, sizes, health and cordons
+    FREED = auto()  # GPUs that may come free: a run over, a node registered or uncordoned, a GPU healthy again
     SUBMISSIONS = auto()  # jobs' specs, before admission
     ARRIVALS = auto()  # jobs admitted, waiting for quota
     HELD = auto()  # quota and GPUs held: reservations, placements, runs and jobs ending
+    RESERVED = auto()  # jobs whose quota was just reserved: placement's arrivals
     DEFERRALS = auto()  # what waiting jobs were last told
     NOMINATIONS = auto()  # preemptors whose victims were chosen
     RUNS = auto()  # runs going on: GPU time spent (budgets, attained service), checkpoints
     CLOCK = auto()  # time itself: budgets spent, graces, minimum runtimes, backoffs, nominations lapsing
 
 
-_NODES = (NodeRegistered, NodeLost, NodeCordoned, NodeUncordoned, GpuHealthChanged)
+_NODES_GOING = (NodeLost, NodeCordoned)  # (only ever take GPUs away)
+_NODES_COMING = (NodeRegistered, NodeUncordoned, GpuHealthChanged)  # (may bring GPUs)
 _RUN_ENDS = (JobFinished, JobFailed, JobEvicted)
 
 # Every input a decider folds -> the parts of the world it changes.
 CHANGES: Mapping[type[EventBase], Reads] = {
-    QueuePolicyChanged: Reads.QUEUES,
+    QueuePolicyChanged: Reads.QUEUES | Reads.HELD,  # reservations follow the queue's flavors
     PriorityClassesChanged: Reads.CLASSES,
     SchedulingSettingsChanged: Reads.SETTINGS,
-    **dict.fromkeys(_NODES, Reads.NODES),
+    **dict.fromkeys(_NODES_GOING, Reads.NODES),
+    **dict.fromkeys(_NODES_COMING, Reads.NODES | Reads.FREED),
     JobSubmitted: Reads.SUBMISSIONS,
     JobAdmitted: Reads.ARRIVALS | Reads.SUBMISSIONS,  # the submission it admits is consumed
-    QuotaReserved: Reads.HELD | Reads.DEFERRALS | Reads.NOMINATIONS,  # its job's wait, and nomination, end
-    QuotaReleased: Reads.HELD,
+    # its job's wait for quota, and nomination, end; it waits for a place
+    QuotaReserved: Reads.HELD | Reads.RESERVED | Reads.DEFERRALS | Reads.NOMINATIONS,
+    QuotaReleased: Reads.HELD | Reads.NOMINATIONS,  # a nominee whose quota went back holds no room for itself
     JobPlaced: Reads.HELD | Reads.RUNS | Reads.NOMINATIONS,  # a nominee placed holds nobody any more
-    **dict.fromkeys(_RUN_ENDS, Reads.HELD | Reads.RUNS | Reads.NOMINATIONS),  # nor one that ends
+    **dict.fromkeys(_RUN_ENDS, Reads.HELD | Reads.RUNS | Reads.NOMINATIONS | Reads.FREED),  # nor one that ends
     JobCancelled: Reads.HELD | Reads.NOMINATIONS,
     QuotaDeferred: Reads.DEFERRALS,
     PlacementDeferred: Reads.DEFERRALS,

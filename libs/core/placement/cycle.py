@@ -1,13 +1,19 @@
 """Placement's cycle: what one trigger decides, in numbered steps.
 
 A reservation tries its own job; capacity coming back (a run over, a node registered or uncordoned, a GPU
-healthy again) tries every waiting job; a tick first settles who holds capacity (nominations lapse, the
-starving job is found and told), then tries every waiting job if a hold ended or moved."""
+healthy again) or the order changing (new priorities) tries every waiting job; a queue's change tries them if it
+moved a waiting reservation to another flavor; a tick first settles who holds capacity (nominations lapse, the
+starving job is found and told), then tries every waiting job if a hold ended or moved. Which inputs trigger a
+pass follows from what it reads (PASS, libs/core/placement/decider.py); REACTIONS answers each of them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from contracts import (
     ClockTick,
+    EventBase,
     GpuHealthChanged,
     JobEvicted,
     JobFailed,
@@ -25,26 +31,40 @@ from libs.core.placement.codes import TOLD_ELSE
 from libs.core.placement.starvation import find_starving, tell_starving
 from libs.core.placement.state import PlacementState
 
-CAPACITY_BACK = (JobFinished, JobFailed, JobEvicted, NodeRegistered, NodeUncordoned)
-# New priorities reorder the waiting jobs and the holds of nominated preemptors: a job held back may go now.
-ORDER_CHANGED = (PriorityClassesChanged,)
-
 
 def decide(state: PlacementState, out: Decisions) -> None:
-    """What the trigger (already folded) decides."""
+    """What the trigger (already folded) decides: nothing for an input that is not a trigger."""
     event = out.trigger.event
-    if isinstance(event, QuotaReserved):
-        if event.job_id in state.waiting:
-            try_place(state, event.job_id, out)
-    elif (isinstance(event, CAPACITY_BACK + ORDER_CHANGED)
-          or (isinstance(event, GpuHealthChanged) and event.healthy)):
+    reaction = REACTIONS.get(type(event))
+    if reaction is not None:
+        reaction(state, event, out)
+
+
+def reserved(state: PlacementState, event: QuotaReserved, out: Decisions) -> None:
+    if event.job_id in state.waiting:
+        try_place(state, event.job_id, out)
+
+
+def try_every_waiting(state: PlacementState, event: EventBase, out: Decisions) -> None:
+    """GPUs came free, or new priorities reorder the waiting jobs and the holds of nominated preemptors: a job
+    that did not fit, or was held back, may go now."""
+    place_waiting(state, out)
+
+
+def gpu_health(state: PlacementState, event: GpuHealthChanged, out: Decisions) -> None:
+    if event.healthy:  # (a GPU gone sick only takes capacity away)
         place_waiting(state, out)
-    elif isinstance(event, QueuePolicyChanged) and state.recharged:
+
+
+def queue_policy(state: PlacementState, event: QueuePolicyChanged, out: Decisions) -> None:
+    if state.recharged:
         # A reservation moved to another flavor may fit where its former one did not.
         state.recharged.clear()
         place_waiting(state, out)
-    elif isinstance(event, ClockTick):
-        on_tick(state, event.ts, out)
+
+
+def tick(state: PlacementState, event: ClockTick, out: Decisions) -> None:
+    on_tick(state, event.ts, out)
 
 
 def on_tick(state: PlacementState, now: float, out: Decisions) -> None:
@@ -80,3 +100,13 @@ def place_waiting(state: PlacementState, out: Decisions) -> None:
                 free -= demand_milli(state.specs[job_id])
     finally:
         state.shortcuts.end_pass()
+
+
+REACTIONS: dict[type[EventBase], Callable[[PlacementState, Any, Decisions], None]] = {
+    QuotaReserved: reserved,
+    **dict.fromkeys((JobFinished, JobFailed, JobEvicted, NodeRegistered, NodeUncordoned, PriorityClassesChanged),
+                    try_every_waiting),
+    GpuHealthChanged: gpu_health,
+    QueuePolicyChanged: queue_policy,
+    ClockTick: tick,
+}

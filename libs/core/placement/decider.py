@@ -37,6 +37,7 @@ from contracts import (
 from libs.core.cluster.job_fit import Placer
 from libs.core.cluster.model import Cluster
 from libs.core.kernel.decider import Chain, Decisions, Trigger
+from libs.core.kernel.dependencies import PassDependencies, Reads
 from libs.core.kernel.policy import PolicyBook
 from libs.core.kernel.runs import CurrentRuns
 from libs.core.placement.cycle import decide
@@ -44,6 +45,25 @@ from libs.core.placement.fold import fold
 from libs.core.placement.state import PlacementState
 
 SERVICE = "placement"
+_NEXT_TICK = ("a nominee's hold that ends with it is looked at on the next tick (nomination.end_nomination), "
+              "and so is a cancelled starving job's (the tick finds the starving job again)")
+# What a placement pass reads; its triggers follow (libs/core/kernel/dependencies.py), and cycle.REACTIONS
+# answers each. A pass can place a job only once something is gained: a job to place, GPUs come free, an
+# order or a flavor that lets a held-back job go, a hold ended; a change that only takes away waits.
+PASS = PassDependencies(
+    reads=(Reads.QUEUES | Reads.CLASSES | Reads.SETTINGS | Reads.NODES | Reads.FREED | Reads.SUBMISSIONS
+           | Reads.HELD | Reads.RESERVED | Reads.DEFERRALS | Reads.NOMINATIONS | Reads.RUNS | Reads.CLOCK),
+    not_triggered={
+        Reads.SETTINGS: "the starvation limit is read on ticks, which find the starving job; retries on a run's end",
+        Reads.NODES: "a node lost or cordoned only takes GPUs away; one that may bring some frees them (FREED)",
+        Reads.SUBMISSIONS: "a submitted job is placed only once quota reserves it (RESERVED)",
+        Reads.HELD: "a reservation gone back, or a job cancelled, only takes a job from those waiting (its GPUs "
+                    "come free with its run's end, FREED); " + _NEXT_TICK,
+        Reads.DEFERRALS: "what a waiting job was told is placement's own word, and changes no fit",
+        Reads.NOMINATIONS: "a nomination only holds others back; one ending is looked at on the next tick "
+                           "(nomination.lapse)",
+        Reads.RUNS: "runs' declared ends are read on ticks (the starving job's shadow)",
+    })
 
 
 class PlacementDecider:
@@ -58,6 +78,11 @@ class PlacementDecider:
         return (NodeRegistered, NodeLost, GpuHealthChanged, NodeCordoned, NodeUncordoned, QueuePolicyChanged,
                 PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, QuotaReserved, JobCancelled,
                 JobFinished, JobFailed, JobEvicted, PreemptionDecided, ClockTick, QuotaReleased)
+
+    def reacts_to(self) -> tuple[type[EventBase], ...]:
+        """The inputs `react` may decide something about: those that change what a pass reads (PASS); to any
+        other (a node lost, a submission, a preemption) it answers [] and changes nothing."""
+        return PASS.triggers(self.input_types())
 
     def fold(self, event: EventBase) -> None:
         fold(self.state, event)

@@ -78,10 +78,11 @@ _NEXT_TICK = "looked at on the next tick: every fold but a tick's marks the worl
 # What a preemption pass reads; a deferral asks about its job at once, the clock about every job a change may
 # serve (libs/core/kernel/dependencies.py).
 PASS = PassDependencies(
-    reads=(Reads.QUEUES | Reads.CLASSES | Reads.SETTINGS | Reads.NODES | Reads.SUBMISSIONS | Reads.HELD
-           | Reads.DEFERRALS | Reads.NOMINATIONS | Reads.RUNS | Reads.CLOCK),
-    not_triggered=dict.fromkeys((Reads.QUEUES, Reads.CLASSES, Reads.SETTINGS, Reads.NODES, Reads.SUBMISSIONS,
-                                 Reads.HELD, Reads.NOMINATIONS, Reads.RUNS), _NEXT_TICK))
+    reads=(Reads.QUEUES | Reads.CLASSES | Reads.SETTINGS | Reads.NODES | Reads.FREED | Reads.SUBMISSIONS
+           | Reads.HELD | Reads.RESERVED | Reads.DEFERRALS | Reads.NOMINATIONS | Reads.RUNS | Reads.CLOCK),
+    not_triggered=dict.fromkeys((Reads.QUEUES, Reads.CLASSES, Reads.SETTINGS, Reads.NODES, Reads.FREED,
+                                 Reads.SUBMISSIONS, Reads.HELD, Reads.RESERVED, Reads.NOMINATIONS, Reads.RUNS),
+                                _NEXT_TICK))
 
 
 class PreemptionDecider:

@@ -127,8 +127,9 @@ __all__ = [
 SERVICE = "quota"
 # What a quota pass reads; its triggers follow (libs/core/kernel/dependencies.py), and REACTIONS answers each.
 PASS = PassDependencies(
-    reads=(Reads.QUEUES | Reads.CLASSES | Reads.SETTINGS | Reads.NODES | Reads.SUBMISSIONS | Reads.ARRIVALS
-           | Reads.HELD | Reads.DEFERRALS | Reads.NOMINATIONS | Reads.RUNS | Reads.CLOCK),
+    reads=(Reads.QUEUES | Reads.CLASSES | Reads.SETTINGS | Reads.NODES | Reads.FREED | Reads.SUBMISSIONS
+           | Reads.ARRIVALS | Reads.HELD | Reads.RESERVED | Reads.DEFERRALS | Reads.NOMINATIONS | Reads.RUNS
+           | Reads.CLOCK),
     not_triggered={
         Reads.SUBMISSIONS: "a submission is only kept until its admission, which triggers a pass",
         Reads.DEFERRALS: "a deferral (its own, or placement's word on a reservation) frees no quota; a reservation "

@@ -23,6 +23,7 @@ from contracts import (
 )
 from libs.core.kernel.decider import Trigger, run_decider
 from libs.core.kernel.wait_reasons import BUDGET_WAITS
+from libs.core.placement.decider import PlacementDecider
 from libs.core.preemption.decider import PreemptionDecider
 from libs.core.preemption.state import PLACEMENT
 from libs.core.quota.decider import QuotaDecider
@@ -95,7 +96,12 @@ def _quota_state(d: QuotaDecider) -> object:
     return d.snapshot(), sorted(d.state.deferred.items()), d.chain.head
 
 
-@pytest.mark.parametrize(("make", "state"), [(PreemptionDecider, _preemption_state), (QuotaDecider, _quota_state)])
+def _placement_state(d: PlacementDecider) -> object:
+    return d.snapshot(), sorted(d.state.deferred.items()), d.state.recharged, d.chain.head
+
+
+@pytest.mark.parametrize(("make", "state"), [(PreemptionDecider, _preemption_state), (QuotaDecider, _quota_state),
+                                                 (PlacementDecider, _placement_state)])
 def test_a_decider_reacts_only_to_what_it_says(make: Callable[[], Any], state: Callable[[Any], object]) -> None:
     """Replay folds, without reacting, the inputs outside a decider's reacts_to: react must answer [] to them
     and change nothing."""
