@@ -45,8 +45,8 @@ from libs.core.placement.fold import fold
 from libs.core.placement.state import PlacementState
 
 SERVICE = "placement"
-_NEXT_TICK = ("a nominee's hold that ends with it is looked at on the next tick (nomination.end_nomination), "
-              "and so is a cancelled starving job's (the tick finds the starving job again)")
+_NEXT_TICK = ("a hold that ends with it, a nominee's or the starving job's, is looked at on the next tick "
+              "(state.held_back_free; a cancelled starving job's, as the tick finds the starving job again)")
 # What a placement pass reads; its triggers follow (libs/core/kernel/dependencies.py), and cycle.REACTIONS
 # answers each. A pass can place a job only once something is gained: a job to place, GPUs come free, an
 # order or a flavor that lets a held-back job go, a hold ended; a change that only takes away waits.

@@ -117,7 +117,9 @@ def quota_released(state: PlacementState, event: QuotaReleased) -> None:
     state.deferred.pop(event.job_id, None)
     end_nomination(state, event.job_id)
     if state.starving is not None and state.starving.job_id == event.job_id:
+        # Its hold ends with it: what it held back is tried on the next tick, as after a nomination's end.
         state.starving = None
+        state.held_back_free = True
 
 
 def preemption_decided(state: PlacementState, event: PreemptionDecided) -> None:

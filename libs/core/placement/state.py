@@ -65,7 +65,7 @@ class PlacementState:
     # Waiting jobs whose reservation a queue change moved to another flavor (fold.queue_policy), to try again.
     recharged: list[str] = field(default_factory=list)
     lapsed: bool = False  # did the last tick end a nomination?
-    held_back_free: bool = False  # was a nomination ended since the last tick (so its hold ended)?
+    held_back_free: bool = False  # did a hold end (a nomination, the starving job's quota gone) since the last tick?
     starving: StarvingJob | None = None
     # Inference services' placed replicas: service -> {job: its nodes}, to keep them apart.
     service_nodes: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
