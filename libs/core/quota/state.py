@@ -16,7 +16,7 @@ from libs.core.kernel.quota_figures import budget_left_s
 from libs.core.kernel.quota_math import ANY, QuotaBook
 from libs.core.kernel.retries import RetryBook
 from libs.core.kernel.runs import CurrentRuns
-from libs.core.kernel.starvation import RoomEffect, Starving
+from libs.core.kernel.starvation import RoomEffect, Shadow, Starving
 from libs.core.quota.fleet import Fleet
 
 # (when, its head at the start of a cycle, that head's order key): see shortcuts/kept_heads.py
@@ -115,6 +115,11 @@ class QuotaState:
     arrivals: int = 0  # admissions so far: each admitted job's place in line
     submitted: dict[str, JobSubmitted] = field(default_factory=dict)  # submissions not admitted yet
     policy_version: int = 0  # bumps on every policy event: cached per-job answers go stale
+    usage_version: int = 0  # bumps whenever the book's usage changes (a charge, a reservation moving flavor)
+    usage_of: dict[str, int] = field(default_factory=dict)  # queue -> bumps whenever its own usage changes
+    # group of queues -> (what it was found with, the starving job's shadow): see shortcuts/kept_shadow.py
+    kept_shadows: dict[tuple[str, ...], tuple[tuple[object, ...], Shadow[QuotaJob] | None]] = field(
+        default_factory=dict)
     # The GPU models the cluster has: a flavor none of its nodes could serve is passed over.
     fleet: Fleet = field(default_factory=Fleet)
     flavors_epoch: int = 0  # bumps with the policy or the fleet: each job's cached flavors go stale
