@@ -149,6 +149,10 @@ class QuotaState:
     ever_fits: dict[tuple[str, int, tuple[str, ...]], bool] = field(default_factory=dict)
     ever_fits_version: int = -1
     interned_flavors: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict)
+    # Answers shared by the jobs asking alike (shortcuts/request_shapes.py): (flavors epoch, (queue, models,
+    # demand) -> the flavors they may use) and (inventory version, (flavors, placement shape) -> could hold).
+    flavors_by_shape: tuple[int, dict[tuple[object, ...], tuple[str, ...]]] = field(default_factory=lambda: (-1, {}))
+    holdable_by_shape: tuple[int, dict[tuple[object, ...], bool]] = field(default_factory=lambda: (-1, {}))
     # queue -> (inventory version, flavors epoch, could the present nodes hold each of its waiting jobs)
     holdable: dict[str, tuple[int, int, bool]] = field(default_factory=dict)
     # queue -> (policy version, flavors epoch, could the queue ever hold each of its waiting jobs)
