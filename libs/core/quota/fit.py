@@ -52,8 +52,12 @@ def flavors_moved(state: QuotaState, job: QuotaJob) -> bool:
 
 def may_borrow(state: QuotaState, job: QuotaJob) -> bool:
     """May the job use quota its queue borrows? Not a job that cannot be preempted: the lender would never
-    get that quota back while it runs (as KAI Scheduler keeps such jobs within their queue's quota)."""
-    return state.policy.preemptible(job.spec)
+    get that quota back while it runs (as KAI Scheduler keeps such jobs within their queue's quota). Kept on the
+    job per policy version: every try asks it, and only the priority classes (policy) change the answer."""
+    if job.borrows_version != state.policy_version:
+        job.borrows = state.policy.preemptible(job.spec)
+        job.borrows_version = state.policy_version
+    return job.borrows
 
 
 def could_hold(state: QuotaState, job: QuotaJob) -> bool:

@@ -69,6 +69,9 @@ class QuotaJob:
     holdable: bool = False
     holdable_inventory: int = -1
     holdable_version: int = -1
+    # What fit.may_borrow last answered for it, at policy version `borrows_version` (only its class decides).
+    borrows: bool = False
+    borrows_version: int = -1
     # Reserved: placement placed it; the last deferral placement told it while it was not (placement's word).
     placed: bool = False
     model: str = ""  # the GPU model placement placed it on ("" not placed): the flavor that covers it follows it
