@@ -33,8 +33,9 @@ each trigger decides), cycle (the scheduling cycle), next_head (a queue's next j
 waits, and telling it), starvation, nomination, reclaim, timeout (reservations placement does not place in
 time) and fleet (the GPU models present). What keeps a cycle's cost flat as queues grow, deciding exactly what
 the long way would, lives apart in shortcuts/: skipped_queues (queues a cycle need not look at), kept_heads
-(each queue's head and order key kept between cycles), ranked_queues (a cohort's queues kept ranked) and
-repeated_holds (a job that would only be held for the starving job again).
+(each queue's head and order key kept between cycles), ranked_queues (a cohort's queues kept ranked),
+repeated_holds (a job that would only be held for the starving job again), kept_shadow (the starving job's
+shadow kept while the usage it reads stays) and request_shapes (answers shared by jobs asking alike).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from libs.core.kernel.quota_math import ANY, UNLIMITED
 from libs.core.kernel.usable_flavors import usable_flavors
+from libs.core.quota.shortcuts.request_shapes import shaped_flavors, shaped_holdable
 from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 
@@ -17,10 +18,15 @@ def flavors_of(state: QuotaState, job: QuotaJob) -> tuple[str, ...]:
     """The queue's flavors the job may use, in the queue's order, less those of a model no node of the cluster
     could hold it on while another could (kernel/usable_flavors.py, the rule preemption simulates by too)."""
     if job.flavors_version != state.flavors_epoch:
-        flavors = usable_flavors(state.book, state.fleet, job.spec, job.demand)
-        job.flavors = state.interned_flavors.setdefault(flavors, flavors)  # one object per value: compared by identity
+        job.flavors = shaped_flavors(state, job, usable_flavors_of)
         job.flavors_version = state.flavors_epoch
     return job.flavors
+
+
+def usable_flavors_of(state: QuotaState, job: QuotaJob) -> tuple[str, ...]:
+    """flavors_of the long way (shortcuts/request_shapes.py shares it among jobs asking alike)."""
+    flavors = usable_flavors(state.book, state.fleet, job.spec, job.demand)
+    return state.interned_flavors.setdefault(flavors, flavors)  # one object per value: compared by identity
 
 
 def judged_anew(state: QuotaState) -> set[str]:
@@ -46,8 +52,12 @@ def flavors_moved(state: QuotaState, job: QuotaJob) -> bool:
 
 def may_borrow(state: QuotaState, job: QuotaJob) -> bool:
     """May the job use quota its queue borrows? Not a job that cannot be preempted: the lender would never
-    get that quota back while it runs (as KAI Scheduler keeps such jobs within their queue's quota)."""
-    return state.policy.preemptible(job.spec)
+    get that quota back while it runs (as KAI Scheduler keeps such jobs within their queue's quota). Kept on the
+    job per policy version: every try asks it, and only the priority classes (policy) change the answer."""
+    if job.borrows_version != state.policy_version:
+        job.borrows = state.policy.preemptible(job.spec)
+        job.borrows_version = state.policy_version
+    return job.borrows
 
 
 def could_hold(state: QuotaState, job: QuotaJob) -> bool:
@@ -56,9 +66,14 @@ def could_hold(state: QuotaState, job: QuotaJob) -> bool:
     it would keep idle GPUs idle for a job that cannot start (libs/core/kernel/starvation.py)."""
     inventory = state.fleet.inventory.version
     if job.holdable_version != state.flavors_epoch or job.holdable_inventory != inventory:
-        job.holdable = state.fleet.could_place(flavors_of(state, job) or (ANY,), job.spec)
+        job.holdable = shaped_holdable(state, job, flavors_of(state, job), placeable)
         job.holdable_inventory, job.holdable_version = inventory, state.flavors_epoch
     return job.holdable
+
+
+def placeable(state: QuotaState, job: QuotaJob) -> bool:
+    """could_hold the long way (shortcuts/request_shapes.py shares it among jobs asking alike)."""
+    return state.fleet.could_place(flavors_of(state, job) or (ANY,), job.spec)
 
 
 def could_ever_fit(state: QuotaState, job: QuotaJob) -> bool:

@@ -45,7 +45,7 @@ from libs.core.kernel.quota_math import ANY
 from libs.core.kernel.wait_reasons import BUDGET_WAITS, NO_NODE_COULD_HOLD, WAITING_FOR_QUOTA
 from libs.core.quota.state import QuotaJob, QuotaState
 from libs.core.quota.timeout import PLACEMENT_TIMEOUT, end_placement_backoffs, placement_backoff_s
-from libs.core.quota.usage import charge, recharge
+from libs.core.quota.usage import charge, recharge, usage_changed
 from libs.core.quota.waiting import count_demand, dequeue, enqueue, queue_changed, relevel, rerank
 
 
@@ -222,6 +222,7 @@ def fold_placed(state: QuotaState, event: JobPlaced) -> None:
         flavor = state.book.recharge_placed(job.queue, job.flavor, job.model, job.demand, job.over_budget)
         if flavor != job.flavor:
             job.flavor = flavor
+            usage_changed(state, job.queue)  # (the book moves usage only with the flavor: its rooms changed)
             queue_changed(state, job.queue)  # its usage moved between its flavors
     else:  # placed before placement read that its quota went back: react takes the quota again
         job.placed_while_pending = True

@@ -45,7 +45,7 @@ def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) 
     flavors = flavors_to_try(state, job, cycle)
     held_for_starving_job = False
     held_by: QuotaJob | None = None  # the preemptor the quota it could take is held for
-    borrows = may_borrow(state, job)
+    borrows = job.borrows if job.borrows_version == state.policy_version else may_borrow(state, job)  # (kept)
     no_borrowing = cycle.no_borrowing
     kept_quota = cycle.quota
     for flavor in flavors:

@@ -14,6 +14,7 @@ from libs.core.kernel.quota_math import ANY, QuotaBook
 from libs.core.kernel.starvation import RoomEffect, Shadow, Starving, find_shadow, holds, longest_waiting
 from libs.core.kernel.wait_reasons import WAITING_OR_HELD
 from libs.core.quota.fit import could_ever_fit, could_hold, flavors_of
+from libs.core.quota.shortcuts.kept_shadow import kept_shadow
 from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 # A reservation's usage as the book counts it: (queue, flavor, milli, over budget).
@@ -90,14 +91,20 @@ def find_starving(state: QuotaState, group: list[str], cycle: Cycle) -> None:
         # the group's reservations.
         shadow: Shadow[QuotaJob] | None = Shadow(at=cycle.now, ending=())
     else:
-        holding = [j for q in group for j_id in state.reserved.get(q, {})
-                   if (j := state.jobs[j_id]).flavor in flavors]
-        shadow = reservations_shadow(state.book, oldest, flavors, holding, cycle.now)
+        shadow = kept_shadow(state, group, oldest, flavors, cycle.now, group_shadow)
     if shadow is None:
         return  # it could not fit even with every reservation gone: it holds nobody
     cycle.starving = oldest
     cycle.rule = Starving(job_id=oldest.job_id, priority=oldest.priority, shadow=shadow.at)
     cycle.ending = shadow.ending
+
+
+def group_shadow(state: QuotaState, group: list[str], starving: QuotaJob, flavors: tuple[str, ...],
+                 now: float) -> Shadow[QuotaJob] | None:
+    """When the starving job's quota frees up, by the group's reservations of its flavors (the long way that
+    shortcuts/kept_shadow.py keeps)."""
+    holding = [j for q in group for j_id in state.reserved.get(q, {}) if (j := state.jobs[j_id]).flavor in flavors]
+    return reservations_shadow(state.book, starving, flavors, holding, now)
 
 
 def may_starve(state: QuotaState, job: QuotaJob) -> bool:

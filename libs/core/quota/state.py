@@ -16,7 +16,7 @@ from libs.core.kernel.quota_figures import budget_left_s
 from libs.core.kernel.quota_math import ANY, QuotaBook
 from libs.core.kernel.retries import RetryBook
 from libs.core.kernel.runs import CurrentRuns
-from libs.core.kernel.starvation import RoomEffect, Starving
+from libs.core.kernel.starvation import RoomEffect, Shadow, Starving
 from libs.core.quota.fleet import Fleet
 
 # (when, its head at the start of a cycle, that head's order key): see shortcuts/kept_heads.py
@@ -69,6 +69,9 @@ class QuotaJob:
     holdable: bool = False
     holdable_inventory: int = -1
     holdable_version: int = -1
+    # What fit.may_borrow last answered for it, at policy version `borrows_version` (only its class decides).
+    borrows: bool = False
+    borrows_version: int = -1
     # Reserved: placement placed it; the last deferral placement told it while it was not (placement's word).
     placed: bool = False
     model: str = ""  # the GPU model placement placed it on ("" not placed): the flavor that covers it follows it
@@ -115,6 +118,11 @@ class QuotaState:
     arrivals: int = 0  # admissions so far: each admitted job's place in line
     submitted: dict[str, JobSubmitted] = field(default_factory=dict)  # submissions not admitted yet
     policy_version: int = 0  # bumps on every policy event: cached per-job answers go stale
+    usage_version: int = 0  # bumps whenever the book's usage changes (a charge, a reservation moving flavor)
+    usage_of: dict[str, int] = field(default_factory=dict)  # queue -> bumps whenever its own usage changes
+    # group of queues -> (what it was found with, the starving job's shadow): see shortcuts/kept_shadow.py
+    kept_shadows: dict[tuple[str, ...], tuple[tuple[object, ...], Shadow[QuotaJob] | None]] = field(
+        default_factory=dict)
     # The GPU models the cluster has: a flavor none of its nodes could serve is passed over.
     fleet: Fleet = field(default_factory=Fleet)
     flavors_epoch: int = 0  # bumps with the policy or the fleet: each job's cached flavors go stale
@@ -144,6 +152,10 @@ class QuotaState:
     ever_fits: dict[tuple[str, int, tuple[str, ...]], bool] = field(default_factory=dict)
     ever_fits_version: int = -1
     interned_flavors: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict)
+    # Answers shared by the jobs asking alike (shortcuts/request_shapes.py): (flavors epoch, (queue, models,
+    # demand) -> the flavors they may use) and (inventory version, (flavors, placement shape) -> could hold).
+    flavors_by_shape: tuple[int, dict[tuple[object, ...], tuple[str, ...]]] = field(default_factory=lambda: (-1, {}))
+    holdable_by_shape: tuple[int, dict[tuple[object, ...], bool]] = field(default_factory=lambda: (-1, {}))
     # queue -> (inventory version, flavors epoch, could the present nodes hold each of its waiting jobs)
     holdable: dict[str, tuple[int, int, bool]] = field(default_factory=dict)
     # queue -> (policy version, flavors epoch, could the queue ever hold each of its waiting jobs)

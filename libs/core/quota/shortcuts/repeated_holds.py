@@ -13,7 +13,8 @@ from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 def starving_key(state: QuotaState, job: QuotaJob) -> tuple[str, int, int, tuple[str, ...], bool]:
     """What decides whether a job without a runtime limit is held for the starving job, besides the cycle."""
-    return (job.queue, job.priority, job.demand, flavors_of(state, job), may_borrow(state, job))
+    borrows = job.borrows if job.borrows_version == state.policy_version else may_borrow(state, job)  # (kept)
+    return (job.queue, job.priority, job.demand, flavors_of(state, job), borrows)
 
 
 def held_like_another(state: QuotaState, job: QuotaJob, cycle: Cycle) -> bool:

@@ -15,6 +15,10 @@ set-up gives the same log, byte for byte, with each shortcut switched off.
   (shortcuts/ranked_queues);
 - quota leaves out a cycle over a queue without a cohort whose earlier cycle tried its jobs and decided nothing,
   when nothing those tries read changed since (shortcuts/kept_failures.failures_stand);
+- quota reads back the starving job's shadow found by an earlier cycle over its group when neither the usage its
+  rooms read, the policy, the starving job nor its flavors changed (shortcuts/kept_shadow.kept_shadow);
+- quota shares the flavors a job may use, and whether the present nodes could hold it, among the jobs asking
+  alike (shortcuts/request_shapes.shaped_flavors, shaped_holdable);
 - on a tick, preemption considers no waiting job alike to one that found no victims since the last decision
   (libs/core/preemption/shortcuts.py alike_key).
 """
@@ -30,6 +34,7 @@ import pytest
 
 from libs.core.preemption import shortcuts as preemption_shortcuts
 from libs.core.quota import cycle as quota_cycle
+from libs.core.quota import fit as quota_fit
 from libs.core.quota import next_head as quota_next_head
 from libs.core.quota import starvation as quota_starvation
 from libs.core.quota.shortcuts import ranked_queues as quota_ranked
@@ -85,6 +90,10 @@ def no_shortcuts(monkeypatch: pytest.MonkeyPatch) -> None:
         return jobs
 
     monkeypatch.setattr(quota_starvation, "_summed", one_by_one)
+    monkeypatch.setattr(quota_starvation, "kept_shadow",
+                        lambda state, group, starving, flavors, now, find: find(state, group, starving, flavors, now))
+    monkeypatch.setattr(quota_fit, "shaped_flavors", lambda state, job, find: find(state, job))
+    monkeypatch.setattr(quota_fit, "shaped_holdable", lambda state, job, flavors, find: find(state, job))
     monkeypatch.setattr(preemption_shortcuts, "could_fit_nominal", lambda sim, flavor, own: True)
     monkeypatch.setattr(preemption_shortcuts, "alike_key", lambda state, policy, job_id, now, preemptors: None)
 
@@ -97,7 +106,8 @@ def test_shortcuts_decide_as_the_long_way(monkeypatch: pytest.MonkeyPatch, pool:
     jobs = loaded_trace(seed=7)
     setup = Setup(pool, "platform", pool, declare, las=las)
     taken: dict[str, int] = {"held": 0, "summed": 0, "no_reclaim": 0, "skippable": 0, "lent_only": 0, "kept": 0,
-                             "failures_stand": 0}
+                             "failures_stand": 0, "kept_shadow": 0,
+                             "shapes": 0}
     with monkeypatch.context() as m:
         count_shortcuts(m, taken)
         fast = log_bytes(jobs, setup)
@@ -114,6 +124,8 @@ def test_shortcuts_decide_as_the_long_way(monkeypatch: pytest.MonkeyPatch, pool:
     assert taken["held"] > 0 or declare == "noisy" or pool == "shared"
     assert taken["no_reclaim"] > 0 or pool == "partitioned"
     assert taken["skippable"] > 0
+    assert taken["kept_shadow"] > 0
+    assert taken["shapes"] > 0
     # (A queue alone in its pass, with no cohort, is ranked against nobody.)
     assert (taken["kept"] > 0 and taken["lent_only"] > 0) or pool == "partitioned"
 
@@ -123,6 +135,31 @@ def count_shortcuts(monkeypatch: pytest.MonkeyPatch, taken: dict[str, int]) -> N
     could = preemption_shortcuts.could_fit_nominal
     skippable, lent_only, kept = quota_cycle.skippable, quota_cycle.lent_only, quota_cycle.kept_head
     stand = quota_cycle.failures_stand
+    shadow = quota_starvation.kept_shadow
+    flavors_shared, holdable_shared = quota_fit.shaped_flavors, quota_fit.shaped_holdable
+
+    def counted_flavors(state: Any, job: Any, find: Any) -> Any:
+        found: list[int] = []
+        answer = flavors_shared(state, job, lambda *args: found.append(1) or find(*args))
+        taken["shapes"] += not found
+        return answer
+
+    def counted_holdable(state: Any, job: Any, flavors: Any, find: Any) -> Any:
+        found: list[int] = []
+        answer = holdable_shared(state, job, flavors, lambda *args: found.append(1) or find(*args))
+        taken["shapes"] += not found
+        return answer
+
+    def counted_shadow(state: Any, group: Any, starving: Any, flavors: Any, now: float, find: Any) -> Any:
+        found: list[int] = []
+
+        def finding(*args: Any) -> Any:
+            found.append(1)
+            return find(*args)
+
+        answer = shadow(state, group, starving, flavors, now, finding)
+        taken["kept_shadow"] += not found
+        return answer
 
     def counted_stand(*args: Any) -> bool:
         answer = stand(*args)
@@ -161,6 +198,9 @@ def count_shortcuts(monkeypatch: pytest.MonkeyPatch, taken: dict[str, int]) -> N
 
     monkeypatch.setattr(quota_next_head, "held_like_another", counted_held)
     monkeypatch.setattr(quota_starvation, "_summed", counted_summed)
+    monkeypatch.setattr(quota_starvation, "kept_shadow", counted_shadow)
+    monkeypatch.setattr(quota_fit, "shaped_flavors", counted_flavors)
+    monkeypatch.setattr(quota_fit, "shaped_holdable", counted_holdable)
     monkeypatch.setattr(preemption_shortcuts, "could_fit_nominal", counted_could)
     monkeypatch.setattr(quota_cycle, "skippable", counted_skippable)
     monkeypatch.setattr(quota_cycle, "failures_stand", counted_stand)
@@ -203,7 +243,8 @@ def test_synthetic_workload_decides_as_the_long_way(monkeypatch: pytest.MonkeyPa
     they end): the same log with every shortcut off, and admissions that decide nothing left out on the way."""
     inputs = synthetic_inputs(DEFAULT_CLUSTER, 400, seed=seed)
     taken: dict[str, int] = {"held": 0, "summed": 0, "no_reclaim": 0, "skippable": 0, "lent_only": 0, "kept": 0,
-                             "failures_stand": 0}
+                             "failures_stand": 0, "kept_shadow": 0,
+                             "shapes": 0}
     with monkeypatch.context() as m:
         count_shortcuts(m, taken)
         fast = [msgspec.json.encode(e) for _, e in run_virtual(inputs, tick_s=5.0).log]
@@ -213,3 +254,4 @@ def test_synthetic_workload_decides_as_the_long_way(monkeypatch: pytest.MonkeyPa
     assert len(fast) > 4000
     assert fast == slow
     assert taken["failures_stand"] > 0
+    assert taken["shapes"] > 0
