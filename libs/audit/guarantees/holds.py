@@ -15,6 +15,7 @@ from libs.audit.guarantees.world import PLACEMENT, QUOTA, JobState, World
 from libs.core.cluster.job_fit import fits
 from libs.core.kernel.nomination import NOMINATION_TTL_S
 from libs.core.kernel.policy import demand_milli
+from libs.core.kernel.quota_figures import over_budget_room
 from libs.core.kernel.quota_math import ANY
 from libs.core.kernel.starvation import longest_waiting
 from libs.core.kernel.usable_flavors import usable_flavors
@@ -42,16 +43,16 @@ def priority(world: World, spec: JobSpec) -> int:
 def quota_flavors_with_room(world: World, spec: JobSpec) -> list[str]:
     """The queue's flavors the job may use that have room for it now (ANY for a queue without quota)."""
     book = world.quota.book
-    if not book.governed(spec.queue):
-        return [ANY]
     demand = demand_milli(spec)
     over = _over_budget(world, spec.queue)
+    if not book.governed(spec.queue):  # over budget, quota's own rule (over_budget_room) says what is idle
+        return [ANY] if not over or over_budget_room(book, spec.queue, ANY) >= demand else []
     borrows = world.quota.policy.preemptible(spec)  # a job that cannot be preempted never borrows
     # Of a model no present node could hold the job on, while another could, quota gives no flavor (the
     # decider's own narrowing, quota_fit.flavors_of): room there is no room the job could use.
     flavors = usable_flavors(book, world.quota.fleet, spec, demand)
     return [f for f in flavors
-            if (book.borrow_only_room(spec.queue, f) if over else book.room(spec.queue, f) if borrows
+            if (over_budget_room(book, spec.queue, f) if over else book.room(spec.queue, f) if borrows
                 else book.room_within_nominal(spec.queue, f)) >= demand]
 
 

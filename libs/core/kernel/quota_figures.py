@@ -1,8 +1,9 @@
 """The quota figures every reader of quota states the same way: what a reservation charges to its queue's usage
-(with the decayed usage fair share reads) and to its flavor in the quota book, the queue's fair share, and what
-is left of its GPU-hour budget. The quota decider (libs/core/quota/) applies them to its own state, and the
-read-only book of them that accounting folds (kernel/quota_ledger.py) to its: stated once here, the two can
-never disagree about a figure."""
+(with the decayed usage fair share reads) and to its flavor in the quota book, what it borrows, the queue's fair
+share, what is left of its GPU-hour budget, and the room a queue over that budget has. The quota decider
+(libs/core/quota/) applies them to its own state, and the read-only book of them that accounting folds
+(kernel/quota_ledger.py) to its: stated once here, the two can never disagree about a figure. The guarantee
+checker (libs/audit/guarantees) judges a waiting job by the same over-budget room."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Protocol
 from libs.core.kernel.budgets import BudgetBook
 from libs.core.kernel.fairness import DecayedUsage
 from libs.core.kernel.policy import PolicyBook
+from libs.core.kernel.queue_limits import UNLIMITED
+from libs.core.kernel.quota_math import QuotaBook
 
 PLACEMENT_TIMEOUT = "placement_timeout"  # the QuotaReleased reason of a reservation placement did not place in time
 # The QuotaReleased reasons after which the job waits for quota again; after any other its run is over.
@@ -66,3 +69,25 @@ def budget_left_s(figures: QuotaFigures, queue: str, now: float) -> float | None
     if spec is None or spec.budget_gpu_hours is None:
         return None
     return spec.budget_gpu_hours * 3600 - figures.budgets.spent_s(queue, now, spec.budget_period)
+
+
+def over_budget_room(book: QuotaBook, queue: str, flavor: str) -> int:
+    """The room of a queue over its GPU-hour budget that may go on (over_budget: borrow): only quota nobody else
+    is owed, which is idle. Of a queue with quota, that is what its cohort's peers lend and leave idle, never its
+    own nominal quota (QuotaBook.borrow_only_room): its nominal is owed to it only within budget. A queue
+    without quota of its own is owed nothing and holds no one's claim: quota never ties what it takes to any
+    queue's quota, so the free capacity it would use is capacity no queue's quota claims, idle by definition,
+    and its room is what it has within budget (unlimited). Its reservations are over budget all the same, so
+    preemption may take them whatever their class."""
+    if not book.governed(queue):
+        return UNLIMITED
+    return book.borrow_only_room(queue, flavor)
+
+
+def borrowed_milli(book: QuotaBook, queue: str, demand: int, nominal_left: int, over_budget: bool) -> int:
+    """What a reservation borrows from its queue's cohort (QuotaReserved.borrowed_milli): over budget all of it,
+    as its queue's own nominal is not its then; within budget what passes the nominal left. A queue without
+    quota of its own has no cohort to borrow from: none, over budget too."""
+    if over_budget:
+        return demand if book.governed(queue) else 0
+    return max(0, demand - nominal_left)

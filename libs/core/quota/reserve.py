@@ -11,6 +11,7 @@ from libs.core.kernel.decider import Decisions
 from libs.core.kernel.flavors import flavor_name
 from libs.core.kernel.nomination import NOMINATION_TTL_S
 from libs.core.kernel.policy import runtime_bound
+from libs.core.kernel.quota_figures import borrowed_milli, over_budget_room
 from libs.core.kernel.quota_math import ANY, UNLIMITED
 from libs.core.kernel.wait_reasons import (
     BUDGET_SPENT,
@@ -54,8 +55,8 @@ def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) 
         nominal_left, room = left if left is not None else quota_left(state, job.queue, flavor, cycle)
         if no_borrowing and flavor in no_borrowing and (spent or job.demand > nominal_left):
             continue  # a queue under nominal waits for lent quota: no borrower grows meanwhile
-        if spent:  # only what peers lend, never its own nominal
-            room = state.book.borrow_only_room(job.queue, flavor)
+        if spent:  # only quota nobody else is owed (the kernel's rule, shared with the checker)
+            room = over_budget_room(state.book, job.queue, flavor)
         elif not borrows:  # it could never give borrowed quota back: its queue's own nominal only
             room = min(room, nominal_left)
         if job.demand > room:
@@ -67,7 +68,7 @@ def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) 
                                                           cycle.nominee_effects)) is not None:
             held_by = nominee
             continue
-        borrowed = job.demand if spent else max(0, job.demand - nominal_left)
+        borrowed = borrowed_milli(state.book, job.queue, job.demand, nominal_left, spent)
         out.emit(QuotaReserved, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue,
                  gpu_milli=job.demand, flavor=flavor_name(flavor), borrowed_milli=borrowed,
                  over_budget=spent)

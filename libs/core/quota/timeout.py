@@ -11,7 +11,7 @@ from __future__ import annotations
 from contracts import QuotaReleased, QuotaReserved
 from libs.core.kernel.decider import Decisions
 from libs.core.kernel.flavors import flavor_name
-from libs.core.kernel.quota_figures import PLACEMENT_TIMEOUT
+from libs.core.kernel.quota_figures import PLACEMENT_TIMEOUT, borrowed_milli
 from libs.core.kernel.starvation import CAPACITY_HELD
 from libs.core.kernel.wait_reasons import PLACEMENT_TIMED_OUT
 from libs.core.quota.reasons import defer
@@ -100,7 +100,7 @@ def take_back(state: QuotaState, job: QuotaJob, out: Decisions) -> None:
         return
     state.requeued.pop(job.job_id, None)
     nominal_left = state.book.nominal_left(job.queue, job.flavor)
-    borrowed = job.demand if job.over_budget else max(0, job.demand - nominal_left)
+    borrowed = borrowed_milli(state.book, job.queue, job.demand, nominal_left, job.over_budget)
     out.emit(QuotaReserved, correlation_id=job.job_id, job_id=job.job_id, queue=job.queue, gpu_milli=job.demand,
              flavor=flavor_name(job.flavor), borrowed_milli=borrowed, over_budget=job.over_budget)
 

@@ -25,6 +25,7 @@ from contracts import (
     QueuePolicyChanged,
     QueueSpec,
     QuotaDeferred,
+    QuotaReserved,
 )
 from libs.audit.quota_audit import quota_violations
 from libs.core.accounting.ledger import Ledger
@@ -51,6 +52,18 @@ def test_an_over_budget_job_is_reserved_on_the_tick_that_opens_a_new_budget_peri
     run(feed, ("l1", on("l", 2)))  # the peer lends nothing
     assert outcome(feed.admit("over", on("a", 1)), "over") == ("deferred", "over_budget_waits_for_idle_quota")
     assert reserved(feed.at(D + DAY).send(ClockTick)) == ["over"]
+
+
+def test_a_queue_without_quota_over_budget_takes_free_capacity_no_quota_claims() -> None:
+    # Owed nothing and holding no one's quota, it runs on as within budget: over budget (preemptible whatever its
+    # class), borrowing from no cohort, rather than waiting for idle quota lent by a cohort it does not have.
+    feed = quota(q("a", cohort="", budget_gpu_hours=1, budget_period="day", over_budget="borrow"), q("l", 2))
+    run(feed, ("spender", on("a", 2)))
+    feed.send(JobStarted, job_id="spender")
+    feed.at(D + 1800).send(JobFinished, job_id="spender")  # the day's GPU-hour is spent
+    decisions = feed.admit("over", on("a", 1))
+    assert outcome(decisions, "over") == ("reserved", 0, "")
+    assert [d.over_budget for d in of(decisions, QuotaReserved)] == [True]
 
 
 # --- quota: the order inside a queue -----------------------------------------------------------------------
