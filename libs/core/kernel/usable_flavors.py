@@ -83,7 +83,10 @@ def usable_flavors(book: QuotaBook, models: ModelCounts, spec: JobSpec, demand_m
                    counts: dict[str, int] | None = None) -> tuple[str, ...]:
     """The flavors of the job's queue the job can use, in the queue's order (see above); by `counts` as
     ModelCounts.could_hold."""
-    return models.servable(tuple(book.flavors_for(spec.queue, spec)), spec, demand_milli, counts)
+    flavors = tuple(book.flavors_for(spec.queue, spec))
+    if len(flavors) < 2:  # one flavor or none: nothing to narrow (servable keeps all when none could serve)
+        return flavors
+    return models.servable(flavors, spec, demand_milli, counts)
 
 
 def _models(flavor: str, spec: JobSpec, by_model: dict[str, int]) -> Iterable[str]:

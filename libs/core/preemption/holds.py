@@ -17,12 +17,7 @@ def flavors_of(world: World, job_id: str) -> tuple[str, ...]:
     """The flavors quota would reserve the waiting job in: of its queue's, those of a model the nodes serve
     (the one rule for both deciders); ANY for a queue without quota."""
     spec = world.state.specs[job_id]
-    book = world.policy.quotas
-    limits = book.limits.get(spec.queue)
-    if not limits or len(limits) == 1:  # (a tick asks for each job it walks: most queues have one flavor,
-        # which the nodes' models cannot narrow, as usable_flavors keeps all flavors when none could serve)
-        return tuple(book.flavors_for(spec.queue, spec)) or (ANY,)
-    return usable_flavors(book, world.models, spec, demand_milli(spec)) or (ANY,)
+    return usable_flavors(world.policy.quotas, world.models, spec, demand_milli(spec)) or (ANY,)
 
 
 def holds_others(world: World, job_id: str) -> bool:

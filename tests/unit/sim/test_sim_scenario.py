@@ -72,7 +72,7 @@ KUEUE_DIFFERENCES: dict[str, str] = {
 
 def scenario_files() -> list[object]:
     return [pytest.param(path, id=path.stem,
-                         marks=[pytest.mark.xfail(reason=KNOWN_HOLES[path.stem], strict=False)]
+                         marks=[pytest.mark.xfail(reason=KNOWN_HOLES[path.stem], strict=True)]
                          if path.stem in KNOWN_HOLES else [])
             for path in sorted(SCENARIOS.glob("*.yaml"))]
 
@@ -91,7 +91,7 @@ def test_known_holes_name_existing_files() -> None:
 
 def kueue_files() -> list[object]:
     return [pytest.param(path, id=f"kueue/{path.stem}",
-                         marks=[pytest.mark.xfail(reason=KUEUE_DIFFERENCES[path.stem], strict=False)]
+                         marks=[pytest.mark.xfail(reason=KUEUE_DIFFERENCES[path.stem], strict=True)]
                          if path.stem in KUEUE_DIFFERENCES else [])
             for path in sorted(KUEUE.glob("*.yaml"))]
 
