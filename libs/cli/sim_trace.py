@@ -99,7 +99,8 @@ def run_trace(args: argparse.Namespace) -> dict[str, Any]:
     }
     for setup in setups:
         base = runs.get(setup.baseline)
-        figs = figures(runs[setup.name], gpus, trace.length_s, base)
+        figs = figures(runs[setup.name], gpus, trace.length_s, base,
+                       {team: nodes * GPUS_PER_NODE for team, nodes in team_nodes.items()})
         figs.update(policy=setup.policy, pool=setup.pool, declare=setup.declare or None,
                     baseline=setup.baseline, wall_seconds=seconds[setup.name][0],
                     cpu_seconds=seconds[setup.name][1])
@@ -122,6 +123,7 @@ def print_tables(result: dict[str, Any]) -> None:
     teams = Table(title="mean queueing delay per team (x its partitioned figure)")
     teams.add_column("team")
     teams.add_column("nodes", justify="right")
+    teams.add_column("asked of quota", justify="right")
     for name in result["setups"]:
         teams.add_column(name, justify="right")
     for team, nodes in result["teams"].items():
@@ -133,7 +135,9 @@ def print_tables(result: dict[str, Any]) -> None:
                 continue
             ratio = t["ratio_to_partitioned"]
             cells.append(_fmt(t["mean_queueing_delay_s"], "s") + ("" if ratio is None else f" ({ratio:g}x)"))
-        teams.add_row(team, str(nodes), *cells)
+        first = next((f["teams"][team] for f in result["setups"].values() if "role" in f["teams"].get(team, {})), None)
+        role = "-" if first is None else f"{first['asked_of_quota']:g} ({first['role']})"
+        teams.add_row(team, str(nodes), role, *cells)
     out.print(teams)
     told = {name: f["mean_wait_by_reason_s"] for name, f in result["setups"].items() if f["mean_wait_by_reason_s"]}
     if told:

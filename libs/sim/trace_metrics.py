@@ -12,7 +12,10 @@ ran it.
   job still running at the end of the run is counted busy from its first start on;
 - the mean queueing delay split by why jobs waited (libs/sim/trace_waits.py);
 - per team: jobs, mean queueing delay, and its ratio to the same team's in the baseline set-up (None when
-  that is 0 or missing).
+  that is 0 or missing); preemptions of its jobs; and, given the teams' quotas, what the team asked of its
+  quota over the window (its jobs' GPU-time over its nominal GPUs x the window) and so its role: a team that
+  asked less than its quota lends on net ("lender"), one that asked more borrows ("borrower"). The role is
+  the trace's, not the scheduler's: it is the same in every set-up, so set-ups and revisions compare alike.
 """
 
 from __future__ import annotations
@@ -82,9 +85,26 @@ def wait_by_reason(outcomes: Sequence[JobOutcome]) -> dict[str, float]:
     return dict(sorted(((r, s) for r, s in parts.items() if s > 0), key=lambda rs: (-rs[1], rs[0])))
 
 
+def team_roles(outcomes: Sequence[JobOutcome], team_gpus: dict[str, int], window_s: float
+               ) -> dict[str, tuple[float, str]]:
+    """Per team with a quota: what it asked of its quota over the window, and its role (see the module's doc)."""
+    asked: dict[str, float] = {}
+    for o in outcomes:
+        if not o.rejected:  # a job no set-up could run asks nothing of a quota
+            asked[o.job.team] = asked.get(o.job.team, 0.0) + o.job.runtime_s * o.job.gpus
+    roles = {}
+    for team, gpus in team_gpus.items():
+        if gpus > 0 and window_s > 0:
+            share = asked.get(team, 0.0) / (gpus * window_s)
+            roles[team] = (round(share, 3), "lender" if share < 1.0 else "borrower")
+    return roles
+
+
 def figures(outcomes: Sequence[JobOutcome], cluster_gpus: int, window_s: float,
-            baseline: Sequence[JobOutcome] | None = None) -> dict[str, Any]:
-    """One set-up's figures; `baseline`: the outcomes its per-team delays are compared with."""
+            baseline: Sequence[JobOutcome] | None = None, team_gpus: dict[str, int] | None = None
+            ) -> dict[str, Any]:
+    """One set-up's figures; `baseline`: the outcomes its per-team delays are compared with; `team_gpus`:
+    each team's nominal GPUs, for its role."""
     jobs = list(outcomes)
     finished = [o for o in jobs if o.end_s is not None and not o.rejected and not o.limit_stopped]
     jct = [o.end_s - o.job.submit_s for o in finished if o.end_s is not None]
@@ -97,11 +117,15 @@ def figures(outcomes: Sequence[JobOutcome], cluster_gpus: int, window_s: float,
     base = team_delays(baseline) if baseline is not None else {}
     teams: dict[str, dict[str, Any]] = {}
     mine = team_delays(jobs)
+    roles = team_roles(jobs, team_gpus or {}, window_s)
     for team, delay in mine.items():
         ref = base.get(team)
         teams[team] = {"jobs": sum(1 for o in jobs if o.job.team == team and not o.rejected),
                        "mean_queueing_delay_s": None if delay is None else round(delay, 1),
-                       "ratio_to_partitioned": round(delay / ref, 3) if delay is not None and ref else None}
+                       "ratio_to_partitioned": round(delay / ref, 3) if delay is not None and ref else None,
+                       "preemptions": sum(o.preemptions for o in jobs if o.job.team == team)}
+        if team in roles:
+            teams[team]["asked_of_quota"], teams[team]["role"] = roles[team]
     return {
         "jobs": len(jobs),
         "finished": len(finished),

@@ -183,8 +183,13 @@ def test_figures_arithmetic() -> None:
     assert team_delays(jobs) == {"a": 25.0, "b": 15.0}
     base = [outcome("1", "a", 0, 100, 1, 100, 200), outcome("3", "b", 0, 5, 1, 0, 5)]
     ratio = figures(jobs, 4, 100.0, baseline=base)["teams"]
-    assert ratio["a"] == {"jobs": 2, "mean_queueing_delay_s": 25.0, "ratio_to_partitioned": 0.25}
+    assert ratio["a"] == {"jobs": 2, "mean_queueing_delay_s": 25.0, "ratio_to_partitioned": 0.25, "preemptions": 0}
     assert ratio["b"]["ratio_to_partitioned"] is None  # its baseline waited 0
+    assert ratio["b"]["preemptions"] == 2
+    # a asked 200 GPU-s of 4 GPUs x 100 s; b 10 + 100 of 1 GPU x 100 s (its rejected job asks nothing).
+    roles = figures(jobs, 4, 100.0, team_gpus={"a": 4, "b": 1})["teams"]
+    assert (roles["a"]["asked_of_quota"], roles["a"]["role"]) == (0.5, "lender")
+    assert (roles["b"]["asked_of_quota"], roles["b"]["role"]) == (1.1, "borrower")
 
 
 def test_cli_json_on_a_tiny_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
