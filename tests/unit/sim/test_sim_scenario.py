@@ -21,14 +21,7 @@ from libs.sim.scenario_write import write_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 # Scenario files that fail today, each for a hole in the deciders (file stem -> the hole).
-KNOWN_HOLES: dict[str, str] = {
-    # A safety hole: a queue with no quota of its own under a parent capped at its nominal is not held to the
-    # parent's bound (the checker's parent_quota).
-    "ungoverned-leaf-exceeds-its-capped-parent": "quota does not bound an ungoverned leaf by its capped parent",
-    "ungoverned-leaf-under-a-middle-queue-capped-at-zero":
-        "the same, three levels deep (found by the stateful test): a leaf without quota under m (nominal 0, "
-        "borrowing limit 0) takes a GPU",
-}
+KNOWN_HOLES: dict[str, str] = {}
 
 
 # Kueue conformance: each file is a case of Kueue's own scheduler or preemption tests, in gpusched's terms, expecting
