@@ -9,8 +9,9 @@ guaranteed part draws on the parent's cohort's pool, which bounds the subtree as
 (`parent_room`, applied to every room below it).
 
 What a queue lent may be held anywhere that draws on a pool it lends into: its own cohort's (its peers and
-their subtrees) and, up the tree, the cohort of each ancestor with quota (what a parent lends, its children
-lent: the parent's peers and their subtrees, the parent's own subtree apart); and at each level by a queue that
+their subtrees) and, up the tree, the cohort of each ancestor with quota while that ancestor holds less than
+its nominal (what a parent lends, its children lent: the parent's peers and their subtrees, the parent's own
+subtree apart; a parent at or above its nominal lends nothing); and at each level by a queue that
 left that cohort while borrowing from it and still borrows (`moved_from`): it took the lenders' GPUs with it.
 `holders_of_lent` names them, for preemption's reclaim and the guarantee checker alike."""
 
@@ -118,8 +119,8 @@ class QueueTree:
         out: dict[str, None] = {}
         for branch in (queue, *self.bounds.get(queue, ())):
             cohort = self.cohort.get(branch, "")
-            if not cohort:
-                continue
+            if not cohort or (branch != queue and not self._lends(branch)):
+                continue  # an ancestor at or above its nominal lends nothing its cohort could hold
             left = sorted(q for q, c in self.moved_from.items() if c == cohort and q != branch and self.borrows(q))
             for member in (*self.members.get(cohort, ()), *left):
                 if member != branch:
@@ -127,6 +128,10 @@ class QueueTree:
                         if q != queue:
                             out.setdefault(q, None)
         return list(out)
+
+    def _lends(self, queue: str) -> bool:
+        """Does the queue (a parent with quota) hold less than its nominal quota of some flavor, lending the rest?"""
+        return any(self.held(queue, f) < lim.nominal for f, lim in self.limits.get(queue, {}).items())
 
     def borrows(self, queue: str) -> bool:
         """Does the queue hold more than its nominal quota of some flavor (or quota admitted over budget)?"""
