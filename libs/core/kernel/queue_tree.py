@@ -52,6 +52,20 @@ class QueueTree:
             spec = self.queues.get(spec.parent)
         return out
 
+    def pooled_in(self, spec: QueueSpec) -> str:
+        """The cohort whose pool the queue lends into and borrows from: its `cohort`, else its parent; a parent
+        without quota of its own is no level of the tree's quota (it neither bounds, lends nor borrows), so the
+        cohort it names is the one that parent is pooled in, up to a parent with quota or the top."""
+        cohort = spec.cohort or spec.parent
+        seen = {spec.name}
+        while cohort in self.queues and cohort not in seen and not self.limits.get(cohort):
+            seen.add(cohort)
+            above = self.queues[cohort].cohort or self.queues[cohort].parent
+            if not above:
+                break
+            cohort = above
+        return cohort
+
     def held(self, queue: str, flavor: str) -> int:
         """The queue's usage of its flavor within its quota (over-budget usage apart): its own reservations
         and, for a parent with quota, what its subtree holds that the flavor covers."""

@@ -77,7 +77,7 @@ class QuotaBook(QueueTree):
             parent = self.queues[name].parent
             if parent:
                 self.children.setdefault(parent, []).append(name)
-        self.cohort = {name: q.cohort or q.parent for name, q in self.queues.items()}
+        self.cohort = {name: self.pooled_in(q) for name, q in self.queues.items()}
         self.members = {}
         for name in sorted(self.queues):
             if self.cohort[name]:
@@ -94,9 +94,10 @@ class QuotaBook(QueueTree):
         old = self.queues.get(name)
         limits = {f.model: limits_of(f) for f in flavor_quotas(spec)}
         reshaped = (old is None and name in self.children) or (old is not None and old.parent != spec.parent) or (
-            bool(limits) != bool(self.limits.get(name)) and name in self.children)
+            name in self.children and (bool(limits) != bool(self.limits.get(name))
+                                       or (old is not None and old.cohort != spec.cohort)))
         if old is not None:
-            self._note_move(name, self.cohort.get(name, ""), spec.cohort or spec.parent)
+            self._note_move(name, self.cohort.get(name, ""), self.pooled_in(spec))
         if reshaped:
             self.set_queues([*(q for n, q in self.queues.items() if n != name), spec])
             return
@@ -112,7 +113,7 @@ class QuotaBook(QueueTree):
                 bisect.insort(self.children.setdefault(spec.parent, []), name)
         self.queues[name] = spec
         self.limits[name] = limits
-        cohort = self.cohort[name] = spec.cohort or spec.parent
+        cohort = self.cohort[name] = self.pooled_in(spec)
         if cohort:
             bisect.insort(self.members.setdefault(cohort, []), name)
         if old is None:
