@@ -138,7 +138,7 @@ class QueueTree:
             left = sorted(q for q, c in self.moved_from.items() if c == cohort and q != branch and self.borrows(q))
             for member in (*self.members.get(cohort, ()), *left):
                 if member != branch:
-                    for q in self._subtree_of(member):
+                    for q in self.subtree_of(member):
                         if q != queue:
                             out.setdefault(q, None)
         return list(out)
@@ -165,7 +165,7 @@ class QueueTree:
                 return False
         return True
 
-    def _subtree_of(self, queue: str) -> list[str]:
+    def subtree_of(self, queue: str) -> list[str]:
         """The queue and its descendants, depth first in name order."""
         out, stack = [], [queue]
         while stack:

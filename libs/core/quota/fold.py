@@ -318,7 +318,7 @@ def fold_queue_policy(state: QuotaState, event: QueuePolicyChanged) -> None:
     book, name = state.book, event.queue.name
     # The queues whose cohort the change may move: the queue, and below a parent its subtree (a parent without
     # quota pools its children in the cohort it is in itself: kernel/queue_tree.py pooled_in).
-    moving = book._subtree_of(name) if name in book.children else [name]
+    moving = book.subtree_of(name) if name in book.children else [name]
     unmoved = book.cohort.get(name, "") == book.pooled_in(event.queue)
     if (unmoved or not state.pending.get(name)) and not any(state.pending.get(q) for q in moving if q != name):
         fold_policy(state, event)
