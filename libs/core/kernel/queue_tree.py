@@ -143,6 +143,21 @@ class QueueTree:
                             out.setdefault(q, None)
         return list(out)
 
+    def lending_branch(self, queue: str, flavor: str, demand: int) -> str | None:
+        """The nearest parent without quota of the queue, below the top of its pool, whose subtree would hold no
+        more of the flavor than its queues' nominal quota of it with `demand` more: a job beyond its own queue's
+        nominal fits what its subtree lends there, and may take that back from borrowers beyond the subtree (as a
+        cohort of Kueue's hierarchical cohorts does). None: no such parent."""
+        top = self.cohort.get(queue, "")
+        for ancestor in self._ancestors(queue):
+            if ancestor == top or self.limits.get(ancestor):
+                return None
+            inside = self.subtree_of(ancestor)
+            nominal = sum(lim.nominal for q in inside if (lim := self.limits.get(q, {}).get(flavor)) is not None)
+            if sum(self.used.get((q, flavor), 0) for q in inside) + demand <= nominal:
+                return ancestor
+        return None
+
     def _lends(self, queue: str) -> bool:
         """Does the queue (a parent with quota) hold less than its nominal quota of some flavor, lending the rest?"""
         return any(self.held(queue, f) < lim.nominal for f, lim in self.limits.get(queue, {}).items())

@@ -95,27 +95,45 @@ def placement_victims(sim: Simulation, held: tuple[str, str, int, bool], preempt
 
 
 def reclaim_victims(sim: Simulation, flavors: list[str], preemptor_id: str) -> list[Running]:
-    """The victims of the first flavor a reclaim can serve the preemptor in; [] when none can."""
-    spec, now = sim.spec, sim.now
+    """The victims of the first flavor a reclaim can serve the preemptor in; [] when none can. A job within its
+    queue's nominal reclaims from every queue that holds what its queue lent; one beyond its queue's nominal but
+    within the quota its subtree lends (under a parent without quota: QuotaBook.lending_branch) reclaims from
+    the borrowers beyond that subtree (a queue of a hierarchical cohort taking back what its cohort lent)."""
     for flavor in flavors:
-        lim = sim.book.limits.get(spec.queue, {}).get(flavor)
-        if lim is None or sim.demand > lim.nominal:
-            continue
-        # The queue's own jobs come after the borrowers': needed only where the queue is above its nominal.
-        own = [run for run in candidates(sim.state, sim.policy, spec, preemptor_id, now) if run.flavor == flavor]
-        if not shortcuts.could_fit_nominal(sim, flavor, own):
-            continue
-        others = borrowers(sim, spec, flavor, preemptor_id)
-        if not others:
-            continue
-
-        def reclaimed(flavor: str = flavor) -> bool:
-            return sim.within_nominal(flavor) and sim.admits(flavor) and sim.fits(flavor)
-
-        def placed(flavor: str = flavor) -> bool:
-            return sim.fits(flavor)
-
-        victims = sim.choose(others + own, reclaimed, gives_back_borrowed(sim, spec.queue), placed, reclaim=True)
+        victims = _within_nominal(sim, flavor, preemptor_id) or _within_branch(sim, flavor, preemptor_id)
         if victims:
             return victims
     return []
+
+
+def _within_nominal(sim: Simulation, flavor: str, preemptor_id: str) -> list[Running]:
+    spec, now = sim.spec, sim.now
+    lim = sim.book.limits.get(spec.queue, {}).get(flavor)
+    if lim is None or sim.demand > lim.nominal:
+        return []
+    # The queue's own jobs come after the borrowers': needed only where the queue is above its nominal.
+    own = [run for run in candidates(sim.state, sim.policy, spec, preemptor_id, now) if run.flavor == flavor]
+    if not shortcuts.could_fit_nominal(sim, flavor, own):
+        return []
+    others = borrowers(sim, spec, flavor, preemptor_id)
+    if not others:
+        return []
+
+    def reclaimed() -> bool:
+        return sim.within_nominal(flavor) and sim.admits(flavor) and sim.fits(flavor)
+
+    return sim.choose(others + own, reclaimed, gives_back_borrowed(sim, spec.queue), lambda: sim.fits(flavor),
+                      reclaim=True)
+
+
+def _within_branch(sim: Simulation, flavor: str, preemptor_id: str) -> list[Running]:
+    spec = sim.spec
+    branch = sim.book.lending_branch(spec.queue, flavor, sim.demand)
+    if branch is None:
+        return []
+    inside = set(sim.book.subtree_of(branch))
+    others = [run for run in borrowers(sim, spec, flavor, preemptor_id) if run.queue not in inside]
+    if not others:
+        return []
+    return sim.choose(others, lambda: sim.admits(flavor) and sim.fits(flavor), gives_back_borrowed(sim, spec.queue),
+                      lambda: sim.fits(flavor), reclaim=True)

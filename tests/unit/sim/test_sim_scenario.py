@@ -37,8 +37,6 @@ BORROW_WITHIN_COHORT = "awaiting a queue setting: preemption.borrowWithinCohort 
 WITHIN_QUEUE_POLICY = "awaiting a queue setting: preemption.withinClusterQueue (Never, LowerOrNewerEqualPriority)"
 RECLAIM_POLICY = "awaiting a queue setting: preemption.reclaimWithinCohort (Never, LowerPriority)"
 FUNGIBILITY = "awaiting a queue setting: flavorFungibility (whenCanBorrow TryNextFlavor, whenCanPreempt Preempt)"
-HIERARCHICAL = ("awaiting reclaim judged at a subtree's level: a queue over its own nominal but within the quota its "
-                "subtree lends (under a parent without quota) reclaims from a borrower beyond that subtree")
 # Conformance files that fail today (file stem -> why gpusched decides otherwise).
 KUEUE_DIFFERENCES: dict[str, str] = {
     "preemption-cohort-concurrent-different-priorities": NOMINAL_PROTECTED,
@@ -47,7 +45,6 @@ KUEUE_DIFFERENCES: dict[str, str] = {
     "preemption-borrow-within-cohort-shared-queue": f"{BORROW_WITHIN_COHORT}; {FUNGIBILITY}",
     "preemption-borrow-within-cohort-threshold": BORROW_WITHIN_COHORT,
     "preemption-preemptor-holds-quota-during-evictions": BORROW_WITHIN_COHORT,
-    "preemption-multi-level-cohort-guaranteed": f"{HIERARCHICAL}; {REJECTED_OVER_CEILING}",
     "scheduler-requeue-on-queue-update": REJECTED_OVER_CEILING,
     "scheduler-borrow-from-added-queue": REJECTED_OVER_CEILING,
     "scheduler-borrow-from-same-cohort": REJECTED_OVER_CEILING,
