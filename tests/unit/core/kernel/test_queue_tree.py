@@ -95,3 +95,29 @@ def test_a_what_if_rolls_back_the_pools_above() -> None:
         book.add("b", ANY, 2000)
         assert book.room("q", ANY) == 0
     assert (book.used, book.pool_used, book.subtree, book.subtree_all) == before
+
+
+def kueue_tree() -> QuotaBook:
+    """root -> sub -> (g: 0, gq: 3) and root -> be (0): root and sub have no quota of their own."""
+    book = QuotaBook()
+    book.set_queues([QueueSpec(name="root", team="t"), QueueSpec(name="sub", team="t", parent="root"),
+                     QueueSpec(name="g", team="t", parent="sub", nominal_gpus=0),
+                     QueueSpec(name="gq", team="t", parent="sub", nominal_gpus=3),
+                     QueueSpec(name="be", team="t", parent="root", nominal_gpus=0)])
+    return book
+
+
+def test_parents_without_quota_pool_their_children_in_the_cohort_above() -> None:
+    book = kueue_tree()
+    assert book.cohort["g"] == book.cohort["be"] == "root"
+    assert book.room("be", ANY) == 3000  # gq's quota, across the tree
+    book.set_queue(QueueSpec(name="sub", team="t", parent="root", nominal_gpus=3))  # sub gets quota: a level
+    assert book.cohort["g"] == "sub" and book.cohort["sub"] == "root"
+
+
+def test_a_job_within_what_its_subtree_lends_reclaims_beyond_it() -> None:
+    book = kueue_tree()
+    book.add("be", ANY, 3000)
+    assert book.lending_branch("g", ANY, 3000) == "sub"  # sub's queues have 3 of nominal, none used
+    assert book.lending_branch("g", ANY, 4000) is None
+    assert book.lending_branch("be", ANY, 1000) is None  # root is the top of the pool: no level below it
