@@ -91,7 +91,7 @@ def print_timeline(run: ScenarioRun, ticks: bool) -> None:
 
 def cmd_scenario(args: argparse.Namespace) -> None:
     path = Path(args.file)
-    run = run_scenario(load_scenario(path), path.parent)
+    run = run_scenario(load_scenario(path), path.parent, replay=args.check)
     if getattr(args, "json", False):
         print(json.dumps(as_json(run, args.ticks), indent=2))
     else:
@@ -107,7 +107,8 @@ def add_parser(ssub: argparse._SubParsersAction) -> None:
     p = ssub.add_parser("scenario", help="run a scenario file (YAML) through the deciders in virtual time")
     p.add_argument("file", help="scenario file, see docs/scenarios.md")
     p.add_argument("--check", action="store_true",
-                   help="exit 1 at the first violated guarantee or unmet expectation")
+                   help="exit 1 at the first violated guarantee (determinism included: the run's own decision "
+                        "log replayed through the deciders) or unmet expectation")
     p.add_argument("--ticks", action="store_true", help="show the clock ticks too")
     add_json_flag(p, help="one JSON document: events, violations")
     p.set_defaults(func=cmd_scenario)

@@ -58,10 +58,13 @@ def check_liveness(events: Log, quiet_s: float | None = None) -> list[ViolationL
     return list(checker.check_liveness(events) if quiet_s is None else checker.check_liveness(events, quiet_s=quiet_s))
 
 
-def check_all(events: Log) -> list[ViolationLike]:
-    """Every guarantee the checker knows, safety and liveness, in log order."""
+def check_all(events: Log, replay: bool = False) -> list[ViolationLike]:
+    """Every guarantee the checker knows, safety and liveness, in log order; with `replay`, determinism too: the
+    log's own decisions replayed through the deciders (libs/audit/guarantees/determinism.py)."""
     checker = _checker()
     found = _fallback_safety(events) if checker is None else list(checker.check(events, liveness=True))
+    if replay and checker is not None:
+        found += checker.check_replay(events)
     return sorted(found, key=lambda v: (v.seq, v.guarantee, v.jobs))
 
 

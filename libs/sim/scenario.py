@@ -218,10 +218,12 @@ def run_inputs(inputs: list[EventBase], settings: Settings, end: float) -> list[
     return world.log
 
 
-def run_scenario(scenario: Scenario, base_dir: Path = Path(".")) -> ScenarioRun:
+def run_scenario(scenario: Scenario, base_dir: Path = Path("."), replay: bool = False) -> ScenarioRun:
+    """The scenario through the deciders and judged by the guarantees; with `replay`, its own decision log also
+    replayed through the deciders, each decision that replays otherwise a `determinism` violation."""
     end = scenario_end(scenario)
     log = run_inputs(scenario_inputs(scenario, base_dir), scenario.settings, end)
-    violations = check_all(log)
+    violations = check_all(log, replay)
     return ScenarioRun(scenario, log, end, violations, unmet_expectations(scenario, log, violations))
 
 

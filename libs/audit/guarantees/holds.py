@@ -46,7 +46,8 @@ def quota_flavors_with_room(world: World, spec: JobSpec) -> list[str]:
     demand = demand_milli(spec)
     over = _over_budget(world, spec.queue)
     if not book.governed(spec.queue):  # over budget, quota's own rule (over_budget_room) says what is idle
-        return [ANY] if not over or over_budget_room(book, spec.queue, ANY) >= demand else []
+        return [ANY] if (over_budget_room(book, spec.queue, ANY) if over else book.room(spec.queue, ANY)) >= demand \
+            else []
     borrows = world.quota.policy.preemptible(spec)  # a job that cannot be preempted never borrows
     # Of a model no present node could hold the job on, while another could, quota gives no flavor (the
     # decider's own narrowing, quota_fit.flavors_of): room there is no room the job could use.

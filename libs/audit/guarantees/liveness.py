@@ -6,7 +6,8 @@ not judged there: its last decisions may still be on their way. Then every job i
 failed, cancelled, or rejected with a code), or waiting with a recorded reason that is true at that moment;
 and no job waits while idle quota and idle GPUs could run it.
 
-The reclaim bound is watched over the whole log (see reclaim.py)."""
+The reclaim bound is watched over the whole log: for jobs waiting for quota lent out (reclaim.py) and for jobs
+holding quota within their nominal that wait for the GPUs borrowers hold (placement_reclaim.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 
 from contracts import AuditCheckpoint, ClockTick, EventBase
 from libs.audit.guarantees import holds, reasons
+from libs.audit.guarantees.placement_reclaim import PlacementReclaimWatch
 from libs.audit.guarantees.reclaim import ReclaimWatch
 from libs.audit.guarantees.violation import (
     JOB_FINAL_OR_EXPLAINED,
@@ -33,12 +35,15 @@ def check_liveness(events: Sequence[tuple[int, EventBase]], *, quiet_s: float = 
     """The reclaim bound over the whole log, then (once the log was quiet for `quiet_s`) every job's state."""
     world = World()
     watch = ReclaimWatch()
+    gpu_watch = PlacementReclaimWatch()
     out: list[Violation] = []
     last_busy: float | None = None
     for seq, event in events:
         world.apply(event)
         if isinstance(event, ClockTick):
+            previous_tick = watch.last_tick
             out.extend(watch.tick(seq, world))
+            out.extend(gpu_watch.tick(seq, world, previous_tick, watch.tick_s))
         if not isinstance(event, QUIET):
             last_busy = event.ts
     if events and last_busy is not None and world.now - last_busy >= quiet_s:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from libs.audit.guarantees.holds import reclaim_due
 from libs.audit.guarantees.reclaimable import borrowers, reclaimable
 from libs.audit.guarantees.violation import RECLAIM_WITHIN_BOUND, Violation, gpus
-from libs.audit.guarantees.world import PLACEMENT, World
+from libs.audit.guarantees.world import PLACEMENT, JobState, World
 from libs.core.kernel.policy import demand_milli
 
 MAX_JOBS_NAMED = 5
@@ -32,6 +32,34 @@ class Episode:
     bound: float  # without the two ticks' slack, which is added as the tick interval becomes known
     why: str  # what makes up the bound
     reported: bool = False
+
+
+def reclaim_bound(world: World, queue: str, running: list[tuple[str, JobState]],
+                  unplaced: list[tuple[str, JobState]], start: float) -> tuple[float, str]:
+    """The bound a reclaim for the queue is owed within, from `start`, without the two ticks' slack, and what
+    makes it up: the queue's grace, the longest protection of the borrowers (`running`, and `unplaced` ones
+    reserved but not placed), about-to-end, and a borrower queue's eviction window."""
+    policy = world.quota.policy
+    spec = policy.queues.get(queue)
+    grace = spec.reclaim_after_s if spec is not None else 0.0
+    protection, budget_window = 0.0, 0.0
+    for _, job in running:
+        cls = policy.classes.get(job.spec.priority)
+        if cls is not None:
+            protection = max(protection, max(0.0, job.since + job.min_runtime_s - start) + cls.checkpoint_grace_s)
+        borrower = policy.queues.get(job.spec.queue)
+        if borrower is not None and borrower.eviction_budget_gpus is not None:
+            budget_window = max(budget_window, borrower.eviction_window_s)
+    # A borrower reserved but not placed cannot be evicted; it gives its quota back once placement has not
+    # placed it for the settings' placement timeout (when there is one).
+    timeout = getattr(policy.settings, "placement_timeout_s", None)
+    if timeout is not None:
+        for _, job in unplaced:
+            protection = max(protection, max(0.0, job.since + timeout - start))
+    ending = policy.settings.preempt_min_remaining_s
+    why = (f"reclaim_after {grace:g} s + borrowers' protection {protection:g} s + about-to-end {ending:g} s"
+           + (f" + eviction window {budget_window:g} s" if budget_window else ""))
+    return grace + protection + ending + budget_window, why
 
 
 @dataclass(slots=True)
@@ -75,28 +103,8 @@ class ReclaimWatch:
         waits = world.quota.by_wait_in.get(queue)
         start = max(previous_tick if previous_tick is not None else -float("inf"),
                     waits[0][0] if waits else world.now, self.excused.get((queue, flavor), -float("inf")))
-        policy = world.quota.policy
-        spec = policy.queues.get(queue)
-        grace = spec.reclaim_after_s if spec is not None else 0.0
-        protection, budget_window = 0.0, 0.0
-        for _, job in borrowers(world, queue, flavor):
-            cls = policy.classes.get(job.spec.priority)
-            if cls is not None:
-                protection = max(protection, max(0.0, job.since + job.min_runtime_s - start)
-                                 + cls.checkpoint_grace_s)
-            borrower = policy.queues.get(job.spec.queue)
-            if borrower is not None and borrower.eviction_budget_gpus is not None:
-                budget_window = max(budget_window, borrower.eviction_window_s)
-        # A borrower reserved but not placed cannot be evicted; it gives its quota back once placement has
-        # not placed it for the settings' placement timeout (when there is one).
-        timeout = getattr(policy.settings, "placement_timeout_s", None)
-        if timeout is not None:
-            for _, job in borrowers(world, queue, flavor, PLACEMENT):
-                protection = max(protection, max(0.0, job.since + timeout - start))
-        ending = policy.settings.preempt_min_remaining_s
-        bound = grace + protection + ending + budget_window
-        why = (f"reclaim_after {grace:g} s + borrowers' protection {protection:g} s + about-to-end {ending:g} s"
-               + (f" + eviction window {budget_window:g} s" if budget_window else ""))
+        bound, why = reclaim_bound(world, queue, borrowers(world, queue, flavor),
+                                   borrowers(world, queue, flavor, PLACEMENT), start)
         return Episode(start, bound, why)
 
     def _broken(self, seq: int, world: World, key: tuple[str, str], episode: Episode) -> Violation:

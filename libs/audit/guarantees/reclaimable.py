@@ -27,9 +27,9 @@ def reclaimable(world: World, queue: str, flavor: str) -> bool:
         # it), as a reclaim from running borrowers is owed only where the job would then fit.
         return first is None or holdable(world, first)
     if not running:
-        # Nobody borrows: a shortfall is owed, unless the queue's parent's quota, held by queues within their
-        # own nominal, is what leaves it no room (no reclaim could serve it: a child's nominal is guaranteed only
-        # as far as its parent's quota reaches).
+        # Nobody borrows, here nor up the tree (borrowers looks there too): a shortfall is owed, unless the
+        # queue's parent's quota, held by queues within their own nominal, is what leaves it no room (no reclaim
+        # could serve it: a child's nominal is guaranteed only as far as its parent's quota reaches).
         return first is None or world.quota.book.parent_room(queue, flavor) >= world.quota.jobs[first].demand
     if any(not world.quota.policy.preemptible(job.spec) for _, job in running):
         return True
@@ -76,14 +76,45 @@ def _may_go(world: World, running: list[tuple[str, JobState]], flavor: str) -> l
 
 
 def borrowers(world: World, queue: str, flavor: str, phase: str = RUNNING) -> list[tuple[str, JobState]]:
-    """Jobs of the other queues of the cohort that hold borrowed quota of the flavor: running ones (by
-    default), or ones whose quota is reserved while they wait for a place (`phase` PLACEMENT)."""
+    """Jobs that hold borrowed quota of the flavor where the queue lent it (QuotaBook.holders_of_lent: its cohort's
+    other queues, up and across the tree, queues that left its cohort while borrowing): running ones (by default),
+    or ones whose quota is reserved while they wait for a place (`phase` PLACEMENT)."""
     book = world.quota.book
-    cohort = book.cohort.get(queue, "")
-    if not cohort:
+    holders = set(book.holders_of_lent(queue))
+    if not holders:
         return []
-    peers = {q for q in book.members.get(cohort, []) if q != queue}
-    borrowing = {q for q in peers if book.borrowed(q, flavor) > 0}
+    borrowing = {q for q in holders if book.borrowed(q, flavor) > 0}
     held = sorted(world.capacity.live) if phase == RUNNING else sorted(world.placing)
     return [(j, job) for j in held if (job := world.jobs.get(j)) is not None and job.phase == phase
-            and job.flavor == flavor and job.spec.queue in peers and (job.spec.queue in borrowing or job.over_budget)]
+            and job.flavor == flavor and job.spec.queue in holders and (job.spec.queue in borrowing or job.over_budget)]
+
+
+def gpu_borrowers(world: World, queue: str) -> list[tuple[str, JobState]]:
+    """Running jobs of any flavor that hold borrowed quota where the queue lent it (as `borrowers`): the GPUs a
+    job of the queue holding quota within its nominal is owed may be held by any of them."""
+    book = world.quota.book
+    holders = set(book.holders_of_lent(queue))
+    return [(j, job) for j in sorted(world.capacity.live) if (job := world.jobs.get(j)) is not None
+            and job.phase == RUNNING and job.spec.queue in holders
+            and (job.over_budget or book.borrowed(job.spec.queue, job.flavor) > 0)]
+
+
+def placeable_without(world: World, job_id: str) -> bool:
+    """Would the job, holding quota within its queue's nominal and waiting for a place, fit the free capacity
+    with the borrower jobs that may go (of each flavor, as `_may_go`) gone? Tried on the checker's own
+    cluster, always undone."""
+    job = world.jobs[job_id]
+    running = gpu_borrowers(world, job.spec.queue)
+    victims = [v for f in sorted({b.flavor for _, b in running})
+               for v in _may_go(world, [(j, b) for j, b in running if b.flavor == f], f)]
+    if not victims:
+        return False
+    cluster = world.capacity.cluster
+    gone = [world.capacity.live[j].placements for j, _ in victims]
+    for placements in gone:
+        cluster.release(placements)
+    try:
+        return fits_now(world, job.spec, job.flavor)
+    finally:
+        for placements in gone:
+            cluster.allocate(placements)

@@ -12,7 +12,6 @@ from typing import Protocol
 from libs.core.kernel.budgets import BudgetBook
 from libs.core.kernel.fairness import DecayedUsage
 from libs.core.kernel.policy import PolicyBook
-from libs.core.kernel.queue_limits import UNLIMITED
 from libs.core.kernel.quota_math import QuotaBook
 
 PLACEMENT_TIMEOUT = "placement_timeout"  # the QuotaReleased reason of a reservation placement did not place in time
@@ -77,10 +76,10 @@ def over_budget_room(book: QuotaBook, queue: str, flavor: str) -> int:
     own nominal quota (QuotaBook.borrow_only_room): its nominal is owed to it only within budget. A queue
     without quota of its own is owed nothing and holds no one's claim: quota never ties what it takes to any
     queue's quota, so the free capacity it would use is capacity no queue's quota claims, idle by definition,
-    and its room is what it has within budget (unlimited). Its reservations are over budget all the same, so
-    preemption may take them whatever their class."""
+    and its room is what it has within budget (unlimited, but for what a parent with quota leaves its subtree).
+    Its reservations are over budget all the same, so preemption may take them whatever their class."""
     if not book.governed(queue):
-        return UNLIMITED
+        return book.room(queue, flavor)
     return book.borrow_only_room(queue, flavor)
 
 

@@ -14,6 +14,8 @@ within the parent's nominal (plus its borrowing limit when the parent is itself 
 below is also bounded by what each such ancestor has left. A parent's "*" flavor bounds the subtree's usage of
 every flavor together; a parent's flavor of one model bounds that model. Children's nominal quotas may add up
 to more than their parent's: a child's nominal is then guaranteed only as far as its parent's quota reaches.
+A parent in a cohort uses there what its subtree holds (U above counts it), and a queue without quota of its
+own under a parent with quota is bounded by that parent all the same: kernel/queue_tree.py.
 All amounts are in thousandths of a GPU. A queue's own limits, as its spec states them, are kernel/queue_limits.py.
 
 What-ifs ("when would the starving job's quota free up?", "would the preemptor be admitted with these victims
@@ -31,11 +33,12 @@ from dataclasses import dataclass, field
 from contracts import JobSpec, QueueSpec
 from libs.core.kernel.book_what_if import BookWhatIf, Cell
 from libs.core.kernel.flavors import charged_flavor, flavor_matches
-from libs.core.kernel.queue_limits import ANY, UNLIMITED, Limits, flavor_quotas, limits_of, subtree_cap
+from libs.core.kernel.queue_limits import ANY, UNLIMITED, Limits, flavor_quotas, limits_of
+from libs.core.kernel.queue_tree import QueueTree
 
 
 @dataclass(slots=True)
-class QuotaBook:
+class QuotaBook(QueueTree):
     """The queue tree's limits and usage per (queue, flavor); usage changes in O(1)."""
 
     queues: dict[str, QueueSpec] = field(default_factory=dict)
@@ -52,6 +55,8 @@ class QuotaBook:
     bounds: dict[str, tuple[str, ...]] = field(default_factory=dict)
     subtree: dict[tuple[str, str], int] = field(default_factory=dict)  # (ancestor, flavor) -> its descendants' usage
     subtree_all: dict[str, int] = field(default_factory=dict)  # ancestor -> its descendants' usage, every flavor
+    # queue -> the cohort it left while borrowing from it (queue_tree.py holders_of_lent)
+    moved_from: dict[str, str] = field(default_factory=dict)
     # The tallies the innermost open what-if records (None: no what-if open, nothing recorded).
     _cells: list[Cell] | None = field(default=None, repr=False, compare=False)
 
@@ -72,22 +77,13 @@ class QuotaBook:
             parent = self.queues[name].parent
             if parent:
                 self.children.setdefault(parent, []).append(name)
-        self.cohort = {name: q.cohort or q.parent for name, q in self.queues.items()}
+        self.cohort = {name: self.pooled_in(q) for name, q in self.queues.items()}
         self.members = {}
         for name in sorted(self.queues):
             if self.cohort[name]:
                 self.members.setdefault(self.cohort[name], []).append(name)
         self.bounds = {name: tuple(a for a in self._ancestors(name) if self.limits.get(a)) for name in self.queues}
         self._recount()
-
-    def _ancestors(self, queue: str) -> list[str]:
-        """The queue's parents, nearest first (a cycle, which check_tree refuses, ends the walk)."""
-        out: list[str] = []
-        spec = self.queues.get(queue)
-        while spec is not None and spec.parent and spec.parent not in out and spec.parent != queue:
-            out.append(spec.parent)
-            spec = self.queues.get(spec.parent)
-        return out
 
     def set_queue(self, spec: QueueSpec) -> None:
         """One queue added or changed, in time independent of the number of queues where the tree's shape
@@ -98,7 +94,10 @@ class QuotaBook:
         old = self.queues.get(name)
         limits = {f.model: limits_of(f) for f in flavor_quotas(spec)}
         reshaped = (old is None and name in self.children) or (old is not None and old.parent != spec.parent) or (
-            bool(limits) != bool(self.limits.get(name)) and name in self.children)
+            name in self.children and (bool(limits) != bool(self.limits.get(name))
+                                       or (old is not None and old.cohort != spec.cohort)))
+        if old is not None:
+            self._note_move(name, self.cohort.get(name, ""), self.pooled_in(spec))
         if reshaped:
             self.set_queues([*(q for n, q in self.queues.items() if n != name), spec])
             return
@@ -114,7 +113,7 @@ class QuotaBook:
                 bisect.insort(self.children.setdefault(spec.parent, []), name)
         self.queues[name] = spec
         self.limits[name] = limits
-        cohort = self.cohort[name] = spec.cohort or spec.parent
+        cohort = self.cohort[name] = self.pooled_in(spec)
         if cohort:
             bisect.insort(self.members.setdefault(cohort, []), name)
         if old is None:
@@ -131,7 +130,7 @@ class QuotaBook:
             key = (cohort, flavor)
             self.pool[key] = self.pool.get(key, 0) + sign * lim.lend
             self.pool_used[key] = self.pool_used.get(key, 0) + sign * (
-                self.over.get((name, flavor), 0) + max(0, self.used.get((name, flavor), 0) - lim.guaranteed))
+                self.over.get((name, flavor), 0) + max(0, self.held(name, flavor) - lim.guaranteed))
             if sign < 0 and not any(flavor in self.limits[q] for q in self.members[cohort] if q != name):
                 del self.pool[key], self.pool_used[key]  # no queue of the cohort has the flavor any more
 
@@ -140,7 +139,9 @@ class QuotaBook:
         self.subtree, self.subtree_all = {}, {}
         for usage in (self.used, self.over):
             for (queue, flavor), milli in usage.items():
-                self._add_to_subtrees(queue, flavor, milli)
+                for ancestor in self.bounds.get(queue, ()):
+                    self.subtree[(ancestor, flavor)] = self.subtree.get((ancestor, flavor), 0) + milli
+                    self.subtree_all[ancestor] = self.subtree_all.get(ancestor, 0) + milli
         for name, flavors in self.limits.items():
             cohort = self.cohort[name]
             if not cohort:
@@ -149,7 +150,7 @@ class QuotaBook:
                 key = (cohort, flavor)
                 self.pool[key] = self.pool.get(key, 0) + lim.lend
                 self.pool_used[key] = (self.pool_used.get(key, 0) + self.over.get((name, flavor), 0)
-                                       + max(0, self.used.get((name, flavor), 0) - lim.guaranteed))
+                                       + max(0, self.held(name, flavor) - lim.guaranteed))
 
     # --- questions -------------------------------------------------------------------------------
 
@@ -175,7 +176,7 @@ class QuotaBook:
         cohort = self.cohort.get(queue, "")
         if lim is None or not cohort:
             return 0
-        own_used = self.used.get((queue, flavor), 0)
+        own_used = self.held(queue, flavor)
         own_idle = max(0, lim.lend - max(0, own_used - lim.guaranteed))
         key = (cohort, flavor)
         room = self.pool[key] - self.pool_used[key] - own_idle
@@ -189,11 +190,13 @@ class QuotaBook:
         """How much more the queue may take of this flavor now (own limits and its cohort's pool)."""
         flavors = self.limits.get(queue)
         lim = flavors.get(flavor) if flavors else None
-        if lim is None:
-            return UNLIMITED if not flavors else 0  # no quota at all: unlimited (see governed)
+        if lim is None:  # no quota at all: unlimited (see governed) but for its ancestors' bound
+            if flavors:
+                return 0
+            return self.parent_room(queue, flavor) if self.bounds.get(queue) else UNLIMITED
         key = (queue, flavor)
-        held = self.used.get(key, 0)
-        used = held + self.over.get(key, 0)  # usage()
+        held = self.held(queue, flavor)
+        used = held + self.over.get(key, 0)
         own = UNLIMITED if lim.borrow is None else lim.nominal + lim.borrow - used
         cohort = self.cohort.get(queue, "")
         if not cohort:
@@ -204,31 +207,6 @@ class QuotaBook:
         if self.bounds.get(queue):
             room = min(room, self.parent_room(queue, flavor))
         return max(0, room)
-
-    def parent_room(self, queue: str, flavor: str) -> int:
-        """How much more the queue's subtree-bounding ancestors let it take of this flavor (UNLIMITED: none)."""
-        room = UNLIMITED
-        for ancestor in self.bounds.get(queue, ()):
-            limits = self.limits[ancestor]
-            in_cohort = bool(self.cohort.get(ancestor))
-            lim = limits.get(flavor) if flavor != ANY else None
-            if lim is not None:  # its quota of the flavor bounds the subtree's usage of that flavor
-                held = self.usage(ancestor, flavor) + self.subtree.get((ancestor, flavor), 0)
-                room = min(room, subtree_cap(lim, in_cohort) - held)
-            every = limits.get(ANY)
-            if every is not None:  # its quota of any model bounds the subtree's usage of every flavor together
-                held = sum(self.usage(ancestor, f) for f in limits) + self.subtree_all.get(ancestor, 0)
-                room = min(room, subtree_cap(every, in_cohort) - held)
-        return max(0, room)
-
-    def _parent_ceiling(self, queue: str, flavor: str) -> int:
-        """The most the queue's ancestors ever let its subtree hold of the flavor (UNLIMITED: no bound)."""
-        most = UNLIMITED
-        for ancestor in self.bounds.get(queue, ()):
-            for lim in (self.limits[ancestor].get(flavor), self.limits[ancestor].get(ANY)):
-                if lim is not None:
-                    most = min(most, subtree_cap(lim, bool(self.cohort.get(ancestor))))
-        return most
 
     def room_within_nominal(self, queue: str, flavor: str) -> int:
         """The room a job that may not borrow can use: what the queue has room for and is left of its own
@@ -241,7 +219,7 @@ class QuotaBook:
         if not flavors:  # not governed
             return UNLIMITED
         lim = flavors.get(flavor)
-        return 0 if lim is None else max(0, lim.nominal - self.used.get((queue, flavor), 0))
+        return 0 if lim is None else max(0, lim.nominal - self.held(queue, flavor))
 
     def ceiling(self, queue: str, flavor: str, borrows: bool = True) -> int:
         """The most the queue could ever hold of this flavor: nominal plus what it may borrow (`borrows`
@@ -261,7 +239,7 @@ class QuotaBook:
         lim = self.limits.get(queue, {}).get(flavor)
         if lim is None:
             return 0
-        return max(0, self.used.get((queue, flavor), 0) - lim.nominal) + self.over.get((queue, flavor), 0)
+        return max(0, self.held(queue, flavor) - lim.nominal) + self.over.get((queue, flavor), 0)
 
     def gives_back_only_borrowed(self, queue: str, flavor: str, milli: int, over_budget: bool = False) -> bool:
         """Would releasing `milli` of the queue's usage return only quota it borrows, leaving it at or above
@@ -287,7 +265,7 @@ class QuotaBook:
             return 0
         peers = [q for q in self.members[cohort] if flavor in self.limits[q]]
         idle = {q: min(self.limits[q][flavor].lend,
-                       max(0, self.limits[q][flavor].nominal - self.used.get((q, flavor), 0))) for q in peers}
+                       max(0, self.limits[q][flavor].nominal - self.held(q, flavor))) for q in peers}
         lent = dict.fromkeys(peers, 0)
         for borrower in peers:
             need = self.borrowed(borrower, flavor)
@@ -300,13 +278,6 @@ class QuotaBook:
                 lent[lender] += take
                 need -= take
         return lent[queue]
-
-    def nominal_of(self, queue: str) -> int:
-        """The queue's nominal quota over all flavors, summed over its subtree for a parent."""
-        limits = self.limits.get(queue)
-        own = sum(lim.nominal for lim in limits.values()) if limits else 0
-        children = self.children.get(queue)
-        return own + sum(self.nominal_of(c) for c in children) if children else own
 
     def violations(self, queue: str, flavor: str) -> list[str]:
         """Limits broken right now by the queue's usage of this flavor or by its cohort's borrowing."""
@@ -338,18 +309,19 @@ class QuotaBook:
         if self._cells is not None:
             self._record(key, lim is not None and bool(cohort), cohort, over_budget)
         if self.bounds.get(queue):
-            self._add_to_subtrees(queue, flavor, milli)
+            self._charge_ancestors(queue, flavor, milli)
         if over_budget:
             self.over[key] = self.over.get(key, 0) + milli
             if lim is not None and cohort:
                 self.pool_used[(cohort, flavor)] += milli
             return
         before = self.used.get(key, 0)
-        after = before + milli
-        self.used[key] = after
+        self.used[key] = before + milli
         if lim is not None and cohort:
             g = lim.guaranteed
-            self.pool_used[(cohort, flavor)] += max(0, after - g) - max(0, before - g)
+            if queue in self.children:  # a parent: what its subtree holds counts too (queue_tree.py)
+                before += self._below(queue, flavor)
+            self.pool_used[(cohort, flavor)] += max(0, before + milli - g) - max(0, before - g)
 
     def _record(self, key: tuple[str, str], pooled: bool, cohort: str, over_budget: bool) -> None:
         """Record, for the open what-if, the tallies `add` is about to change for (queue, flavor) `key`, with
@@ -362,10 +334,7 @@ class QuotaBook:
         if pooled:
             pool_key = (cohort, flavor)
             cells.append((self.pool_used, pool_key, self.pool_used[pool_key]))
-        for ancestor in self.bounds.get(queue, ()):
-            sub_key = (ancestor, flavor)
-            cells.append((self.subtree, sub_key, self.subtree.get(sub_key)))
-            cells.append((self.subtree_all, ancestor, self.subtree_all.get(ancestor)))
+        self._record_ancestors(queue, flavor)
 
     def recharge(self, queue: str, flavor: str, model: str, milli: int, over_budget: bool = False) -> str:
         """A reservation of the queue follows the queue's current flavors (after a policy change): its usage moves
@@ -387,9 +356,3 @@ class QuotaBook:
         if not placed_model or flavor in self.limits.get(queue, {}):
             return flavor
         return self.recharge(queue, flavor, placed_model, milli, over_budget)
-
-    def _add_to_subtrees(self, queue: str, flavor: str, milli: int) -> None:
-        for ancestor in self.bounds.get(queue, ()):
-            key = (ancestor, flavor)
-            self.subtree[key] = self.subtree.get(key, 0) + milli
-            self.subtree_all[ancestor] = self.subtree_all.get(ancestor, 0) + milli

@@ -11,9 +11,17 @@ A job that holds quota within its queue's nominal but finds no GPUs (it waits fo
 the GPUs its guaranteed quota stands for may be held by borrowers of another flavor of the cohort (a queue of
 any model, "*", borrowing beside a queue of one model's quota: the book keeps the two flavors' pools apart, the
 GPUs do not). It takes borrowers of any flavor, only as far as they borrow, until it would be placed.
+
+Borrowers are looked for wherever the queue's quota was lent (QuotaBook.holders_of_lent): its cohort, and up
+and across the queue tree (a child's room is bounded by what its parent has left in the parent's cohort, so
+the parent's cohort's borrowers hold what the child is owed), and queues that left its cohort while borrowing
+from it (they keep the GPUs they took until a lender takes them back). Nobody beyond the cohort is taken while
+one within it would do.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from contracts import JobSpec
 from libs.core.preemption import shortcuts
@@ -24,20 +32,27 @@ from libs.core.preemption.state import Running
 
 
 def borrowers(sim: Simulation, preemptor: JobSpec, flavor: str, preemptor_id: str = "") -> list[Running]:
-    """Jobs of other queues of the preemptor's cohort that hold borrowed quota of `flavor` (their queue is
-    above its nominal, or they were admitted over budget), in victim order; of any class (see
-    candidates.eligible): the victim set takes from them only what they borrow."""
+    """Jobs that hold borrowed quota of `flavor` where the preemptor's queue lent it (QuotaBook.holders_of_lent:
+    its cohort's other queues, up and across the tree, and queues that left its cohort while borrowing), of a
+    queue above its nominal or admitted over budget, in victim order; of any class (see candidates.eligible):
+    the victim set takes from them only what they borrow."""
     book, state, now = sim.book, sim.state, sim.now
-    cohort = book.cohort.get(preemptor.queue, "")
-    if not cohort:
-        return []
-    peers = [q for q in book.members[cohort] if q != preemptor.queue]
-    borrowing = {q for q in peers if book.borrowed(q, flavor) > 0}
-    found = [run for q in peers for run in state.by_queue.get(q, {}).values()
-             if run.flavor == flavor and (q in borrowing or run.over_budget)
+    found = [run for q in book.holders_of_lent(preemptor.queue) for run in state.by_queue.get(q, {}).values()
+             if run.flavor == flavor and (run.over_budget or book.borrowed(q, flavor) > 0)
              and eligible(state, sim.policy, run, now, preemptor_id, reclaim=True)]
     found.sort(key=lambda run: victim_order(run, now))
     return found
+
+
+def gives_back_borrowed(sim: Simulation, lender: str) -> Callable[[Running], bool]:
+    """A reclaim for the lender's queue takes a victim only as far as its queue borrows, and from a subtree
+    only as far as its parent borrows (QuotaBook.keeps_branch_nominal)."""
+
+    def may_take(run: Running) -> bool:
+        return sim.gives_back_only_borrowed(run) and (
+            run.over_budget or sim.book.keeps_branch_nominal(run.queue, run.flavor, run.demand, lender))
+
+    return may_take
 
 
 def placement_victims(sim: Simulation, held: tuple[str, str, int, bool], preemptor_id: str) -> list[Running]:
@@ -47,56 +62,78 @@ def placement_victims(sim: Simulation, held: tuple[str, str, int, bool], preempt
     book, state, now = sim.book, sim.state, sim.now
     lim = book.limits.get(queue, {}).get(flavor)
     cohort = book.cohort.get(queue, "")
-    if over_budget or lim is None or not cohort or book.used.get((queue, flavor), 0) > lim.nominal:
+    if over_budget or lim is None or book.used.get((queue, flavor), 0) > lim.nominal:
         return []
-    others = [run for q in book.members[cohort] if q != queue for run in state.by_queue.get(q, {}).values()
+    others = [run for q in book.holders_of_lent(queue) for run in state.by_queue.get(q, {}).values()
               if (run.over_budget or book.borrowed(q, run.flavor) > 0)
               and eligible(state, sim.policy, run, now, preemptor_id, reclaim=True)]
     if not others:
         return []
+    peers = book.members.get(cohort, ())
 
     def tier(run: Running) -> int:
         """0: a borrower of the queue's own pool; 1: of a flavor no other queue lends; 2: of another lender's
-        pool, taken last (it would hand GPUs that lender counts on to this queue instead)."""
+        pool, taken last in the cohort (it would hand GPUs that lender counts on to this queue instead); 3: a
+        borrower beyond the cohort, up or across the tree, or one that left the cohort while borrowing."""
+        if run.queue not in peers:
+            return 3
         if run.flavor == flavor:
             return 0
         mine = book.limits[queue].get(run.flavor)
         return 2 if book.pool.get((cohort, run.flavor), 0) - (mine.lend if mine is not None else 0) > 0 else 1
 
     tried: list[Running] = []
-    for level in range(3):
+    for level in range(4):
         tier_of_level = [run for run in others if tier(run) == level]
         if not tier_of_level:
             continue
         tried = sorted([*tried, *tier_of_level], key=lambda run: victim_order(run, now))
-        victims = sim.choose(tried, lambda: sim.fits(flavor), sim.gives_back_only_borrowed, reclaim=True)
+        victims = sim.choose(tried, lambda: sim.fits(flavor), gives_back_borrowed(sim, queue), reclaim=True)
         if victims:
             return victims
     return []
 
 
 def reclaim_victims(sim: Simulation, flavors: list[str], preemptor_id: str) -> list[Running]:
-    """The victims of the first flavor a reclaim can serve the preemptor in; [] when none can."""
-    spec, now = sim.spec, sim.now
+    """The victims of the first flavor a reclaim can serve the preemptor in; [] when none can. A job within its
+    queue's nominal reclaims from every queue that holds what its queue lent; one beyond its queue's nominal but
+    within the quota its subtree lends (under a parent without quota: QuotaBook.lending_branch) reclaims from
+    the borrowers beyond that subtree (a queue of a hierarchical cohort taking back what its cohort lent)."""
     for flavor in flavors:
-        lim = sim.book.limits.get(spec.queue, {}).get(flavor)
-        if lim is None or sim.demand > lim.nominal:
-            continue
-        # The queue's own jobs come after the borrowers': needed only where the queue is above its nominal.
-        own = [run for run in candidates(sim.state, sim.policy, spec, preemptor_id, now) if run.flavor == flavor]
-        if not shortcuts.could_fit_nominal(sim, flavor, own):
-            continue
-        others = borrowers(sim, spec, flavor, preemptor_id)
-        if not others:
-            continue
-
-        def reclaimed(flavor: str = flavor) -> bool:
-            return sim.within_nominal(flavor) and sim.admits(flavor) and sim.fits(flavor)
-
-        def placed(flavor: str = flavor) -> bool:
-            return sim.fits(flavor)
-
-        victims = sim.choose(others + own, reclaimed, sim.gives_back_only_borrowed, placed, reclaim=True)
+        victims = _within_nominal(sim, flavor, preemptor_id) or _within_branch(sim, flavor, preemptor_id)
         if victims:
             return victims
     return []
+
+
+def _within_nominal(sim: Simulation, flavor: str, preemptor_id: str) -> list[Running]:
+    spec, now = sim.spec, sim.now
+    lim = sim.book.limits.get(spec.queue, {}).get(flavor)
+    if lim is None or sim.demand > lim.nominal:
+        return []
+    # The queue's own jobs come after the borrowers': needed only where the queue is above its nominal.
+    own = [run for run in candidates(sim.state, sim.policy, spec, preemptor_id, now) if run.flavor == flavor]
+    if not shortcuts.could_fit_nominal(sim, flavor, own):
+        return []
+    others = borrowers(sim, spec, flavor, preemptor_id)
+    if not others:
+        return []
+
+    def reclaimed() -> bool:
+        return sim.within_nominal(flavor) and sim.admits(flavor) and sim.fits(flavor)
+
+    return sim.choose(others + own, reclaimed, gives_back_borrowed(sim, spec.queue), lambda: sim.fits(flavor),
+                      reclaim=True)
+
+
+def _within_branch(sim: Simulation, flavor: str, preemptor_id: str) -> list[Running]:
+    spec = sim.spec
+    branch = sim.book.lending_branch(spec.queue, flavor, sim.demand)
+    if branch is None:
+        return []
+    inside = set(sim.book.subtree_of(branch))
+    others = [run for run in borrowers(sim, spec, flavor, preemptor_id) if run.queue not in inside]
+    if not others:
+        return []
+    return sim.choose(others, lambda: sim.admits(flavor) and sim.fits(flavor), gives_back_borrowed(sim, spec.queue),
+                      lambda: sim.fits(flavor), reclaim=True)

@@ -207,6 +207,27 @@ def group_of(state: QuotaState, queue: str) -> list[str]:
     return state.book.members[cohort] if cohort else [queue]
 
 
+def linked_groups(state: QuotaState, queue: str) -> list[list[str]]:
+    """The queue's group and the groups whose room its usage changes (kernel/queue_tree.py): the cohorts of its
+    ancestors with quota, whose pools count what their subtrees hold, and every group under a parent with quota
+    in those, whose rooms the parent's room bounds. Deepest first (a subtree's quota is its own before the
+    cohort above may borrow it), then by name. A queue outside any tree: its group alone."""
+    book = state.book
+    own = group_of(state, queue)
+    if not book.bounds.get(queue) and not any(book.children.get(q) for q in own):
+        return [own]
+    found = [own]
+    for ancestor in book.bounds.get(queue, ()):
+        if book.cohort.get(ancestor) and group_of(state, ancestor) not in found:
+            found.append(group_of(state, ancestor))
+    for group in found:  # (grows while read: each group's subtrees in turn)
+        for parent in group:
+            for child in book.children.get(parent, ()) if book.governed(parent) else ():
+                if group_of(state, child) not in found:
+                    found.append(group_of(state, child))
+    return sorted(found, key=lambda group: (-len(book.bounds.get(group[0], ())), group[0]))
+
+
 def groups(state: QuotaState) -> list[list[str]]:
     """The groups of the queues jobs have waited in, in a fixed order."""
     seen: dict[str, list[str]] = {}

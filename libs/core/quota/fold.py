@@ -315,15 +315,21 @@ def budgets_turned(state: QuotaState, now: float) -> None:
 
 
 def fold_queue_policy(state: QuotaState, event: QueuePolicyChanged) -> None:
-    if state.book.cohort.get(event.queue.name, "") == (event.queue.cohort or event.queue.parent):
+    book, name = state.book, event.queue.name
+    # The queues whose cohort the change may move: the queue, and below a parent its subtree (a parent without
+    # quota pools its children in the cohort it is in itself: kernel/queue_tree.py pooled_in).
+    moving = book.subtree_of(name) if name in book.children else [name]
+    unmoved = book.cohort.get(name, "") == book.pooled_in(event.queue)
+    if (unmoved or not state.pending.get(name)) and not any(state.pending.get(q) for q in moving if q != name):
         fold_policy(state, event)
         return
-    # The queue moves to another cohort: its waiting demands move with it.
-    waiting = [state.jobs[j] for users in state.pending.get(event.queue.name, {}).values()
+    # Queues move to another cohort: their waiting demands move with them.
+    waiting = [state.jobs[j] for q in moving for users in state.pending.get(q, {}).values()
                for keys in users.values() for _, j in keys]
     for job in waiting:
         count_demand(state, job.queue, job.demand, -1)
-    state.waiting_in.get(state.book.cohort.get(event.queue.name, ""), {}).pop(event.queue.name, None)
+    for q in moving:
+        state.waiting_in.get(book.cohort.get(q, ""), {}).pop(q, None)
     state.policy.apply(event)
     policy_applied(state, event)
     for job in waiting:

@@ -23,14 +23,18 @@ from libs.core.quota.state import QuotaJob, QuotaState
 
 
 def nominees(state: QuotaState, group: list[str], now: float) -> list[QuotaJob]:
-    """The nominated jobs of the group's queues still waiting for quota (not backing off), in nomination order."""
+    """The nominated jobs still waiting for quota (not backing off), in nomination order, whose room the group's
+    reservations take: of the group's queues, and of the subtrees of its parents with quota (what a parent's
+    subtree holds is what the parent uses in its cohort: kernel/queue_tree.py)."""
     if not state.nominated:
         return []
     queues = set(group)
+    bounds = state.book.bounds
     found = []
     for job_id, at in state.nominated.items():
         job = state.jobs.get(job_id)
-        if job is None or job.state != "pending" or job.queue not in queues:
+        if job is None or job.state != "pending" or (
+                job.queue not in queues and queues.isdisjoint(bounds.get(job.queue, ()))):
             continue
         if max(state.backing_off.get(job_id, now), state.requeued.get(job_id, now)) > now:
             continue  # it may not take quota yet: it holds nothing meanwhile

@@ -29,7 +29,7 @@ from contracts import (
 )
 from libs.core.kernel.decider import Decisions
 from libs.core.quota.cycle import schedule
-from libs.core.quota.fit import group_of, groups, judged_anew
+from libs.core.quota.fit import group_of, groups, judged_anew, linked_groups
 from libs.core.quota.reasons import tell_new, tell_no_node
 from libs.core.quota.state import QuotaState
 from libs.core.quota.timeout import give_back_unplaced, take_back
@@ -98,7 +98,8 @@ def release(state: QuotaState, event: JobFinished | JobFailed | JobCancelled | J
     reason = "retry" if event.job_id in state.retry_in else type(event).__name__.removeprefix("Job").lower()
     out.emit(QuotaReleased, correlation_id=event.job_id, job_id=event.job_id, queue=job.queue,
              gpu_milli=job.demand, reason=reason)
-    schedule(state, group_of(state, job.queue), event.ts, out)
+    for group in linked_groups(state, job.queue):  # its group's room, and in a tree the rooms above and below
+        schedule(state, group, event.ts, out)
     if job.state == "pending" and job.job_id not in state.deferred:
         tell_new(state, job, event.ts, out)  # evicted back into its queue, and not reached by the cycle
 
@@ -135,7 +136,8 @@ def react_tick(state: QuotaState, event: ClockTick, after: AfterFold, out: Decis
     waiting = {state.jobs[j].queue for j in state.budget_deferred}
     waiting.update(after.lapsed)
     waiting.update(after.budget_turned)
-    waiting.update(give_back_unplaced(state, now, out))
+    waiting.update(q for given_back in give_back_unplaced(state, now, out)
+                   for group in linked_groups(state, given_back) for q in group[:1])
     for backoffs in (state.backing_off, state.requeued):
         waiting.update(state.jobs[j].queue for j, t in backoffs.items() if t <= now and j in state.jobs)
     schedule_groups_of(state, waiting, now, out)

@@ -61,7 +61,7 @@ def reason(state: QuotaState, job: QuotaJob) -> tuple[str, str, int]:
     shortfall = max(0, job.demand - room)
     where = f"queue {job.queue}" + (f" ({flavor})" if flavor != ANY else "")
     ceiling = book.ceiling(job.queue, flavor)
-    if not borrows and used + job.demand > nominal:
+    if not borrows and lim is not None and used + job.demand > nominal:  # (a queue without quota: its parent's)
         return (NOMINAL_QUOTA_ONLY, f"{where} holds {used / 1000:g} of its nominal {nominal / 1000:g} GPUs; the "
                 f"job needs {job.demand / 1000:g} and, as it cannot be preempted, never borrows",
                 used + job.demand - nominal)

@@ -21,14 +21,7 @@ from libs.sim.scenario_write import write_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 # Scenario files that fail today, each for a hole in the deciders (file stem -> the hole).
-KNOWN_HOLES: dict[str, str] = {
-    # A safety hole: a queue with no quota of its own under a parent capped at its nominal is not held to the
-    # parent's bound (the checker's parent_quota).
-    "ungoverned-leaf-exceeds-its-capped-parent": "quota does not bound an ungoverned leaf by its capped parent",
-    "ungoverned-leaf-under-a-middle-queue-capped-at-zero":
-        "the same, three levels deep (found by the stateful test): a leaf without quota under m (nominal 0, "
-        "borrowing limit 0) takes a GPU",
-}
+KNOWN_HOLES: dict[str, str] = {}
 
 
 # Kueue conformance: each file is a case of Kueue's own scheduler or preemption tests, in gpusched's terms, expecting
@@ -44,7 +37,6 @@ BORROW_WITHIN_COHORT = "awaiting a queue setting: preemption.borrowWithinCohort 
 WITHIN_QUEUE_POLICY = "awaiting a queue setting: preemption.withinClusterQueue (Never, LowerOrNewerEqualPriority)"
 RECLAIM_POLICY = "awaiting a queue setting: preemption.reclaimWithinCohort (Never, LowerPriority)"
 FUNGIBILITY = "awaiting a queue setting: flavorFungibility (whenCanBorrow TryNextFlavor, whenCanPreempt Preempt)"
-HIERARCHICAL = "awaiting hierarchical cohorts: a cohort's own quota, borrowing and reclaim across levels of the tree"
 # Conformance files that fail today (file stem -> why gpusched decides otherwise).
 KUEUE_DIFFERENCES: dict[str, str] = {
     "preemption-cohort-concurrent-different-priorities": NOMINAL_PROTECTED,
@@ -53,13 +45,12 @@ KUEUE_DIFFERENCES: dict[str, str] = {
     "preemption-borrow-within-cohort-shared-queue": f"{BORROW_WITHIN_COHORT}; {FUNGIBILITY}",
     "preemption-borrow-within-cohort-threshold": BORROW_WITHIN_COHORT,
     "preemption-preemptor-holds-quota-during-evictions": BORROW_WITHIN_COHORT,
-    "preemption-multi-level-cohort-guaranteed": f"{HIERARCHICAL}; {REJECTED_OVER_CEILING}",
     "scheduler-requeue-on-queue-update": REJECTED_OVER_CEILING,
     "scheduler-borrow-from-added-queue": REJECTED_OVER_CEILING,
     "scheduler-borrow-from-same-cohort": REJECTED_OVER_CEILING,
     "scheduler-cohort-own-quota": REJECTED_OVER_CEILING,
     "scheduler-lending-limit-borrow": REJECTED_OVER_CEILING,
-    "scheduler-long-distance-borrowing": f"{REJECTED_OVER_CEILING}; {HIERARCHICAL}",
+    "scheduler-long-distance-borrowing": REJECTED_OVER_CEILING,
     "scheduler-next-flavor-instead-of-borrowing": FUNGIBILITY,
     "scheduler-preempt-before-next-flavor": FUNGIBILITY,
     "scheduler-pending-lender-blocks-borrowing": WITHIN_QUEUE_POLICY,

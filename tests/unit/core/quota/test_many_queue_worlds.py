@@ -39,10 +39,6 @@ BROKEN = [
               "reclaim_within_bound (q22) not traced"),
     broken(5, "reclaim_within_bound, a checker false positive: holds.reclaim_due asks whether the queue's first "
               "waiting job fits the nominal of a flavor it may not use (it asks for H100 only; the episode is A100)"),
-    broken(19, "reclaim_within_bound: reclaimable.reclaimable owes the bound whenever a running job of a borrowing "
-               "peer queue cannot be preempted (here urgent jobs, the class made non-preemptible mid-run) without "
-               "asking whether a reclaim, which may take such a job, could serve the waiting job: j0150 needs 8 "
-               "GPUs, room 3, and none keeping nominal_protected frees the rest"),
 ]
 
 
