@@ -192,14 +192,14 @@ def _decide(world: World, job_id: str, spec: JobSpec, victims: list[Running], bo
     # Victims of another queue: a reclaim of lent quota, unless the preemptor must borrow to fit (borrowing
     # within its cohort, kernel/queue_policies.py); of its own priority in its queue: least attained service
     # where that rule lets it evict them, else newer jobs of its priority.
-    served_least = las_level(world.state, world.policy, spec.queue, job_id, now) is not None
+    level = las_level(world.state, world.policy, spec.queue, job_id, now)
 
     def why(victim: Running) -> str:
         if victim.queue != spec.queue:
             return BORROW_WITHIN_COHORT if borrowing else RECLAIM
-        if victim.priority < priority:
+        if victim.priority < priority or level is None or world.state.attained.of(victim.job_id, now) <= level:
             return WITHIN_QUEUE_PRIORITY
-        return LEAST_ATTAINED_SERVICE if served_least else WITHIN_QUEUE_PRIORITY
+        return LEAST_ATTAINED_SERVICE
 
     reasons = [why(victim) for victim in victims]
     # The decision's code: the first of reclaim, borrowing, priority, least attained service one victim has.
