@@ -96,8 +96,8 @@ def test_a_reservation_past_the_flavor_its_job_waits_at_breaks_queue_policy(when
                                                                             broken: bool) -> None:
     # p's A100 quota is lent to d: with when_can_preempt preempt, p1 waits there for a reclaim, not on H100.
     log = Log().nodes(node("a", gpus=2, model="A100"), node("h", gpus=2, model="H100"))
-    log.queues(QueueSpec(name="p", team="p", cohort="x", when_can_preempt=when_can_preempt,
-                         flavors=(FlavorQuota(model="A100", nominal_gpus=2), FlavorQuota(model="H100", nominal_gpus=2))),
+    two = (FlavorQuota(model="A100", nominal_gpus=2), FlavorQuota(model="H100", nominal_gpus=2))
+    log.queues(QueueSpec(name="p", team="p", cohort="x", when_can_preempt=when_can_preempt, flavors=two),
                QueueSpec(name="d", team="d", cohort="x", flavors=(FlavorQuota(model="A100", nominal_gpus=0),)))
     log.reserved("d1", spec("d", gpus=2), flavor="A100").placed("d1", on("a", 0, 1))
     log.reserved("p1", spec("p", gpus=2), flavor="H100")
