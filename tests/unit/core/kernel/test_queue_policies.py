@@ -51,6 +51,6 @@ def test_flavors_are_tried_in_turn_by_fungibility(fields: dict[str, Any], order:
     queue = QueueSpec(name="q", team="q", **fields)
     assert flavors_in_turn(queue, ("A", "B", "C"), 2000, LEFT.__getitem__) == order
     # B first: with preempt, B (borrowing) stays before the cut at A; with try-next-flavor, after A.
-    both = {"when_can_borrow": "try-next-flavor", "when_can_preempt": "preempt"}
+    both: dict[str, Any] = {"when_can_borrow": "try-next-flavor", "when_can_preempt": "preempt"}
     assert flavors_in_turn(QueueSpec(name="q", team="q", **both), ("B", "A", "C"), 2000, LEFT.__getitem__) == (
         "A", "B")
