@@ -18,7 +18,8 @@ from contracts import (
 )
 from libs.core.kernel.attained_service import threshold_milli_s
 from libs.core.kernel.decider import Decisions
-from libs.core.kernel.queue_policies import evicts_equal_priority, preempts_while_borrowing
+from libs.core.kernel.policy import demand_milli
+from libs.core.kernel.queue_policies import evicts_equal_priority, flavors_in_turn, fungible, preempts_while_borrowing
 from libs.core.kernel.quota_math import ANY
 from libs.core.preemption.candidates import candidates, las_level
 from libs.core.preemption.holds import free_flavors
@@ -122,6 +123,10 @@ def _victims_for_quota(world: World, job_id: str, spec: JobSpec, grace_over: boo
     # The flavors quota would reserve it in (one rule for both deciders), less those a job of higher priority
     # of its queue waits for: quota freed there goes to that one first, so evicting for it would serve the other.
     flavors = list(free_flavors(world, job_id))
+    queue, book, demand = world.policy.queues.get(spec.queue), world.policy.quotas, demand_milli(spec)
+    if fungible(queue):  # in the order its queue's flavor fungibility tries them, none past where it waits
+        flavors = list(flavors_in_turn(queue, flavors, demand, lambda f: (book.nominal_left(spec.queue, f),
+                                                                          book.room(spec.queue, f))))
     if not flavors:
         return [], False
     with _simulation(world, spec, job_id, now) as sim:

@@ -121,6 +121,9 @@ def borrowing_victims(sim: Simulation, flavors: list[str], preemptor_id: str, ow
     spec = sim.policy.queues.get(sim.spec.queue)
     priority = sim.policy.priority_of(sim.spec)
     for flavor in flavors:
+        mine = [run for run in own if run.flavor == flavor]
+        if sim.within_nominal(flavor, freed=sum(run.demand for run in mine)):
+            continue  # it need not borrow here: a reclaim (after its grace) or its own queue makes its room
         others = [run for run in borrowers(sim, sim.spec, flavor, preemptor_id)
                   if run.preemptible and borrowing_preemption_allows(spec, priority, run.priority)]
         if not others:
@@ -132,8 +135,7 @@ def borrowing_victims(sim: Simulation, flavors: list[str], preemptor_id: str, ow
         def placed(flavor: str = flavor) -> bool:
             return sim.fits(flavor)
 
-        candidates = sorted([*others, *(run for run in own if run.flavor == flavor)],
-                            key=lambda run: victim_order(run, sim.now))
+        candidates = sorted([*others, *mine], key=lambda run: victim_order(run, sim.now))
         victims = sim.choose(candidates, admitted, sim.gives_back_only_borrowed, placed)
         if victims:
             return victims
