@@ -53,6 +53,7 @@ from contracts.events import (
     subject_for_type,
 )
 from contracts.model import (
+    BORROW_WITHIN_COHORT,
     LEAST_ATTAINED_SERVICE,
     RECLAIM,
     WITHIN_QUEUE_PRIORITY,
@@ -71,6 +72,7 @@ from contracts.model import (
 
 __all__ = [
     "ALL_EVENT_TYPES",
+    "BORROW_WITHIN_COHORT",
     "COMMAND_TYPES",
     "LEAST_ATTAINED_SERVICE",
     "RECLAIM",

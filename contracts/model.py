@@ -166,6 +166,24 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, f
     # (over all its runs) waits behind the queue's jobs of its priority that have held less, and may be
     # preempted for them (through the checkpoint handshake). None: by priority and arrival only.
     las_threshold_gpu_hours: float | None = None
+    # Preemption and flavor policies, as Kueue's ClusterQueue names them (libs/core/kernel/queue_policies.py):
+    # whom a reclaim of this queue's lent quota may evict in other queues of its cohort (Kueue
+    # preemption.reclaimWithinCohort): "any" (Any), "lower-priority" (LowerPriority) or "never" (Never).
+    reclaim_within_cohort: str = "any"
+    # Whom a job may preempt in its own queue (preemption.withinClusterQueue): "lower-priority"
+    # (LowerPriority), "lower-or-newer-equal-priority" (LowerOrNewerEqualPriority) or "never" (Never).
+    within_queue_preemption: str = "lower-priority"
+    # May a job that must borrow to fit evict jobs of other queues of its cohort (preemption.borrowWithinCohort
+    # policy): "never" (Never) or "lower-priority" (LowerPriority: jobs of lower priority, at most
+    # borrow_within_cohort_max_priority when set: maxPriorityThreshold).
+    borrow_within_cohort: str = "never"
+    borrow_within_cohort_max_priority: int | None = None
+    # Flavor fungibility (flavorFungibility): where the first flavor with room would need borrowing, "borrow"
+    # (Borrow) takes it, "try-next-flavor" (TryNextFlavor) takes a later flavor that needs none first; where
+    # the queue's nominal quota of a flavor would hold the job once a reclaim takes its lent quota back,
+    # "try-next-flavor" (TryNextFlavor) reserves a later flavor with room, "preempt" (Preempt) waits for it.
+    when_can_borrow: str = "borrow"
+    when_can_preempt: str = "try-next-flavor"
 
 
 class SchedulingSettings(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -218,11 +236,15 @@ class ReplicaPlacement(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
 
 
 # A Victim's reason: its queue gives back quota it borrows (a reclaim), it makes way for a job of higher
-# priority of its own queue, or (a queue of least attained service) for a job of its priority that has held
-# less GPU time than the queue's threshold, where it has held more.
+# priority of its own queue (or, where the queue allows it, of its priority submitted before it), or (a queue
+# of least attained service) for a job of its priority that has held less GPU time than the queue's
+# threshold, where it has held more.
 RECLAIM = "reclaim"
 WITHIN_QUEUE_PRIORITY = "within_queue_priority"
 LEAST_ATTAINED_SERVICE = "least_attained_service"
+# A job that must borrow to fit takes a borrower of another queue of its cohort, of lower priority (its queue's
+# borrow_within_cohort: Kueue's preemption.borrowWithinCohort).
+BORROW_WITHIN_COHORT = "borrow_within_cohort"
 
 
 class Victim(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

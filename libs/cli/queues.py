@@ -10,17 +10,21 @@ from typing import Any
 from libs.cli.client import ApiError, Client
 from libs.cli.output import add_json_flag, add_table_flags, print_json, wide
 from libs.cli.tables import Column, print_table
+from libs.core.kernel.queue_policies import CHOICES as POLICY_CHOICES
 
 QUEUE_FLAGS = {  # flag -> QueueSpec field
     "team": "team", "parent": "parent", "cohort": "cohort", "nominal": "nominal_gpus",
     "borrowing_limit": "borrowing_limit_gpus", "lending_limit": "lending_limit_gpus", "weight": "weight",
     "placement_policy": "placement_policy", "budget_gpu_hours": "budget_gpu_hours", "budget_period": "budget_period",
     "over_budget": "over_budget", "user_max_gpus": "user_max_gpus", "reclaim_after": "reclaim_after_s",
-    "las_threshold_gpu_hours": "las_threshold_gpu_hours",
+    "las_threshold_gpu_hours": "las_threshold_gpu_hours", "reclaim_within_cohort": "reclaim_within_cohort",
+    "within_queue_preemption": "within_queue_preemption", "borrow_within_cohort": "borrow_within_cohort",
+    "borrow_within_cohort_max_priority": "borrow_within_cohort_max_priority", "when_can_borrow": "when_can_borrow",
+    "when_can_preempt": "when_can_preempt",
 }
 # The flags whose value may be "none" (the field unset: no limit); elsewhere "none" is just a string.
 NULLABLE_FLAGS = frozenset({"nominal", "borrowing_limit", "lending_limit", "user_max_gpus", "budget_gpu_hours",
-                            "las_threshold_gpu_hours"})
+                            "las_threshold_gpu_hours", "borrow_within_cohort_max_priority"})
 SHORTHAND_FLAGS = ("nominal", "borrowing_limit", "lending_limit")  # the single any-model flavor's fields
 
 
@@ -176,5 +180,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--las-threshold-gpu-hours", type=_float_or_none,
                    help="least attained service: a job past this many GPU-hours waits behind, and may be preempted "
                         "for, the queue's jobs of its priority below it ('none': off)")
+    # Kueue's ClusterQueue preemption and flavorFungibility, by gpusched's names (libs/core/kernel/queue_policies.py).
+    for name, choices in POLICY_CHOICES.items():
+        p.add_argument(f"--{name.replace('_', '-')}", choices=choices, help=f"default {choices[0]}")
+    p.add_argument("--borrow-within-cohort-max-priority", type=_int_or_none,
+                   help="the highest priority a borrowing preemptor may evict ('none': below its own)")
     add_json_flag(p)  # after the queue's name; `gpusched queue --json set ...` works too (see libs/cli/output.py)
     p.set_defaults(func=cmd_queue_set)

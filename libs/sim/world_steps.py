@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from contracts import FlavorQuota, PriorityClass, QueueSpec, SchedulingSettings
+from libs.core.kernel.queue_policies import CHOICES as POLICY_CHOICES
 from libs.sim.executor import SIM_EXIT_CODES
 from libs.sim.scenario_model import Ended, Report, Settings, Step
 
@@ -27,7 +28,7 @@ GAPS = (0.0, 0.0, 1.0, 5.0, 15.0, 40.0, 120.0)
 LABELS: tuple[dict[str, str], ...] = ({}, {"rack": "r1", "block": "b1"}, {"rack": "r2", "block": "b1"})
 QUEUE_CHANGES = ("raise", "lower", "flavors", "limits", "budget", "user", "evictions", "reclaim")
 # Queue changes the stateful test draws besides QUEUE_CHANGES (the frozen sequences draw only those).
-MORE_QUEUE_CHANGES = ("las",)
+MORE_QUEUE_CHANGES = ("las", "policies")
 NODE_CHANGES = ("same", "fewer", "mig", "model", "new")
 REPORT_KINDS = ("finish", "fail", "fail_retryable", "evict")
 # Changes of a priority class while jobs of it run or wait, of the scheduling settings, and of where a queue
@@ -97,6 +98,8 @@ def changed_queue(queue: QueueSpec, change: str, model: str) -> QueueSpec:
             return replace(queue, eviction_budget_gpus=1, eviction_window_s=60.0)
         case "las":  # least attained service: a job past 36 GPU-seconds waits behind its peers below
             return replace(queue, las_threshold_gpu_hours=None if queue.las_threshold_gpu_hours else 0.01)
+        case "policies":  # each preemption and flavor setting to its next value (kernel/queue_policies.py)
+            return next_policies(queue)
     return replace(queue, reclaim_after_s=5.0)
 
 
@@ -149,3 +152,14 @@ def report_step(how: str, job: str, run: int | None = None) -> Step:
         case "fail" | "fail_retryable":
             return Step(fail=Ended(job=job, run=run, exit_code=1 if how == "fail" else 137))
     return Step(evict=Ended(job=job, run=run, reason="node_pressure"))
+
+
+def next_policies(queue: QueueSpec) -> QueueSpec:
+    """The queue with each of its preemption and flavor settings turned to its next value (the borrowing
+    preemptor's threshold set with borrow_within_cohort lower-priority, at a class value between batch's and
+    urgent's)."""
+    fields: dict[str, Any] = {}
+    for name, choices in POLICY_CHOICES.items():
+        fields[name] = choices[(choices.index(getattr(queue, name)) + 1) % len(choices)]
+    fields["borrow_within_cohort_max_priority"] = 500 if fields["borrow_within_cohort"] == "lower-priority" else None
+    return msgspec.structs.replace(queue, **fields)

@@ -15,6 +15,7 @@ from libs.audit.guarantees.world import PLACEMENT, QUOTA, JobState, World
 from libs.core.cluster.job_fit import fits
 from libs.core.kernel.nomination import NOMINATION_TTL_S
 from libs.core.kernel.policy import demand_milli
+from libs.core.kernel.queue_policies import flavors_in_turn
 from libs.core.kernel.quota_figures import over_budget_room
 from libs.core.kernel.quota_math import ANY
 from libs.core.kernel.starvation import longest_waiting
@@ -52,6 +53,9 @@ def quota_flavors_with_room(world: World, spec: JobSpec) -> list[str]:
     # Of a model no present node could hold the job on, while another could, quota gives no flavor (the
     # decider's own narrowing, quota_fit.flavors_of): room there is no room the job could use.
     flavors = usable_flavors(book, world.quota.fleet, spec, demand)
+    if not over:  # by the queue's flavor fungibility: past a flavor it waits at for a reclaim, no room is its
+        flavors = flavors_in_turn(world.quota.policy.queues.get(spec.queue), flavors, demand,
+                                  lambda f: (book.nominal_left(spec.queue, f), book.room(spec.queue, f)))
     return [f for f in flavors
             if (over_budget_room(book, spec.queue, f) if over else book.room(spec.queue, f) if borrows
                 else book.room_within_nominal(spec.queue, f)) >= demand]

@@ -14,6 +14,7 @@ one waiting for a place only while a node present could hold the lender's first 
 from __future__ import annotations
 
 from libs.audit.guarantees.holds import first_waiting, fits_now, holdable
+from libs.audit.guarantees.queue_policies import reclaim_allowed
 from libs.audit.guarantees.world import PLACEMENT, RUNNING, JobState, World
 from libs.core.kernel.policy import demand_milli
 
@@ -31,6 +32,10 @@ def reclaimable(world: World, queue: str, flavor: str) -> bool:
         # queue's parent's quota, held by queues within their own nominal, is what leaves it no room (no reclaim
         # could serve it: a child's nominal is guaranteed only as far as its parent's quota reaches).
         return first is None or world.quota.book.parent_room(queue, flavor) >= world.quota.jobs[first].demand
+    # Borrowers its queue's reclaim_within_cohort keeps a reclaim from taking owe it nothing.
+    running = reclaim_allowed(world, queue, first, running)
+    if not running:
+        return False
     if any(not world.quota.policy.preemptible(job.spec) for _, job in running):
         return True
     if first is None:

@@ -24,6 +24,7 @@ from contracts import (
 )
 from libs.audit.guarantees.capacity import Capacity
 from libs.audit.guarantees.gangs import gang_violations
+from libs.audit.guarantees.queue_policies import QueuePolicies
 from libs.audit.guarantees.quota_limits import QuotaLimits
 from libs.audit.guarantees.violation import Violation
 from libs.core.kernel.runs import CurrentRuns
@@ -35,9 +36,11 @@ EXECUTOR_REPORTS = (JobStarted, JobReady, JobCheckpointed, JobFinished, JobFaile
 def check_safety(events: Sequence[tuple[int, EventBase]]) -> list[Violation]:
     """Every moment the log broke a safety guarantee, in log order: capacity (GPU share, GPU memory, MIG
     slices, host CPU, memory and RDMA NICs), double placement, gangs, quota ceilings, lending limits, parent
-    quotas and the nominal quota a reclaim must leave its victims' queues."""
+    quotas, the nominal quota a reclaim must leave its victims' queues, and the queues' preemption and flavor
+    settings."""
     capacity = Capacity()
     quota = QuotaLimits()
+    policies = QueuePolicies()
     specs: dict[str, JobSpec] = {}
     # An executor's report about a run that is over (a late finish racing an eviction, a slow agent's) does not
     # release the job's current run: the core's own rule (libs/core/kernel/runs.py).
@@ -55,6 +58,7 @@ def check_safety(events: Sequence[tuple[int, EventBase]]) -> list[Violation]:
         if runs.is_stale(event):
             continue
         runs.fold(event)
+        policies.fold(event)
         match event:
             case JobPlaced():
                 spec = specs.get(event.job_id)
@@ -64,11 +68,14 @@ def check_safety(events: Sequence[tuple[int, EventBase]]) -> list[Violation]:
             case JobFinished() | JobFailed() | JobEvicted():
                 capacity.release(event.job_id)
             case QuotaReserved():
+                quota.bind_policy(event.trigger_seq or seq)  # (judged on the book before the reservation)
+                out.extend(policies.reserved(seq, event, specs.get(event.job_id), quota.book))
                 out.extend(quota.reserved(seq, event, specs.get(event.job_id)))
             case QuotaReleased():
                 quota.released(event)
             case PreemptionDecided():
                 out.extend(quota.preemption(seq, event, specs))
+                out.extend(policies.preemption(seq, event, specs.get(event.preemptor_id), quota.book))
             case JobSubmitted():
                 specs[event.job_id] = event.spec
             case SubmitJob():

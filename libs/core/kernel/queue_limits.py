@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contracts import FlavorQuota, QueueSpec
+from libs.core.kernel.queue_policies import policy_problem
 
 ANY = "*"  # the flavor of any GPU model
 UNLIMITED = 1 << 60
@@ -82,6 +83,8 @@ def check_tree(queues: dict[str, QueueSpec], candidate: QueueSpec) -> str | None
         return "eviction_window_s must be > 0"
     if candidate.las_threshold_gpu_hours is not None and candidate.las_threshold_gpu_hours <= 0:
         return "las_threshold_gpu_hours must be > 0"
+    if (problem := policy_problem(candidate)) is not None:
+        return problem
     parent = candidate.parent
     seen = {candidate.name}
     while parent:

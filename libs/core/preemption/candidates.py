@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from contracts import JobSpec
 from libs.core.kernel.attained_service import threshold_milli_s
-from libs.core.kernel.policy import PolicyBook
+from libs.core.kernel.policy import PolicyBook, demand_milli
+from libs.core.kernel.queue_policies import evicts_equal_priority, within_queue_allows
 from libs.core.preemption.ordering import victim_order
 from libs.core.preemption.state import OVERRUN_S, PreemptionState, Running
 
@@ -53,14 +54,27 @@ def las_level(state: PreemptionState, policy: PolicyBook, queue: str, job_id: st
 
 def candidates(state: PreemptionState, policy: PolicyBook, preemptor: JobSpec, preemptor_id: str, now: float
                ) -> list[Running]:
-    """Jobs of the preemptor's queue with a lower priority, in victim order; in a queue of least attained
-    service (kernel/attained_service.py), also those of its priority above the threshold while it is not."""
+    """Jobs of the preemptor's queue its queue's within_queue_preemption lets it evict (lower priority; newer of
+    its priority too, kernel/queue_policies.py), in victim order; in a queue of least attained service
+    (kernel/attained_service.py), also those of its priority above the threshold while it is not."""
     priority = policy.priority_of(preemptor)
     level = las_level(state, policy, preemptor.queue, preemptor_id, now)
     attained = state.attained
+    spec = policy.queues.get(preemptor.queue)
+    # (Only asked where newer jobs of its priority may go: the preemptor's arrival and nominal fit.)
+    arrived = state.submitted.get(preemptor_id, now) if evicts_equal_priority(spec) else now
+    within_nominal = evicts_equal_priority(spec) and fits_a_nominal(policy, preemptor)
     found = [run for run in state.by_queue.get(preemptor.queue, {}).values()
-             if (run.priority < priority
+             if (within_queue_allows(spec, priority, run.priority, state.submitted.get(run.job_id, now) > arrived,
+                                     within_nominal)
                  or (level is not None and run.priority == priority and attained.of(run.job_id, now) > level))
              and run.job_id != preemptor_id and eligible(state, policy, run, now, preemptor_id)]
     found.sort(key=lambda run: victim_order(run, now))
     return found
+
+
+def fits_a_nominal(policy: PolicyBook, spec: JobSpec) -> bool:
+    """Is the job no larger than its queue's nominal quota of some flavor (a queue without quota: always)?"""
+    limits = policy.quotas.limits.get(spec.queue)
+    demand = demand_milli(spec)
+    return not limits or any(demand <= lim.nominal for lim in limits.values())

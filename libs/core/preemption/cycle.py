@@ -7,13 +7,23 @@ of lent quota in reclaim.py, the choice of the victim set in victim_sets.py, the
 
 from __future__ import annotations
 
-from contracts import LEAST_ATTAINED_SERVICE, RECLAIM, WITHIN_QUEUE_PRIORITY, JobSpec, PreemptionDecided, Victim
+from contracts import (
+    BORROW_WITHIN_COHORT,
+    LEAST_ATTAINED_SERVICE,
+    RECLAIM,
+    WITHIN_QUEUE_PRIORITY,
+    JobSpec,
+    PreemptionDecided,
+    Victim,
+)
 from libs.core.kernel.attained_service import threshold_milli_s
 from libs.core.kernel.decider import Decisions
+from libs.core.kernel.policy import demand_milli
+from libs.core.kernel.queue_policies import evicts_equal_priority, flavors_in_turn, fungible, preempts_while_borrowing
 from libs.core.kernel.quota_math import ANY
-from libs.core.preemption.candidates import candidates
+from libs.core.preemption.candidates import candidates, las_level
 from libs.core.preemption.holds import free_flavors
-from libs.core.preemption.reclaim import placement_victims, reclaim_victims
+from libs.core.preemption.reclaim import borrowing_victims, placement_victims, reclaim_victims
 from libs.core.preemption.shortcuts import AlikeJobs
 from libs.core.preemption.simulation import Simulation, smallest_waiting
 from libs.core.preemption.state import PLACEMENT, Running, World
@@ -53,14 +63,15 @@ def consider(world: World, job_id: str, now: float, out: Decisions) -> bool:
     queue = world.policy.queues.get(spec.queue)
     grace_over = now >= waiting.since + (queue.reclaim_after_s if queue is not None else 0.0)
     # 2. The victims: for a job holding its quota, room on the GPUs; for a job waiting for quota, quota (and room).
+    borrowing = False  # the victims of other queues are a reclaim's, not a borrowing preemptor's
     if waiting.code == PLACEMENT:
         victims = _victims_for_placement(world, job_id, spec, grace_over, now)
     else:
-        victims = _victims_for_quota(world, job_id, spec, grace_over, now)
+        victims, borrowing = _victims_for_quota(world, job_id, spec, grace_over, now)
     # 3. Decide their eviction.
     if not victims:
         return False
-    _decide(world, job_id, spec, victims, now, out)
+    _decide(world, job_id, spec, victims, borrowing, now, out)
     return True
 
 
@@ -77,6 +88,8 @@ def may_evict_for(world: World, job_id: str) -> bool:
     running, priority = state.running_priorities.get(spec.queue), policy.priority_of(spec)
     if running is not None and min(running, default=priority) < priority:
         return True
+    if running and evicts_equal_priority(policy.queues.get(spec.queue)) and priority in running:
+        return True  # newer jobs of its own priority may be candidates
     if running and threshold_milli_s(policy.queues.get(spec.queue)) is not None:
         return True  # least attained service: jobs of its own priority may be candidates
     return bool(policy.quotas.cohort.get(spec.queue, ""))
@@ -102,14 +115,20 @@ def _victims_for_placement(world: World, job_id: str, spec: JobSpec, grace_over:
     return victims
 
 
-def _victims_for_quota(world: World, job_id: str, spec: JobSpec, grace_over: bool, now: float) -> list[Running]:
+def _victims_for_quota(world: World, job_id: str, spec: JobSpec, grace_over: bool, now: float
+                       ) -> tuple[list[Running], bool]:
     """A job waiting for quota: first (its grace over) a reclaim of the quota its queue lent, else jobs of its
-    queue of lower priority, so that quota admits it and placement places it."""
+    queue it may evict, else (its queue's borrow_within_cohort allowing) borrowers of its cohort so that it
+    borrows, so that quota admits it and placement places it. True with victims of that last kind."""
     # The flavors quota would reserve it in (one rule for both deciders), less those a job of higher priority
     # of its queue waits for: quota freed there goes to that one first, so evicting for it would serve the other.
     flavors = list(free_flavors(world, job_id))
+    queue, book, demand = world.policy.queues.get(spec.queue), world.policy.quotas, demand_milli(spec)
+    if fungible(queue):  # in the order its queue's flavor fungibility tries them, none past where it waits
+        flavors = list(flavors_in_turn(queue, flavors, demand, lambda f: (book.nominal_left(spec.queue, f),
+                                                                          book.room(spec.queue, f))))
     if not flavors:
-        return []
+        return [], False
     with _simulation(world, spec, job_id, now) as sim:
         victims = reclaim_victims(sim, flavors, job_id) if grace_over else []
         found = [] if victims else candidates(world.state, world.policy, spec, job_id, now)
@@ -120,7 +139,9 @@ def _victims_for_quota(world: World, job_id: str, spec: JobSpec, grace_over: boo
                 return flavor is not None and sim.fits(flavor)
 
             victims = sim.choose(found, admitted_and_placed, placed=lambda: any(sim.fits(f) for f in flavors))
-    return victims
+        if not victims and preempts_while_borrowing(world.policy.queues.get(spec.queue)):
+            return borrowing_victims(sim, flavors, job_id, found), True
+    return victims, False
 
 
 def _giving_back(world: World, job_id: str, now: float) -> bool:
@@ -170,17 +191,25 @@ def _simulation(world: World, spec: JobSpec, job_id: str, now: float) -> Simulat
     return Simulation(state, world.policy, world.cluster, spec, leaving, now, job_id, world.models)
 
 
-def _decide(world: World, job_id: str, spec: JobSpec, victims: list[Running], now: float, out: Decisions) -> None:
+def _decide(world: World, job_id: str, spec: JobSpec, victims: list[Running], borrowing: bool, now: float,
+            out: Decisions) -> None:
     priority = world.policy.priority_of(spec)
+    # Victims of another queue: a reclaim of lent quota, unless the preemptor must borrow to fit (borrowing
+    # within its cohort, kernel/queue_policies.py); of its own priority in its queue: least attained service
+    # where that rule lets it evict them, else newer jobs of its priority.
+    level = las_level(world.state, world.policy, spec.queue, job_id, now)
 
     def why(victim: Running) -> str:
         if victim.queue != spec.queue:
-            return RECLAIM
-        return WITHIN_QUEUE_PRIORITY if victim.priority < priority else LEAST_ATTAINED_SERVICE
+            return BORROW_WITHIN_COHORT if borrowing else RECLAIM
+        if victim.priority < priority or level is None or world.state.attained.of(victim.job_id, now) <= level:
+            return WITHIN_QUEUE_PRIORITY
+        return LEAST_ATTAINED_SERVICE
 
     reasons = [why(victim) for victim in victims]
-    # The decision's code: the first of reclaim, priority, least attained service that one victim has.
-    code = next(c for c in (RECLAIM, WITHIN_QUEUE_PRIORITY, LEAST_ATTAINED_SERVICE) if c in reasons)
+    # The decision's code: the first of reclaim, borrowing, priority, least attained service one victim has.
+    code = next(c for c in (RECLAIM, BORROW_WITHIN_COHORT, WITHIN_QUEUE_PRIORITY, LEAST_ATTAINED_SERVICE)
+                if c in reasons)
     out.emit(PreemptionDecided, correlation_id=job_id, preemptor_id=job_id, code=code,
              victims=tuple(Victim(job_id=victim.job_id, queue=victim.queue, priority=victim.priority,
                                   gpu_milli=victim.demand, reason=reason,

@@ -94,6 +94,7 @@ def fold_job_placed(world: World, event: JobPlaced) -> None:
 
 def fold_job_submitted(world: World, event: JobSubmitted) -> None:
     state = world.state
+    state.submitted.setdefault(event.job_id, event.ts)
     if event.job_id in state.waiting:  # its spec changes under the indexes
         grace = event.job_id in state.grace_of
         state.unindex(event.job_id)
@@ -253,6 +254,7 @@ def _gone(world: World, job_id: str, final: bool) -> None:
     if final:
         state.attained.forget(job_id)
         state.specs.pop(job_id, None)
+        state.submitted.pop(job_id, None)
         state.in_flight.pop(job_id, None)
         state.cancelled.pop(job_id, None)
         state.preempted_by.pop(job_id, None)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from contracts import JobSpec
+from libs.core.kernel.queue_policies import ANY_PRIORITY, borrowing_preemption_allows, reclaim_allows
 from libs.core.preemption import shortcuts
 from libs.core.preemption.candidates import candidates, eligible
 from libs.core.preemption.ordering import victim_order
@@ -67,6 +68,7 @@ def placement_victims(sim: Simulation, held: tuple[str, str, int, bool], preempt
     others = [run for q in book.holders_of_lent(queue) for run in state.by_queue.get(q, {}).values()
               if (run.over_budget or book.borrowed(q, run.flavor) > 0)
               and eligible(state, sim.policy, run, now, preemptor_id, reclaim=True)]
+    others = reclaim_allowed(sim, others)
     if not others:
         return []
     peers = book.members.get(cohort, ())
@@ -115,7 +117,7 @@ def _within_nominal(sim: Simulation, flavor: str, preemptor_id: str) -> list[Run
     own = [run for run in candidates(sim.state, sim.policy, spec, preemptor_id, now) if run.flavor == flavor]
     if not shortcuts.could_fit_nominal(sim, flavor, own):
         return []
-    others = borrowers(sim, spec, flavor, preemptor_id)
+    others = reclaim_allowed(sim, borrowers(sim, spec, flavor, preemptor_id))
     if not others:
         return []
 
@@ -132,8 +134,47 @@ def _within_branch(sim: Simulation, flavor: str, preemptor_id: str) -> list[Runn
     if branch is None:
         return []
     inside = set(sim.book.subtree_of(branch))
-    others = [run for run in borrowers(sim, spec, flavor, preemptor_id) if run.queue not in inside]
+    others = [run for run in reclaim_allowed(sim, borrowers(sim, spec, flavor, preemptor_id))
+              if run.queue not in inside]
     if not others:
         return []
     return sim.choose(others, lambda: sim.admits(flavor) and sim.fits(flavor), gives_back_borrowed(sim, spec.queue),
                       lambda: sim.fits(flavor), reclaim=True)
+
+
+def reclaim_allowed(sim: Simulation, runs: list[Running]) -> list[Running]:
+    """The borrowers the preemptor's queue's reclaim_within_cohort lets a reclaim take (kernel/queue_policies.py)."""
+    spec = sim.policy.queues.get(sim.spec.queue)
+    if spec is None or spec.reclaim_within_cohort == ANY_PRIORITY:
+        return runs
+    priority = sim.policy.priority_of(sim.spec)
+    return [run for run in runs if reclaim_allows(spec, priority, run.priority)]
+
+
+def borrowing_victims(sim: Simulation, flavors: list[str], preemptor_id: str, own: list[Running]) -> list[Running]:
+    """For a job that must borrow to fit, in a queue whose borrow_within_cohort allows it: the victims of the
+    first flavor (in the order quota tries them) where evicting borrowers of the cohort's other queues that the
+    setting lets it take (of lower priority, at most its threshold, preemptible), with its own queue's
+    candidates `own`, lets quota admit it and placement place it; only as far as those queues borrow."""
+    spec = sim.policy.queues.get(sim.spec.queue)
+    priority = sim.policy.priority_of(sim.spec)
+    for flavor in flavors:
+        mine = [run for run in own if run.flavor == flavor]
+        if sim.within_nominal(flavor, freed=sum(run.demand for run in mine)):
+            continue  # it need not borrow here: a reclaim (after its grace) or its own queue makes its room
+        others = [run for run in borrowers(sim, sim.spec, flavor, preemptor_id)
+                  if run.preemptible and borrowing_preemption_allows(spec, priority, run.priority)]
+        if not others:
+            continue
+
+        def admitted(flavor: str = flavor) -> bool:
+            return sim.quota_flavor(flavors) == flavor and sim.fits(flavor)
+
+        def placed(flavor: str = flavor) -> bool:
+            return sim.fits(flavor)
+
+        candidates = sorted([*others, *mine], key=lambda run: victim_order(run, sim.now))
+        victims = sim.choose(candidates, admitted, sim.gives_back_only_borrowed, placed)
+        if victims:
+            return victims
+    return []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from libs.core.cluster.job_fit import placement_shape
 from libs.core.kernel.policy import PolicyBook
+from libs.core.kernel.queue_policies import evicts_equal_priority
 from libs.core.preemption.candidates import las_level
 from libs.core.preemption.simulation import Simulation
 from libs.core.preemption.state import PLACEMENT, PreemptionState, Running
@@ -16,7 +17,8 @@ AlikeKey = tuple[object, ...]
 def alike_key(state: PreemptionState, policy: PolicyBook, job_id: str, now: float, preemptors: set[str]
               ) -> AlikeKey | None:
     """What the cycle reads of a job waiting for quota besides its id: its queue, class, request (as
-    placement sees it), whether its reclaim grace is over and whether it is below its queue's LAS threshold.
+    placement sees it), whether its reclaim grace is over, whether it is below its queue's LAS threshold, and
+    (in a queue whose jobs may evict newer jobs of their priority) when it was submitted.
     None for one whose id matters too: a preemptor or a victim of earlier evictions (never each other's
     victims again), one waiting for placement (its own reservation and timeout), one not waiting."""
     spec, waiting = state.specs.get(job_id), state.waiting.get(job_id)
@@ -26,7 +28,9 @@ def alike_key(state: PreemptionState, policy: PolicyBook, job_id: str, now: floa
     queue = policy.queues.get(spec.queue)
     grace_over = now >= waiting.since + (queue.reclaim_after_s if queue is not None else 0.0)
     below_las = las_level(state, policy, spec.queue, job_id, now) is None
-    return (spec.queue, placement_shape(spec, ""), grace_over, below_las)
+    # Where newer jobs of its priority may go, which they are depends on when it was submitted.
+    arrived = state.submitted.get(job_id) if evicts_equal_priority(queue) else None
+    return (spec.queue, placement_shape(spec, ""), grace_over, below_las, arrived)
 
 
 class AlikeJobs:

@@ -23,6 +23,7 @@ from libs.core.cluster.job_fit import Shortfall, fits, place_gang
 from libs.core.cluster.model import Cluster
 from libs.core.kernel.flavors import flavor_matches
 from libs.core.kernel.policy import PolicyBook, demand_milli
+from libs.core.kernel.queue_policies import flavors_in_turn, fungible
 from libs.core.kernel.quota_math import ANY
 from libs.core.kernel.usable_flavors import ModelCounts, usable_flavors
 from libs.core.preemption.candidates import budget_left
@@ -199,8 +200,13 @@ class Simulation:
                        for q in book.members[cohort])
 
     def quota_flavor(self, flavors: list[str]) -> str | None:
-        """The flavor quota would reserve the preemptor in now: the first of its queue's order it admits it in
-        (placement then runs it on that flavor's GPUs alone); None: quota would refuse it."""
+        """The flavor quota would reserve the preemptor in now: the first it admits it in, in the order its
+        queue's flavor fungibility tries them (kernel/queue_policies.py; placement then runs it on that flavor's
+        GPUs alone); None: quota would refuse it."""
+        spec, book, queue = self.policy.queues.get(self.spec.queue), self.book, self.spec.queue
+        if fungible(spec):
+            flavors = list(flavors_in_turn(spec, flavors, self.demand,
+                                           lambda f: (book.nominal_left(queue, f), book.room(queue, f))))
         return next((f for f in flavors if self.admits(f)), None)
 
     def _smallest_waiting(self, flavor: str) -> dict[str, int]:

@@ -107,6 +107,8 @@ class PreemptionState:
     # GPU time each job held over its runs: a queue of least attained service evicts by it (kernel/attained_service.py)
     attained: AttainedService = field(default_factory=AttainedService)
     placed_count: int = 0  # placements folded so far: each run's placed_order
+    # job -> when it was submitted: a queue whose jobs may evict newer jobs of their priority asks it
+    submitted: dict[str, float] = field(default_factory=dict)
     changed: bool = False  # anything folded since the last tick's reconsideration?
 
     # --- waiting jobs ----------------------------------------------------------------------------

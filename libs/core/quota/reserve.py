@@ -11,6 +11,7 @@ from libs.core.kernel.decider import Decisions
 from libs.core.kernel.flavors import flavor_name
 from libs.core.kernel.nomination import NOMINATION_TTL_S
 from libs.core.kernel.policy import runtime_bound
+from libs.core.kernel.queue_policies import flavors_in_turn, fungible, waits_to_preempt
 from libs.core.kernel.quota_figures import borrowed_milli, over_budget_room
 from libs.core.kernel.quota_math import ANY, UNLIMITED
 from libs.core.kernel.wait_reasons import (
@@ -43,7 +44,7 @@ def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) 
         spent = over_budget(state, job.queue, cycle)
     if (spent and waits_for_budget(state, job, spent, out)) or never_fits(state, job, out):
         return False
-    flavors = flavors_to_try(state, job, cycle)
+    flavors = flavors_to_try(state, job, cycle, spent)
     held_for_starving_job = False
     held_by: QuotaJob | None = None  # the preemptor the quota it could take is held for
     borrows = job.borrows if job.borrows_version == state.policy_version else may_borrow(state, job)  # (kept)
@@ -117,10 +118,16 @@ def never_fits(state: QuotaState, job: QuotaJob, out: Decisions) -> bool:
     return True
 
 
-def flavors_to_try(state: QuotaState, job: QuotaJob, cycle: Cycle) -> tuple[str, ...]:
-    """The job's usable flavors in the order they are tried: placement could not place its last reservation of
-    the flavor it timed out in, so another with room is tried first."""
+def flavors_to_try(state: QuotaState, job: QuotaJob, cycle: Cycle, spent: bool) -> tuple[str, ...]:
+    """The job's usable flavors in the order they are tried: by its queue's flavor fungibility (judged on all
+    its flavors, those held for a job above included: kernel/queue_policies.py), and placement could not place
+    its last reservation of the flavor it timed out in, so another with room is tried first."""
     flavors = usable_flavors(state, job, cycle)
+    spec = state.policy.queues.get(job.queue)
+    if fungible(spec) and not spent and flavors is not ANY_FLAVOR:
+        in_turn = flavors_in_turn(spec, flavors_of(state, job), job.demand,
+                                  lambda flavor: quota_left(state, job.queue, flavor, cycle))
+        flavors = tuple(f for f in in_turn if f in flavors)
     if job.timed_out_flavor is not None and len(flavors) > 1 and job.timed_out_flavor in flavors:
         flavors = (*(f for f in flavors if f != job.timed_out_flavor), job.timed_out_flavor)
     return flavors
@@ -150,7 +157,9 @@ def tell_held_for_starving(state: QuotaState, job: QuotaJob, cycle: Cycle, out: 
 def not_reserved(state: QuotaState, job: QuotaJob, flavors: tuple[str, ...], borrows: bool, spent: bool,
                   cycle: Cycle, out: Decisions) -> None:
     """No flavor had room for the job: what the cycle learns from that, and what the job is told."""
-    if borrows:  # (one that may not borrow failing says nothing of those that may)
+    # (One that may not borrow failing says nothing of those that may; nor, where a job waits at a flavor whose
+    # lent quota a reclaim would give back, does one failing say anything of larger jobs: they may not wait there.)
+    if borrows and not waits_to_preempt(state.policy.queues.get(job.queue)):
         key = (job.queue, flavors_of(state, job))
         cycle.failed[key] = min(cycle.failed.get(key, UNLIMITED), job.demand)
     # A job no node present could hold, even with every running job gone, holds nobody: quota kept for it

@@ -7,7 +7,8 @@ valid and invalid MIG profiles, gangs, every topology required or preferred, spr
 any, requests that can never fit), a cancellation, a running job finishing, failing or evicted by its
 executor, a node lost or registered again (the same, fewer GPUs, MIG switched, another model), a cordon, a
 drain or an uncordon, a queue change (nominal raised, lowered below usage, flavors removed, limits, a
-budget that runs out mid-run, least attained service switched on or off), a queue moved to another cohort, out
+budget that runs out mid-run, least attained service switched on or off, its preemption and flavor settings
+turned; each queue starts with settings drawn too), a queue moved to another cohort, out
 of one or to another parent (the tree is flat, one cohort, or three levels: org, a middle queue, leaves), a
 priority class's value, minimum runtime or preemptibility changed while its jobs run, a scheduling setting
 turned, or only the clock. The safety guarantees are checked after every step; liveness once the clock has
@@ -36,6 +37,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from contracts import EventBase, FlavorQuota, QueueSpec
 from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES
 from libs.core.kernel.queue_limits import check_tree
+from libs.core.kernel.queue_policies import CHOICES as POLICY_CHOICES
+from libs.core.kernel.queue_policies import LOWER_PRIORITY
 from libs.sim import world_steps as steps
 from libs.sim.guarantee_check import ViolationLike, check_liveness, check_safety
 from libs.sim.pipeline import VirtualWorld
@@ -114,6 +117,16 @@ def quota_fields() -> st.SearchStrategy[dict[str, object]]:
     return st.one_of(any_model, any_model, per_model)
 
 
+def policy_fields() -> st.SearchStrategy[dict[str, object]]:
+    """A queue's preemption and flavor settings (libs/core/kernel/queue_policies.py), the defaults most often;
+    a borrowing preemptor's threshold only with borrow_within_cohort lower-priority."""
+    fields = {name: st.sampled_from([choices[0], choices[0], *choices[1:]]) for name, choices in POLICY_CHOICES.items()}
+    return st.fixed_dictionaries(fields).flatmap(lambda drawn: st.fixed_dictionaries({
+        **{name: st.just(value) for name, value in drawn.items()},
+        "borrow_within_cohort_max_priority": st.sampled_from([None, 300, 500])
+        if drawn["borrow_within_cohort"] == LOWER_PRIORITY else st.just(None)}))
+
+
 @st.composite
 def queues(draw: st.DrawFn) -> list[QueueSpec]:
     """The leaves a and b alone, in one cohort under org, or three levels deep: org, a middle queue m with
@@ -128,7 +141,7 @@ def queues(draw: st.DrawFn) -> list[QueueSpec]:
             parent = "m" if name == "a" else draw(st.sampled_from(["m", "org"]))
         leaf = QueueSpec(name=name, team=name, parent=parent,
                          reclaim_after_s=draw(st.sampled_from([0.0, 0.0, 10.0, 60.0])),
-                         **draw(quota_fields()))  # type: ignore[arg-type]
+                         **draw(quota_fields()), **draw(policy_fields()))  # type: ignore[arg-type]
         out.append(governed_under_m(leaf))
     return out
 

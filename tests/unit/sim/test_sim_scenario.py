@@ -33,27 +33,27 @@ NOMINAL_PROTECTED = ("gpusched never reclaims a borrower below its nominal quota
                      "reclaim takes whole workloads from a borrowing queue even when that leaves it below its nominal")
 REJECTED_OVER_CEILING = ("gpusched rejects at submission a job larger than its queue's current ceiling "
                          "(exceeds_queue_quota); Kueue keeps it pending, inadmissible, and admits it when quota grows")
-BORROW_WITHIN_COHORT = "awaiting a queue setting: preemption.borrowWithinCohort (LowerPriority, maxPriorityThreshold)"
-WITHIN_QUEUE_POLICY = "awaiting a queue setting: preemption.withinClusterQueue (Never, LowerOrNewerEqualPriority)"
-RECLAIM_POLICY = "awaiting a queue setting: preemption.reclaimWithinCohort (Never, LowerPriority)"
-FUNGIBILITY = "awaiting a queue setting: flavorFungibility (whenCanBorrow TryNextFlavor, whenCanPreempt Preempt)"
+PREEMPT_FOR_BORROWING = ("when_can_preempt preempt makes a job wait only at a flavor whose lent nominal quota a "
+                         "reclaim would give back; Kueue waits too where a borrowing preemption "
+                         "(borrowWithinCohort) could make room")
+LENDER_FIRST = ("gpusched lets no borrower grow while a queue under its nominal quota waits for quota it lent, even "
+                "one whose reclaim_within_cohort keeps it from reclaiming from the borrowers")
+STRICT_FIFO_HOLD = ("gpusched freezes a cohort's borrowing only for a waiting job within its queue's nominal quota; "
+                    "Kueue also holds borrowing of the idle quota of a StrictFIFO queue whose head waits beyond it")
 # Conformance files that fail today (file stem -> why gpusched decides otherwise).
 KUEUE_DIFFERENCES: dict[str, str] = {
     "preemption-cohort-concurrent-different-priorities": NOMINAL_PROTECTED,
     "preemption-strict-fifo-reclaim-despite-pending": NOMINAL_PROTECTED,
-    "preemption-single-queue-newer-equal-priority": WITHIN_QUEUE_POLICY,
-    "preemption-borrow-within-cohort-shared-queue": f"{BORROW_WITHIN_COHORT}; {FUNGIBILITY}",
-    "preemption-borrow-within-cohort-threshold": BORROW_WITHIN_COHORT,
-    "preemption-preemptor-holds-quota-during-evictions": BORROW_WITHIN_COHORT,
+    "preemption-borrow-within-cohort-shared-queue": f"{NOMINAL_PROTECTED}; {PREEMPT_FOR_BORROWING}",
+    "preemption-preemptor-holds-quota-during-evictions": f"{NOMINAL_PROTECTED}; {LENDER_FIRST}",
     "scheduler-requeue-on-queue-update": REJECTED_OVER_CEILING,
     "scheduler-borrow-from-added-queue": REJECTED_OVER_CEILING,
     "scheduler-borrow-from-same-cohort": REJECTED_OVER_CEILING,
     "scheduler-cohort-own-quota": REJECTED_OVER_CEILING,
     "scheduler-lending-limit-borrow": REJECTED_OVER_CEILING,
     "scheduler-long-distance-borrowing": REJECTED_OVER_CEILING,
-    "scheduler-next-flavor-instead-of-borrowing": FUNGIBILITY,
-    "scheduler-preempt-before-next-flavor": FUNGIBILITY,
-    "scheduler-pending-lender-blocks-borrowing": WITHIN_QUEUE_POLICY,
+    "scheduler-preempt-before-next-flavor": NOMINAL_PROTECTED,
+    "scheduler-pending-lender-blocks-borrowing": STRICT_FIFO_HOLD,
     "unit-preemption-reclaim-same-priority-any": NOMINAL_PROTECTED,
     "unit-preemption-from-all-queues-in-cohort": NOMINAL_PROTECTED,
     "unit-preemption-reclaim-from-lender": NOMINAL_PROTECTED,
