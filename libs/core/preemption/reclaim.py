@@ -1,16 +1,17 @@
 """Reclaim: a queue under its nominal quota takes back the quota its cohort lent to borrowers.
 
 Once the queue's reclaim grace has passed, a waiting job that fits its queue's nominal quota of a flavor may
-evict jobs holding borrowed quota of that flavor: jobs of the cohort's other queues while they are above
-their nominal quota, and only as far as they borrow (a reclaim never takes a queue below its nominal quota),
-jobs admitted over budget (borrowed outright), and, if the queue itself is above its nominal, its own jobs of
+evict jobs holding borrowed quota of that flavor: whole jobs of the cohort's other queues, each only while its
+queue borrows (Kueue's rule, QuotaBook.reclaim_may_take: a queue that does not borrow loses nothing, and a
+borrower is left at most one job below its nominal quota, which stays its own to use and reclaim), jobs
+admitted over budget (borrowed outright), and, if the queue itself is above its nominal, its own jobs of
 lower priority. A victim set is chosen only if the job would then fit its nominal quota, get its room in the
 cohort by quota's rules and be placed (see simulation.py); the flavors are tried in the queue's order.
 
 A job that holds quota within its queue's nominal but finds no GPUs (it waits for placement) may reclaim too:
 the GPUs its guaranteed quota stands for may be held by borrowers of another flavor of the cohort (a queue of
 any model, "*", borrowing beside a queue of one model's quota: the book keeps the two flavors' pools apart, the
-GPUs do not). It takes borrowers of any flavor, only as far as they borrow, until it would be placed.
+GPUs do not). It takes borrowers of any flavor, each only while its queue borrows, until it would be placed.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from libs.core.preemption.state import Running
 def borrowers(sim: Simulation, preemptor: JobSpec, flavor: str, preemptor_id: str = "") -> list[Running]:
     """Jobs of other queues of the preemptor's cohort that hold borrowed quota of `flavor` (their queue is
     above its nominal, or they were admitted over budget), in victim order; of any class (see
-    candidates.eligible): the victim set takes from them only what they borrow."""
+    candidates.eligible): the victim set takes them only while their queue borrows."""
     book, state, now = sim.book, sim.state, sim.now
     cohort = book.cohort.get(preemptor.queue, "")
     if not cohort:
@@ -69,7 +70,7 @@ def placement_victims(sim: Simulation, held: tuple[str, str, int, bool], preempt
         if not tier_of_level:
             continue
         tried = sorted([*tried, *tier_of_level], key=lambda run: victim_order(run, now))
-        victims = sim.choose(tried, lambda: sim.fits(flavor), sim.gives_back_only_borrowed, reclaim=True)
+        victims = sim.choose(tried, lambda: sim.fits(flavor), sim.takes_only_while_borrowing, reclaim=True)
         if victims:
             return victims
     return []
@@ -96,7 +97,7 @@ def reclaim_victims(sim: Simulation, flavors: list[str], preemptor_id: str) -> l
         def placed(flavor: str = flavor) -> bool:
             return sim.fits(flavor)
 
-        victims = sim.choose(others + own, reclaimed, sim.gives_back_only_borrowed, placed, reclaim=True)
+        victims = sim.choose(others + own, reclaimed, sim.takes_only_while_borrowing, placed, reclaim=True)
         if victims:
             return victims
     return []

@@ -36,8 +36,6 @@ KNOWN_HOLES: dict[str, str] = {
 # these files are to change their outcome as the differences below are closed.
 KUEUE = SCENARIOS / "kueue"
 # The reasons gpusched decides otherwise today.
-NOMINAL_PROTECTED = ("gpusched never reclaims a borrower below its nominal quota (nominal_protected); Kueue's "
-                     "reclaim takes whole workloads from a borrowing queue even when that leaves it below its nominal")
 REJECTED_OVER_CEILING = ("gpusched rejects at submission a job larger than its queue's current ceiling "
                          "(exceeds_queue_quota); Kueue keeps it pending, inadmissible, and admits it when quota grows")
 BORROW_WITHIN_COHORT = "awaiting a queue setting: preemption.borrowWithinCohort (LowerPriority, maxPriorityThreshold)"
@@ -47,8 +45,6 @@ FUNGIBILITY = "awaiting a queue setting: flavorFungibility (whenCanBorrow TryNex
 HIERARCHICAL = "awaiting hierarchical cohorts: a cohort's own quota, borrowing and reclaim across levels of the tree"
 # Conformance files that fail today (file stem -> why gpusched decides otherwise).
 KUEUE_DIFFERENCES: dict[str, str] = {
-    "preemption-cohort-concurrent-different-priorities": NOMINAL_PROTECTED,
-    "preemption-strict-fifo-reclaim-despite-pending": NOMINAL_PROTECTED,
     "preemption-single-queue-newer-equal-priority": WITHIN_QUEUE_POLICY,
     "preemption-borrow-within-cohort-shared-queue": f"{BORROW_WITHIN_COHORT}; {FUNGIBILITY}",
     "preemption-borrow-within-cohort-threshold": BORROW_WITHIN_COHORT,
@@ -63,10 +59,8 @@ KUEUE_DIFFERENCES: dict[str, str] = {
     "scheduler-next-flavor-instead-of-borrowing": FUNGIBILITY,
     "scheduler-preempt-before-next-flavor": FUNGIBILITY,
     "scheduler-pending-lender-blocks-borrowing": WITHIN_QUEUE_POLICY,
-    "unit-preemption-reclaim-same-priority-any": NOMINAL_PROTECTED,
-    "unit-preemption-from-all-queues-in-cohort": NOMINAL_PROTECTED,
-    "unit-preemption-reclaim-from-lender": NOMINAL_PROTECTED,
     "unit-preemption-exceeds-requestable-quota": REJECTED_OVER_CEILING,
+    "unit-preemption-no-reclaim-same-priority": RECLAIM_POLICY,
 }
 
 
