@@ -8,10 +8,11 @@ Tried on the checker's own world, always undone: the borrower jobs that may go t
 budget, and of each borrowing queue its smaller jobs while it still borrows, then its largest: see `_may_go`)
 are taken out of quota and capacity together; a reclaim could serve the lender if its first waiting job then
 has room in its queue and fits the free capacity (if it does not fit, what holds it back is capacity no
-borrower's quota stands for: not a reclaim's to give). Non-preemptible borrowers and borrowers waiting for a
-place keep the bound owed: they hold the quota against the guarantee (one waiting for a place gives it back at
-its placement timeout, which the bound allows, or without one as soon as a lender waits), and the violation
-says so; one waiting for a place only while a node present could hold the lender's first waiting job."""
+borrower's quota stands for: not a reclaim's to give). A borrower that cannot be preempted is one of them: a
+reclaim takes it whatever its class (libs/core/preemption/candidates.py eligible), and the violation names it.
+Borrowers waiting for a place keep the bound owed: they hold the quota against the guarantee (one gives it back
+at its placement timeout, which the bound allows, or without one as soon as a lender waits), and the violation
+says so; owed only while a node present could hold the lender's first waiting job."""
 
 from __future__ import annotations
 
@@ -34,8 +35,6 @@ def reclaimable(world: World, queue: str, flavor: str) -> bool:
         # own nominal, is what leaves it no room (no reclaim could serve it: a child's nominal is guaranteed only
         # as far as its parent's quota reaches).
         return first is None or world.quota.book.parent_room(queue, flavor) >= world.quota.jobs[first].demand
-    if any(not world.quota.policy.preemptible(job.spec) for _, job in running):
-        return True
     if first is None:
         return False
     victims = _may_go(world, running, flavor)

@@ -100,12 +100,14 @@ def placement_waiters(state: PreemptionState) -> list[str]:
 
 
 def may_reclaim(state: PreemptionState, book: QuotaBook, job_id: str) -> bool:
-    """Does the waiting job wait for quota and fit its queue's nominal quota of some flavor it may use?"""
+    """Does the waiting job wait for quota and fit what is left of its queue's nominal quota of some flavor it
+    may use? (One that would fit only with jobs of its queue gone is tried all the same when it is the first of
+    its priority, but a smaller job behind it, which a reclaim could serve, is tried too.)"""
     spec, waiting = state.specs.get(job_id), state.waiting.get(job_id)
     if spec is None or waiting is None or waiting.code == PLACEMENT:
         return False
-    demand, limits = demand_milli(spec), book.limits.get(spec.queue, {})
-    return any(demand <= limits[flavor].nominal for flavor in book.flavors_for(spec.queue, spec))
+    demand = demand_milli(spec)
+    return any(demand <= book.nominal_left(spec.queue, flavor) for flavor in book.flavors_for(spec.queue, spec))
 
 
 def could_evict_in(state: PreemptionState, book: QuotaBook, queues: list[str]) -> list[str]:

@@ -31,18 +31,14 @@ def broken(seed: int, reason: str) -> object:
 
 # Seeds whose worlds break a guarantee (found with this generator; see the module doc).
 BROKEN = [
-    broken(12, "no_idle_while_fitting_waits as for seed 9 (j0153, j0172, j0186 in q05), and a reclaim_within_bound "
-               "not traced"),
+    broken(12, "no_idle_while_fitting_waits as for seed 9 (j0153, j0172, j0186 in q05)"),
     broken(9, "no_idle_while_fitting_waits: j0098 (urgent, a class made non-preemptible mid-run; 2 GPUs) in q20 "
               "(nominal 0, over its budget with over_budget=borrow) is told exceeds_queue_quota, as if it could use "
-              "its nominal only, though over budget it is admitted preemptible and borrows; and a "
-              "reclaim_within_bound (q22) not traced"),
-    broken(5, "reclaim_within_bound, a checker false positive: holds.reclaim_due asks whether the queue's first "
-              "waiting job fits the nominal of a flavor it may not use (it asks for H100 only; the episode is A100)"),
-    broken(19, "reclaim_within_bound: reclaimable.reclaimable owes the bound whenever a running job of a borrowing "
-               "peer queue cannot be preempted (here urgent jobs, the class made non-preemptible mid-run) without "
-               "asking whether a reclaim, which may take such a job, could serve the waiting job: j0150 needs 8 "
-               "GPUs, room 3, and none keeping nominal_protected frees the rest"),
+              "its nominal only, though over budget it is admitted preemptible and borrows"),
+    broken(5, "reclaim_within_bound: the reclaim grace counts per job (preemption/cycle.py consider: the job's own "
+              "wait), the bound per queue: q07's j0037 (batch) waits for lent A100 quota from 3645 s, j0088 "
+              "(training) arrives at 3882 s ahead of it and reclaims only when its own grace of 300 s is over "
+              "(4200 s), past the queue's bound (4120 s); and lending_limit (j0069, j0106)"),
 ]
 
 
