@@ -11,7 +11,9 @@ from libs.core.preemption.state import PLACEMENT, PreemptionState, World
 
 def grace_ends(state: PreemptionState, policy: PolicyBook, now: float) -> list[str]:
     """The waiting jobs whose reclaim grace has run out since they were last considered (so reclaim may
-    start for them), in id order. Each job counts once: it is considered on this tick, and marked."""
+    start for them), in id order. Each job counts once: it is considered on this tick, and marked. (The grace is
+    the queue's, counted from its earliest wait, PreemptionState.grace_over: the first of its jobs to be due
+    ends it, and the tick tries the queue's heads with it.)"""
     due = []
     for name, keys in state.grace.items():  # per queue, the unchecked jobs by how long they have waited
         queue = policy.queues.get(name)
