@@ -202,7 +202,8 @@ def lent_out_while_waiting(world: World, queue: str, flavor: str) -> bool:
 
 def reclaim_due(world: World, queue: str, flavor: str) -> bool:
     """Does the queue's first waiting job (see first_waiting) fit the queue's nominal quota of the flavor, but
-    not the room its cohort leaves it? That is what reclaim is for."""
+    not the room its cohort leaves it? That is what reclaim is for, in a flavor the job may use (preemption
+    reclaims only there: quota's own narrowing, usable_flavors)."""
     book = world.quota.book
     lim = book.limits.get(queue, {}).get(flavor)
     if lim is None or _over_budget(world, queue):
@@ -210,8 +211,10 @@ def reclaim_due(world: World, queue: str, flavor: str) -> bool:
     first = first_waiting(world, queue)
     if first is None:
         return False
-    demand = world.quota.jobs[first].demand
-    return book.usage(queue, flavor) + demand <= lim.nominal and demand > book.room(queue, flavor)
+    job = world.quota.jobs[first]
+    demand = job.demand
+    return (book.usage(queue, flavor) + demand <= lim.nominal and demand > book.room(queue, flavor)
+            and flavor in usable_flavors(book, world.quota.fleet, job.spec, demand))
 
 
 def first_waiting(world: World, queue: str) -> str | None:

@@ -1,7 +1,7 @@
 """Quota limits folded from the log into the core's own QuotaBook (so a limit means here exactly what it means
 to the quota decider): each reservation within its queue's nominal plus borrowing limit, each cohort
-borrowing no more than its queues lend, each parent queue's quota bounding its subtree, and no reclaim that
-pushes a queue below its nominal quota.
+borrowing no more than its queues lend, each parent queue's quota bounding its subtree, and each reclaim taking
+a queue's jobs only while it borrows (at most one job below its nominal, none from a queue that does not borrow).
 
 A decision is judged by the policy its decider knew: the policy events logged up to its trigger (a change
 logged between a trigger and its decision came too late to bind it)."""
@@ -15,14 +15,14 @@ from dataclasses import dataclass, field, replace
 from contracts import JobPlaced, JobSpec, PreemptionDecided, QueuePolicyChanged, QuotaReleased, QuotaReserved
 from libs.audit.guarantees.violation import (
     LENDING_LIMIT,
-    NOMINAL_PROTECTED,
     PARENT_QUOTA,
     QUOTA_CEILING,
+    RECLAIM_ONLY_WHILE_BORROWING,
     Violation,
     gpus,
 )
 from libs.core.kernel.flavors import reservation_model
-from libs.core.kernel.queue_limits import Limits
+from libs.core.kernel.queue_limits import Limits, taken_while_borrowing
 from libs.core.kernel.quota_math import ANY, UNLIMITED, QuotaBook
 
 UNBOUNDED = sys.maxsize
@@ -130,7 +130,9 @@ class QuotaLimits:
         self.placed_unheld.pop(event.job_id, None)
 
     def preemption(self, seq: int, event: PreemptionDecided, specs: dict[str, JobSpec]) -> list[Violation]:
-        """A reclaim takes from borrowers only: every queue it evicts from stays at or above its nominal."""
+        """A reclaim takes another queue's jobs only while it borrows: with every victim of it but the largest
+        gone, the queue still holds more than its nominal (libs/core/kernel/queue_limits.py
+        taken_while_borrowing)."""
         self.bind_policy(event.trigger_seq or seq)
         preemptor = specs.get(event.preemptor_id)
         own_queue = preemptor.queue if preemptor is not None else ""
@@ -146,13 +148,16 @@ class QuotaLimits:
             if lim is None:
                 continue
             now = self._takeable_at(queue, flavor, event.trigger_seq or seq)
-            after = now - sum(self.held[v].milli for v in victims)
-            if after < lim.nominal:
+            gone = sum(self.held[v].milli for v in victims)
+            largest = max(self.held[v].milli for v in victims)
+            if not taken_while_borrowing(now, gone, largest, lim.nominal):
+                why = (f"which does not borrow (nominal {_gpus(lim.nominal)})" if now <= lim.nominal else
+                       f"more than one job below its nominal {_gpus(lim.nominal)} (its victims but the largest "
+                       f"leave it {_gpus(now - gone + largest)}: it no longer borrows)")
                 out.append(Violation(
-                    NOMINAL_PROTECTED, seq, (event.preemptor_id, *victims),
-                    f"reclaim for {event.preemptor_id} ({own_queue or 'unknown queue'}) evicts "
-                    f"{', '.join(victims)} of queue {queue}, taking it from {_gpus(now)} to {gpus(after, flavor)}, "
-                    f"below its nominal {_gpus(lim.nominal)}"))
+                    RECLAIM_ONLY_WHILE_BORROWING, seq, (event.preemptor_id, *victims),
+                    f"reclaim for {event.preemptor_id} ({own_queue or 'unknown queue'}) evicts {', '.join(victims)} "
+                    f"of queue {queue}, taking it from {_gpus(now)} to {gpus(now - gone, flavor)}, {why}"))
         for v in event.victims:
             if v.queue != own_queue:
                 self.leaving[v.job_id] = None

@@ -10,8 +10,8 @@ waiting job (of its highest waiting priority: the jobs below wait behind it by t
 backing off or held by its user's limit, which no reclaim would let run: see holds.first_waiting) fits its
 nominal quota but not the room its cohort leaves it. It ends when that is no longer so, and breaks the
 guarantee once it outlasts its bound. A first job that would have to borrow is owed no reclaim, nor are the
-jobs waiting behind it; nor is a queue while no reclaim that keeps nominal_protected could serve it (see
-reclaimable.py: with whole jobs, one cannot always keep both)."""
+jobs waiting behind it; nor is a queue while taking back what borrowers hold would still leave that job without
+room or a place (see reclaimable.py)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,18 @@
-"""Could a reclaim serve a waiting lender without breaking nominal_protected? The reclaim bound is owed only
-while one could: with whole jobs, a borrower that borrows 1 GPU with a 5-GPU job cannot give the GPU back
-without dropping below its nominal quota, and a lender whose job needs a node that only such a job frees
-must wait for it to end.
+"""Could a reclaim serve a waiting lender? The reclaim bound is owed while borrowers hold what the lender
+lent and taking them back would give its first waiting job room and a place: a reclaim takes whole jobs of a
+borrowing queue, each while the queue still borrows (libs/core/kernel/queue_limits.py taken_while_borrowing),
+so it can always take back all that a queue borrows, and no borrower shields the lender's quota by the size of
+its jobs.
 
-Tried on the checker's own world, always undone: every borrower job that may go (jobs admitted over budget,
-and of each borrowing queue its smallest jobs while the queue stays at or above its nominal) is taken out of
-quota and capacity together; a reclaim could serve the lender if its first waiting job then has room in its
-queue and fits the free capacity. Non-preemptible borrowers and borrowers waiting for a place keep the bound
-owed: they hold the quota against the guarantee (one waiting for a place gives it back at its placement
-timeout, which the bound allows, or without one as soon as a lender waits), and the violation says so;
-one waiting for a place only while a node present could hold the lender's first waiting job."""
+Tried on the checker's own world, always undone: the borrower jobs that may go together (jobs admitted over
+budget, and of each borrowing queue its smaller jobs while it still borrows, then its largest: see `_may_go`)
+are taken out of quota and capacity together; a reclaim could serve the lender if its first waiting job then
+has room in its queue and fits the free capacity (if it does not fit, what holds it back is capacity no
+borrower's quota stands for: not a reclaim's to give). A borrower that cannot be preempted is one of them: a
+reclaim takes it whatever its class (libs/core/preemption/candidates.py eligible), and the violation names it.
+Borrowers waiting for a place keep the bound owed: they hold the quota against the guarantee (one gives it back
+at its placement timeout, which the bound allows, or without one as soon as a lender waits), and the violation
+says so; owed only while a node present could hold the lender's first waiting job."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from libs.audit.guarantees.holds import first_waiting, fits_now, holdable
 from libs.audit.guarantees.queue_policies import reclaim_allowed
 from libs.audit.guarantees.world import PLACEMENT, RUNNING, JobState, World
 from libs.core.kernel.policy import demand_milli
+from libs.core.kernel.queue_limits import taken_while_borrowing
 
 
 def reclaimable(world: World, queue: str, flavor: str) -> bool:
@@ -36,8 +40,6 @@ def reclaimable(world: World, queue: str, flavor: str) -> bool:
     running = reclaim_allowed(world, queue, first, running)
     if not running:
         return False
-    if any(not world.quota.policy.preemptible(job.spec) for _, job in running):
-        return True
     if first is None:
         return False
     victims = _may_go(world, running, flavor)
@@ -60,7 +62,10 @@ def reclaimable(world: World, queue: str, flavor: str) -> bool:
 
 
 def _may_go(world: World, running: list[tuple[str, JobState]], flavor: str) -> list[tuple[str, JobState]]:
-    """The borrower jobs a reclaim may take while keeping every queue at or above its nominal quota."""
+    """The borrower jobs one reclaim may take together: every job admitted over budget, and of each borrowing
+    queue its smaller jobs, smallest first, as long as the queue still borrows without them, then its largest
+    (taken last, it may leave the queue below its nominal). Each borrowing queue is left not borrowing, or
+    with none of these jobs."""
     book = world.quota.book
     out = [(j, job) for j, job in running if job.over_budget]
     by_queue: dict[str, list[tuple[int, str, JobState]]] = {}
@@ -71,12 +76,16 @@ def _may_go(world: World, running: list[tuple[str, JobState]], flavor: str) -> l
         lim = book.limits.get(q, {}).get(flavor)
         if lim is None:
             continue
-        spare = book.used.get((q, flavor), 0) - lim.nominal
-        for demand, j, job in sorted(jobs, key=lambda t: (t[0], t[1])):
-            if demand > spare:
+        held = book.used.get((q, flavor), 0)
+        *smaller, (largest, last, last_job) = sorted(jobs, key=lambda t: (t[0], t[1]))
+        taken = largest
+        for demand, j, job in smaller:
+            if not taken_while_borrowing(held, taken + demand, largest, lim.nominal):
                 break
-            spare -= demand
+            taken += demand
             out.append((j, job))
+        if taken_while_borrowing(held, largest, largest, lim.nominal):
+            out.append((last, last_job))
     return out
 
 

@@ -13,7 +13,7 @@ GANG_ALL_OR_NOTHING: Final = "gang_all_or_nothing"
 QUOTA_CEILING: Final = "quota_ceiling"
 LENDING_LIMIT: Final = "lending_limit"
 PARENT_QUOTA: Final = "parent_quota"
-NOMINAL_PROTECTED: Final = "nominal_protected"
+RECLAIM_ONLY_WHILE_BORROWING: Final = "reclaim_only_while_borrowing"
 QUEUE_POLICY: Final = "queue_policy"  # a queue's preemption and flavor settings (kernel/queue_policies.py)
 # Liveness: true once the log has been quiet for a while (and, for reclaim, within a bound).
 JOB_FINAL_OR_EXPLAINED: Final = "job_final_or_explained"
@@ -24,7 +24,7 @@ RECLAIM_WITHIN_BOUND: Final = "reclaim_within_bound"
 DETERMINISM: Final = "determinism"
 
 SAFETY: Final = (GPU_CAPACITY, MIG_SLICES, DOUBLE_PLACEMENT, GANG_ALL_OR_NOTHING, QUOTA_CEILING, LENDING_LIMIT,
-                 PARENT_QUOTA, NOMINAL_PROTECTED, QUEUE_POLICY)
+                 PARENT_QUOTA, RECLAIM_ONLY_WHILE_BORROWING, QUEUE_POLICY)
 LIVENESS: Final = (JOB_FINAL_OR_EXPLAINED, WAITING_REASON_TRUE, NO_IDLE_WHILE_FITTING_WAITS, RECLAIM_WITHIN_BOUND)
 ALL: Final = (*SAFETY, *LIVENESS, DETERMINISM)
 

@@ -1,7 +1,7 @@
 """A queue's quota as its spec states it: its flavors (the `nominal_gpus` shorthand is one "*" flavor), each
 flavor's limits in thousandths of a GPU (nominal, borrowing limit, the lendable part), the most a parent's subtree
-may hold, and whether a spec may join the queue tree at all. The arithmetic over the whole tree, usage included,
-is the QuotaBook's (kernel/quota_math.py)."""
+may hold, what a reclaim may take of a queue's usage, and whether a spec may join the queue tree at all. The
+arithmetic over the whole tree, usage included, is the QuotaBook's (kernel/quota_math.py)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,15 @@ def subtree_cap(lim: Limits, in_cohort: bool) -> int:
     if not in_cohort:
         return lim.nominal
     return UNLIMITED if lim.borrow is None else lim.nominal + lim.borrow
+
+
+def taken_while_borrowing(held: int, taken: int, largest: int, nominal: int) -> bool:
+    """Kueue's rule for what a reclaim takes from another queue: whole jobs, only while the queue borrows. The
+    queue holds `held` and loses victims of `taken` in all, the largest of them `largest`: taken largest last,
+    each leaves while the queue still holds more than its nominal quota, i.e. with every victim but the largest
+    gone it still borrows. So a queue that does not borrow loses nothing, and a borrower is left at most one job
+    below its nominal (which stays its own: it may use it again at once, and reclaim it from others)."""
+    return held - taken + largest > nominal
 
 
 def check_tree(queues: dict[str, QueueSpec], candidate: QueueSpec) -> str | None:

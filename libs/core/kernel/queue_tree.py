@@ -17,9 +17,11 @@ left that cohort while borrowing from it and still borrows (`moved_from`): it to
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from contracts import QueueSpec
 from libs.core.kernel.book_what_if import Cell
-from libs.core.kernel.queue_limits import ANY, UNLIMITED, Limits, subtree_cap
+from libs.core.kernel.queue_limits import ANY, UNLIMITED, Limits, subtree_cap, taken_while_borrowing
 
 
 class QueueTree:
@@ -167,16 +169,21 @@ class QueueTree:
         return any(max(0, self.held(queue, f) - lim.nominal) + self.over.get((queue, f), 0) > 0
                    for f, lim in self.limits.get(queue, {}).items())
 
-    def keeps_branch_nominal(self, victim_queue: str, flavor: str, milli: int, lender: str) -> bool:
-        """Would releasing `milli` of the victim queue's usage of the flavor leave each of its ancestors with
-        quota that the lender does not share at or above its nominal? A reclaim takes from a parent's subtree
-        only what the parent borrows (the ancestors both share get back what the lender takes)."""
+    def branch_may_lose(self, victim_queue: str, flavor: str, milli: int, lender: str,
+                        taken: Sequence[tuple[str, int]] = ()) -> bool:
+        """May a reclaim for the lender take `milli` more of the victim queue's usage of the flavor, `taken`
+        (queue, GPUs) already gone? Each of the victim's ancestors with quota that the lender does not share
+        loses it only while it borrows, by the rule a queue loses jobs by (queue_limits.taken_while_borrowing,
+        the largest of the victims under it taken last); the ancestors both share get back what the lender
+        takes."""
         shared = {lender, *self.bounds.get(lender, ())}
         for ancestor in self.bounds.get(victim_queue, ()):
             covered = self.covering(ancestor, flavor)
             if ancestor in shared or covered is None:
                 continue
-            if self.held(ancestor, covered) - milli < self.limits[ancestor][covered].nominal:
+            largest = max([milli, *(demand for queue, demand in taken if ancestor in self.bounds.get(queue, ()))])
+            if not taken_while_borrowing(self.held(ancestor, covered), milli, largest,
+                                         self.limits[ancestor][covered].nominal):
                 return False
         return True
 

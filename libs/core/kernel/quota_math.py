@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from contracts import JobSpec, QueueSpec
+from libs.core.kernel import queue_limits
 from libs.core.kernel.book_what_if import BookWhatIf, Cell
 from libs.core.kernel.flavors import charged_flavor, flavor_matches
 from libs.core.kernel.queue_limits import ANY, UNLIMITED, Limits, flavor_quotas, limits_of
@@ -241,14 +242,16 @@ class QuotaBook(QueueTree):
             return 0
         return max(0, self.held(queue, flavor) - lim.nominal) + self.over.get((queue, flavor), 0)
 
-    def gives_back_only_borrowed(self, queue: str, flavor: str, milli: int, over_budget: bool = False) -> bool:
-        """Would releasing `milli` of the queue's usage return only quota it borrows, leaving it at or above
-        its nominal quota? (What a reclaim may take; usage admitted over budget is all borrowed.)"""
+    def reclaim_may_take(self, queue: str, flavor: str, milli: int, largest: int, over_budget: bool = False) -> bool:
+        """May a reclaim take another `milli` of the queue's usage (its victims still counted in the book), the
+        largest of its victims there holding `largest`? Only while the queue borrows (see
+        `taken_while_borrowing`); usage admitted over budget is borrowed outright and may always go."""
         key = (queue, flavor)
         if over_budget:
             return self.over.get(key, 0) >= milli
         lim = self.limits.get(queue, {}).get(flavor)
-        return lim is not None and self.used.get(key, 0) - milli >= lim.nominal
+        used = self.used.get(key, 0)
+        return lim is not None and queue_limits.taken_while_borrowing(used, milli, largest, lim.nominal)
 
     def waits_for_lent_quota(self, queue: str, flavor: str, milli: int) -> bool:
         """Would a job of `milli` fit what is left of the queue's own nominal quota of the flavor, but not the

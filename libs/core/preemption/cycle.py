@@ -61,7 +61,7 @@ def consider(world: World, job_id: str, now: float, out: Decisions) -> bool:
     state = world.state
     spec, waiting = state.specs[job_id], state.waiting[job_id]
     queue = world.policy.queues.get(spec.queue)
-    grace_over = now >= waiting.since + (queue.reclaim_after_s if queue is not None else 0.0)
+    grace_over = state.grace_over(job_id, queue.reclaim_after_s if queue is not None else 0.0, now)
     # 2. The victims: for a job holding its quota, room on the GPUs; for a job waiting for quota, quota (and room).
     borrowing = False  # the victims of other queues are a reclaim's, not a borrowing preemptor's
     if waiting.code == PLACEMENT:

@@ -4,8 +4,8 @@ Triggered when quota or placement defers a job for a reason eviction can cure, a
 ticks. Two kinds of victims:
   - reclaim (libs/core/preemption/reclaim.py): a queue under its nominal quota takes back quota its cohort lent to
     borrowers, once the queue's reclaim grace has passed, and a job holding quota within its nominal takes
-    back the GPUs borrowers of the cohort hold (of any flavor) when it finds none. Only what they borrow: a
-    reclaim never takes a queue below its nominal quota.
+    back the GPUs borrowers of the cohort hold (of any flavor) when it finds none. Whole jobs, each while its
+    queue borrows: a queue that does not borrow loses nothing, a borrower at most one job below its nominal.
   - within the queue: jobs of lower priority in the preemptor's own queue.
 Jobs of non-preemptible classes, jobs that have not yet run their class's minimum runtime, and jobs expected
 to end within the settings' preempt_min_remaining_s anyway are never victims (quota lets a job that cannot be

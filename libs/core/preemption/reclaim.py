@@ -1,16 +1,17 @@
 """Reclaim: a queue under its nominal quota takes back the quota its cohort lent to borrowers.
 
 Once the queue's reclaim grace has passed, a waiting job that fits its queue's nominal quota of a flavor may
-evict jobs holding borrowed quota of that flavor: jobs of the cohort's other queues while they are above
-their nominal quota, and only as far as they borrow (a reclaim never takes a queue below its nominal quota),
-jobs admitted over budget (borrowed outright), and, if the queue itself is above its nominal, its own jobs of
+evict jobs holding borrowed quota of that flavor: whole jobs of the cohort's other queues, each only while its
+queue borrows (Kueue's rule, QuotaBook.reclaim_may_take: a queue that does not borrow loses nothing, and a
+borrower is left at most one job below its nominal quota, which stays its own to use and reclaim), jobs
+admitted over budget (borrowed outright), and, if the queue itself is above its nominal, its own jobs of
 lower priority. A victim set is chosen only if the job would then fit its nominal quota, get its room in the
 cohort by quota's rules and be placed (see simulation.py); the flavors are tried in the queue's order.
 
 A job that holds quota within its queue's nominal but finds no GPUs (it waits for placement) may reclaim too:
 the GPUs its guaranteed quota stands for may be held by borrowers of another flavor of the cohort (a queue of
 any model, "*", borrowing beside a queue of one model's quota: the book keeps the two flavors' pools apart, the
-GPUs do not). It takes borrowers of any flavor, only as far as they borrow, until it would be placed.
+GPUs do not). It takes borrowers of any flavor, each only while its queue borrows, until it would be placed.
 
 Borrowers are looked for wherever the queue's quota was lent (QuotaBook.holders_of_lent): its cohort, and up
 and across the queue tree (a child's room is bounded by what its parent has left in the parent's cohort, so
@@ -36,7 +37,7 @@ def borrowers(sim: Simulation, preemptor: JobSpec, flavor: str, preemptor_id: st
     """Jobs that hold borrowed quota of `flavor` where the preemptor's queue lent it (QuotaBook.holders_of_lent:
     its cohort's other queues, up and across the tree, and queues that left its cohort while borrowing), of a
     queue above its nominal or admitted over budget, in victim order; of any class (see candidates.eligible):
-    the victim set takes from them only what they borrow."""
+    the victim set takes them only while their queue borrows."""
     book, state, now = sim.book, sim.state, sim.now
     found = [run for q in book.holders_of_lent(preemptor.queue) for run in state.by_queue.get(q, {}).values()
              if run.flavor == flavor and (run.over_budget or book.borrowed(q, flavor) > 0)
@@ -46,12 +47,15 @@ def borrowers(sim: Simulation, preemptor: JobSpec, flavor: str, preemptor_id: st
 
 
 def gives_back_borrowed(sim: Simulation, lender: str) -> Callable[[Running], bool]:
-    """A reclaim for the lender's queue takes a victim only as far as its queue borrows, and from a subtree
-    only as far as its parent borrows (QuotaBook.keeps_branch_nominal)."""
+    """A reclaim for the lender's queue takes a victim only while its queue borrows, and from a subtree only
+    while its parent borrows (Simulation.takes_only_while_borrowing, QuotaBook.branch_may_lose: the same rule at
+    each level of the tree)."""
 
     def may_take(run: Running) -> bool:
-        return sim.gives_back_only_borrowed(run) and (
-            run.over_budget or sim.book.keeps_branch_nominal(run.queue, run.flavor, run.demand, lender))
+        taken = [(victim.queue, victim.demand) for victim in sim.applied
+                 if victim.flavor == run.flavor and not victim.over_budget]
+        return sim.takes_only_while_borrowing(run) and (
+            run.over_budget or sim.book.branch_may_lose(run.queue, run.flavor, run.demand, lender, taken))
 
     return may_take
 
@@ -174,7 +178,7 @@ def borrowing_victims(sim: Simulation, flavors: list[str], preemptor_id: str, ow
             return sim.fits(flavor)
 
         candidates = sorted([*others, *mine], key=lambda run: victim_order(run, sim.now))
-        victims = sim.choose(candidates, admitted, sim.gives_back_only_borrowed, placed)
+        victims = sim.choose(candidates, admitted, sim.takes_only_while_borrowing, placed)
         if victims:
             return victims
     return []

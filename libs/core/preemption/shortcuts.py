@@ -26,7 +26,7 @@ def alike_key(state: PreemptionState, policy: PolicyBook, job_id: str, now: floa
             job_id in state.preempted_by):
         return None
     queue = policy.queues.get(spec.queue)
-    grace_over = now >= waiting.since + (queue.reclaim_after_s if queue is not None else 0.0)
+    grace_over = state.grace_over(job_id, queue.reclaim_after_s if queue is not None else 0.0, now)
     below_las = las_level(state, policy, spec.queue, job_id, now) is None
     # Where newer jobs of its priority may go, which they are depends on when it was submitted.
     arrived = state.submitted.get(job_id) if evicts_equal_priority(queue) else None

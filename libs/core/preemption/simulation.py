@@ -119,17 +119,26 @@ class Simulation:
                reclaim: bool = False) -> list[Running]:
         """The best minimal victim set among `candidates` (see victim_sets), [] when none is needed or none
         is enough. `may_take` besides the blast-radius budget; `placed`: does placement alone succeed? In a
-        reclaim (`reclaim`) the budget does not bind the borrowers of other queues: taking back lent quota is
-        what a lender is promised, and a budget smaller than a borrower's job would otherwise shield it for ever."""
-        slack = self.policy.settings.preemption_slack_gpus * 1000
+        reclaim (`reclaim`) neither the budget nor the slack binds the borrowers of other queues: taking back
+        lent quota is what a lender is promised, and a budget smaller than a borrower's job, or a borrower's job
+        larger than the need plus the slack, would otherwise shield it for ever. The slack still binds the
+        queue's own victims, and a set within it goes first."""
+        limit = self.demand + self.policy.settings.preemption_slack_gpus * 1000
 
         def allowed(candidate: Running) -> bool:
             return ((reclaim and candidate.queue != self.spec.queue) or self.within_budget(candidate)) and (
                 may_take is None or may_take(candidate))
 
-        return choose_victims(self, candidates, enough, allowed, placed or enough,
-                              lambda victims: sum(victim.demand for victim in victims) <= self.demand + slack,
-                              self.spec.queue if reclaim else None)
+        def within_slack(victims: list[Running]) -> bool:
+            return sum(victim.demand for victim in victims) <= limit
+
+        def own_within_slack(victims: list[Running]) -> bool:
+            return sum(victim.demand for victim in victims if victim.queue == self.spec.queue) <= limit
+
+        if not reclaim:
+            return choose_victims(self, candidates, enough, allowed, placed or enough, within_slack, None)
+        return choose_victims(self, candidates, enough, allowed, placed or enough, own_within_slack,
+                              self.spec.queue, within_slack)
 
     # --- the rules ---------------------------------------------------------------------------------------
 
@@ -139,13 +148,20 @@ class Simulation:
         taken = sum(victim.demand for victim in self.applied if victim.queue == candidate.queue)
         return left is None or candidate.demand + taken <= left
 
-    def gives_back_only_borrowed(self, candidate: Running) -> bool:
-        """A reclaim takes from another queue only quota it borrows, never any of its nominal quota."""
+    def takes_only_while_borrowing(self, candidate: Running) -> bool:
+        """A reclaim takes another queue's jobs only while that queue borrows (QuotaBook.reclaim_may_take): with
+        the victims already taken from it gone and this one too, it still borrows with the largest of them back.
+        What preemptors of that queue still waiting for quota claim is room they will take, not quota the queue
+        holds, so it is no borrowing a reclaim may take."""
         queue, flavor = candidate.queue, candidate.flavor
-        claimed = 0 if candidate.over_budget else self._claims.get((queue, flavor), 0)
-        return queue == self.spec.queue or self.book.gives_back_only_borrowed(queue, flavor,
-                                                                              candidate.demand + claimed,
-                                                                              candidate.over_budget)
+        if queue == self.spec.queue:
+            return True
+        if candidate.over_budget:
+            return self.book.reclaim_may_take(queue, flavor, candidate.demand, candidate.demand, over_budget=True)
+        largest = max([candidate.demand, *(victim.demand for victim in self.applied if not victim.over_budget
+                                           and (victim.queue, victim.flavor) == (queue, flavor))])
+        claimed = self._claims.get((queue, flavor), 0)
+        return self.book.reclaim_may_take(queue, flavor, candidate.demand + claimed, largest)
 
     def fits(self, flavor: str) -> bool:
         """Would placement find the preemptor room now (on GPUs of `flavor`), beside the room of the other

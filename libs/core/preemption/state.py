@@ -96,6 +96,10 @@ class PreemptionState:
     # grace has not been checked yet.
     grace: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
     grace_of: dict[str, tuple[str, tuple[float, str]]] = field(default_factory=dict)
+    # queue -> [(waiting since, job id)] sorted, of every waiting job: the queue's reclaim grace counts from
+    # the first (grace_over).
+    waits: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+    wait_of: dict[str, tuple[str, tuple[float, str]]] = field(default_factory=dict)
     # `running` by queue (each queue's victim candidates, without scanning every running job).
     by_queue: dict[str, dict[str, Running]] = field(default_factory=dict)
     # queue -> priority -> how many of its jobs run at that priority
@@ -126,6 +130,8 @@ class PreemptionState:
         head = (-priority, job_id)
         self.head_of[job_id] = (queue, head)
         bisect.insort(self.heads.setdefault(queue, []), head)
+        self.wait_of[job_id] = (queue, (since, job_id))
+        bisect.insort(self.waits.setdefault(queue, []), (since, job_id))
         entry = (since, job_id)  # a job waiting for placement may reclaim GPUs too (reclaim.placement_victims)
         self.grace_of[job_id] = (queue, entry)
         bisect.insort(self.grace.setdefault(queue, []), entry)
@@ -133,11 +139,22 @@ class PreemptionState:
             counts = self.waiting_priorities.setdefault(queue, {})
             counts[priority] = counts.get(priority, 0) + 1
 
+    def grace_over(self, job_id: str, reclaim_after_s: float, now: float) -> bool:
+        """Is the reclaim grace of the waiting job's queue over? The grace is the queue's: it counts from the
+        earliest wait of the queue's waiting jobs (for quota or GPUs), so a job that comes to wait ahead of
+        others does not start it again (the reclaim bound a lender is owed counts so too)."""
+        entry = self.wait_of.get(job_id)
+        since = self.waits[entry[0]][0][0] if entry is not None else self.waiting[job_id].since
+        return now >= since + reclaim_after_s
+
     def index(self, job_id: str, queue: str, priority: int, grace: bool) -> None:
         """Enter a waiting job into the indexes (`grace`: among those whose reclaim grace is unchecked)."""
         head = (queue, (-priority, job_id))
         self.head_of[job_id] = head
         bisect.insort(self.heads.setdefault(head[0], []), head[1])
+        since = (queue, (self.waiting[job_id].since, job_id))
+        self.wait_of[job_id] = since
+        bisect.insort(self.waits.setdefault(queue, []), since[1])
         if grace:
             entry = (queue, (self.waiting[job_id].since, job_id))
             self.grace_of[job_id] = entry
@@ -150,6 +167,12 @@ class PreemptionState:
             keys.pop(bisect.bisect_left(keys, head[1]))
             if not keys:
                 del self.heads[head[0]]
+        since = self.wait_of.pop(job_id, None)
+        if since is not None:
+            waits = self.waits[since[0]]
+            waits.pop(bisect.bisect_left(waits, since[1]))
+            if not waits:
+                del self.waits[since[0]]
         self.ungrace(job_id)
 
     def ungrace(self, job_id: str) -> None:

@@ -11,7 +11,9 @@ from libs.core.preemption.state import PLACEMENT, PreemptionState, World
 
 def grace_ends(state: PreemptionState, policy: PolicyBook, now: float) -> list[str]:
     """The waiting jobs whose reclaim grace has run out since they were last considered (so reclaim may
-    start for them), in id order. Each job counts once: it is considered on this tick, and marked."""
+    start for them), in id order. Each job counts once: it is considered on this tick, and marked. (The grace is
+    the queue's, counted from its earliest wait, PreemptionState.grace_over: the first of its jobs to be due
+    ends it, and the tick tries the queue's heads with it.)"""
     due = []
     for name, keys in state.grace.items():  # per queue, the unchecked jobs by how long they have waited
         queue = policy.queues.get(name)
@@ -100,12 +102,14 @@ def placement_waiters(state: PreemptionState) -> list[str]:
 
 
 def may_reclaim(state: PreemptionState, book: QuotaBook, job_id: str) -> bool:
-    """Does the waiting job wait for quota and fit its queue's nominal quota of some flavor it may use?"""
+    """Does the waiting job wait for quota and fit what is left of its queue's nominal quota of some flavor it
+    may use? (One that would fit only with jobs of its queue gone is tried all the same when it is the first of
+    its priority, but a smaller job behind it, which a reclaim could serve, is tried too.)"""
     spec, waiting = state.specs.get(job_id), state.waiting.get(job_id)
     if spec is None or waiting is None or waiting.code == PLACEMENT:
         return False
-    demand, limits = demand_milli(spec), book.limits.get(spec.queue, {})
-    return any(demand <= limits[flavor].nominal for flavor in book.flavors_for(spec.queue, spec))
+    demand = demand_milli(spec)
+    return any(demand <= book.nominal_left(spec.queue, flavor) for flavor in book.flavors_for(spec.queue, spec))
 
 
 def could_evict_in(state: PreemptionState, book: QuotaBook, queues: list[str]) -> list[str]:

@@ -10,7 +10,9 @@ goes on only when placement already succeeds, i.e. quota still lacks: a node's p
 search of the whole cluster.)
 
 Of the sets found within the need plus the slack (`acceptable`), the best is, in this order:
-  1. in a reclaim, the fewest GPUs taken from the preemptor's own queue: borrowers give back first;
+  1. in a reclaim, the fewest GPUs taken from the preemptor's own queue: borrowers give back first; then a set
+     within the need plus the slack (`preferred`: a reclaim may take a borrower's jobs beyond the slack, or
+     whole jobs larger than the need plus the slack would keep a lender's quota for ever);
   2. the lowest priority of its highest-priority victim;
   3. the least work lost (GPU-time since each victim's last checkpoint or start);
   4. the fewest victims, then the fewest GPUs;
@@ -43,7 +45,8 @@ class Trial(Protocol):
 
 def choose_victims(sim: Trial, candidates: list[Running], enough: Callable[[], bool],
                    allowed: Callable[[Running], bool], placed: Callable[[], bool],
-                   acceptable: Callable[[list[Running]], bool], own_queue: str | None) -> list[Running]:
+                   acceptable: Callable[[list[Running]], bool], own_queue: str | None,
+                   preferred: Callable[[list[Running]], bool] | None = None) -> list[Running]:
     """The best minimal victim set, [] when nothing needs to go or no acceptable set is enough. The
     simulation is left as it was found."""
     if enough():
@@ -55,7 +58,12 @@ def choose_victims(sim: Trial, candidates: list[Running], enough: Callable[[], b
             found.setdefault(tuple(sorted(v.job_id for v in victims)), victims)
     if not found:
         return []
-    return min(found.values(), key=lambda vs: set_key(vs, sim.now, own_queue))
+
+    def best_first(victims: list[Running]) -> tuple[int, bool, VictimSetKey]:
+        key = set_key(victims, sim.now, own_queue)
+        return key[0], preferred is not None and not preferred(victims), key
+
+    return min(found.values(), key=best_first)
 
 
 def set_key(victims: list[Running], now: float, own_queue: str | None) -> VictimSetKey:

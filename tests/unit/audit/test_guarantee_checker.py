@@ -196,31 +196,42 @@ def test_children_above_their_parent_quota_break_parent_quota() -> None:
     assert ids(found) == {"parent_quota"} and found[0].jobs == ("y",)
 
 
-def test_a_reclaim_that_takes_a_queue_below_its_nominal_breaks_nominal_protected() -> None:
-    log = Log().nodes(node("n", gpus=8))
+def reclaim_from_b(nominal_b: int, victims: tuple[str, ...], jobs: dict[str, int]) -> Log:
+    """b (nominal `nominal_b`) runs `jobs` (id -> GPUs); a reclaim for p of queue a (nominal 4) evicts `victims`."""
+    log = Log().nodes(node("n", gpus=16))
     log.queues(QueueSpec(name="a", team="a", nominal_gpus=4, cohort="c"),
-               QueueSpec(name="b", team="b", nominal_gpus=4, cohort="c"))
-    for i in range(4):
-        log.running(f"b{i}", spec("b"), on("n", i))
+               QueueSpec(name="b", team="b", nominal_gpus=nominal_b, cohort="c"))
+    first = 0
+    for job_id, gpus in jobs.items():
+        log.running(job_id, spec("b", gpus=gpus), on("n", *range(first, first + gpus)))
+        first += gpus
     log.admitted("p", spec("a"))
-    log.add(PreemptionDecided, source="preemption", preemptor_id="p", code="reclaim",
-            victims=(Victim(job_id="b0", queue="b", priority=500, gpu_milli=1000, reason="reclaim"),))
-    found = check_safety(log.events)
-    assert ids(found) == {"nominal_protected"}
-    assert found[0].jobs == ("p", "b0") and "from 4 to 3 GPUs, below its nominal 4" in found[0].detail
+    return log.add(PreemptionDecided, source="preemption", preemptor_id="p", code="reclaim",
+                   victims=tuple(Victim(job_id=v, queue="b", priority=500, gpu_milli=jobs[v] * 1000, reason="reclaim")
+                                 for v in victims))
 
 
-def test_a_reclaim_from_a_borrower_keeps_nominal_protected() -> None:
-    log = Log().nodes(node("n", gpus=8))
-    log.queues(QueueSpec(name="a", team="a", nominal_gpus=4, cohort="c"),
-               QueueSpec(name="b", team="b", nominal_gpus=2, cohort="c"))
-    for i in range(4):
-        log.running(f"b{i}", spec("b"), on("n", i))
-    log.admitted("p", spec("a", gpus=2))
-    log.add(PreemptionDecided, source="preemption", preemptor_id="p", code="reclaim",
-            victims=tuple(Victim(job_id=f"b{i}", queue="b", priority=500, gpu_milli=1000, reason="reclaim")
-                          for i in (0, 1)))
-    assert check_safety(log.events) == []
+def test_a_reclaim_from_a_queue_that_does_not_borrow_breaks_reclaim_only_while_borrowing() -> None:
+    found = check_safety(reclaim_from_b(4, ("b0",), {f"b{i}": 1 for i in range(4)}).events)
+    assert ids(found) == {"reclaim_only_while_borrowing"}
+    assert found[0].jobs == ("p", "b0") and "from 4 to 3 GPUs, which does not borrow (nominal 4)" in found[0].detail
+
+
+def test_a_reclaim_taking_a_borrower_more_than_one_job_below_its_nominal_breaks_reclaim_only_while_borrowing() -> None:
+    # b holds 5 of nominal 4: one of its 1-GPU jobs goes while it borrows, the second leaves it at 3 before it goes.
+    found = check_safety(reclaim_from_b(4, ("b0", "b1"), {"b0": 1, "b1": 1, "big": 3}).events)
+    assert ids(found) == {"reclaim_only_while_borrowing"} and found[0].jobs == ("p", "b0", "b1")
+    assert "from 5 to 3 GPUs, more than one job below its nominal 4" in found[0].detail
+
+
+@pytest.mark.parametrize(("nominal_b", "victims", "jobs"), [
+    pytest.param(2, ("b0", "b1"), {f"b{i}": 1 for i in range(4)}, id="only what it borrows"),
+    pytest.param(4, ("big",), {"big": 4, "small": 1}, id="one job, below its nominal: it borrowed when it went"),
+    pytest.param(3, ("small", "big"), {"big": 4, "small": 2}, id="the largest last, each while it borrows"),
+])
+def test_a_reclaim_from_a_borrower_keeps_reclaim_only_while_borrowing(nominal_b: int, victims: tuple[str, ...],
+                                                                      jobs: dict[str, int]) -> None:
+    assert check_safety(reclaim_from_b(nominal_b, victims, jobs).events) == []
 
 
 # --- liveness -----------------------------------------------------------------------------------------
@@ -319,13 +330,29 @@ def test_lent_quota_not_reclaimed_within_its_bound_breaks_reclaim_within_bound()
     assert log.events[found[0].seq - 1][1].ts - 1_000.0 == pytest.approx(65.0)
 
 
-def test_no_reclaim_is_owed_while_every_borrower_would_fall_below_its_nominal() -> None:
-    # b borrows 1 GPU with a 5-GPU job: evicting it would leave b at 0 of its nominal 4 (nominal_protected), so
-    # a waits for it to end and no bound runs meanwhile.
+def test_lent_quota_held_by_a_job_larger_than_what_it_borrows_breaks_reclaim_within_bound() -> None:
+    # b borrows 1 GPU with a 5-GPU job: a reclaim takes that job (b borrows when it goes, and is left at 0 of its
+    # nominal 4), so the bound is owed to a, and no reclaim came.
     log = Log().nodes(node("n", gpus=8))
     log.queues(QueueSpec(name="a", team="a", nominal_gpus=4, cohort="c"),
                QueueSpec(name="b", team="b", nominal_gpus=4, cohort="c"))
     log.running("big", spec("b", gpus=5), on("n", 0, 1, 2, 3, 4)).admitted("p", spec("a", gpus=4))
+    log.add(QuotaDeferred, source="quota", job_id="p", queue="a", code="quota_lent_out", message="lent")
+    log.ticks(until=1_300.0)
+    found = check_liveness(log.events)
+    assert ids(found) == {"reclaim_within_bound"} and found[0].jobs == ("p",)
+    assert "borrowers running: big" in found[0].detail
+
+
+def test_no_reclaim_is_owed_while_the_lender_would_not_fit_with_the_borrowers_gone() -> None:
+    # b borrows 1 GPU with a 1-GPU job; a's 3-GPU job would have room then, but c, within its nominal, holds
+    # the node's other GPUs: capacity no borrower's quota stands for, not a reclaim's to give.
+    log = Log().nodes(node("n", gpus=8))
+    log.queues(QueueSpec(name="a", team="a", nominal_gpus=4, cohort="k"),
+               QueueSpec(name="b", team="b", nominal_gpus=0, cohort="k"),
+               QueueSpec(name="c", team="c", nominal_gpus=5))
+    log.running("lent", spec("b"), on("n", 0)).running("own", spec("c", gpus=5), on("n", 1, 2, 3, 4, 5))
+    log.running("mine", spec("a"), on("n", 6)).admitted("p", spec("a", gpus=3))
     log.add(QuotaDeferred, source="quota", job_id="p", queue="a", code="quota_lent_out", message="lent")
     log.ticks(until=1_300.0)
     assert check_liveness(log.events) == []

@@ -29,8 +29,6 @@ KNOWN_HOLES: dict[str, str] = {}
 # these files are to change their outcome as the differences below are closed.
 KUEUE = SCENARIOS / "kueue"
 # The reasons gpusched decides otherwise today.
-NOMINAL_PROTECTED = ("gpusched never reclaims a borrower below its nominal quota (nominal_protected); Kueue's "
-                     "reclaim takes whole workloads from a borrowing queue even when that leaves it below its nominal")
 REJECTED_OVER_CEILING = ("gpusched rejects at submission a job larger than its queue's current ceiling "
                          "(exceeds_queue_quota); Kueue keeps it pending, inadmissible, and admits it when quota grows")
 PREEMPT_FOR_BORROWING = ("when_can_preempt preempt makes a job wait only at a flavor whose lent nominal quota a "
@@ -42,21 +40,15 @@ STRICT_FIFO_HOLD = ("gpusched freezes a cohort's borrowing only for a waiting jo
                     "Kueue also holds borrowing of the idle quota of a StrictFIFO queue whose head waits beyond it")
 # Conformance files that fail today (file stem -> why gpusched decides otherwise).
 KUEUE_DIFFERENCES: dict[str, str] = {
-    "preemption-cohort-concurrent-different-priorities": NOMINAL_PROTECTED,
-    "preemption-strict-fifo-reclaim-despite-pending": NOMINAL_PROTECTED,
-    "preemption-borrow-within-cohort-shared-queue": f"{NOMINAL_PROTECTED}; {PREEMPT_FOR_BORROWING}",
-    "preemption-preemptor-holds-quota-during-evictions": f"{NOMINAL_PROTECTED}; {LENDER_FIRST}",
+    "preemption-borrow-within-cohort-shared-queue": PREEMPT_FOR_BORROWING,
+    "preemption-preemptor-holds-quota-during-evictions": LENDER_FIRST,
     "scheduler-requeue-on-queue-update": REJECTED_OVER_CEILING,
     "scheduler-borrow-from-added-queue": REJECTED_OVER_CEILING,
     "scheduler-borrow-from-same-cohort": REJECTED_OVER_CEILING,
     "scheduler-cohort-own-quota": REJECTED_OVER_CEILING,
     "scheduler-lending-limit-borrow": REJECTED_OVER_CEILING,
     "scheduler-long-distance-borrowing": REJECTED_OVER_CEILING,
-    "scheduler-preempt-before-next-flavor": NOMINAL_PROTECTED,
     "scheduler-pending-lender-blocks-borrowing": STRICT_FIFO_HOLD,
-    "unit-preemption-reclaim-same-priority-any": NOMINAL_PROTECTED,
-    "unit-preemption-from-all-queues-in-cohort": NOMINAL_PROTECTED,
-    "unit-preemption-reclaim-from-lender": NOMINAL_PROTECTED,
     "unit-preemption-exceeds-requestable-quota": REJECTED_OVER_CEILING,
 }
 

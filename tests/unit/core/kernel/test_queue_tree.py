@@ -49,14 +49,17 @@ def test_a_borrower_up_the_tree_holds_what_a_child_lent_while_its_parent_lends()
     assert book.holders_of_lent("a") == []
 
 
-def test_a_reclaim_takes_from_a_subtree_only_as_far_as_its_parent_borrows() -> None:
+def test_a_reclaim_takes_from_a_subtree_only_while_its_parent_borrows() -> None:
     book = tree()
     book.add("b", ANY, 2000)  # b borrows b2's 2, so p2 (nominal 0) borrows 2 from c
     assert book.borrowed("p2", ANY) == 2000 and book.room("a", ANY) == 2000
-    assert book.keeps_branch_nominal("b", ANY, 2000, "a")
+    assert book.branch_may_lose("b", ANY, 2000, "a")
     book.set_queue(QueueSpec(name="p2", team="p", cohort="c", nominal_gpus=1))
-    assert not book.keeps_branch_nominal("b", ANY, 2000, "a")  # p2 would fall below its nominal 1
-    assert book.keeps_branch_nominal("b", ANY, 2000, "b2")  # what p2 gives, p2 gets back
+    assert book.branch_may_lose("b", ANY, 2000, "a")  # p2 borrows: the whole job may go, below its nominal 1
+    book.set_queue(QueueSpec(name="p2", team="p", cohort="c", nominal_gpus=2))
+    assert not book.branch_may_lose("b", ANY, 2000, "a")  # p2 holds its nominal, borrows nothing: it loses nothing
+    assert not book.branch_may_lose("b", ANY, 1000, "a", taken=[("b", 1000)])  # nor a second job once at nominal
+    assert book.branch_may_lose("b", ANY, 2000, "b2")  # what p2 gives, p2 gets back
 
 
 def test_a_queue_without_quota_is_bounded_by_its_capped_parent() -> None:

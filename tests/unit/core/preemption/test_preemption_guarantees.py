@@ -1,9 +1,9 @@
 """What preemption guarantees, each shown by a sequence of events through the whole pipeline (admission,
 quota, placement, preemption):
 
-  - a reclaim takes back only what a queue borrows: never a queue below its nominal quota, also when other
-    lenders reclaim at the same time (victims already chosen for them count as gone, and their room as their
-    preemptors', unless those run already);
+  - a reclaim takes a queue's whole jobs only while it borrows (at most one job below its nominal quota, none
+    of a queue that does not borrow), also when other lenders reclaim at the same time (victims already chosen
+    for them count as gone, and their room as their preemptors', unless those run already);
   - the victims are a minimal set, the least work lost first, and they really make room (simulated first);
   - a protection that runs out with time (a victim's minimum runtime, a spent eviction budget's window) is
     looked at again on the clock tick, for every waiting job that could preempt;
@@ -61,7 +61,7 @@ def batch_min_runtime(feed: EventFeed, seconds: float) -> None:
     feed.send(PriorityClassesChanged, classes=classes, version=2)
 
 
-# --- a reclaim takes back only what a queue borrows --------------------------------------------------------
+# --- a reclaim takes a queue's jobs only while it borrows -------------------------------------------------
 
 def test_two_lenders_reclaiming_at_once_take_back_only_what_the_borrower_borrows() -> None:
     """x (nominal 4) runs 6 GPUs, borrowing 2; l1 and l2 (nominal 2, lending 1 each) each ask for 2. The one
@@ -83,10 +83,11 @@ def test_two_lenders_reclaiming_at_once_take_back_only_what_the_borrower_borrows
     assert usage(feed, "x") == 4  # exactly its nominal quota
 
 
-def test_a_reclaim_never_takes_a_borrower_below_its_nominal_quota_even_to_free_a_node() -> None:
+def test_a_reclaim_takes_a_borrower_only_one_job_below_its_nominal_even_to_free_a_node() -> None:
     """y (nominal 3) borrows 1 GPU in four 1-GPU jobs filling n1; z (nominal 1) borrows 2 in three 1-GPU jobs
-    on n2, which has one GPU free. l (nominal 4) asks for 4 on one node: only evicting all of y's jobs (3
-    below its nominal) or all of z's (1 below) frees a node. Neither is a reclaim: nobody is evicted."""
+    on n2, which has one GPU free. l (nominal 4) asks for 4 on one node: only evicting all of y's jobs or all
+    of z's frees a node, and a reclaim may take one of y's (y borrows 1) and two of z's (z borrows 2 and then
+    1): none frees a node, so nobody is evicted."""
     feed = cluster(q("l", 4), q("y", 3), q("z", 1))
     feed.nodes(node("n1", 4, "A100"), node("n2", 4, "H100"))
     feed.at(D - 60)

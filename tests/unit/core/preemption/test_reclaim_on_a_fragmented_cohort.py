@@ -81,7 +81,7 @@ def test_a_second_preemptor_does_not_count_on_the_node_freed_for_the_first() -> 
 def test_a_run_over_whose_quota_is_not_released_yet_counts_as_leaving_its_queue() -> None:
     """On the bus quota may release an evicted job's reservation after preemption has read a lender's deferral:
     in that window the job's quota is leaving its queue, not borrowed by it, so a reclaim must not take a job
-    of that queue as if it borrowed (it would leave the queue below its nominal quota)."""
+    of that queue as if it borrowed (a queue that does not borrow loses nothing to a reclaim)."""
     from contracts import (
         JobAdmitted,
         JobStarted,

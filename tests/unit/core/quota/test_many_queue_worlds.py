@@ -31,14 +31,16 @@ def broken(seed: int, reason: str) -> object:
 
 # Seeds whose worlds break a guarantee (found with this generator; see the module doc).
 BROKEN = [
-    broken(12, "no_idle_while_fitting_waits as for seed 9 (j0153, j0172, j0186 in q05), and a reclaim_within_bound "
-               "not traced"),
+    broken(12, "no_idle_while_fitting_waits as for seed 9 (j0153, j0172, j0186 in q05)"),
     broken(9, "no_idle_while_fitting_waits: j0098 (urgent, a class made non-preemptible mid-run; 2 GPUs) in q20 "
               "(nominal 0, over its budget with over_budget=borrow) is told exceeds_queue_quota, as if it could use "
-              "its nominal only, though over budget it is admitted preemptible and borrows; and a "
-              "reclaim_within_bound (q22) not traced"),
-    broken(5, "reclaim_within_bound, a checker false positive: holds.reclaim_due asks whether the queue's first "
-              "waiting job fits the nominal of a flavor it may not use (it asks for H100 only; the episode is A100)"),
+              "its nominal only, though over budget it is admitted preemptible and borrows; quota_ceiling: j0345 "
+              "of q01 (no cohort) placed on the tick its reservation went back at its placement timeout takes its "
+              "quota again above q01's nominal; reclaim_within_bound: j0143 of q16, starving and reserved unplaced, "
+              "keeps lent quota past its placement timeout, as quota (quota/reclaim.py lent_flavors) asks whether "
+              "q22's smallest waiting job of any priority (j0296, 1 GPU, held behind j0171) fits its room, the "
+              "checker whether its first waiting job (j0171, 4 GPUs) does"),
+    broken(5, "lending_limit (j0163, j0275, j0308, j0323): not traced"),
 ]
 
 
