@@ -34,14 +34,11 @@ REJECTED_OVER_CEILING = ("gpusched rejects at submission a job larger than its q
 PREEMPT_FOR_BORROWING = ("when_can_preempt preempt makes a job wait only at a flavor whose lent nominal quota a "
                          "reclaim would give back; Kueue waits too where a borrowing preemption "
                          "(borrowWithinCohort) could make room")
-LENDER_FIRST = ("gpusched lets no borrower grow while a queue under its nominal quota waits for quota it lent, even "
-                "one whose reclaim_within_cohort keeps it from reclaiming from the borrowers")
 STRICT_FIFO_HOLD = ("gpusched freezes a cohort's borrowing only for a waiting job within its queue's nominal quota; "
                     "Kueue also holds borrowing of the idle quota of a StrictFIFO queue whose head waits beyond it")
 # Conformance files that fail today (file stem -> why gpusched decides otherwise).
 KUEUE_DIFFERENCES: dict[str, str] = {
     "preemption-borrow-within-cohort-shared-queue": PREEMPT_FOR_BORROWING,
-    "preemption-preemptor-holds-quota-during-evictions": LENDER_FIRST,
     "scheduler-requeue-on-queue-update": REJECTED_OVER_CEILING,
     "scheduler-borrow-from-added-queue": REJECTED_OVER_CEILING,
     "scheduler-borrow-from-same-cohort": REJECTED_OVER_CEILING,
