@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from libs.core.kernel.inadmissible import queue_could_hold
 from libs.core.kernel.quota_math import ANY, UNLIMITED
 from libs.core.kernel.usable_flavors import usable_flavors
 from libs.core.quota.shortcuts.request_shapes import shaped_flavors, shaped_holdable
@@ -85,7 +86,7 @@ def could_ever_fit(state: QuotaState, job: QuotaJob) -> bool:
 
 def ever_fits(state: QuotaState, job: QuotaJob) -> bool:
     """Could the job's queue, as its quota is now, ever hold the job (in a flavor it may use, by the borrowing
-    rule it is under)?"""
+    rule it is under: kernel/inadmissible.py)?"""
     if not state.book.governed(job.queue):
         return True
     # Ceilings change with policy alone: the answers are kept per policy version.
@@ -96,7 +97,7 @@ def ever_fits(state: QuotaState, job: QuotaJob) -> bool:
     key = (job.queue, job.demand if borrows else -job.demand, flavors_of(state, job))  # one key per borrowing rule
     fits = state.ever_fits.get(key)
     if fits is None:
-        fits = state.ever_fits[key] = any(state.book.ceiling(job.queue, f, borrows) >= job.demand for f in key[2])
+        fits = state.ever_fits[key] = queue_could_hold(state.book, job.queue, job.demand, key[2], borrows)
     return fits
 
 
