@@ -38,8 +38,6 @@ KUEUE = SCENARIOS / "kueue"
 # The reasons gpusched decides otherwise today.
 NOMINAL_PROTECTED = ("gpusched never reclaims a borrower below its nominal quota (nominal_protected); Kueue's "
                      "reclaim takes whole workloads from a borrowing queue even when that leaves it below its nominal")
-REJECTED_OVER_CEILING = ("gpusched rejects at submission a job larger than its queue's current ceiling "
-                         "(exceeds_queue_quota); Kueue keeps it pending, inadmissible, and admits it when quota grows")
 BORROW_WITHIN_COHORT = "awaiting a queue setting: preemption.borrowWithinCohort (LowerPriority, maxPriorityThreshold)"
 WITHIN_QUEUE_POLICY = "awaiting a queue setting: preemption.withinClusterQueue (Never, LowerOrNewerEqualPriority)"
 RECLAIM_POLICY = "awaiting a queue setting: preemption.reclaimWithinCohort (Never, LowerPriority)"
@@ -53,20 +51,13 @@ KUEUE_DIFFERENCES: dict[str, str] = {
     "preemption-borrow-within-cohort-shared-queue": f"{BORROW_WITHIN_COHORT}; {FUNGIBILITY}",
     "preemption-borrow-within-cohort-threshold": BORROW_WITHIN_COHORT,
     "preemption-preemptor-holds-quota-during-evictions": BORROW_WITHIN_COHORT,
-    "preemption-multi-level-cohort-guaranteed": f"{HIERARCHICAL}; {REJECTED_OVER_CEILING}",
-    "scheduler-requeue-on-queue-update": REJECTED_OVER_CEILING,
-    "scheduler-borrow-from-added-queue": REJECTED_OVER_CEILING,
-    "scheduler-borrow-from-same-cohort": REJECTED_OVER_CEILING,
-    "scheduler-cohort-own-quota": REJECTED_OVER_CEILING,
-    "scheduler-lending-limit-borrow": REJECTED_OVER_CEILING,
-    "scheduler-long-distance-borrowing": f"{REJECTED_OVER_CEILING}; {HIERARCHICAL}",
+    "scheduler-long-distance-borrowing": HIERARCHICAL,
     "scheduler-next-flavor-instead-of-borrowing": FUNGIBILITY,
     "scheduler-preempt-before-next-flavor": FUNGIBILITY,
     "scheduler-pending-lender-blocks-borrowing": WITHIN_QUEUE_POLICY,
     "unit-preemption-reclaim-same-priority-any": NOMINAL_PROTECTED,
     "unit-preemption-from-all-queues-in-cohort": NOMINAL_PROTECTED,
     "unit-preemption-reclaim-from-lender": NOMINAL_PROTECTED,
-    "unit-preemption-exceeds-requestable-quota": REJECTED_OVER_CEILING,
 }
 
 
