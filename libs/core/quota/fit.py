@@ -36,6 +36,14 @@ def judged_anew(state: QuotaState) -> set[str]:
     may use (flavors_of: those of a model the nodes present serve), and NO_NODE_COULD_HOLD also on whether the
     nodes present could hold it at all (could_hold)."""
     queues = {state.jobs[j].queue for j in state.judged_on_nodes if j in state.jobs}
+    return flavors_moved_queues(state, queues)
+
+
+def flavors_moved_queues(state: QuotaState, queues: set[str] | None = None) -> set[str]:
+    """`queues` with those of the waiting jobs whose usable flavors the fleet event just folded moved. Capacity
+    that shrinks moves them too: a model no node serves any more, or none serving the job's now, so that every
+    flavor is usable again (a job told its queue could never hold it may now be held in one)."""
+    queues = set() if queues is None else queues
     if state.fleet.before is state.fleet.by_model:
         return queues  # no model's count changed: no job's flavors moved
     for job_id in state.deferred:

@@ -29,7 +29,7 @@ from contracts import (
 )
 from libs.core.kernel.decider import Decisions
 from libs.core.quota.cycle import schedule
-from libs.core.quota.fit import group_of, groups, judged_anew
+from libs.core.quota.fit import flavors_moved_queues, group_of, groups, judged_anew
 from libs.core.quota.reasons import tell_new, tell_no_node
 from libs.core.quota.state import QuotaState
 from libs.core.quota.timeout import give_back_unplaced, take_back
@@ -118,7 +118,10 @@ def react_capacity_grew(state: QuotaState, event: NodeRegistered | NodeUncordone
 
 def react_capacity_shrank(state: QuotaState, event: NodeLost | NodeCordoned, after: AfterFold,
                           out: Decisions) -> None:
-    schedule_groups_of(state, tell_no_node(state, out), event.ts, out)
+    """Nodes went: the jobs no node present could hold any more are told so, and the queues of waiting jobs
+    whose usable flavors moved (fit.flavors_moved_queues) are looked at again."""
+    told = tell_no_node(state, out)
+    schedule_groups_of(state, flavors_moved_queues(state, told), event.ts, out)
 
 
 def react_policy(state: QuotaState, event: QueuePolicyChanged | PriorityClassesChanged | SchedulingSettingsChanged,
