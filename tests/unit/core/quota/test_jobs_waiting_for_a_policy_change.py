@@ -121,3 +121,22 @@ def test_the_checker_flags_an_untrue_ceiling_reason_when_the_room_is_taken_but_t
     found = check_liveness(log.ticks(until=1_020.0).events)
     assert ids(found) == {"waiting_reason_true"} and found[0].jobs == ("big",)
     assert "could hold it" in found[0].detail
+
+
+@pytest.mark.parametrize("lowered_first", [pytest.param(True, id="quota lowered before the job is submitted"),
+                                           pytest.param(False, id="quota lowered while the job waits")])
+def test_a_job_over_its_queues_ceiling_behind_a_job_of_higher_priority_hears_its_ceiling_either_way(
+        lowered_first: bool) -> None:
+    # No cycle tries a job held behind a higher one: the ceiling is told all the same, as it binds whoever waits.
+    feed = cluster(q("a", 8, cohort=""))
+    feed.nodes(node("n1", 8))
+    feed.submit("r1", on("a", 6))
+    feed.submit("hi", on("a", 4).priority("urgent"))
+    if lowered_first:
+        feed.queues(q("a", 5, cohort=""))
+    decisions = feed.submit("lo", on("a", 6).priority("batch"))
+    assert not of(decisions, JobRejected)
+    if not lowered_first:
+        feed.queues(q("a", 5, cohort=""))
+    assert quota_story(feed, "lo")[-1] == "exceeds_queue_quota"
+    assert quota_story(feed, "hi")[-1] != "exceeds_queue_quota"
