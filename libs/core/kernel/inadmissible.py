@@ -4,9 +4,9 @@ its queue lets one user hold. Such a job is admitted and waits, holding nothing:
 lending limit or a nominal quota be raised, a flavor be added, a user limit be raised, and then it runs (as
 Kueue keeps such a workload pending, inadmissible). Admission refuses only what no policy could ever serve.
 
-Stated once here: the quota decider tells a waiting job these reasons (libs/core/quota/reasons.py), admission
-answers a submission with the same reason at once (libs/core/admission/validation.py `waits_by_policy`), and
-the guarantee checker judges the claim by the quota decider's own answer."""
+Stated once here: the quota decider tells a waiting job these reasons (libs/core/quota/reasons.py), the HTTP
+API answers a submission with the same reason at once (`waits_by_policy`, services/admission/api.py), and the
+guarantee checker judges the claim by the quota decider's own answer."""
 
 from __future__ import annotations
 
