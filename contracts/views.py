@@ -188,6 +188,11 @@ class JobCreated(msgspec.Struct, kw_only=True):
     duplicate: bool = False
     # A submission's answer: the spec as stored (for a repeated idempotency key, the one its job was made with).
     spec: JobSpec | None = None
+    # A new submission its queue's policy cannot serve now (over its queue's ceiling, no quota of its models,
+    # over its user limit): accepted all the same, it waits holding nothing until a policy change gives it room;
+    # the reason quota tells it (libs/core/kernel/inadmissible.py). "" when only others' use could hold it.
+    reason: str = ""
+    message: str = ""
 
 
 class NodeAction(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

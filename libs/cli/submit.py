@@ -79,6 +79,8 @@ def cmd_submit(args: argparse.Namespace) -> None:
                       "this idempotency key was used before with this same spec")
     else:
         console.print(f"submitted [bold]{answer['id']}[/bold] ({answer['state']})")
+        if answer.get("reason"):  # accepted, but its queue's policy cannot serve it now: it waits for a change
+            console.print(f"waits: {answer['reason']}: {answer.get('message', '')}", markup=False)
 
 
 def _add_resources(p: argparse.ArgumentParser) -> None:

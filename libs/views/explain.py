@@ -19,6 +19,7 @@ FAMILY = {
     "fragmentation": "fragmentation", "topology": "topology", "gang": "gang",
     "reserved_for_preemptor": "protected_for_preemptor", "held_for_preemptor": "protected_for_preemptor",
     "parent_quota_exhausted": "queue_quota", "nominal_quota_only": "queue_quota", "no_node_could_hold": "no_node",
+    "no_quota_for_models": "no_quota_for_models",
 }
 
 
@@ -86,8 +87,13 @@ def explain(job: JobView, queue: QueueView | None, queue_running: list[JobView],
                            "(gpusched queue set --budget-gpu-hours)")
     elif family == "queue_ceiling" and queue is not None:
         # Its queue can never hold it as its quota is now: only a change of that quota helps.
-        out.unblock.append(f"raise queue {queue.name}'s quota (nominal or borrowing limit) so that it can hold "
+        out.unblock.append(f"raise queue {queue.name}'s quota (nominal, borrowing limit, or what its cohort "
+                           f"lends: a peer's lending limit, a queue joining the cohort) so that it can hold "
                            f"{_gpus(demand)}; until then it waits without holding back other jobs")
+    elif family == "no_quota_for_models" and queue is not None:
+        models = ", ".join(job.spec.gpu_models) if job.spec is not None and job.spec.gpu_models else "its models"
+        out.unblock.append(f"queue {queue.name} is given quota of {models} (a flavor); until then it waits without "
+                           "holding back other jobs")
     elif family == "no_node":
         # Even an empty cluster could not hold it: no running job ending helps, only the inventory changing.
         out.unblock.append("a node that could hold it (registered, healthy, not cordoned) joins or comes back; until "

@@ -1,7 +1,9 @@
 """The public HTTP API. Writes become commands on the bus; reads come from the Redis read models.
 
 A submission is checked at once with the same `validate` the admission core applies to the logged
-command, so the caller gets its 4xx (with the reason code) immediately and the log agrees. Until a first
+command, so the caller gets its 4xx (with the reason code) immediately and the log agrees. One only a change of
+policy could serve (over its queue's ceiling or user limit, no quota of its models) is accepted, and its answer
+carries the reason it waits for (`reason`, `message`), the one quota tells it. Until a first
 node has registered, the cluster's capacity is unknown: a submission is then answered 503 `not_ready` with
 Retry-After, so that the caller retries once it can be checked. An accepted submission opens the job's
 trace: its `SubmitJob` carries the `traceparent` every later hop continues.
@@ -27,6 +29,7 @@ from libs.core.admission.decider import AdmissionDecider
 from libs.core.admission.idempotency_keys import Resubmission, job_id_for_key, key_reused, spec_fingerprint
 from libs.core.admission.validation import validate
 from libs.core.kernel.decider import derived_id
+from libs.core.kernel.inadmissible import waits_by_policy
 from libs.runtime.http import HttpError, check_query, decode_body, error_response, json_response
 from libs.telemetry.tracing import ServiceTracing, current_tracing
 from libs.views.explain import explain
@@ -113,8 +116,10 @@ class JobsApi:
         except BaseException:
             self._in_flight.discard(job_id)
             raise
-        return json_response(JobCreated(id=job_id, state="pending", spec=spec), status=201,
-                             headers={"Location": f"/v1/jobs/{job_id}"})
+        waits = waits_by_policy(spec, self.decider.state.policy)
+        reason, message = (waits[0], waits[1]) if waits is not None else ("", "")
+        return json_response(JobCreated(id=job_id, state="pending", spec=spec, reason=reason, message=message),
+                             status=201, headers={"Location": f"/v1/jobs/{job_id}"})
 
     def _resubmission(self, job_id: str, spec: JobSpec) -> Resubmission | None:
         """The job that already holds this key, decided by the core or only published by this API."""

@@ -100,7 +100,9 @@ def openapi_document() -> dict[str, Any]:
                     "summary": "Submit a job",
                     "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("JobSpec")}}},
                     "responses": {"201": _json(_ref("JobCreated"), "accepted; follow the job by its id (`spec`: the "
-                                               "spec as stored)"),
+                                               "spec as stored; `reason`, `message`: why it waits, holding nothing, "
+                                               "until a policy change gives it room, when its queue's quota or user "
+                                               "limit cannot hold it now)"),
                                   "200": _json(_ref("JobCreated"), "the same idempotency key and spec were seen "
                                                "before: the job they made (`duplicate`), its stored spec and current "
                                                "state"),

@@ -1,6 +1,7 @@
 """The bridge against a real kube-apiserver: pods, gangs and Indexed Jobs bound where the platform placed them,
 run by fake kubelets, and ended; a gang that does not fit bound not at all, every member saying why; refusals
-and waits visible where `kubectl describe` looks; exit codes; users deleting pods and Jobs."""
+and waits visible where `kubectl describe` looks (a pod over its queue's quota waits saying so, and is bound once
+the quota is raised); exit codes; users deleting pods and Jobs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from libs.kube.devcluster import DevCluster
-from tests.e2e.kube_harness import KubeWorld, gang, gpu_pod, indexed_job, start_world
+from tests.e2e.kube_harness import POLICY, KubeWorld, gang, gpu_pod, indexed_job, start_world
 from tests.e2e.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -67,6 +68,25 @@ def test_a_pod_that_can_never_run_is_refused_visibly(world: KubeWorld) -> None:
         assert condition["reason"].startswith(code.split("_")[0]), (name, condition)
         assert any(code.split("_")[0] in e["message"] for e in world.events_of(name)), world.events_of(name)
         assert world.node_of(name) == ""
+
+
+def test_a_pod_over_its_queues_quota_waits_saying_why_and_is_bound_once_the_quota_is_raised(
+        kube_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> None:
+    assert "nominal_gpus = 64" in POLICY
+    w = start_world(kube_cluster, Path(tmp_path_factory.mktemp("kube-ceiling")), "ceiling", nodes=1, gpus=8,
+                    policy=POLICY.replace("nominal_gpus = 64", "nominal_gpus = 2"))
+    try:
+        w.apply(gpu_pod("over", gpus=4))
+        wait_for(lambda: (c := w.condition("over", "PodScheduled")) is not None and c["status"] == "False"
+                 and c["reason"] == "queue_ceiling",
+                 lambda: f"over never said why: {w.condition('over', 'PodScheduled')}", timeout=30)
+        condition = w.condition("over", "PodScheduled")
+        assert condition is not None and "raise queue q's quota" in condition["message"], condition
+        assert w.node_of("over") == ""
+        w.api.put_queue("q", {"name": "q", "team": "t", "nominal_gpus": 8})
+        w.wait_phase("over", "Running", timeout=30)
+    finally:
+        w.stop()
 
 
 def test_exit_codes_fail_the_job_and_137_is_retried(world: KubeWorld) -> None:

@@ -20,7 +20,7 @@ from libs.core.kernel.quota_figures import over_budget_room
 from libs.core.kernel.quota_math import ANY
 from libs.core.kernel.starvation import longest_waiting
 from libs.core.kernel.usable_flavors import usable_flavors
-from libs.core.quota.fit import could_hold, smallest_servable
+from libs.core.quota.fit import could_ever_fit, could_hold, smallest_servable
 from libs.core.quota.nomination import holding_nominee, nominees
 from libs.core.quota.starvation import may_starve
 
@@ -223,7 +223,9 @@ def first_waiting(world: World, queue: str) -> str | None:
     for something else, and are no job's turn: those backing off (after a failure, or after their reservation
     went back unplaced) wait for time, those held by their user's limit for that user's jobs to end (the jobs
     quota's `smallest_servable` leaves out; preemption stops counting them as waiting on their USER_LIMIT
-    deferral, so jobs of lower priority are not behind them)."""
+    deferral, so jobs of lower priority are not behind them), and those their queue could never hold as its
+    quota is now for a policy change (quota holds nothing for them, and preemption counts them as waiting on
+    no such deferral)."""
     levels = world.quota.pending.get(queue)
     if not levels:
         return None
@@ -231,7 +233,8 @@ def first_waiting(world: World, queue: str) -> str | None:
     for prio in sorted(levels, reverse=True):
         waiting = [(world.quota.jobs[j].demand, j) for keys in levels[prio].values() for _, j in keys
                    if backing_off.get(j, 0.0) <= now and requeued.get(j, 0.0) <= now
-                   and not user_limit_hold(world, j, world.quota.jobs[j].spec)]
+                   and not user_limit_hold(world, j, world.quota.jobs[j].spec)
+                   and could_ever_fit(world.quota, world.quota.jobs[j])]
         if waiting:
             return min(waiting)[1]
     return None

@@ -20,6 +20,7 @@ from libs.core.kernel.wait_reasons import (
     BUDGET_SPENT,
     HELD_FOR_PREEMPTOR,
     HELD_FOR_STARVING_JOB,
+    INADMISSIBLE,
     NO_NODE_COULD_HOLD,
     OVER_BUDGET_WAITS,
     RESERVED_FOR_PREEMPTOR,
@@ -62,6 +63,16 @@ def _no_node_could_hold(world: World, job_id: str, job: JobState) -> str:
     return "a node present could hold it once the running jobs are gone"
 
 
+def _inadmissible(world: World, job_id: str, job: JobState) -> str:
+    """`exceeds_queue_quota`, `no_quota_for_models`: its queue, as its quota is now, could not hold the job in
+    any flavor it may use (the quota decider's own answer, quota_fit.could_ever_fit). Once a policy change gave
+    it room the claim is false, and a job still told so was never looked at again."""
+    held = world.quota.jobs.get(job_id)
+    if held is None or not quota_fit.could_ever_fit(world.quota, held):
+        return ""
+    return f"queue {job.spec.queue}'s quota as it is now could hold it"
+
+
 def _not_fitting(world: World, job_id: str, job: JobState) -> str:
     return "it fits the cluster's free capacity" if holds.fits_now(world, job.spec, job.flavor) else ""
 
@@ -74,6 +85,7 @@ QUOTA_CLAIMS: dict[str, Claim] = {
     RETRY_BACKOFF: _negate(holds.backoff_hold, "its retry backoff is over"),
     HELD_FOR_STARVING_JOB: _negate(holds.starving_quota_hold, "no job of its cohort waits past the starvation limit"),
     NO_NODE_COULD_HOLD: _no_node_could_hold,
+    **dict.fromkeys(INADMISSIBLE, _inadmissible),
     HELD_FOR_PREEMPTOR: _negate(holds.nominee_quota_hold, "no preemptor waiting for quota would be left without room "
                                                           "by it"),
 }

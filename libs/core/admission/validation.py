@@ -1,13 +1,29 @@
-"""Whether a job can ever be admitted: every reason it never could, each with its own code (its team, queue and
-priority class, its resources, what the cluster could ever offer, its user's limit and its queue's quota). The
-same check answers the HTTP request at once and decides the logged outcome, so the API and the log never
-disagree about what is acceptable."""
+"""Whether a job can ever be admitted: every reason it never could, each with its own code. The same check
+answers the HTTP request at once and decides the logged outcome, so the API and the log never disagree about
+what is acceptable.
+
+Refused is only what no policy change could ever serve:
+- a malformed request (replicas, GPUs or fraction, CPU and memory, durations, a MIG profile or topology that
+  names nothing);
+- a reference that names nothing the job could be judged by, each refused rather than kept waiting for a policy
+  that might one day name it: an unknown team (a team is the caller's identity; a team with no queue has no
+  quota, no fair share, nothing a job could be ranked by), an unknown queue or priority class (a name that
+  matches nothing is a mistake to hear of at once, not a wait: a queue created later under that name could be
+  another team's, and a job without a class has no priority, preemptibility or protection to be judged by), a
+  queue that groups others (it takes no jobs; the caller must choose one of its leaves, which a quota change
+  never does for them), a queue of another team (authorisation: a job may only spend its own team's quota, and
+  a later move of the queue must not carry a job across teams);
+- more than the cluster as registered could ever give (capacity.py): any node, any GPU, any GPU model, MIG
+  profile or topology domain it knows.
+What a policy change could serve is admitted and waits, holding nothing, told why at once: more than its
+queue's ceiling or no quota of its models as the quota is now, more than its queue lets one user hold
+(libs/core/kernel/inadmissible.py, whose `waits_by_policy` the HTTP API answers a submission with)."""
 
 from __future__ import annotations
 
 from contracts import JobSpec
 from libs.core.admission.capacity import Inventory, Rejection, capacity_rejection, spec_problem
-from libs.core.kernel.policy import PolicyBook, demand_milli, replica_milli
+from libs.core.kernel.policy import PolicyBook
 
 
 def validate(spec: JobSpec, policy: PolicyBook, inventory: Inventory) -> Rejection | None:
@@ -40,23 +56,4 @@ def validate(spec: JobSpec, policy: PolicyBook, inventory: Inventory) -> Rejecti
     for name, maybe in (("duration_s", spec.duration_s), ("max_runtime_s", spec.max_runtime_s)):
         if maybe is not None and maybe <= 0:
             return Rejection("invalid_duration", f"{name} must be > 0, got {maybe}")
-    problem = spec_problem(spec) or capacity_rejection(spec, inventory)
-    if problem is not None:
-        return problem
-    if queue.user_max_gpus is not None and demand_milli(spec) > queue.user_max_gpus * 1000:
-        return Rejection("exceeds_user_limit", f"the job needs {demand_milli(spec) / 1000:g} GPUs; a user of queue "
-                         f"{spec.queue!r} may hold at most {queue.user_max_gpus}")
-    book = policy.quotas
-    if book.governed(spec.queue):
-        flavors = book.flavors_for(spec.queue, spec)
-        if not flavors:
-            return Rejection("no_quota_for_models", f"queue {spec.queue!r} has no quota for GPU model(s) "
-                             f"{', '.join(spec.gpu_models)}")
-        borrows = policy.preemptible(spec)  # a job that cannot be preempted never borrows (see quota)
-        most = max(book.ceiling(spec.queue, f, borrows) for f in flavors)
-        if demand_milli(spec) > most:
-            how = "with borrowing" if borrows else "within its nominal quota, as the job cannot be preempted"
-            return Rejection("exceeds_queue_quota",
-                             f"the job needs {demand_milli(spec) / 1000:g} GPUs; queue {spec.queue!r} can hold at "
-                             f"most {most / 1000:g} {how} ({replica_milli(spec) / 1000:g} per replica)")
-    return None
+    return spec_problem(spec) or capacity_rejection(spec, inventory)

@@ -15,7 +15,11 @@ BUDGET_SPENT = "budget_spent"
 HELD_FOR_STARVING_JOB = "held_for_starving_job"  # (placement tells it too, for a starving job's GPUs)
 OVER_BUDGET_WAITS = "over_budget_waits_for_idle_quota"
 RETRY_BACKOFF = "retry_backoff"
-EXCEEDS_QUEUE_QUOTA = "exceeds_queue_quota"  # more than its queue could ever hold, as its quota is now
+# Inadmissible as the policy is now (libs/core/kernel/inadmissible.py): admitted, it waits holding nothing until
+# a policy change gives it room. More than its queue could ever hold as its quota is now; no quota of its models.
+EXCEEDS_QUEUE_QUOTA = "exceeds_queue_quota"
+NO_QUOTA_FOR_MODELS = "no_quota_for_models"
+INADMISSIBLE = frozenset({EXCEEDS_QUEUE_QUOTA, NO_QUOTA_FOR_MODELS})
 PARENT_QUOTA_EXHAUSTED = "parent_quota_exhausted"  # its queue has room, its parent's subtree does not
 NOMINAL_QUOTA_ONLY = "nominal_quota_only"  # a job that cannot be preempted never borrows: its queue is at nominal
 # No node present could hold it, not even with every running job gone: it is no starving job (it holds nobody

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from libs.core.kernel.inadmissible import queue_could_hold
 from libs.core.kernel.quota_math import ANY, UNLIMITED
 from libs.core.kernel.usable_flavors import usable_flavors
 from libs.core.quota.shortcuts.request_shapes import shaped_flavors, shaped_holdable
@@ -35,6 +36,14 @@ def judged_anew(state: QuotaState) -> set[str]:
     may use (flavors_of: those of a model the nodes present serve), and NO_NODE_COULD_HOLD also on whether the
     nodes present could hold it at all (could_hold)."""
     queues = {state.jobs[j].queue for j in state.judged_on_nodes if j in state.jobs}
+    return flavors_moved_queues(state, queues)
+
+
+def flavors_moved_queues(state: QuotaState, queues: set[str] | None = None) -> set[str]:
+    """`queues` with those of the waiting jobs whose usable flavors the fleet event just folded moved. Capacity
+    that shrinks moves them too: a model no node serves any more, or none serving the job's now, so that every
+    flavor is usable again (a job told its queue could never hold it may now be held in one)."""
+    queues = set() if queues is None else queues
     if state.fleet.before is state.fleet.by_model:
         return queues  # no model's count changed: no job's flavors moved
     for job_id in state.deferred:
@@ -85,7 +94,7 @@ def could_ever_fit(state: QuotaState, job: QuotaJob) -> bool:
 
 def ever_fits(state: QuotaState, job: QuotaJob) -> bool:
     """Could the job's queue, as its quota is now, ever hold the job (in a flavor it may use, by the borrowing
-    rule it is under)?"""
+    rule it is under: kernel/inadmissible.py)?"""
     if not state.book.governed(job.queue):
         return True
     # Ceilings change with policy alone: the answers are kept per policy version.
@@ -96,7 +105,7 @@ def ever_fits(state: QuotaState, job: QuotaJob) -> bool:
     key = (job.queue, job.demand if borrows else -job.demand, flavors_of(state, job))  # one key per borrowing rule
     fits = state.ever_fits.get(key)
     if fits is None:
-        fits = state.ever_fits[key] = any(state.book.ceiling(job.queue, f, borrows) >= job.demand for f in key[2])
+        fits = state.ever_fits[key] = queue_could_hold(state.book, job.queue, job.demand, key[2], borrows)
     return fits
 
 

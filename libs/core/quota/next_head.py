@@ -11,7 +11,7 @@ from libs.core.kernel.wait_reasons import BACKING_OFF, BEHIND_HIGHER_PRIORITY, R
 from libs.core.quota.fit import flavors_of
 from libs.core.quota.order import Order
 from libs.core.quota.reasons import defer, quota_reason, tells
-from libs.core.quota.reserve import ANY_FLAVOR
+from libs.core.quota.reserve import ANY_FLAVOR, never_fits
 from libs.core.quota.shortcuts.repeated_holds import held_like_another
 from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
@@ -91,7 +91,11 @@ def backs_off(state: QuotaState, job: QuotaJob, now: float, out: Decisions) -> b
 
 
 def tell_behind(state: QuotaState, job: QuotaJob, out: Decisions) -> None:
-    """The job is held back behind a job of higher priority of its queue: told so, once."""
+    """The job is held back behind a job of higher priority of its queue: told so, once. One its queue could
+    never hold as the quota is now is told that instead (reserve.never_fits): no job ahead of it is what it waits
+    for, and it hears the same whether it was submitted so or its quota was lowered under it."""
+    if never_fits(state, job, out):
+        return
     if tells(state, job, BEHIND_HIGHER_PRIORITY):
         defer(state, job, BEHIND_HIGHER_PRIORITY, f"a job of higher priority waits for queue {job.queue}'s quota "
               "first", 0, out)

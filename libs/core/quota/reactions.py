@@ -28,9 +28,11 @@ from contracts import (
     SchedulingSettingsChanged,
 )
 from libs.core.kernel.decider import Decisions
+from libs.core.kernel.wait_reasons import WAITING_OR_HELD
 from libs.core.quota.cycle import schedule
-from libs.core.quota.fit import group_of, groups, judged_anew, linked_groups
+from libs.core.quota.fit import flavors_moved_queues, group_of, groups, judged_anew, linked_groups
 from libs.core.quota.reasons import tell_new, tell_no_node
+from libs.core.quota.reserve import never_fits
 from libs.core.quota.state import QuotaState
 from libs.core.quota.timeout import give_back_unplaced, take_back
 
@@ -119,13 +121,28 @@ def react_capacity_grew(state: QuotaState, event: NodeRegistered | NodeUncordone
 
 def react_capacity_shrank(state: QuotaState, event: NodeLost | NodeCordoned, after: AfterFold,
                           out: Decisions) -> None:
-    schedule_groups_of(state, tell_no_node(state, out), event.ts, out)
+    """Nodes went: the jobs no node present could hold any more are told so, and the queues of waiting jobs
+    whose usable flavors moved (fit.flavors_moved_queues) are looked at again."""
+    told = tell_no_node(state, out)
+    schedule_groups_of(state, flavors_moved_queues(state, told), event.ts, out)
 
 
 def react_policy(state: QuotaState, event: QueuePolicyChanged | PriorityClassesChanged | SchedulingSettingsChanged,
                  after: AfterFold, out: Decisions) -> None:
     for group in groups(state):
         schedule(state, group, event.ts, out)
+    tell_inadmissible(state, out)
+
+
+def tell_inadmissible(state: QuotaState, out: Decisions) -> None:
+    """A policy change may leave a waiting job its queue could never hold: it is told so (reserve.never_fits)
+    even where no cycle tried it (one held behind a job of higher priority is not tried), so that it hears
+    what a job submitted after the change hears. Only a job told it waits for quota: a hold of its own (its
+    user's limit, a budget, a backoff) binds before its queue's ceiling, as a cycle tries them."""
+    for job_id, code in list(state.deferred.items()):
+        job = state.jobs.get(job_id)
+        if code in WAITING_OR_HELD and job is not None and job.state == "pending":
+            never_fits(state, job, out)
 
 
 def react_tick(state: QuotaState, event: ClockTick, after: AfterFold, out: Decisions) -> None:

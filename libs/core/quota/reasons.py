@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from contracts import QuotaDeferred
 from libs.core.kernel.decider import Decisions
+from libs.core.kernel.inadmissible import ceiling_reason
 from libs.core.kernel.quota_math import ANY
 from libs.core.kernel.wait_reasons import (
     BEHIND_HIGHER_PRIORITY,
     COHORT_QUOTA_EXHAUSTED,
-    EXCEEDS_QUEUE_QUOTA,
     NO_NODE_COULD_HOLD,
     NOMINAL_QUOTA_ONLY,
     OVER_BUDGET_WAITS,
@@ -41,14 +41,7 @@ def reason(state: QuotaState, job: QuotaJob) -> tuple[str, str, int]:
     book = state.book
     borrows = may_borrow(state, job)
     if not could_ever_fit(state, job):
-        flavors = flavors_of(state, job)
-        most = max((book.ceiling(job.queue, f, borrows) for f in flavors), default=0)
-        models = ", ".join(job.spec.gpu_models) or "any model"
-        what = "borrowing included" if borrows else "within its nominal quota (the job cannot be preempted)"
-        held = (f"can hold at most {most / 1000:g} GPUs of {models}, {what}" if flavors
-                else f"has no quota for {models} any more")
-        return (EXCEEDS_QUEUE_QUOTA, f"the job needs {job.demand / 1000:g} GPUs; queue {job.queue} {held}: it "
-                "waits, holding nothing, until the queue's quota can hold it", job.demand - most)
+        return ceiling_reason(book, job.queue, job.demand, flavors_of(state, job), borrows, job.spec.gpu_models)
     if not could_hold(state, job):
         return (NO_NODE_COULD_HOLD, f"the job needs {job.demand / 1000:g} GPUs and no node present (registered, "
                 "healthy, not cordoned) could hold it even with every running job gone: it holds no quota for "
@@ -83,9 +76,11 @@ def reason(state: QuotaState, job: QuotaJob) -> tuple[str, str, int]:
 
 
 def tell_new(state: QuotaState, job: QuotaJob, now: float, out: Decisions) -> None:
-    """Tell a job that waits anew (admitted, or back in its queue) why, when no cycle reached it."""
+    """Tell a job that waits anew (admitted, or back in its queue) why, when no cycle reached it. One its queue
+    could never hold as the quota is now hears that, not the jobs ahead of it: only a policy change helps it,
+    whether it was submitted so or the quota was lowered under it."""
     levels = state.pending.get(job.queue)
-    if levels and max(levels) > job.priority:
+    if levels and max(levels) > job.priority and could_ever_fit(state, job):
         defer(state, job, BEHIND_HIGHER_PRIORITY, f"a job of higher priority waits for queue {job.queue}'s quota first",
               0, out)
     else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from contracts import QuotaReserved
 from libs.core.kernel.decider import Decisions
 from libs.core.kernel.flavors import flavor_name
+from libs.core.kernel.inadmissible import user_limit_message
 from libs.core.kernel.nomination import NOMINATION_TTL_S
 from libs.core.kernel.policy import runtime_bound
 from libs.core.kernel.queue_policies import flavors_in_turn, fungible, waits_to_preempt
@@ -20,6 +21,7 @@ from libs.core.kernel.wait_reasons import (
     EXCEEDS_QUEUE_QUOTA,
     HELD_FOR_PREEMPTOR,
     HELD_FOR_STARVING_JOB,
+    NO_QUOTA_FOR_MODELS,
     OVER_BUDGET_WAITS,
     USER_LIMIT,
     WAITING_FOR_QUOTA,
@@ -92,9 +94,8 @@ def over_user_limit(state: QuotaState, job: QuotaJob, out: Decisions) -> bool:
     if limit is None or state.user_used.get((job.queue, job.user), 0) + job.demand <= limit * 1000:
         return False
     if state.deferred.get(job.job_id) != USER_LIMIT:
-        defer(state, job, USER_LIMIT, f"user {job.user} already holds "
-              f"{state.user_used.get((job.queue, job.user), 0) / 1000:g} GPUs in queue {job.queue} "
-              f"(limit {limit})", 0, out)
+        held = state.user_used.get((job.queue, job.user), 0)
+        defer(state, job, USER_LIMIT, user_limit_message(job.user, job.queue, held, job.demand, limit), 0, out)
     return True
 
 
@@ -110,10 +111,13 @@ def waits_for_budget(state: QuotaState, job: QuotaJob, spent: bool, out: Decisio
 
 
 def never_fits(state: QuotaState, job: QuotaJob, out: Decisions) -> bool:
-    """Can its queue no longer hold the job at all (quota lowered, flavor removed)? It waits, holding nothing."""
+    """Can its queue not hold the job at all as its quota is now (more than its ceiling, no quota of its models:
+    submitted so, or quota lowered, flavor removed)? It waits, holding nothing, until a policy change gives it
+    room (libs/core/kernel/inadmissible.py)."""
     if (job.fits if job.fits_version == state.flavors_epoch else could_ever_fit(state, job)):  # (kept on the job)
         return False
-    if tells(state, job, EXCEEDS_QUEUE_QUOTA):
+    code = NO_QUOTA_FOR_MODELS if not flavors_of(state, job) else EXCEEDS_QUEUE_QUOTA
+    if tells(state, job, code):
         defer(state, job, *reason(state, job), out)
     return True
 

@@ -212,3 +212,8 @@ def test_json_prints_what_the_api_answered_never_the_spec_it_sent(capsys: pytest
     fake.answer = {"id": "j2", "state": "pending", "duplicate": False, "spec": stored}
     args.func(args)
     assert "submitted j2 (pending)" in capsys.readouterr().out
+    fake.answer = {"id": "j3", "state": "pending", "spec": stored, "reason": "exceeds_queue_quota",
+                   "message": "queue ml-train can hold at most 1 GPUs"}
+    args.func(args)
+    out = capsys.readouterr().out
+    assert "submitted j3 (pending)" in out and "waits: exceeds_queue_quota: queue ml-train can hold at most 1" in out

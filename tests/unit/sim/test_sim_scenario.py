@@ -29,8 +29,6 @@ KNOWN_HOLES: dict[str, str] = {}
 # these files are to change their outcome as the differences below are closed.
 KUEUE = SCENARIOS / "kueue"
 # The reasons gpusched decides otherwise today.
-REJECTED_OVER_CEILING = ("gpusched rejects at submission a job larger than its queue's current ceiling "
-                         "(exceeds_queue_quota); Kueue keeps it pending, inadmissible, and admits it when quota grows")
 PREEMPT_FOR_BORROWING = ("when_can_preempt preempt makes a job wait only at a flavor whose lent nominal quota a "
                          "reclaim would give back; Kueue waits too where a borrowing preemption "
                          "(borrowWithinCohort) could make room")
@@ -39,14 +37,7 @@ STRICT_FIFO_HOLD = ("gpusched freezes a cohort's borrowing only for a waiting jo
 # Conformance files that fail today (file stem -> why gpusched decides otherwise).
 KUEUE_DIFFERENCES: dict[str, str] = {
     "preemption-borrow-within-cohort-shared-queue": PREEMPT_FOR_BORROWING,
-    "scheduler-requeue-on-queue-update": REJECTED_OVER_CEILING,
-    "scheduler-borrow-from-added-queue": REJECTED_OVER_CEILING,
-    "scheduler-borrow-from-same-cohort": REJECTED_OVER_CEILING,
-    "scheduler-cohort-own-quota": REJECTED_OVER_CEILING,
-    "scheduler-lending-limit-borrow": REJECTED_OVER_CEILING,
-    "scheduler-long-distance-borrowing": REJECTED_OVER_CEILING,
     "scheduler-pending-lender-blocks-borrowing": STRICT_FIFO_HOLD,
-    "unit-preemption-exceeds-requestable-quota": REJECTED_OVER_CEILING,
 }
 
 

@@ -57,6 +57,9 @@ RUNNING = [job("r1", "running", "running", gpus=4, started=900.0, duration=300.0
                  ["a node that could hold it (registered, healthy, not cordoned) joins or comes back; until then no "
                   "quota or capacity is held for it, however long it waits"], None,
                  id="no node present could hold it: no running job ending helps"),
+    pytest.param(job("p", reason="no_quota_for_models", models=("H100",)), "no_quota_for_models",
+                 ["queue ml is given quota of H100 (a flavor); until then it waits without holding back other jobs"],
+                 None, id="no quota of its model: only a policy change helps"),
 ])
 def test_a_pending_job_is_explained(view: JobView, code: str, unblock: list[str], start: float | None) -> None:
     answer = explain(view, QUEUE, RUNNING, RUNNING, NODES, NOW)

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from contracts import CancelJob, JobAdmitted, JobFailed, JobFinished, JobRejected, JobSubmitted, NodeRegistered
+from contracts import (
+    CancelJob,
+    FlavorQuota,
+    JobAdmitted,
+    JobFailed,
+    JobFinished,
+    JobRejected,
+    JobSubmitted,
+    NodeRegistered,
+    QueueSpec,
+)
 from libs.core.admission.capacity import Inventory, Rejection
 from libs.core.admission.decider import AdmissionDecider
 from libs.core.admission.idempotency_keys import job_id_for_key
 from libs.core.admission.validation import validate
 from libs.core.kernel.decider import derived_id
+from libs.core.kernel.inadmissible import waits_by_policy
 from libs.core.kernel.policy import PolicyBook
 from tests.unit.builders import EventFeed, Job, brief, job, node, queue
 
@@ -67,9 +78,6 @@ def admission() -> EventFeed:
                  id="a gang larger than the cluster's GPUs of the allowed model"),
     pytest.param(job().gpus(4).replicas(3), "exceeds_one_gpu_model",
                  id="a gang that fits only over two GPU models (a gang runs on one)"),
-    pytest.param(job(team="cv", queue="cv-train").gpus(3).replicas(2).models("A100"), "exceeds_queue_quota",
-                 id="a gang larger than its queue's quota"),
-    pytest.param(job(team="cv", queue="cv-train").gpus(5), "exceeds_queue_quota", id="one replica over quota"),
 ])
 def test_a_spec_that_can_never_run_is_rejected_with_its_own_code(j: Job, code: str) -> None:
     rejection = validate(j.spec, book(), inventory())
@@ -92,10 +100,46 @@ def test_a_spec_the_cluster_and_its_queue_can_hold_is_accepted(j: Job) -> None:
     assert validate(j.spec, book(), inventory()) is None
 
 
+# What a change of policy could serve is admitted: it waits, holding nothing, told why at once.
+WAITING_BOOK = (QueueSpec(name="small", team="ml", flavors=(FlavorQuota(model="A100", nominal_gpus=2),),
+                          user_max_gpus=3),
+                QueueSpec(name="lender", team="ml", cohort="c", nominal_gpus=4),
+                QueueSpec(name="borrower", team="ml", cohort="c", nominal_gpus=1))
+
+
+@pytest.mark.parametrize(("j", "code"), [
+    pytest.param(job(team="cv", queue="cv-train").gpus(3).replicas(2).models("A100"), "exceeds_queue_quota",
+                 id="a gang larger than its queue's quota"),
+    pytest.param(job(team="cv", queue="cv-train").gpus(5), "exceeds_queue_quota", id="one replica over quota"),
+    pytest.param(job(queue="small").gpus(3), "exceeds_queue_quota", id="over its queue's quota of its model"),
+    pytest.param(job(queue="small").models("H100"), "no_quota_for_models", id="no quota of the job's model"),
+    pytest.param(job(queue="small").gpus(4), "user_limit", id="more than one user may hold, checked first"),
+    pytest.param(job(queue="borrower").gpus(6), "exceeds_queue_quota", id="more than it could borrow"),
+    pytest.param(job(queue="borrower").gpus(2).priority("production-inference"), "exceeds_queue_quota",
+                 id="over nominal, and a job that cannot be preempted never borrows"),
+])
+def test_a_spec_over_what_its_queue_allows_now_is_accepted_and_waits_by_policy(j: Job, code: str) -> None:
+    policy = book()
+    policy.set_queues((*QUEUES, *WAITING_BOOK))
+    assert validate(j.spec, policy, inventory()) is None
+    found = waits_by_policy(j.spec, policy)
+    assert found is not None and found[0] == code and found[1]
+
+
+@pytest.mark.parametrize("j", [
+    pytest.param(job(queue="borrower").gpus(5), id="all its cohort could lend it"),
+    pytest.param(job(queue="small").gpus(2), id="its queue's quota of its model"),
+    pytest.param(job(queue="ml-dev").gpus(8), id="a queue without quota"),
+])
+def test_a_spec_its_queue_could_hold_waits_for_nothing_by_policy(j: Job) -> None:
+    policy = book()
+    policy.set_queues((*QUEUES, *WAITING_BOOK))
+    assert waits_by_policy(j.spec, policy) is None
+
+
 def test_before_any_node_registers_capacity_is_unknown_and_rejects_nothing_but_policy_still_does() -> None:
     assert validate(job(queue="ml-dev").gpus(64).models("TPU").spec, book(), Inventory()) is None
-    over_quota = validate(job().gpus(64).spec, book(), Inventory())
-    assert over_quota is not None and over_quota.code == "exceeds_queue_quota"
+    assert validate(job().gpus(64).spec, book(), Inventory()) is None  # over quota: it waits
     assert validate(job(queue="cv-train").spec, book(), Inventory()) == Rejection(
         "queue_not_of_team", "queue 'cv-train' belongs to team 'cv'")
 

@@ -79,11 +79,15 @@ def test_a_parents_model_flavor_bounds_that_model_only() -> None:
     assert check_safety(logged(feed)) == []
 
 
-def test_a_job_larger_than_its_parent_could_ever_hold_is_rejected_at_admission() -> None:
+def test_a_job_larger_than_its_parent_could_ever_hold_waits_until_the_parent_can() -> None:
     feed = cluster(*tree(parent_nominal=1))
     feed.nodes(node("n1", 8))
-    rejected = of(feed.submit("a1", on("a", 2)), JobRejected)
-    assert [r.code for r in rejected] == ["exceeds_queue_quota"]
+    decisions = feed.submit("a1", on("a", 2))
+    assert not of(decisions, JobRejected) and outcome(decisions, "a1") == ("deferred", "exceeds_queue_quota")
+    settle(feed, D + 30)
+    assert check(logged(feed), liveness=True) == []
+    feed.queues(q("org", 2, cohort=""))
+    assert placed(feed) == {"a1"}
 
 
 def test_a_child_waiting_for_its_parents_quota_held_within_nominal_is_owed_no_reclaim() -> None:
@@ -109,12 +113,14 @@ def test_a_non_preemptible_job_uses_only_its_queues_nominal_quota() -> None:
     assert "never borrows" in of(decisions, QuotaDeferred)[0].message
 
 
-def test_a_non_preemptible_job_larger_than_its_queues_nominal_is_rejected_at_admission() -> None:
+def test_a_non_preemptible_job_larger_than_its_queues_nominal_waits_until_its_nominal_can_hold_it() -> None:
     feed = cluster(q("l", 4), q("b", 2))
     feed.nodes(node("n1", 8))
-    rejected = of(feed.submit("big", on("b", 3).priority("production-inference")), JobRejected)
-    assert [r.code for r in rejected] == ["exceeds_queue_quota"]
-    assert "cannot be preempted" in rejected[0].message
+    decisions = feed.submit("big", on("b", 3).priority("production-inference"))
+    assert not of(decisions, JobRejected) and outcome(decisions, "big") == ("deferred", "exceeds_queue_quota")
+    assert "cannot be preempted" in of(decisions, QuotaDeferred)[-1].message
+    feed.queues(q("b", 3))
+    assert placed(feed) == {"big"}
 
 
 def test_a_lender_gets_its_quota_back_from_a_queue_whose_inference_would_have_borrowed_it() -> None:

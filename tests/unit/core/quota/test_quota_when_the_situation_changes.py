@@ -203,7 +203,7 @@ def test_a_head_whose_flavor_was_removed_blocks_nobody() -> None:
     wait(feed, ("big", on("a", 4).models("H100").priority("urgent")))
     wait(feed, ("small", on("a", 1).priority("batch")))
     decisions = feed.queues(q("a", cohort="", flavors=(FlavorQuota(model="A100", nominal_gpus=4),)))
-    assert outcome(decisions, "big") == ("deferred", "exceeds_queue_quota")
+    assert outcome(decisions, "big") == ("deferred", "no_quota_for_models")
     assert outcome(decisions, "small") == ("reserved", 0, "A100")
 
 
@@ -396,8 +396,9 @@ EXPLAIN_QUEUE = QueueView(name="ml", team="ml", nominal_gpus=6, reserved_gpus=2.
 def test_a_job_its_queue_can_never_hold_is_told_only_a_quota_change_unblocks_it() -> None:
     answer = explain(pending("exceeds_queue_quota"), EXPLAIN_QUEUE, [], [], [], D)
     assert [r.code for r in answer.reasons] == ["queue_ceiling"]
-    assert answer.unblock == ["raise queue ml's quota (nominal or borrowing limit) so that it can hold 8 GPUs; "
-                              "until then it waits without holding back other jobs"]
+    assert answer.unblock == ["raise queue ml's quota (nominal, borrowing limit, or what its cohort lends: a "
+                              "peer's lending limit, a queue joining the cohort) so that it can hold 8 GPUs; until "
+                              "then it waits without holding back other jobs"]
     assert answer.estimated_start is None
 
 
