@@ -101,8 +101,9 @@ def fungible(spec: QueueSpec | None) -> bool:
 
 def waits_to_preempt(spec: QueueSpec | None) -> bool:
     """Does a job of the queue wait at a flavor whose nominal quota would hold it once a reclaim takes back what
-    the queue lent, rather than take a later flavor with room?"""
-    return spec is not None and spec.when_can_preempt == PREEMPT
+    the queue lent, rather than take a later flavor with room? Not where the queue reclaims nothing
+    (reclaim_within_cohort never): no reclaim would ever serve it there, and it would wait for good beside room."""
+    return spec is not None and spec.when_can_preempt == PREEMPT and spec.reclaim_within_cohort != NEVER
 
 
 def flavors_in_turn(spec: QueueSpec | None, flavors: Iterable[str], demand: int,
