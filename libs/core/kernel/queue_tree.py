@@ -39,7 +39,7 @@ class QueueTree:
     bounds: dict[str, tuple[str, ...]]
     subtree: dict[tuple[str, str], int]
     subtree_all: dict[str, int]
-    moved_from: dict[str, str]
+    moved_from: dict[str, tuple[str, ...]]
     _cells: list[Cell] | None
 
     def usage(self, queue: str, flavor: str) -> int:
@@ -137,7 +137,7 @@ class QueueTree:
             cohort = self.cohort.get(branch, "")
             if not cohort or (branch != queue and not self._lends(branch)):
                 continue  # an ancestor at or above its nominal lends nothing its cohort could hold
-            left = sorted(q for q, c in self.moved_from.items() if c == cohort and q != branch and self.borrows(q))
+            left = sorted(q for q, cs in self.moved_from.items() if cohort in cs and q != branch and self.borrows(q))
             for member in (*self.members.get(cohort, ()), *left):
                 if member != branch:
                     for q in self.subtree_of(member):
@@ -200,12 +200,17 @@ class QueueTree:
 
     def _note_move(self, name: str, old_cohort: str, new_cohort: str) -> None:
         """The queue moves from `old_cohort` to `new_cohort`: while it borrows, what it borrowed from the old
-        one is held by it, and the old cohort's lenders may take it back (holders_of_lent)."""
+        one is held by it, and the old cohort's lenders may take it back (holders_of_lent). Every cohort it left
+        so is kept, not the last only: a queue that borrowed in one cohort, moved on and borrowed in the next,
+        then moved again, still holds the first one's GPUs. A cohort it comes back to counts its usage again."""
         if old_cohort == new_cohort:
             return
-        if old_cohort and self.borrows(name):
-            self.moved_from[name] = old_cohort
-        elif self.moved_from.get(name) == new_cohort or not old_cohort:
+        left = tuple(c for c in self.moved_from.get(name, ()) if c != new_cohort)
+        if old_cohort and old_cohort not in left and self.borrows(name):
+            left = (*left, old_cohort)
+        if left:
+            self.moved_from[name] = left
+        else:
             self.moved_from.pop(name, None)
 
     def _charge_ancestors(self, queue: str, flavor: str, milli: int) -> None:

@@ -56,8 +56,8 @@ class QuotaBook(QueueTree):
     bounds: dict[str, tuple[str, ...]] = field(default_factory=dict)
     subtree: dict[tuple[str, str], int] = field(default_factory=dict)  # (ancestor, flavor) -> its descendants' usage
     subtree_all: dict[str, int] = field(default_factory=dict)  # ancestor -> its descendants' usage, every flavor
-    # queue -> the cohort it left while borrowing from it (queue_tree.py holders_of_lent)
-    moved_from: dict[str, str] = field(default_factory=dict)
+    # queue -> the cohorts it left while borrowing, in the order it left them (queue_tree.py holders_of_lent)
+    moved_from: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # The tallies the innermost open what-if records (None: no what-if open, nothing recorded).
     _cells: list[Cell] | None = field(default=None, repr=False, compare=False)
 
