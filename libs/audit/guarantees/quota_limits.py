@@ -22,7 +22,7 @@ from libs.audit.guarantees.violation import (
     gpus,
 )
 from libs.core.kernel.flavors import reservation_model
-from libs.core.kernel.queue_limits import Limits, taken_while_borrowing
+from libs.core.kernel.queue_limits import Limits, subtree_taken_while_borrowing, taken_while_borrowing
 from libs.core.kernel.quota_math import ANY, UNLIMITED, QuotaBook
 
 UNBOUNDED = sys.maxsize
@@ -131,8 +131,9 @@ class QuotaLimits:
 
     def preemption(self, seq: int, event: PreemptionDecided, specs: dict[str, JobSpec]) -> list[Violation]:
         """A reclaim takes another queue's jobs only while it borrows: with every victim of it but the largest
-        gone, the queue still holds more than its nominal (libs/core/kernel/queue_limits.py
-        taken_while_borrowing)."""
+        gone, the queue still holds more than its nominal, or its subtree does so at each of its ancestors with
+        quota that the lender does not share (libs/core/kernel/queue_limits.py subtree_taken_while_borrowing,
+        the rule preemption takes victims by)."""
         self.bind_policy(event.trigger_seq or seq)
         preemptor = specs.get(event.preemptor_id)
         own_queue = preemptor.queue if preemptor is not None else ""
@@ -143,27 +144,45 @@ class QuotaLimits:
                 continue  # within its own queue, not holding quota, borrowed outright, or leaving already
             taken.setdefault((held.queue, held.flavor), []).append(v.job_id)
         out = []
+        at = event.trigger_seq or seq
         for (queue, flavor), victims in sorted(taken.items()):
             lim = self.book.limits.get(queue, {}).get(flavor)
-            if lim is None:
+            branch = self._branch_levels(queue, flavor, own_queue, taken, at)
+            if lim is None and not branch:
                 continue
-            now = self._takeable_at(queue, flavor, event.trigger_seq or seq)
+            now = self._takeable_at(queue, flavor, at)
             gone = sum(self.held[v].milli for v in victims)
             largest = max(self.held[v].milli for v in victims)
-            if not taken_while_borrowing(now, gone, largest, lim.nominal):
-                why = (f"which does not borrow (nominal {_gpus(lim.nominal)})" if now <= lim.nominal else
-                       f"more than one job below its nominal {_gpus(lim.nominal)} (its victims but the largest "
-                       f"leave it {_gpus(now - gone + largest)}: it no longer borrows)")
-                out.append(Violation(
-                    RECLAIM_ONLY_WHILE_BORROWING, seq, (event.preemptor_id, *victims),
-                    f"reclaim for {event.preemptor_id} ({own_queue or 'unknown queue'}) evicts {', '.join(victims)} "
-                    f"of queue {queue}, taking it from {_gpus(now)} to {gpus(now - gone, flavor)}, {why}"))
+            own = None if lim is None else (now, gone, largest, lim.nominal)
+            if subtree_taken_while_borrowing(own, [level for _, level in branch]):
+                continue
+            out.append(Violation(
+                RECLAIM_ONLY_WHILE_BORROWING, seq, (event.preemptor_id, *victims),
+                f"reclaim for {event.preemptor_id} ({own_queue or 'unknown queue'}) evicts {', '.join(victims)} "
+                f"of queue {queue}, taking it from {_gpus(now)} to {gpus(now - gone, flavor)}, "
+                f"{_not_borrowing(own, branch)}"))
         for v in event.victims:
             if v.queue != own_queue:
                 self.leaving[v.job_id] = None
                 if (held := self.held.get(v.job_id)) is not None:
                     self._record(held.queue, held.flavor)
         return out
+
+    def _branch_levels(self, queue: str, flavor: str, lender: str, taken: dict[tuple[str, str], list[str]],
+                       at: int) -> list[tuple[str, tuple[int, int, int, int]]]:
+        """The victims' queue's ancestors that the lender does not share (QuotaBook.unshared_levels), each with
+        its level as the reclaim rule reads it: what its subtree held of the flavor it counts the victims' flavor
+        as, as of sequence `at`, the decision's victims under it of those flavors, the largest of them, and its
+        nominal."""
+        book, levels = self.book, []
+        for ancestor, covered in book.unshared_levels(queue, flavor, lender):
+            inside = set(book.subtree_of(ancestor))
+            counted = {key for key in (*self.takeable, *taken)
+                       if key[0] in inside and book.covering(ancestor, key[1]) == covered}
+            held = sum(self._takeable_at(q, f, at) for q, f in counted)
+            milli = [self.held[v].milli for key in counted for v in taken.get(key, ())]
+            levels.append((ancestor, (held, sum(milli), max(milli), book.limits[ancestor][covered].nominal)))
+        return levels
 
     # --- checks ------------------------------------------------------------------------------------
 
@@ -281,3 +300,20 @@ def _cap(lim: Limits, in_cohort: bool) -> int:
     if not in_cohort:
         return lim.nominal
     return UNLIMITED if lim.borrow is None else lim.nominal + lim.borrow
+
+
+def _not_borrowing(own: tuple[int, int, int, int] | None,
+                   branch: list[tuple[str, tuple[int, int, int, int]]]) -> str:
+    """Why the reclaim rule (queue_limits.subtree_taken_while_borrowing) refused the victims."""
+    parts = []
+    if own is not None and not branch:
+        now, gone, largest, nominal = own
+        parts.append(f"which does not borrow (nominal {_gpus(nominal)})" if now <= nominal else
+                     f"more than one job below its nominal {_gpus(nominal)} (its victims but the largest "
+                     f"leave it {_gpus(now - gone + largest)}: it no longer borrows)")
+    for ancestor, (held, gone, largest, nominal) in branch:
+        if not taken_while_borrowing(held, gone, largest, nominal):
+            parts.append(f"its parent {ancestor}, which the lender does not share, holding {_gpus(held)} of nominal "
+                         f"{_gpus(nominal)}, would be left {_gpus(held - gone + largest)} with its victims but the "
+                         f"largest gone: it does not borrow so much")
+    return "; ".join(parts)

@@ -1,8 +1,9 @@
 """Could a reclaim serve a waiting lender? The reclaim bound is owed while borrowers hold what the lender
 lent and taking them back would give its first waiting job room and a place: a reclaim takes whole jobs of a
-borrowing queue, each while the queue still borrows (libs/core/kernel/queue_limits.py taken_while_borrowing),
-so it can always take back all that a queue borrows, and no borrower shields the lender's quota by the size of
-its jobs.
+borrowing queue, each while the queue still borrows, or of any queue under a parent with quota that the lender
+does not share, each while that parent borrows (libs/core/kernel/queue_limits.py subtree_taken_while_borrowing,
+the rule preemption takes victims by), so it can always take back all that a queue or subtree borrows, and no
+borrower shields the lender's quota by the size of its jobs.
 
 Tried on the checker's own world, always undone: the borrower jobs that may go together (jobs admitted over
 budget, and of each borrowing queue its smaller jobs while it still borrows, then its largest: see `_may_go`)
@@ -20,7 +21,6 @@ from libs.audit.guarantees.holds import first_waiting, fits_now, holdable
 from libs.audit.guarantees.queue_policies import reclaim_allowed
 from libs.audit.guarantees.world import PLACEMENT, RUNNING, JobState, World
 from libs.core.kernel.policy import demand_milli
-from libs.core.kernel.queue_limits import taken_while_borrowing
 
 
 def reclaimable(world: World, queue: str, flavor: str) -> bool:
@@ -42,7 +42,7 @@ def reclaimable(world: World, queue: str, flavor: str) -> bool:
         return False
     if first is None:
         return False
-    victims = _may_go(world, running, flavor)
+    victims = _may_go(world, running, flavor, queue)
     if not victims:
         return False
     book, cluster = world.quota.book, world.capacity.cluster
@@ -61,31 +61,35 @@ def reclaimable(world: World, queue: str, flavor: str) -> bool:
             book.add(job.spec.queue, flavor, demand_milli(job.spec), job.over_budget)
 
 
-def _may_go(world: World, running: list[tuple[str, JobState]], flavor: str) -> list[tuple[str, JobState]]:
-    """The borrower jobs one reclaim may take together: every job admitted over budget, and of each borrowing
-    queue its smaller jobs, smallest first, as long as the queue still borrows without them, then its largest
-    (taken last, it may leave the queue below its nominal). Each borrowing queue is left not borrowing, or
-    with none of these jobs."""
+def _may_go(world: World, running: list[tuple[str, JobState]], flavor: str, lender: str) -> list[tuple[str, JobState]]:
+    """The borrower jobs one reclaim for the lender may take together: every job admitted over budget, and of
+    each queue its smaller jobs, smallest first, then its largest (taken last, it may leave the queue below its
+    nominal), each as far as the reclaim rule lets it go with those before it gone (QuotaBook.subtree_may_lose:
+    while the queue borrows, its largest counted as going too, or while its subtree borrows at each ancestor
+    with quota that the lender does not share)."""
     book = world.quota.book
     out = [(j, job) for j, job in running if job.over_budget]
     by_queue: dict[str, list[tuple[int, str, JobState]]] = {}
     for j, job in running:
         if not job.over_budget:
             by_queue.setdefault(job.spec.queue, []).append((demand_milli(job.spec), j, job))
-    for q, jobs in sorted(by_queue.items()):
-        lim = book.limits.get(q, {}).get(flavor)
-        if lim is None:
-            continue
-        held = book.used.get((q, flavor), 0)
-        *smaller, (largest, last, last_job) = sorted(jobs, key=lambda t: (t[0], t[1]))
-        taken = largest
-        for demand, j, job in smaller:
-            if not taken_while_borrowing(held, taken + demand, largest, lim.nominal):
-                break
-            taken += demand
-            out.append((j, job))
-        if taken_while_borrowing(held, largest, largest, lim.nominal):
-            out.append((last, last_job))
+    taken: list[tuple[str, int]] = []
+    try:
+        for q, jobs in sorted(by_queue.items()):
+            *smaller, (largest, last, last_job) = sorted(jobs, key=lambda t: (t[0], t[1]))
+            for demand, j, job in smaller:
+                if not book.subtree_may_lose(q, flavor, demand, lender, taken, claimed=largest):
+                    break
+                book.add(q, flavor, -demand, False)
+                taken.append((q, demand))
+                out.append((j, job))
+            if book.subtree_may_lose(q, flavor, largest, lender, taken):
+                book.add(q, flavor, -largest, False)
+                taken.append((q, largest))
+                out.append((last, last_job))
+    finally:
+        for q, demand in taken:
+            book.add(q, flavor, demand, False)
     return out
 
 
@@ -97,7 +101,7 @@ def borrowers(world: World, queue: str, flavor: str, phase: str = RUNNING) -> li
     holders = set(book.holders_of_lent(queue))
     if not holders:
         return []
-    borrowing = {q for q in holders if book.borrowed(q, flavor) > 0}
+    borrowing = {q for q in holders if book.subtree_borrows(q, flavor, queue)}
     held = sorted(world.capacity.live) if phase == RUNNING else sorted(world.placing)
     return [(j, job) for j in held if (job := world.jobs.get(j)) is not None and job.phase == phase
             and job.flavor == flavor and job.spec.queue in holders and (job.spec.queue in borrowing or job.over_budget)]
@@ -110,7 +114,7 @@ def gpu_borrowers(world: World, queue: str) -> list[tuple[str, JobState]]:
     holders = set(book.holders_of_lent(queue))
     return [(j, job) for j in sorted(world.capacity.live) if (job := world.jobs.get(j)) is not None
             and job.phase == RUNNING and job.spec.queue in holders
-            and (job.over_budget or book.borrowed(job.spec.queue, job.flavor) > 0)]
+            and (job.over_budget or book.subtree_borrows(job.spec.queue, job.flavor, queue))]
 
 
 def placeable_without(world: World, job_id: str) -> bool:
@@ -120,7 +124,7 @@ def placeable_without(world: World, job_id: str) -> bool:
     job = world.jobs[job_id]
     running = gpu_borrowers(world, job.spec.queue)
     victims = [v for f in sorted({b.flavor for _, b in running})
-               for v in _may_go(world, [(j, b) for j, b in running if b.flavor == f], f)]
+               for v in _may_go(world, [(j, b) for j, b in running if b.flavor == f], f, job.spec.queue)]
     if not victims:
         return False
     cluster = world.capacity.cluster

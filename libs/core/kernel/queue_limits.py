@@ -5,6 +5,7 @@ arithmetic over the whole tree, usage included, is the QuotaBook's (kernel/quota
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contracts import FlavorQuota, QueueSpec
@@ -59,6 +60,20 @@ def taken_while_borrowing(held: int, taken: int, largest: int, nominal: int) -> 
     gone it still borrows. So a queue that does not borrow loses nothing, and a borrower is left at most one job
     below its nominal (which stays its own: it may use it again at once, and reclaim it from others)."""
     return held - taken + largest > nominal
+
+
+def subtree_taken_while_borrowing(own: tuple[int, int, int, int] | None,
+                                  branch: Sequence[tuple[int, int, int, int]]) -> bool:
+    """The rule a reclaim takes another queue's jobs by, the borrowing unit being the subtree: each level is
+    (held, taken, largest, nominal) as `taken_while_borrowing` reads it; `own` is the victims' queue's (None: it
+    has no quota of the flavor), `branch` one per ancestor with quota of the flavor that the lender does not
+    share. Every such ancestor must still borrow as `taken_while_borrowing` asks (a parent at or below its
+    nominal loses nothing: its subtree holds none of what the lender lent), and then either one of them exists
+    (its borrowing is its subtree's, whole jobs of any queue under it given back while it borrows), or the
+    victims' own queue borrows as the rule asks."""
+    if not all(taken_while_borrowing(*level) for level in branch):
+        return False
+    return bool(branch) or (own is not None and taken_while_borrowing(*own))
 
 
 def check_tree(queues: dict[str, QueueSpec], candidate: QueueSpec) -> str | None:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from contracts import QueueSpec
 from libs.core.kernel.book_what_if import Cell
-from libs.core.kernel.queue_limits import ANY, UNLIMITED, Limits, subtree_cap, taken_while_borrowing
+from libs.core.kernel.queue_limits import ANY, UNLIMITED, Limits, subtree_cap, subtree_taken_while_borrowing
 
 
 class QueueTree:
@@ -43,6 +43,9 @@ class QueueTree:
     _cells: list[Cell] | None
 
     def usage(self, queue: str, flavor: str) -> int:
+        raise NotImplementedError  # QuotaBook's
+
+    def borrowed(self, queue: str, flavor: str) -> int:
         raise NotImplementedError  # QuotaBook's
 
     def _ancestors(self, queue: str) -> list[str]:
@@ -169,23 +172,37 @@ class QueueTree:
         return any(max(0, self.held(queue, f) - lim.nominal) + self.over.get((queue, f), 0) > 0
                    for f, lim in self.limits.get(queue, {}).items())
 
-    def branch_may_lose(self, victim_queue: str, flavor: str, milli: int, lender: str,
-                        taken: Sequence[tuple[str, int]] = ()) -> bool:
-        """May a reclaim for the lender take `milli` more of the victim queue's usage of the flavor, `taken`
-        (queue, GPUs) already gone? Each of the victim's ancestors with quota that the lender does not share
-        loses it only while it borrows, by the rule a queue loses jobs by (queue_limits.taken_while_borrowing,
-        the largest of the victims under it taken last); the ancestors both share get back what the lender
-        takes."""
+    def unshared_levels(self, queue: str, flavor: str, lender: str) -> list[tuple[str, str]]:
+        """The queue's ancestors with quota covering the flavor that the lender does not share, nearest first,
+        each with the flavor its subtree's usage counts as there: the levels at which the queue's subtree may
+        borrow what the lender lent (the ancestors both share get back what the lender takes)."""
         shared = {lender, *self.bounds.get(lender, ())}
-        for ancestor in self.bounds.get(victim_queue, ()):
-            covered = self.covering(ancestor, flavor)
-            if ancestor in shared or covered is None:
-                continue
+        return [(ancestor, covered) for ancestor in self.bounds.get(queue, ())
+                if ancestor not in shared and (covered := self.covering(ancestor, flavor)) is not None]
+
+    def subtree_borrows(self, queue: str, flavor: str, lender: str) -> bool:
+        """Does the queue hold borrowed quota of the flavor that a reclaim for the lender may look to: it borrows
+        itself, or one of its unshared levels (`unshared_levels`) borrows, its subtree's jobs giving that back?"""
+        return self.borrowed(queue, flavor) > 0 or any(
+            self.held(ancestor, covered) > self.limits[ancestor][covered].nominal
+            for ancestor, covered in self.unshared_levels(queue, flavor, lender))
+
+    def subtree_may_lose(self, victim_queue: str, flavor: str, milli: int, lender: str,
+                         taken: Sequence[tuple[str, int]] = (), claimed: int = 0) -> bool:
+        """May a reclaim for the lender take a victim job of `milli` of the queue's usage of the flavor, `taken`
+        (queue, GPUs) of the flavor already gone from the book? By queue_limits.subtree_taken_while_borrowing:
+        at the victim's queue (its usage with `claimed`, its waiting preemptors' claims, counted as going too)
+        and at each of its unshared levels, the largest of the victims under each taken last."""
+        lim = self.limits.get(victim_queue, {}).get(flavor)
+        own = None
+        if lim is not None:
+            largest = max([milli, *(demand for queue, demand in taken if queue == victim_queue)])
+            own = (self.used.get((victim_queue, flavor), 0), milli + claimed, largest, lim.nominal)
+        branch = []
+        for ancestor, covered in self.unshared_levels(victim_queue, flavor, lender):
             largest = max([milli, *(demand for queue, demand in taken if ancestor in self.bounds.get(queue, ()))])
-            if not taken_while_borrowing(self.held(ancestor, covered), milli, largest,
-                                         self.limits[ancestor][covered].nominal):
-                return False
-        return True
+            branch.append((self.held(ancestor, covered), milli, largest, self.limits[ancestor][covered].nominal))
+        return subtree_taken_while_borrowing(own, branch)
 
     def subtree_of(self, queue: str) -> list[str]:
         """The queue and its descendants, depth first in name order."""

@@ -2,8 +2,10 @@
 
 Once the queue's reclaim grace has passed, a waiting job that fits its queue's nominal quota of a flavor may
 evict jobs holding borrowed quota of that flavor: whole jobs of the cohort's other queues, each only while its
-queue borrows (Kueue's rule, QuotaBook.reclaim_may_take: a queue that does not borrow loses nothing, and a
-borrower is left at most one job below its nominal quota, which stays its own to use and reclaim), jobs
+queue borrows (Kueue's rule, QuotaBook.subtree_may_lose: a queue that does not borrow loses nothing, and a
+borrower is left at most one job below its nominal quota, which stays its own to use and reclaim), or while an
+ancestor with quota of it that the lender does not share borrows (the borrowing unit is the subtree: a parent
+over its nominal gives back whole jobs of its children, each while it still borrows), jobs
 admitted over budget (borrowed outright), and, if the queue itself is above its nominal, its own jobs of
 lower priority. A victim set is chosen only if the job would then fit its nominal quota, get its room in the
 cohort by quota's rules and be placed (see simulation.py); the flavors are tried in the queue's order.
@@ -40,24 +42,17 @@ def borrowers(sim: Simulation, preemptor: JobSpec, flavor: str, preemptor_id: st
     the victim set takes them only while their queue borrows."""
     book, state, now = sim.book, sim.state, sim.now
     found = [run for q in book.holders_of_lent(preemptor.queue) for run in state.by_queue.get(q, {}).values()
-             if run.flavor == flavor and (run.over_budget or book.borrowed(q, flavor) > 0)
+             if run.flavor == flavor and (run.over_budget or book.subtree_borrows(q, flavor, preemptor.queue))
              and eligible(state, sim.policy, run, now, preemptor_id, reclaim=True)]
     found.sort(key=lambda run: victim_order(run, now))
     return found
 
 
 def gives_back_borrowed(sim: Simulation, lender: str) -> Callable[[Running], bool]:
-    """A reclaim for the lender's queue takes a victim only while its queue borrows, and from a subtree only
-    while its parent borrows (Simulation.takes_only_while_borrowing, QuotaBook.branch_may_lose: the same rule at
+    """A reclaim for the lender's queue takes a victim only while its queue borrows, or its subtree does at an
+    ancestor the lender does not share (Simulation.gives_back_lent, QuotaBook.subtree_may_lose: the same rule at
     each level of the tree)."""
-
-    def may_take(run: Running) -> bool:
-        taken = [(victim.queue, victim.demand) for victim in sim.applied
-                 if victim.flavor == run.flavor and not victim.over_budget]
-        return sim.takes_only_while_borrowing(run) and (
-            run.over_budget or sim.book.branch_may_lose(run.queue, run.flavor, run.demand, lender, taken))
-
-    return may_take
+    return lambda run: sim.gives_back_lent(run, lender)
 
 
 def placement_victims(sim: Simulation, held: tuple[str, str, int, bool], preemptor_id: str) -> list[Running]:
@@ -70,7 +65,7 @@ def placement_victims(sim: Simulation, held: tuple[str, str, int, bool], preempt
     if over_budget or lim is None or book.used.get((queue, flavor), 0) > lim.nominal:
         return []
     others = [run for q in book.holders_of_lent(queue) for run in state.by_queue.get(q, {}).values()
-              if (run.over_budget or book.borrowed(q, run.flavor) > 0)
+              if (run.over_budget or book.subtree_borrows(q, run.flavor, queue))
               and eligible(state, sim.policy, run, now, preemptor_id, reclaim=True)]
     others = reclaim_allowed(sim, others)
     if not others:

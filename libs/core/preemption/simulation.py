@@ -163,6 +163,18 @@ class Simulation:
         claimed = self._claims.get((queue, flavor), 0)
         return self.book.reclaim_may_take(queue, flavor, candidate.demand + claimed, largest)
 
+    def gives_back_lent(self, candidate: Running, lender: str) -> bool:
+        """A reclaim for the lender takes another queue's job only while that queue, or its subtree at an
+        ancestor the lender does not share, borrows (QuotaBook.subtree_may_lose), with the victims of the flavor
+        already taken gone; what preemptors of the queue still waiting claim counts as going too (as
+        `takes_only_while_borrowing`). Usage admitted over budget is borrowed outright."""
+        if candidate.queue == self.spec.queue or candidate.over_budget:
+            return self.takes_only_while_borrowing(candidate)
+        taken = [(victim.queue, victim.demand) for victim in self.applied
+                 if victim.flavor == candidate.flavor and not victim.over_budget]
+        return self.book.subtree_may_lose(candidate.queue, candidate.flavor, candidate.demand, lender, taken,
+                                          self._claims.get((candidate.queue, candidate.flavor), 0))
+
     def fits(self, flavor: str) -> bool:
         """Would placement find the preemptor room now (on GPUs of `flavor`), beside the room of the other
         preemptors whose victims are leaving (each placed, in id order, where its victims leave)?"""

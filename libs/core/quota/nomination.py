@@ -24,17 +24,21 @@ from libs.core.quota.state import QuotaJob, QuotaState
 
 def nominees(state: QuotaState, group: list[str], now: float) -> list[QuotaJob]:
     """The nominated jobs still waiting for quota (not backing off), in nomination order, whose room the group's
-    reservations take: of the group's queues, and of the subtrees of its parents with quota (what a parent's
-    subtree holds is what the parent uses in its cohort: kernel/queue_tree.py)."""
+    reservations take: of the group's queues, of the subtrees of its parents with quota (what a parent's
+    subtree holds is what the parent uses in its cohort: kernel/queue_tree.py), and of the cohorts of the group's
+    queues' ancestors with quota (a reservation beyond such an ancestor's nominal borrows from its cohort)."""
     if not state.nominated:
         return []
     queues = set(group)
-    bounds = state.book.bounds
+    book = state.book
+    bounds, cohort = book.bounds, book.cohort
+    above = {cohort.get(ancestor, "") for q in group for ancestor in bounds.get(q, ())} - {""}
     found = []
     for job_id, at in state.nominated.items():
         job = state.jobs.get(job_id)
         if job is None or job.state != "pending" or (
-                job.queue not in queues and queues.isdisjoint(bounds.get(job.queue, ()))):
+                job.queue not in queues and queues.isdisjoint(bounds.get(job.queue, ())) and (
+                    not above or above.isdisjoint(cohort.get(q, "") for q in (job.queue, *bounds.get(job.queue, ()))))):
             continue
         if max(state.backing_off.get(job_id, now), state.requeued.get(job_id, now)) > now:
             continue  # it may not take quota yet: it holds nothing meanwhile

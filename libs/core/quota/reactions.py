@@ -28,7 +28,7 @@ from contracts import (
     SchedulingSettingsChanged,
 )
 from libs.core.kernel.decider import Decisions
-from libs.core.kernel.wait_reasons import WAITING_OR_HELD
+from libs.core.kernel.wait_reasons import HELD_FOR_PREEMPTOR, WAITING_OR_HELD
 from libs.core.quota.cycle import schedule
 from libs.core.quota.fit import flavors_moved_queues, group_of, groups, judged_anew, linked_groups
 from libs.core.quota.reasons import tell_new, tell_no_node
@@ -100,8 +100,16 @@ def release(state: QuotaState, event: JobFinished | JobFailed | JobCancelled | J
     reason = "retry" if event.job_id in state.retry_in else type(event).__name__.removeprefix("Job").lower()
     out.emit(QuotaReleased, correlation_id=event.job_id, job_id=event.job_id, queue=job.queue,
              gpu_milli=job.demand, reason=reason)
-    for group in linked_groups(state, job.queue):  # its group's room, and in a tree the rooms above and below
+    linked = linked_groups(state, job.queue)
+    for group in linked:  # its group's room, and in a tree the rooms above and below
         schedule(state, group, event.ts, out)
+    for group in linked[:-1]:
+        # A job held for a preemptor of a cohort above its group (nomination.nominees) was tried before that
+        # preemptor's group took the quota freed for it: it is tried again, to learn why it waits now.
+        members = set(group)
+        if any(code == HELD_FOR_PREEMPTOR and (held := state.jobs.get(j)) is not None and held.queue in members
+               for j, code in state.deferred.items()):
+            schedule(state, group, event.ts, out)
     if job.state == "pending" and job.job_id not in state.deferred:
         tell_new(state, job, event.ts, out)  # evicted back into its queue, and not reached by the cycle
 

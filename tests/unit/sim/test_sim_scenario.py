@@ -25,9 +25,6 @@ KNOWN_HOLES: dict[str, str] = {
     "queue-flavor-preempt-waits-for-a-borrower-its-lower-priority-rule-may-not-reclaim":
         "queue_policies.flavors_in_turn makes a job of a when_can_preempt preempt queue wait at a flavor whose "
         "lent quota only borrowers its reclaim_within_cohort lower-priority may not take hold",
-    "parent-over-its-nominal-with-children-within-theirs-keeps-lent-quota":
-        "preemption/reclaim.py borrowers and Simulation.takes_only_while_borrowing ask whether the victim's own "
-        "queue borrows, never whether only its parent does",
 }
 
 

@@ -53,13 +53,26 @@ def test_a_reclaim_takes_from_a_subtree_only_while_its_parent_borrows() -> None:
     book = tree()
     book.add("b", ANY, 2000)  # b borrows b2's 2, so p2 (nominal 0) borrows 2 from c
     assert book.borrowed("p2", ANY) == 2000 and book.room("a", ANY) == 2000
-    assert book.branch_may_lose("b", ANY, 2000, "a")
+    assert book.subtree_may_lose("b", ANY, 2000, "a")
     book.set_queue(QueueSpec(name="p2", team="p", cohort="c", nominal_gpus=1))
-    assert book.branch_may_lose("b", ANY, 2000, "a")  # p2 borrows: the whole job may go, below its nominal 1
+    assert book.subtree_may_lose("b", ANY, 2000, "a")  # p2 borrows: the whole job may go, below its nominal 1
     book.set_queue(QueueSpec(name="p2", team="p", cohort="c", nominal_gpus=2))
-    assert not book.branch_may_lose("b", ANY, 2000, "a")  # p2 holds its nominal, borrows nothing: it loses nothing
-    assert not book.branch_may_lose("b", ANY, 1000, "a", taken=[("b", 1000)])  # nor a second job once at nominal
-    assert book.branch_may_lose("b", ANY, 2000, "b2")  # what p2 gives, p2 gets back
+    # p2 holds its nominal, borrows nothing: its subtree loses nothing, though b borrows (from b2, within p2)
+    assert not book.subtree_may_lose("b", ANY, 2000, "a") and book.subtree_borrows("b", ANY, "a")
+    assert not book.subtree_may_lose("b", ANY, 1000, "a", taken=[("b", 1000)])  # nor a second job at nominal
+    assert book.subtree_may_lose("b", ANY, 2000, "b2")  # what p2 gives, p2 gets back: b's own borrowing decides
+
+
+def test_a_borrowing_parent_gives_back_whole_jobs_of_children_within_their_nominal() -> None:
+    book = tree()
+    book.add("b2", ANY, 2000)  # b2 within its nominal 2, but p2 (nominal 0) borrows those 2 from c
+    assert book.borrowed("b2", ANY) == 0 and book.subtree_borrows("b2", ANY, "a")
+    assert book.subtree_may_lose("b2", ANY, 2000, "a")  # p2's subtree borrows: a whole job of it goes
+    book.add("b2", ANY, -2000)
+    book.add("b2", ANY, 1000)
+    book.set_queue(QueueSpec(name="p2", team="p", cohort="c", nominal_gpus=1))
+    assert not book.subtree_borrows("b2", ANY, "a") and not book.subtree_may_lose("b2", ANY, 1000, "a")
+    assert not book.subtree_borrows("b2", ANY, "b")  # a lender sharing p2 is owed nothing p2 borrows
 
 
 def test_a_queue_without_quota_is_bounded_by_its_capped_parent() -> None:
