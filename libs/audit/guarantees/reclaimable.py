@@ -39,7 +39,7 @@ def reclaimable(world: World, queue: str, flavor: str) -> bool:
         return world.quota.book.parent_room(queue, flavor) >= demand
     # Borrowers its queue's reclaim_within_cohort keeps a reclaim from taking owe it nothing.
     running = reclaim_allowed(world, queue, first, running)
-    victims = _may_go(world, running, flavor) if running else []
+    victims = _may_go(world, queue, running, flavor) if running else []
     if unplaced:
         # Giving a reservation back needs no room on the GPUs, but a lender whose job no node present could
         # hold is owed nothing: quota keeps no quota for such a job (it holds nobody, and nobody reclaims for
@@ -72,17 +72,20 @@ def _served_without(world: World, queue: str, flavor: str, first: str, gone: lis
             book.add(job.spec.queue, flavor, demand_milli(job.spec), job.over_budget)
 
 
-def _may_go(world: World, running: list[tuple[str, JobState]], flavor: str) -> list[tuple[str, JobState]]:
-    """The borrower jobs one reclaim may take together: every job admitted over budget, and of each borrowing
-    queue its smaller jobs, smallest first, as long as the queue still borrows without them, then its largest
-    (taken last, it may leave the queue below its nominal). Each borrowing queue is left not borrowing, or
-    with none of these jobs."""
+def _may_go(world: World, lender: str, running: list[tuple[str, JobState]], flavor: str
+            ) -> list[tuple[str, JobState]]:
+    """The borrower jobs one reclaim for the lender may take together: every job admitted over budget, and of
+    each borrowing queue its smaller jobs, smallest first, as long as the queue still borrows without them, then
+    its largest (taken last, it may leave the queue below its nominal); of those, under a parent with quota that
+    the lender does not share, only while that parent borrows, by the same rule (`_within_branches`). Each
+    borrowing queue is left not borrowing, or with none of these jobs."""
     book = world.quota.book
     out = [(j, job) for j, job in running if job.over_budget]
     by_queue: dict[str, list[tuple[int, str, JobState]]] = {}
     for j, job in running:
         if not job.over_budget:
             by_queue.setdefault(job.spec.queue, []).append((demand_milli(job.spec), j, job))
+    chosen: list[tuple[int, str, JobState]] = []
     for q, jobs in sorted(by_queue.items()):
         lim = book.limits.get(q, {}).get(flavor)
         if lim is None:
@@ -94,10 +97,28 @@ def _may_go(world: World, running: list[tuple[str, JobState]], flavor: str) -> l
             if not taken_while_borrowing(held, taken + demand, largest, lim.nominal):
                 break
             taken += demand
-            out.append((j, job))
+            chosen.append((demand, j, job))
         if taken_while_borrowing(held, largest, largest, lim.nominal):
-            out.append((last, last_job))
-    return out
+            chosen.append((largest, last, last_job))
+    return out + _within_branches(world, lender, chosen, flavor)
+
+
+def _within_branches(world: World, lender: str, chosen: list[tuple[int, str, JobState]], flavor: str
+                     ) -> list[tuple[str, JobState]]:
+    """Of the jobs `chosen` (GPUs, id, job) queue by queue, those a reclaim for the lender may take by the rule
+    preemption applies at each level of the tree (QuotaBook.branch_may_lose): under an ancestor with quota the
+    lender does not share, only while that ancestor borrows, smaller jobs first and the largest last. Tried in
+    a what-if of the checker's book, rolled back."""
+    book = world.quota.book
+    kept: list[tuple[str, JobState]] = []
+    taken: list[tuple[str, int]] = []
+    with book.what_if():
+        for demand, j, job in sorted(chosen, key=lambda t: (t[0], t[1])):
+            if book.branch_may_lose(job.spec.queue, flavor, demand, lender, taken):
+                book.add(job.spec.queue, flavor, -demand)
+                taken.append((job.spec.queue, demand))
+                kept.append((j, job))
+    return kept
 
 
 def borrowers(world: World, queue: str, flavor: str, phase: str = RUNNING) -> list[tuple[str, JobState]]:
@@ -131,7 +152,7 @@ def placeable_without(world: World, job_id: str) -> bool:
     job = world.jobs[job_id]
     running = gpu_borrowers(world, job.spec.queue)
     victims = [v for f in sorted({b.flavor for _, b in running})
-               for v in _may_go(world, [(j, b) for j, b in running if b.flavor == f], f)]
+               for v in _may_go(world, job.spec.queue, [(j, b) for j, b in running if b.flavor == f], f)]
     if not victims:
         return False
     cluster = world.capacity.cluster
