@@ -246,6 +246,23 @@ LEAST_ATTAINED_SERVICE = "least_attained_service"
 # borrow_within_cohort: Kueue's preemption.borrowWithinCohort).
 BORROW_WITHIN_COHORT = "borrow_within_cohort"
 
+# The values of a queue's preemption and flavor settings (QueueSpec reclaim_within_cohort and the fields after
+# it; the rule of each is libs/core/kernel/queue_policies.py), each setting's values with its default first:
+# stated here so that whoever edits a queue (the CLI) offers them without loading the decision core.
+NEVER = "never"
+ANY_PRIORITY = "any"
+LOWER_PRIORITY = "lower-priority"
+LOWER_OR_NEWER_EQUAL_PRIORITY = "lower-or-newer-equal-priority"
+BORROW = "borrow"
+TRY_NEXT_FLAVOR = "try-next-flavor"
+PREEMPT = "preempt"
+QUEUE_POLICY_CHOICES: dict[str, tuple[str, ...]] = {
+    "reclaim_within_cohort": (ANY_PRIORITY, LOWER_PRIORITY, NEVER),
+    "within_queue_preemption": (LOWER_PRIORITY, LOWER_OR_NEWER_EQUAL_PRIORITY, NEVER),
+    "borrow_within_cohort": (NEVER, LOWER_PRIORITY),
+    "when_can_borrow": (BORROW, TRY_NEXT_FLAVOR),
+    "when_can_preempt": (TRY_NEXT_FLAVOR, PREEMPT),
+}
 
 class Victim(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     job_id: str

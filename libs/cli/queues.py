@@ -7,10 +7,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from contracts.model import QUEUE_POLICY_CHOICES as POLICY_CHOICES
 from libs.cli.client import ApiError, Client
 from libs.cli.output import add_json_flag, add_table_flags, print_json, wide
 from libs.cli.tables import Column, print_table
-from libs.core.kernel.queue_policies import CHOICES as POLICY_CHOICES
 
 QUEUE_FLAGS = {  # flag -> QueueSpec field
     "team": "team", "parent": "parent", "cohort": "cohort", "nominal": "nominal_gpus",

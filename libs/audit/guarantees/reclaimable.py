@@ -13,7 +13,9 @@ borrower's quota stands for: not a reclaim's to give). A borrower that cannot be
 reclaim takes it whatever its class (libs/core/preemption/candidates.py eligible), and the violation names it.
 Borrowers waiting for a place keep the bound owed: they hold the quota against the guarantee (one gives it back
 at its placement timeout, which the bound allows, or without one as soon as a lender waits), and the violation
-says so; owed only while a node present could hold the lender's first waiting job."""
+says so; owed only while a node present could hold the lender's first waiting job, and its reservation given back
+(with the running jobs that may go) would give that job room (QuotaBook.room, the room quota and preemption ask:
+under a parent with quota, what the parent's other children hold within their nominal may leave none)."""
 
 from __future__ import annotations
 
@@ -24,40 +26,49 @@ from libs.core.kernel.policy import demand_milli
 
 
 def reclaimable(world: World, queue: str, flavor: str) -> bool:
-    running = borrowers(world, queue, flavor)
     first = first_waiting(world, queue)
-    if borrowers(world, queue, flavor, PLACEMENT):
-        # Giving a reservation back needs no room on the GPUs, but a lender whose job no node present could
-        # hold is owed nothing: quota keeps no quota for such a job (it holds nobody, and nobody reclaims for
-        # it), as a reclaim from running borrowers is owed only where the job would then fit.
-        return first is None or holdable(world, first)
-    if not running:
+    if first is None:
+        return False
+    demand = world.quota.jobs[first].demand
+    running = borrowers(world, queue, flavor)
+    unplaced = borrowers(world, queue, flavor, PLACEMENT)
+    if not running and not unplaced:
         # Nobody borrows, here nor up the tree (borrowers looks there too): a shortfall is owed, unless the
         # queue's parent's quota, held by queues within their own nominal, is what leaves it no room (no reclaim
         # could serve it: a child's nominal is guaranteed only as far as its parent's quota reaches).
-        return first is None or world.quota.book.parent_room(queue, flavor) >= world.quota.jobs[first].demand
+        return world.quota.book.parent_room(queue, flavor) >= demand
     # Borrowers its queue's reclaim_within_cohort keeps a reclaim from taking owe it nothing.
     running = reclaim_allowed(world, queue, first, running)
-    if not running:
-        return False
-    if first is None:
-        return False
-    victims = _may_go(world, running, flavor, queue)
-    if not victims:
-        return False
-    book, cluster = world.quota.book, world.capacity.cluster
-    for _, job in victims:
+    victims = _may_go(world, running, flavor, queue) if running else []
+    if unplaced:
+        # Giving a reservation back needs no room on the GPUs, but a lender whose job no node present could
+        # hold is owed nothing: quota keeps no quota for such a job (it holds nobody, and nobody reclaims for
+        # it), as a reclaim from running borrowers is owed only where the job would then fit. Nor is one that
+        # every borrower's quota back would still leave without room (its parent's quota, held by queues within
+        # their own nominal, bounds it: QuotaBook.room, as quota and preemption ask it).
+        return holdable(world, first) and _served_without(world, queue, flavor, first, [*victims, *unplaced],
+                                                          placed=False)
+    return bool(victims) and _served_without(world, queue, flavor, first, victims, placed=True)
+
+
+def _served_without(world: World, queue: str, flavor: str, first: str, gone: list[tuple[str, JobState]],
+                    placed: bool) -> bool:
+    """With the borrower jobs `gone` out of quota (and, running ones, out of capacity), would the queue's first
+    waiting job have room in its queue, and (`placed`) fit the free capacity? Tried on the checker's own world,
+    always undone."""
+    book, cluster, live = world.quota.book, world.capacity.cluster, world.capacity.live
+    for _, job in gone:
         book.add(job.spec.queue, flavor, -demand_milli(job.spec), job.over_budget)
-    gone = [world.capacity.live[j].placements for j, _ in victims]
-    for placements in gone:
+    freed = [live[j].placements for j, _ in gone if j in live]
+    for placements in freed:
         cluster.release(placements)
     try:
         waiting = world.quota.jobs[first]
-        return book.room(queue, flavor) >= waiting.demand and fits_now(world, waiting.spec, flavor)
+        return book.room(queue, flavor) >= waiting.demand and (not placed or fits_now(world, waiting.spec, flavor))
     finally:
-        for placements in gone:
+        for placements in freed:
             cluster.allocate(placements)
-        for _, job in victims:
+        for _, job in gone:
             book.add(job.spec.queue, flavor, demand_milli(job.spec), job.over_budget)
 
 

@@ -21,23 +21,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from contracts import QueueSpec
+from contracts.model import (
+    ANY_PRIORITY,
+    BORROW,
+    LOWER_OR_NEWER_EQUAL_PRIORITY,
+    LOWER_PRIORITY,
+    NEVER,
+    PREEMPT,
+    TRY_NEXT_FLAVOR,
+)
+from contracts.model import QUEUE_POLICY_CHOICES as CHOICES
 
-NEVER = "never"
-ANY_PRIORITY = "any"
-LOWER_PRIORITY = "lower-priority"
-LOWER_OR_NEWER_EQUAL_PRIORITY = "lower-or-newer-equal-priority"
-BORROW = "borrow"
-TRY_NEXT_FLAVOR = "try-next-flavor"
-PREEMPT = "preempt"
-
-# Each setting's values (the first is the default) and the Kueue name of each.
-CHOICES: dict[str, tuple[str, ...]] = {
-    "reclaim_within_cohort": (ANY_PRIORITY, LOWER_PRIORITY, NEVER),
-    "within_queue_preemption": (LOWER_PRIORITY, LOWER_OR_NEWER_EQUAL_PRIORITY, NEVER),
-    "borrow_within_cohort": (NEVER, LOWER_PRIORITY),
-    "when_can_borrow": (BORROW, TRY_NEXT_FLAVOR),
-    "when_can_preempt": (TRY_NEXT_FLAVOR, PREEMPT),
-}
+# Each setting's values (the first is the default: contracts/model.py) and the Kueue name of each.
 KUEUE_NAMES = {NEVER: "Never", ANY_PRIORITY: "Any", LOWER_PRIORITY: "LowerPriority",
                LOWER_OR_NEWER_EQUAL_PRIORITY: "LowerOrNewerEqualPriority", BORROW: "Borrow",
                TRY_NEXT_FLAVOR: "TryNextFlavor", PREEMPT: "Preempt"}

@@ -358,6 +358,60 @@ def test_no_reclaim_is_owed_while_the_lender_would_not_fit_with_the_borrowers_go
     assert check_liveness(log.events) == []
 
 
+@pytest.mark.parametrize(("sibling_gpus", "owed"), [
+    pytest.param(0, True, id="the borrower's reservation back gives the lender room: owed"),
+    pytest.param(2, False, id="its parent's quota, held by a sibling within its nominal, leaves it none: not owed"),
+])
+def test_a_reclaim_from_a_borrower_waiting_for_a_place_is_owed_only_if_the_lender_would_have_room(
+        sibling_gpus: int, owed: bool) -> None:
+    # a's 4-GPU job fits a's nominal; x holds what org lends in its cohort, reserved but not placed. Given back,
+    # that quota makes room for a only up to org's own quota: with a sibling holding 2 of org's 4 within its
+    # nominal, a could have 2 at most, and no reclaim could serve it.
+    log = Log().nodes(node("n", gpus=8))
+    log.queues(QueueSpec(name="org", team="org", nominal_gpus=4, borrowing_limit_gpus=0, cohort="top"),
+               QueueSpec(name="a", team="a", nominal_gpus=4, parent="org", reclaim_after_s=10.0),
+               QueueSpec(name="b", team="b", nominal_gpus=4, parent="org"),
+               QueueSpec(name="x", team="x", nominal_gpus=0, cohort="top"))
+    if sibling_gpus:
+        log.running("own", spec("b", gpus=sibling_gpus), on("n", *range(sibling_gpus)))
+    # (of a model the node lacks: no node could place it, though a node could hold a's job)
+    log.reserved("unplaced", spec("x", gpus=4 - sibling_gpus, gpu_models=("H100",)))
+    log.add(PlacementDeferred, source="placement", job_id="unplaced", code="no_model_match", message="no H100")
+    log.admitted("p", spec("a", gpus=4))
+    log.add(QuotaDeferred, source="quota", job_id="p", queue="a", code="quota_lent_out", message="lent")
+    log.ticks(until=3_000.0, every=30.0)
+    found = check_liveness(log.events)
+    if owed:
+        assert ids(found) == {"reclaim_within_bound"} and "reserved, waiting for a place: unplaced" in found[0].detail
+    else:
+        assert found == []
+
+
+@pytest.mark.parametrize(("org_nominal", "owed"), [
+    pytest.param(0, True, id="its parent borrows: the child's job may go"),
+    pytest.param(2, False, id="its parent does not borrow: nothing it holds was lent by a"),
+])
+def test_a_placement_reclaim_from_a_child_is_owed_only_while_its_parent_borrows(org_nominal: int,
+                                                                                 owed: bool) -> None:
+    # a holds 2 GPUs of quota within its nominal and finds no GPUs: d holds 2 within its own quota, and c, a child
+    # of org borrowing within org, the other 2. A reclaim takes c's job only while org borrows in the cohort
+    # it shares with a (QuotaBook.subtree_may_lose, as preemption asks it).
+    log = Log().nodes(node("n", gpus=4))
+    log.queues(QueueSpec(name="a", team="a", nominal_gpus=2, cohort="top", reclaim_after_s=10.0),
+               QueueSpec(name="org", team="org", nominal_gpus=org_nominal, cohort="top"),
+               QueueSpec(name="c", team="c", nominal_gpus=0, parent="org"),
+               QueueSpec(name="d", team="d", nominal_gpus=2))
+    log.running("child", spec("c", gpus=2), on("n", 0, 1)).running("own", spec("d", gpus=2), on("n", 2, 3))
+    log.reserved("p", spec("a", gpus=2))
+    log.add(PlacementDeferred, source="placement", job_id="p", code="insufficient_gpus", message="none free")
+    log.ticks(until=3_000.0, every=30.0)
+    found = check_liveness(log.events)
+    if owed:
+        assert ids(found) == {"reclaim_within_bound"} and "child" in found[0].detail
+    else:
+        assert found == []
+
+
 def user_limited_lender() -> Log:
     """Lender's user u1 holds its limit (1 GPU) and waits with a second job; a borrower holds the rest."""
     log = Log().nodes(node("n", gpus=4))

@@ -17,7 +17,9 @@ from tests.unit.core.kernel.test_shortcuts_change_no_decision import loaded_trac
 @pytest.mark.parametrize("declare", ["none", "noisy"])
 def test_placement_shortcuts_decide_as_the_long_way(monkeypatch: pytest.MonkeyPatch, pool: str, declare: str
                                                     ) -> None:
-    jobs = loaded_trace(seed=11)
+    # A trace on which every setup meets a failure reused (on seed 11 the shared pool without declared runtimes
+    # met one only by chance, and no longer once a lender's reclaim grace became its queue's).
+    jobs = loaded_trace(seed=13)
     setup = Setup(pool, "platform", pool, declare)
     taken = {"failure": 0, "shadow": 0}
     known_failure, known_shadow = Shortcuts.known_failure, Shortcuts.known_shadow

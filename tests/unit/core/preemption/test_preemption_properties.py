@@ -41,6 +41,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from contracts import (
+    RECLAIM,
     CancelJob,
     EventBase,
     GpuHealthChanged,
@@ -68,6 +69,8 @@ from contracts import (
     SubmitJob,
 )
 from contracts.codec import encode
+from libs.audit.guarantees import check_safety
+from libs.audit.guarantees.violation import RECLAIM_ONLY_WHILE_BORROWING
 from libs.audit.invariants import overallocations
 from libs.audit.quota_audit import quota_violations
 from libs.core.kernel.policy import DEFAULT_PRIORITY_CLASSES, demand_milli
@@ -308,12 +311,18 @@ def check_no_victim_evicted_twice_by_one_preemptor(log: Log) -> None:
 
 
 def check_eviction_within_need(world: World, log: Log) -> None:
+    """A preemptor evicts in its own queue at most its need plus the slack. What a reclaim takes from other
+    queues is bounded otherwise: whole jobs of a queue only while it borrows (a borrower's job larger than the
+    need is taken all the same, or it would keep lent quota for ever), which the checker's
+    reclaim_only_while_borrowing judges."""
     slack = world.scheduling.preemption_slack_gpus * 1000
     for _, d in log:
         if isinstance(d, PreemptionDecided):
-            taken = sum(v.gpu_milli for v in d.victims)
+            own = world.jobs[d.preemptor_id].queue
+            taken = sum(v.gpu_milli for v in d.victims if not (v.reason == RECLAIM and v.queue != own))
             need = demand_milli(world.jobs[d.preemptor_id])
             assert taken <= need + slack, f"{d.preemptor_id} (needs {need}) evicted {taken} with slack {slack}"
+    assert [v for v in check_safety(log) if v.guarantee == RECLAIM_ONLY_WHILE_BORROWING] == []
 
 
 def check_budgets(world: World, log: Log) -> None:
