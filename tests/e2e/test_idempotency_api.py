@@ -70,7 +70,8 @@ def test_a_key_names_one_job_and_another_spec_under_it_is_409(api: str, monkeypa
     client = Client(api)
     wait_for(lambda: client.job(created["id"])["state"] == "succeeded", "the job never succeeded", timeout=30)
     status, again = post(api, spec)
-    assert (status, again) == (200, {"id": created["id"], "state": "succeeded", "duplicate": True, "spec": spec})
+    assert (status, again) == (200, {"id": created["id"], "state": "succeeded", "duplicate": True, "spec": spec,
+                                     "reason": "", "message": ""})
     status, error = post(api, {**spec, "duration_s": 2.0})  # over, its spec still holds the key
     assert (status, error["code"]) == (409, "idempotency_key_reused")
     assert "duration_s (stored 1.0, sent 2.0)" in error["message"]
