@@ -130,10 +130,11 @@ def gpu_borrowers(world: World, queue: str) -> list[tuple[str, JobState]]:
 
 def placeable_without(world: World, job_id: str) -> bool:
     """Would the job, holding quota within its queue's nominal and waiting for a place, fit the free capacity
-    with the borrower jobs that may go (of each flavor, as `_may_go`) gone? Tried on the checker's own
-    cluster, always undone."""
+    with the borrower jobs that may go (of each flavor, as `_may_go`; only those its queue's
+    reclaim_within_cohort lets a reclaim take, as preemption's `placement_victims` asks) gone? Tried on the
+    checker's own cluster, always undone."""
     job = world.jobs[job_id]
-    running = gpu_borrowers(world, job.spec.queue)
+    running = reclaim_allowed(world, job.spec.queue, job_id, gpu_borrowers(world, job.spec.queue))
     victims = [v for f in sorted({b.flavor for _, b in running})
                for v in _may_go(world, [(j, b) for j, b in running if b.flavor == f], f, job.spec.queue)]
     if not victims:
