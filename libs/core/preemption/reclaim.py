@@ -40,12 +40,18 @@ def borrowers(sim: Simulation, preemptor: JobSpec, flavor: str, preemptor_id: st
     its cohort's other queues, up and across the tree, and queues that left its cohort while borrowing), of a
     queue above its nominal or admitted over budget, in victim order; of any class (see candidates.eligible):
     the victim set takes them only while their queue borrows."""
-    book, state, now = sim.book, sim.state, sim.now
-    found = [run for q in book.holders_of_lent(preemptor.queue) for run in state.by_queue.get(q, {}).values()
-             if run.flavor == flavor and (run.over_budget or book.subtree_borrows(q, flavor, preemptor.queue))
-             and eligible(state, sim.policy, run, now, preemptor_id, reclaim=True)]
-    found.sort(key=lambda run: victim_order(run, now))
+    found = [run for run in _lent_holders(sim, preemptor.queue, preemptor_id) if run.flavor == flavor]
+    found.sort(key=lambda run: victim_order(run, sim.now))
     return found
+
+
+def _lent_holders(sim: Simulation, lender: str, preemptor_id: str) -> list[Running]:
+    """Running jobs, of any flavor, that hold what the lender's queue lent (QuotaBook.holders_of_lent): of a
+    queue or subtree that borrows their flavor, or admitted over budget; each one a reclaim may take now."""
+    book, state = sim.book, sim.state
+    return [run for q in book.holders_of_lent(lender) for run in state.by_queue.get(q, {}).values()
+            if (run.over_budget or book.subtree_borrows(q, run.flavor, lender))
+            and eligible(state, sim.policy, run, sim.now, preemptor_id, reclaim=True)]
 
 
 def gives_back_borrowed(sim: Simulation, lender: str) -> Callable[[Running], bool]:
@@ -59,15 +65,12 @@ def placement_victims(sim: Simulation, held: tuple[str, str, int, bool], preempt
     """The borrowers (of any flavor) to evict so that a job holding `held` quota within its queue's nominal
     is placed; [] when it borrows or none would do."""
     queue, flavor, _, over_budget = held
-    book, state, now = sim.book, sim.state, sim.now
+    book, now = sim.book, sim.now
     lim = book.limits.get(queue, {}).get(flavor)
     cohort = book.cohort.get(queue, "")
     if over_budget or lim is None or book.used.get((queue, flavor), 0) > lim.nominal:
         return []
-    others = [run for q in book.holders_of_lent(queue) for run in state.by_queue.get(q, {}).values()
-              if (run.over_budget or book.subtree_borrows(q, run.flavor, queue))
-              and eligible(state, sim.policy, run, now, preemptor_id, reclaim=True)]
-    others = reclaim_allowed(sim, others)
+    others = reclaim_allowed(sim, _lent_holders(sim, queue, preemptor_id))
     if not others:
         return []
     peers = book.members.get(cohort, ())

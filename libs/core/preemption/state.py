@@ -7,6 +7,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass, field
+from typing import Any
 
 from contracts import JobSpec, ReplicaPlacement
 from libs.core.cluster.model import Cluster
@@ -149,39 +150,19 @@ class PreemptionState:
 
     def index(self, job_id: str, queue: str, priority: int, grace: bool) -> None:
         """Enter a waiting job into the indexes (`grace`: among those whose reclaim grace is unchecked)."""
-        head = (queue, (-priority, job_id))
-        self.head_of[job_id] = head
-        bisect.insort(self.heads.setdefault(head[0], []), head[1])
-        since = (queue, (self.waiting[job_id].since, job_id))
-        self.wait_of[job_id] = since
-        bisect.insort(self.waits.setdefault(queue, []), since[1])
+        self.head_of[job_id] = _sorted_in(self.heads, queue, (-priority, job_id))
+        since = (self.waiting[job_id].since, job_id)
+        self.wait_of[job_id] = _sorted_in(self.waits, queue, since)
         if grace:
-            entry = (queue, (self.waiting[job_id].since, job_id))
-            self.grace_of[job_id] = entry
-            bisect.insort(self.grace.setdefault(entry[0], []), entry[1])
+            self.grace_of[job_id] = _sorted_in(self.grace, queue, since)
 
     def unindex(self, job_id: str) -> None:
-        head = self.head_of.pop(job_id, None)
-        if head is not None:
-            keys = self.heads[head[0]]
-            keys.pop(bisect.bisect_left(keys, head[1]))
-            if not keys:
-                del self.heads[head[0]]
-        since = self.wait_of.pop(job_id, None)
-        if since is not None:
-            waits = self.waits[since[0]]
-            waits.pop(bisect.bisect_left(waits, since[1]))
-            if not waits:
-                del self.waits[since[0]]
+        _sorted_out(self.heads, self.head_of.pop(job_id, None))
+        _sorted_out(self.waits, self.wait_of.pop(job_id, None))
         self.ungrace(job_id)
 
     def ungrace(self, job_id: str) -> None:
-        entry = self.grace_of.pop(job_id, None)
-        if entry is not None:
-            keys = self.grace[entry[0]]
-            keys.pop(bisect.bisect_left(keys, entry[1]))
-            if not keys:
-                del self.grace[entry[0]]
+        _sorted_out(self.grace, self.grace_of.pop(job_id, None))
 
     def unwait(self, job_id: str) -> None:
         held = self.waiting.pop(job_id, None)
@@ -276,3 +257,19 @@ class World:
     retries: RetryBook = field(default_factory=RetryBook)
     # The healthy GPUs of each model: which of its queue's flavors a job can use (kernel/usable_flavors.py).
     models: ModelCounts = field(default_factory=ModelCounts)
+
+
+def _sorted_in(index: dict[str, list[Any]], queue: str, key: Any) -> tuple[str, Any]:
+    """Insert `key` in the queue's sorted list of the index; the entry that takes it out again."""
+    bisect.insort(index.setdefault(queue, []), key)
+    return queue, key
+
+
+def _sorted_out(index: dict[str, list[Any]], entry: tuple[str, Any] | None) -> None:
+    """Take an entry (from `_sorted_in`) out of its queue's sorted list, and the list once empty."""
+    if entry is None:
+        return
+    keys = index[entry[0]]
+    keys.pop(bisect.bisect_left(keys, entry[1]))
+    if not keys:
+        del index[entry[0]]
