@@ -310,8 +310,8 @@ class GpuFault(EventBase, frozen=True, kw_only=True):
 
     node: str
     index: int
-    kind: str  # "xid", "ecc", "thermal" or "power"
-    code: int = 0  # the XID, or the new uncorrectable ECC count
+    kind: str  # "xid", "ecc", "thermal", "power" or "npu" (an Ascend NPU's health level)
+    code: int = 0  # the XID, the new uncorrectable ECC count, or the NPU's new health level
     detail: str = ""
 
 

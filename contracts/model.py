@@ -97,15 +97,23 @@ class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True,
 
 
 class GpuSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One accelerator of a node: an NVIDIA GPU or a Huawei Ascend NPU (libs/core/kernel/accelerators.py)."""
+
     index: int
     model: str
     memory_mib: int = 0
     uuid: str = ""
     healthy: bool = True
+    # "gpu" or "npu".
     kind: str = "gpu"
+    # "nvidia" or "huawei".
+    vendor: str = "nvidia"
     # GPUs of a node with the same group id are NVLink-connected; -1: PCIe only.
     nvlink_group: int = -1
     mig_enabled: bool = False
+    # NPUs of a node with the same group id share an HCCS ring (Ascend 910) or mesh (910B): a job of up to a
+    # group's size must stay inside one group. -1: not an NPU, or not known.
+    hccs_group: int = -1
 
 
 class NodeSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

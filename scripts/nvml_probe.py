@@ -10,35 +10,17 @@ nvidia-ml-py not installed).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import math
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
-
 from contracts import NodeSpec
 from libs.nodes.nvml import NvmlBackend, NvmlUnavailable
+from libs.nodes.probe_json import plain
 
 UNAVAILABLE_EXIT = 2
-
-
-def _plain(value: Any) -> Any:
-    """JSON-ready: Structs and dataclasses as dicts with every field (defaults included), NaN as null."""
-    if isinstance(value, msgspec.Struct):
-        return {k: _plain(v) for k, v in msgspec.structs.asdict(value).items()}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
 
 
 def probe(backend: NvmlBackend, timeout_ms: int) -> dict[str, Any]:
@@ -47,11 +29,11 @@ def probe(backend: NvmlBackend, timeout_ms: int) -> dict[str, Any]:
     observations = backend.poll_health(timeout_ms)
     return {
         "driver_version": backend.driver_version(),
-        "nodes": _plain(nodes),
-        "details": _plain(backend.details()),
-        "sample": _plain(backend.sample()),
+        "nodes": plain(nodes),
+        "details": plain(backend.details()),
+        "sample": plain(backend.sample()),
         "poll_health": {"timeout_ms": timeout_ms, "took_ms": round((time.monotonic() - started) * 1000, 1),
-                        "observations": _plain(observations)},
+                        "observations": plain(observations)},
     }
 
 

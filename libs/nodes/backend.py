@@ -1,4 +1,5 @@
-"""Where node inventories come from: the real NVML backend or a simulated cluster from a CSV.
+"""Where node inventories come from: the real NVML (NVIDIA GPUs) or npu-smi (Ascend NPUs) backend, or a
+simulated cluster from a CSV.
 
 `NodeBackend` is what node-telemetry needs (the inventory of every node it announces); `AgentBackend` is
 what an agent on one node needs besides: GPU load, health observations, and releasing the driver.
@@ -44,25 +45,33 @@ def make_backend(kind: str, cluster_csv: str) -> NodeBackend:
         from libs.nodes.nvml import NvmlBackend
 
         return NvmlBackend()
+    if kind == "ascend":
+        from libs.nodes.ascend import AscendBackend
+
+        return AscendBackend()
     if kind == "sim":
         from libs.nodes.sim import CsvClusterBackend
 
         return CsvClusterBackend(cluster_csv)
-    raise ValueError(f"unknown node backend {kind!r} (sim or nvml)")
+    raise ValueError(f"unknown node backend {kind!r} (sim, nvml or ascend)")
 
 
 def make_agent_backend(kind: str, cluster_csv: str | Path | None = None, node_name: str | None = None,
                        gpus: int | None = None, *, labels: dict[str, str] | None = None) -> AgentBackend:
-    """The backend of a node agent: "nvml" reads this machine (node_name defaults to the host name; the CSV
-    and gpus are ignored); "sim" simulates node_name of the CSV, every node of it, or with gpus a
-    synthesised node of that many GPUs (see SimNodeBackend). `labels` are the NVML node's; a simulated node
-    takes its labels from the CSV."""
+    """The backend of a node agent: "nvml" reads this machine's NVIDIA GPUs, "ascend" its Ascend NPUs (node_name
+    defaults to the host name; the CSV and gpus are ignored); "sim" simulates node_name of the CSV, every node
+    of it, or with gpus a synthesised node of that many GPUs (see SimNodeBackend). `labels` are the real
+    node's; a simulated node takes its labels from the CSV."""
     if kind == "nvml":
         from libs.nodes.nvml import NvmlBackend
 
         return NvmlBackend(node_name, labels=labels)
+    if kind == "ascend":
+        from libs.nodes.ascend import AscendBackend
+
+        return AscendBackend(node_name, labels=labels)
     if kind == "sim":
         from libs.nodes.sim import SimNodeBackend
 
         return SimNodeBackend(cluster_csv or None, node_name, gpus)
-    raise ValueError(f"unknown node backend {kind!r} (sim or nvml)")
+    raise ValueError(f"unknown node backend {kind!r} (sim, nvml or ascend)")

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from libs.core.node_health.gpu_faults import FATAL_XIDS
+from libs.core.node_health.gpu_faults import FATAL_XIDS, NPU_UNHEALTHY_LEVEL
 
-KINDS = frozenset({"xid", "ecc", "thermal", "power"})
+KINDS = frozenset({"xid", "ecc", "thermal", "power", "npu"})
 __all__ = ["FATAL_XIDS", "KINDS", "HealthObservation", "is_fatal"]
 
 
@@ -21,7 +21,8 @@ class HealthObservation:
 
     kind "xid": code is the XID. "ecc": code is the GPU's new uncorrectable (volatile) ECC error count,
     reported only when it grew. "thermal" / "power": code 1 while the GPU's clocks are held back for that
-    reason (reported at every poll while it lasts).
+    reason (reported at every poll while it lasts). "npu": code is an Ascend NPU's new health level, reported
+    when it got worse (1 warning, 2 alarm, 3 critical).
     """
 
     node: str
@@ -40,4 +41,6 @@ def is_fatal(obs: HealthObservation) -> bool:
     Throttling slows a GPU down but leaves its results correct, so it never is."""
     if obs.kind == "xid":
         return obs.code in FATAL_XIDS
+    if obs.kind == "npu":
+        return obs.code >= NPU_UNHEALTHY_LEVEL
     return obs.kind == "ecc"

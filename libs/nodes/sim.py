@@ -6,6 +6,8 @@ on without GPUs: one node (or all) of that CSV, or a synthesised node, with load
 Optional columns: `gpu_memory_mib` (overrides the per-model memory table), `nvlink` (size of each NVLink
 domain: 8 puts all eight GPUs of a node in one, 4 makes two groups of four; empty or 0: PCIe only),
 `mig` (1: every GPU MIG-enabled), `rdma` (RDMA NICs), and `rack`, `block`, `zone`, `pool` (node labels).
+A row of an Ascend model ("Ascend910", "Ascend910B": libs/core/kernel/accelerators.py) is a server of NPUs in
+its model's HCCS groups; `gpu` counts its NPUs.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 from msgspec.structs import replace
 
 from contracts import GpuSpec, NodeSpec
+from libs.core.kernel.accelerators import NPU, kind_of
+from libs.nodes.ascend_sim import npu_specs
 from libs.nodes.health import HealthObservation, is_fatal
 from libs.nodes.nvml import GpuReading
 
@@ -54,12 +58,7 @@ def parse_cluster_csv(text: str, origin: str = "cluster") -> list[NodeSpec]:
         try:
             count = int(row["gpu"])
             model = row["model"].strip()
-            memory = int(row.get("gpu_memory_mib") or GPU_MEMORY_MIB.get(model, DEFAULT_GPU_MEMORY_MIB))
-            nvlink = int(row.get("nvlink") or 0)
-            mig = (row.get("mig") or "").strip().lower() in ("1", "true", "yes")
-            gpus = tuple(GpuSpec(index=i, model=model, memory_mib=memory, uuid=f"SIM-{row['sn']}-{i}",
-                                 nvlink_group=i // nvlink if nvlink > 0 else -1, mig_enabled=mig)
-                         for i in range(count))
+            gpus = _devices(row, model, count)
             labels = {k: row[k] for k in LABEL_COLUMNS if row.get(k)}
             nodes.append(NodeSpec(name=row["sn"], gpus=gpus, cpu_milli=int(row["cpu_milli"]),
                                   memory_mib=int(row["memory_mib"]), labels=labels,
@@ -67,6 +66,17 @@ def parse_cluster_csv(text: str, origin: str = "cluster") -> list[NodeSpec]:
         except (KeyError, ValueError, TypeError) as err:
             raise ClusterCsvError(f"{path}:{line_no}: bad node row {row!r}: {err}") from err
     return nodes
+
+
+def _devices(row: dict[str, str], model: str, count: int) -> tuple[GpuSpec, ...]:
+    """The accelerators of a CSV row: NPUs laid out as a server of their model, GPUs as the row's columns say."""
+    if kind_of(model) == NPU:
+        return npu_specs(row["sn"], model, count, int(row.get("gpu_memory_mib") or 0))
+    memory = int(row.get("gpu_memory_mib") or GPU_MEMORY_MIB.get(model, DEFAULT_GPU_MEMORY_MIB))
+    nvlink = int(row.get("nvlink") or 0)
+    mig = (row.get("mig") or "").strip().lower() in ("1", "true", "yes")
+    return tuple(GpuSpec(index=i, model=model, memory_mib=memory, uuid=f"SIM-{row['sn']}-{i}",
+                         nvlink_group=i // nvlink if nvlink > 0 else -1, mig_enabled=mig) for i in range(count))
 
 
 class CsvClusterBackend:
@@ -84,8 +94,9 @@ def synthetic_node(name: str, gpus: int, model: str = "A100", nvlink: int = 8) -
     if gpus < 0:
         raise ValueError(f"a node cannot have {gpus} GPUs")
     memory = GPU_MEMORY_MIB.get(model, DEFAULT_GPU_MEMORY_MIB)
-    specs = tuple(GpuSpec(index=i, model=model, memory_mib=memory, uuid=f"SIM-{name}-{i}",
-                          nvlink_group=i // nvlink if nvlink > 0 else -1) for i in range(gpus))
+    specs = npu_specs(name, model, gpus) if kind_of(model) == NPU else tuple(
+        GpuSpec(index=i, model=model, memory_mib=memory, uuid=f"SIM-{name}-{i}",
+                nvlink_group=i // nvlink if nvlink > 0 else -1) for i in range(gpus))
     return NodeSpec(name=name, gpus=specs, cpu_milli=gpus * SYNTH_CPU_MILLI_PER_GPU,
                     memory_mib=gpus * SYNTH_MEMORY_MIB_PER_GPU)
 
@@ -171,6 +182,13 @@ class SimNodeBackend:
             self._ecc[key] = last + count
         detail = f"uncorrectable volatile ECC errors {last} -> {last + count} (injected)"
         self._report(HealthObservation(key[0], key[1], "ecc", last + count, detail))
+
+    def inject_npu_health(self, index: int, level: int, node: str | None = None) -> None:
+        """An NPU's health got worse: level 1 warning, 2 alarm, 3 critical (from 2 on it is out of service)."""
+        if level not in (1, 2, 3):
+            raise ValueError(f"an NPU's worse health is level 1, 2 or 3, not {level}")
+        name, index = self._gpu(index, node)
+        self._report(HealthObservation(name, index, "npu", level, f"NPU health level {level} (injected)"))
 
     def set_throttle(self, index: int, kind: str, active: bool = True, node: str | None = None) -> None:
         """Start (or, with active=False, stop) "thermal" or "power" throttling of the GPU."""

@@ -226,7 +226,7 @@ def cmd_agent(args: argparse.Namespace) -> None:
 def add_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("agent", help="run the node agent of this GPU server (inventory, health, process executor)")
     p.add_argument("--node", help="node name (default: the host name)")
-    p.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
+    p.add_argument("--backend", choices=("nvml", "ascend", "sim"), default="nvml")
     p.add_argument("--gpus", type=int, help="sim backend without --cluster: GPUs of the simulated node")
     p.add_argument("--model", default="A100", help="sim backend without --cluster: their model")
     p.add_argument("--cluster", help="sim backend: the cluster CSV holding this node")
