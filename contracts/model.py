@@ -29,8 +29,11 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, for
     gpu_memory_mib: int = 0
     cpu_milli: int = 0
     memory_mib: int = 0
-    # Allowed GPU models; empty means any model.
+    # The accelerator models a replica may run on: model names ("A100", "Ascend910"), or "gpu:*" / "npu:*" for
+    # any model of that kind; empty means any GPU (libs/core/kernel/accelerators.py).
     gpu_models: tuple[str, ...] = ()
+    # The job's code runs on NVIDIA GPUs and on Ascend NPUs alike: its models may name both vendors.
+    mixed_vendors: bool = False
     # The user's estimate of the job's runtime: what the deciders believe (backfill, shadows, ETAs; see
     # `libs.core.kernel.policy.declared_runtime`). The simulated executor runs a job this long unless its
     # `sim/runtime-s` label says how long it really runs. Not enforced.
@@ -42,7 +45,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, for
     command: tuple[str, ...] = ()
     labels: dict[str, str] = {}
     idempotency_key: str = ""
-    # A MIG profile such as "1g.10gb" or "3g.40gb": one MIG instance on a MIG-enabled GPU per replica.
+    # A MIG profile such as "1g.10gb" or "3g.40gb": one MIG instance on a MIG-enabled GPU per replica; or an
+    # Ascend vNPU template such as "vir04": one virtual NPU on an NPU split into vNPUs.
     mig_profile: str = ""
     rdma_nics: int = 0
     # Where a gang's replicas should land together: "" (anywhere), "node", "rack" or "block".

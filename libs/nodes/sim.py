@@ -69,14 +69,20 @@ def parse_cluster_csv(text: str, origin: str = "cluster") -> list[NodeSpec]:
 
 
 def _devices(row: dict[str, str], model: str, count: int) -> tuple[GpuSpec, ...]:
-    """The accelerators of a CSV row: NPUs laid out as a server of their model, GPUs as the row's columns say."""
+    return device_specs(row["sn"], model, count, int(row.get("gpu_memory_mib") or 0), int(row.get("nvlink") or 0),
+                        (row.get("mig") or "").strip().lower() in ("1", "true", "yes"))
+
+
+def device_specs(node: str, model: str, count: int, memory_mib: int = 0, nvlink: int = 0,
+                 split: bool = False) -> tuple[GpuSpec, ...]:
+    """`count` accelerators of `model` as a simulated node reports them: NPUs laid out as a server of their
+    model (HCCS groups), GPUs in NVLink domains of `nvlink` (0: PCIe only); `split`: MIG-enabled GPUs or NPUs
+    split into vNPUs; `memory_mib` 0: the model's usual memory."""
     if kind_of(model) == NPU:
-        return npu_specs(row["sn"], model, count, int(row.get("gpu_memory_mib") or 0))
-    memory = int(row.get("gpu_memory_mib") or GPU_MEMORY_MIB.get(model, DEFAULT_GPU_MEMORY_MIB))
-    nvlink = int(row.get("nvlink") or 0)
-    mig = (row.get("mig") or "").strip().lower() in ("1", "true", "yes")
-    return tuple(GpuSpec(index=i, model=model, memory_mib=memory, uuid=f"SIM-{row['sn']}-{i}",
-                         nvlink_group=i // nvlink if nvlink > 0 else -1, mig_enabled=mig) for i in range(count))
+        return tuple(replace(d, mig_enabled=split) if split else d for d in npu_specs(node, model, count, memory_mib))
+    memory = memory_mib or GPU_MEMORY_MIB.get(model, DEFAULT_GPU_MEMORY_MIB)
+    return tuple(GpuSpec(index=i, model=model, memory_mib=memory, uuid=f"SIM-{node}-{i}",
+                         nvlink_group=i // nvlink if nvlink > 0 else -1, mig_enabled=split) for i in range(count))
 
 
 class CsvClusterBackend:
@@ -93,10 +99,7 @@ def synthetic_node(name: str, gpus: int, model: str = "A100", nvlink: int = 8) -
     """One node of `gpus` GPUs of `model`, NVLink-connected in domains of `nvlink` GPUs (0: PCIe only)."""
     if gpus < 0:
         raise ValueError(f"a node cannot have {gpus} GPUs")
-    memory = GPU_MEMORY_MIB.get(model, DEFAULT_GPU_MEMORY_MIB)
-    specs = npu_specs(name, model, gpus) if kind_of(model) == NPU else tuple(
-        GpuSpec(index=i, model=model, memory_mib=memory, uuid=f"SIM-{name}-{i}",
-                nvlink_group=i // nvlink if nvlink > 0 else -1) for i in range(gpus))
+    specs = device_specs(name, model, gpus, nvlink=nvlink)
     return NodeSpec(name=name, gpus=specs, cpu_milli=gpus * SYNTH_CPU_MILLI_PER_GPU,
                     memory_mib=gpus * SYNTH_MEMORY_MIB_PER_GPU)
 

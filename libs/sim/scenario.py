@@ -19,10 +19,10 @@ from contracts import (
     CancelJob,
     EventBase,
     GpuHealthChanged,
-    GpuSpec,
     JobEvicted,
     JobFailed,
     JobFinished,
+    JobPlaced,
     NodeCordoned,
     NodeLost,
     NodeRegistered,
@@ -41,10 +41,9 @@ from libs.core.kernel.decider import derived_id
 from libs.core.kernel.policy import PolicyBook
 from libs.core.kernel.queue_limits import ANY, check_tree
 from libs.nodes.sim import (
-    DEFAULT_GPU_MEMORY_MIB,
-    GPU_MEMORY_MIB,
     SYNTH_CPU_MILLI_PER_GPU,
     SYNTH_MEMORY_MIB_PER_GPU,
+    device_specs,
     load_cluster_csv,
 )
 from libs.runtime.policy_file import PolicyFile, PolicyFileError, load_policy, policy_changes, tree_order
@@ -60,10 +59,7 @@ def node_spec(entry: NodeEntry) -> NodeSpec:
     if isinstance(entry.gpus, list):
         gpus = tuple(entry.gpus)
     else:
-        memory = entry.gpu_memory_mib or GPU_MEMORY_MIB.get(entry.model, DEFAULT_GPU_MEMORY_MIB)
-        gpus = tuple(GpuSpec(index=i, model=entry.model, memory_mib=memory, uuid=f"SIM-{entry.name}-{i}",
-                             nvlink_group=i // entry.nvlink if entry.nvlink > 0 else -1, mig_enabled=entry.mig)
-                     for i in range(entry.gpus))
+        gpus = device_specs(entry.name, entry.model, entry.gpus, entry.gpu_memory_mib or 0, entry.nvlink, entry.mig)
     cpu = entry.cpu_milli if entry.cpu_milli is not None else len(gpus) * SYNTH_CPU_MILLI_PER_GPU
     memory_mib = entry.memory_mib if entry.memory_mib is not None else len(gpus) * SYNTH_MEMORY_MIB_PER_GPU
     return NodeSpec(name=entry.name, gpus=gpus, cpu_milli=cpu, memory_mib=memory_mib, labels=dict(entry.labels),
@@ -247,12 +243,19 @@ def held_flavors(log: list[tuple[int, EventBase]]) -> dict[str, str]:
     return held
 
 
+def last_placements(log: list[tuple[int, EventBase]]) -> dict[str, str]:
+    """Where each job's last placement put it, replica by replica: "n1[0,1] n2[4]"."""
+    return {event.job_id: " ".join(f"{p.node}[{','.join(map(str, p.gpu_indices))}]" for p in event.placements)
+            for _, event in log if isinstance(event, JobPlaced)}
+
+
 def unmet_expectations(scenario: Scenario, log: list[tuple[int, EventBase]],
                        violations: list[ViolationLike]) -> list[str]:
     expect = scenario.expect
     out: list[str] = []
     outcomes = job_outcomes(log) if expect.jobs else {}
     flavors = held_flavors(log) if any(want.flavor is not None for want in expect.jobs.values()) else {}
+    placed = last_placements(log) if any(want.placed is not None for want in expect.jobs.values()) else {}
     for job, want in sorted(expect.jobs.items()):
         got = outcomes.get(job)
         if got is None:
@@ -262,6 +265,8 @@ def unmet_expectations(scenario: Scenario, log: list[tuple[int, EventBase]],
             out.append(f"job {job}: expected {want.state}, got {got.state}" + (f" ({got.code})" if got.code else ""))
         if want.code is not None and got.code != want.code:
             out.append(f"job {job}: expected code {want.code}, got {got.code or 'none'}")
+        if want.placed is not None and placed.get(job, "") != want.placed:
+            out.append(f"job {job}: expected placed on {want.placed or 'nothing'}, got {placed.get(job) or 'nothing'}")
         if want.flavor is not None and flavors.get(job, "") != want.flavor:
             out.append(f"job {job}: expected its quota in flavor {want.flavor or 'none'}, "
                        f"got {flavors.get(job) or 'none'}")

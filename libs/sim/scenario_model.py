@@ -128,6 +128,8 @@ class JobExpectation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     state: str | None = None
     code: str | None = None
     flavor: str | None = None
+    # Where its last placement put it, replica by replica: "n1[0,1] n2[4]" (node and device indices).
+    placed: str | None = None
 
 
 class Expect(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):

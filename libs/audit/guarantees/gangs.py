@@ -7,6 +7,7 @@ from contracts import JobPlaced, JobSpec, ReplicaPlacement
 from libs.audit.guarantees.violation import GANG_ALL_OR_NOTHING, Violation
 from libs.core.cluster.model import Cluster
 from libs.core.cluster.nodes import FULL, mig_slices
+from libs.core.kernel.accelerators import model_matches
 
 
 def gang_violations(seq: int, event: JobPlaced, spec: JobSpec | None, cluster: Cluster) -> list[Violation]:
@@ -45,7 +46,7 @@ def _models(placements: tuple[ReplicaPlacement, ...], spec: JobSpec, cluster: Cl
     out = []
     if len(models) > 1:
         out.append(f"replicas on several GPU models ({', '.join(models)})")
-    if spec.gpu_models and any(m not in spec.gpu_models for m in models):
+    if any(not model_matches(spec.gpu_models, m) for m in models):
         out.append(f"on {', '.join(models)}, outside its allowed models ({', '.join(spec.gpu_models)})")
     return out
 

@@ -23,6 +23,7 @@ from contracts import (
     SubmitJob,
 )
 from libs.audit.guarantees.capacity import Capacity
+from libs.audit.guarantees.device_groups import device_group_violations
 from libs.audit.guarantees.gangs import gang_violations
 from libs.audit.guarantees.queue_policies import QueuePolicies
 from libs.audit.guarantees.quota_limits import QuotaLimits
@@ -65,6 +66,7 @@ def check_safety(events: Sequence[tuple[int, EventBase]]) -> list[Violation]:
                 out.extend(capacity.place(seq, event, spec))
                 quota.placed(event)
                 out.extend(gang_violations(seq, event, spec, capacity.cluster))
+                out.extend(device_group_violations(seq, event, spec, capacity.cluster))
             case JobFinished() | JobFailed() | JobEvicted():
                 capacity.release(event.job_id)
             case QuotaReserved():

@@ -15,6 +15,7 @@ LENDING_LIMIT: Final = "lending_limit"
 PARENT_QUOTA: Final = "parent_quota"
 RECLAIM_ONLY_WHILE_BORROWING: Final = "reclaim_only_while_borrowing"
 QUEUE_POLICY: Final = "queue_policy"  # a queue's preemption and flavor settings (kernel/queue_policies.py)
+DEVICE_GROUPS: Final = "device_groups"  # NPUs of a replica inside their HCCS groups (kernel/accelerators.py)
 # Liveness: true once the log has been quiet for a while (and, for reclaim, within a bound).
 JOB_FINAL_OR_EXPLAINED: Final = "job_final_or_explained"
 WAITING_REASON_TRUE: Final = "waiting_reason_true"
@@ -24,7 +25,7 @@ RECLAIM_WITHIN_BOUND: Final = "reclaim_within_bound"
 DETERMINISM: Final = "determinism"
 
 SAFETY: Final = (GPU_CAPACITY, MIG_SLICES, DOUBLE_PLACEMENT, GANG_ALL_OR_NOTHING, QUOTA_CEILING, LENDING_LIMIT,
-                 PARENT_QUOTA, RECLAIM_ONLY_WHILE_BORROWING, QUEUE_POLICY)
+                 PARENT_QUOTA, RECLAIM_ONLY_WHILE_BORROWING, QUEUE_POLICY, DEVICE_GROUPS)
 LIVENESS: Final = (JOB_FINAL_OR_EXPLAINED, WAITING_REASON_TRUE, NO_IDLE_WHILE_FITTING_WAITS, RECLAIM_WITHIN_BOUND)
 ALL: Final = (*SAFETY, *LIVENESS, DETERMINISM)
 

@@ -10,6 +10,7 @@ from contracts.model import JobSpec
 from contracts.views import FINAL_JOB_STATES, JobView, QueueView, TeamUsage
 from libs.core.accounting.view_books import QuotaHolds, SplitGpus
 from libs.core.cluster.model import Cluster
+from libs.core.kernel.accelerators import one_model
 from libs.core.kernel.gpu_time import GpuRun, UsageBook
 from libs.core.kernel.gpu_units import FULL
 from libs.core.kernel.policy import PolicyBook, declared_runtime, replica_milli
@@ -44,7 +45,7 @@ def requested_gpus(spec: JobSpec) -> float:
 def demand_model(spec: JobSpec) -> str:
     """The GPU model a waiting job's demand counts against: its one allowed model; a job that several models
     would do counts only toward the cluster's total."""
-    return spec.gpu_models[0] if len(spec.gpu_models) == 1 else ALL_MODELS
+    return one_model(spec.gpu_models) or ALL_MODELS
 
 
 @dataclass(slots=True)

@@ -9,24 +9,22 @@ empty: nothing is rejected for capacity then.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import msgspec
 
 from contracts import JobSpec, NodeRegistered, NodeSpec
+from libs.core.admission.accelerator_asks import accelerator_problem
+from libs.core.admission.rejection import Rejection
 from libs.core.cluster.nodes import FULL
 from libs.core.kernel import mig_profiles
+from libs.core.kernel.accelerators import kinds_named, model_matches, wildcard_kind
 from libs.core.kernel.policy import demand_milli
 
 TOPOLOGY_DOMAINS = ("node", "rack", "block")
 _UNBOUNDED = 1 << 62
 _MAX_VERDICTS = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    code: str
-    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +140,7 @@ class Inventory:
         whole = _Fit(spec, self).problem()
         if whole is not None or spec.replicas < 2:
             return whole
-        models = spec.gpu_models or tuple(sorted(self.total))
+        models = named_models(spec.gpu_models, self.total)
         if len(models) < 2:
             return None
         per_model = [(m, _Fit(msgspec.structs.replace(spec, gpu_models=(m,)), self).problem()) for m in models]
@@ -162,7 +160,7 @@ def spec_problem(spec: JobSpec) -> Rejection | None:
     if spec.topology_required and spec.topology not in TOPOLOGY_DOMAINS:
         return Rejection("unknown_topology", f"required topology {spec.topology!r} unknown "
                          f"({', '.join(TOPOLOGY_DOMAINS)})")
-    return None
+    return accelerator_problem(spec)
 
 
 def capacity_rejection(spec: JobSpec, inventory: Inventory) -> Rejection | None:
@@ -170,11 +168,23 @@ def capacity_rejection(spec: JobSpec, inventory: Inventory) -> Rejection | None:
     could, or when no node has registered yet."""
     if not inventory.known:
         return None
-    unknown = [m for m in spec.gpu_models if m not in inventory.total]
+    unknown = [m for m in spec.gpu_models if not wildcard_kind(m) and m not in inventory.total]
     if unknown:
         known = ", ".join(sorted(inventory.total)) or "no GPUs"
         return Rejection("unknown_gpu_model", f"GPU model(s) {', '.join(unknown)} unknown (cluster has {known})")
+    if spec.gpu_models and not named_models(spec.gpu_models, inventory.total):
+        kinds = " or ".join(sorted(k.upper() for k in kinds_named(spec.gpu_models)))
+        return Rejection("no_such_accelerator", f"no {kinds} is registered (cluster has "
+                         f"{', '.join(sorted(inventory.total)) or 'no GPUs'})")
     return inventory.verdict(spec)
+
+
+def named_models(models: tuple[str, ...], registered: Iterable[str]) -> tuple[str, ...]:
+    """The registered models a job naming `models` may run on, in name order; the named ones themselves when
+    it names models only (an unknown one is refused apart)."""
+    if models and not any(wildcard_kind(m) for m in models):
+        return models
+    return tuple(m for m in sorted(registered) if model_matches(models, m))
 
 
 class _Fit:
@@ -194,7 +204,7 @@ class _Fit:
             or self.cluster_problem() or self.spread_problem() or self.topology_problem()
 
     def _allowed(self, model: str) -> bool:
-        return not self.spec.gpu_models or model in self.spec.gpu_models
+        return model_matches(self.spec.gpu_models, model)
 
     def _plain(self, shape: NodeShape) -> list[tuple[int, ...]]:
         """Per allowed model, the memory of its GPUs with MIG off: what a whole-GPU or fractional replica uses."""

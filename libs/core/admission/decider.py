@@ -34,9 +34,9 @@ from contracts import (
     SubmitJob,
 )
 from libs.core.admission import service_decisions, submissions
-from libs.core.admission.capacity import Rejection
 from libs.core.admission.fold import fold
 from libs.core.admission.idempotency_keys import Resubmission
+from libs.core.admission.rejection import Rejection
 from libs.core.admission.state import AdmissionState
 from libs.core.kernel.decider import Chain, Decisions, Trigger
 from libs.core.kernel.runs import CurrentRuns

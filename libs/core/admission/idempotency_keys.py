@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from contracts import JobSpec
-from libs.core.admission.capacity import Rejection
+from libs.core.admission.rejection import Rejection
 from libs.core.kernel.decider import derived_id
 
 KEY_REUSED = "idempotency_key_reused"

@@ -19,8 +19,8 @@ from contracts import (
     ServiceScaled,
     ServiceSpec,
 )
-from libs.core.admission.capacity import Rejection
 from libs.core.admission.inference_services import replica_spec, service_problem
+from libs.core.admission.rejection import Rejection
 from libs.core.admission.state import AdmissionState
 from libs.core.admission.validation import validate
 from libs.core.kernel.decider import Decisions

@@ -4,8 +4,8 @@ idempotency key), and a cancellation accepted. Each decision is made on admissio
 from __future__ import annotations
 
 from contracts import CancelJob, JobAdmitted, JobCancelled, JobRejected, JobSpec, JobSubmitted, SubmitJob
-from libs.core.admission.capacity import Rejection
 from libs.core.admission.idempotency_keys import Resubmission, key_reused, refused_id
+from libs.core.admission.rejection import Rejection
 from libs.core.admission.service_decisions import reconcile
 from libs.core.admission.state import TERMINAL, AdmissionState
 from libs.core.admission.validation import validate

@@ -12,6 +12,7 @@ import numpy.typing as npt
 
 from libs.core.cluster.model import Cluster
 from libs.core.cluster.nodes import FULL, Node
+from libs.core.kernel.accelerators import GPU, kind_of, model_matches
 
 I64 = npt.NDArray[np.int64]
 # Padding, unhealthy GPUs and GPUs serving MIG (MIG-enabled, or holding MIG instances still): never a candidate
@@ -89,6 +90,8 @@ class ClusterArrays:
         self._gpu_masks: dict[tuple[str, ...], npt.NDArray[np.bool_]] = {}
         self._gpu_mask_rows: dict[tuple[str, ...], list[list[bool]]] = {}
         self.models = sorted({g.model for x in nodes for g in x.gpus})
+        # No NPU among them: a job naming no model may use every device (the masks' quick case).
+        self.gpus_only = all(kind_of(m) == GPU for m in self.models)
         model_id = {m: i for i, m in enumerate(self.models)}
         # A node's model: the model of its first GPU; -1 without GPUs. Nodes mixing models are rare and
         # handled GPU by GPU (gpu_model) where it matters.
@@ -193,7 +196,7 @@ class ClusterArrays:
         return found
 
     def model_ids(self, models: tuple[str, ...]) -> list[int]:
-        return [i for i, m in enumerate(self.models) if not models or m in models]
+        return [i for i, m in enumerate(self.models) if model_matches(models, m)]
 
     def model_mask(self, models: tuple[str, ...]) -> npt.NDArray[np.bool_]:
         """Nodes with at least one GPU of an allowed model (read only: shared between callers)."""
@@ -211,7 +214,7 @@ class ClusterArrays:
         return mask
 
     def _model_mask(self, models: tuple[str, ...]) -> npt.NDArray[np.bool_]:
-        if not models:
+        if not models and self.gpus_only:
             return self.model >= 0
         ids = self.model_ids(models)
         if self.mixed:
@@ -227,7 +230,7 @@ class ClusterArrays:
         return mask
 
     def _gpu_mask(self, models: tuple[str, ...]) -> npt.NDArray[np.bool_]:
-        if not models:
+        if not models and self.gpus_only:
             return self.gpu_model >= 0
         return np.isin(self.gpu_model, self.model_ids(models))
 
@@ -241,7 +244,7 @@ class ClusterArrays:
             if whole:
                 return True, int((self.free[usable] == FULL).sum()) * FULL
             return True, int(self.free[usable].sum())
-        if not models:  # any model: every usable GPU, as counted row by row when filled
+        if not models and self.gpus_only:  # any GPU: every usable one, as counted row by row when filled
             found, total = False, 0
             for online, (any_usable, share, idle_gpus) in zip(self.online_rows, self.usable_rows, strict=True):
                 if online and any_usable:

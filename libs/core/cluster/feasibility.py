@@ -12,6 +12,8 @@ import numpy.typing as npt
 from contracts import JobSpec
 from libs.core.cluster.arrays import FEW_NODES, I64, ClusterArrays
 from libs.core.cluster.nodes import FULL, Node
+from libs.core.kernel.accelerators import model_matches
+from libs.core.kernel.policy import takes_devices
 
 Mask = npt.NDArray[np.bool_]
 
@@ -115,4 +117,5 @@ def node_hosts(node: Node, spec: JobSpec) -> bool:
     """Could the node take one replica's CPU, memory and RDMA NICs, and has it a GPU model the job may use?"""
     return (node.online and node.free_cpu_milli >= spec.cpu_milli and node.free_memory_mib >= spec.memory_mib
             and node.free_rdma_nics >= spec.rdma_nics
-            and (not spec.gpu_models or any(m in node.models for m in spec.gpu_models)))
+            and (not takes_devices(spec) or any(model_matches(spec.gpu_models, m) for m in node.models)
+                 or (not spec.gpu_models and not node.models)))

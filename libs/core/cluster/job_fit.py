@@ -18,6 +18,14 @@ import numpy as np
 
 from contracts import JobSpec, ReplicaPlacement
 from libs.core.cluster.arrays import ClusterArrays
+from libs.core.cluster.device_groups import (
+    GPUSCHED,
+    GROUP_POLICIES,
+    Demand,
+    choose_in_groups,
+    uses_groups,
+    workload_demand,
+)
 from libs.core.cluster.feasibility import Mask, Request, feasible_rows, node_hosts
 from libs.core.cluster.fragmentation import FragModel, packing_shapes
 from libs.core.cluster.mig_instance_fit import choose_mig, offers
@@ -27,6 +35,7 @@ from libs.core.cluster.score_cache import ScoreCache
 from libs.core.cluster.scoring import DEFAULT_POLICY, POLICIES, Choice, choose
 from libs.core.cluster.shapes import TypicalShapes, shared_pairing
 from libs.core.cluster.shortfall import TOPOLOGY, Shortfall, explain_shortfall
+from libs.core.kernel.accelerators import one_model
 from libs.core.kernel.mig_profiles import instance_milli
 from libs.core.kernel.policy import demand_milli
 
@@ -124,6 +133,8 @@ class Placer:
         """Choose and allocate one replica; None when it fits nowhere (within `allowed` rows)."""
         if spec.mig_profile:
             return self._place_mig(spec, replica, allowed)
+        if uses_groups(spec, self.arrays.models):
+            return self._place_in_groups(spec, replica, policy, allowed)
         policy = policy if policy in POLICIES else DEFAULT_POLICY
         self._refresh_for_sync(policy)
         req = Request.of(spec)
@@ -173,6 +184,34 @@ class Placer:
             memory_mib=spec.memory_mib, mig_slices=choice.slices, rdma_nics=spec.rdma_nics, model=choice.gpu.model)
         self.cluster.allocate((placement,))
         return placement
+
+    def _place_in_groups(self, spec: JobSpec, replica: int, policy: str, allowed: Mask | None
+                         ) -> ReplicaPlacement | None:
+        """Whole NPUs inside their interconnect groups (device_groups), over the nodes as they are now."""
+        rows = self.arrays.refresh()
+        if rows:
+            self._pending_rows.update(rows)
+        nodes = self.arrays.nodes
+        host = [(allowed is None or bool(allowed[i])) and node_hosts(n, spec) for i, n in enumerate(nodes)]
+        choice = choose_in_groups(nodes, spec, host, self._group_demand(),
+                                  policy if policy in GROUP_POLICIES else GPUSCHED)
+        if choice is None:
+            return None
+        placement = ReplicaPlacement(
+            replica=replica, node=choice.node.name, gpu_indices=tuple(g.index for g in choice.devices),
+            gpu_milli=FULL, gpu_memory_mib=spec.gpu_memory_mib, cpu_milli=spec.cpu_milli,
+            memory_mib=spec.memory_mib, model=choice.devices[0].model, rdma_nics=spec.rdma_nics)
+        self.cluster.allocate((placement,))
+        return placement
+
+    def _group_demand(self) -> dict[str, Demand]:
+        """Per registered model, the workload's typical whole-device requests it could serve."""
+        typical = self.typical
+        shapes = [] if typical is None else [
+            (s.gpus, s.models, n) for s, n in zip((*typical.shapes, *typical.rare),
+                                                  (*typical.counts, *typical.rare_counts), strict=True)
+            if s.gpu_milli == FULL]
+        return {m: workload_demand(m, shapes) for m in self.arrays.models}
 
     # --- a gang --------------------------------------------------------------------------------------
 
@@ -310,7 +349,7 @@ class Placer:
 
 def _needs_one_model(spec: JobSpec) -> bool:
     """Is the job a gang taking GPUs without naming the one model they must be of?"""
-    return (spec.replicas > 1 and len(spec.gpu_models) != 1
+    return (spec.replicas > 1 and not one_model(spec.gpu_models)
             and (spec.gpus > 0 or spec.gpu_milli > 0 or bool(spec.mig_profile)))
 
 

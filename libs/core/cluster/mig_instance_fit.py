@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from contracts import JobSpec
 from libs.core.cluster.nodes import Gpu, Node
+from libs.core.kernel.accelerators import model_matches
 from libs.core.kernel.mig_profiles import MEDIA_EXTENSIONS, instance_memory_mib
 
 
@@ -28,12 +29,12 @@ def offers(gpu: Gpu, spec: JobSpec) -> bool:
     """Does the GPU (healthy, MIG-enabled, of an allowed model) have the job's profile at all?"""
     return (gpu.mig_enabled and gpu.healthy and gpu.mig_product is not None
             and gpu.mig_product.profile(spec.mig_profile) is not None
-            and (not spec.gpu_models or gpu.model in spec.gpu_models))
+            and model_matches(spec.gpu_models, gpu.model))
 
 
 def instance_fit(gpu: Gpu, spec: JobSpec) -> tuple[int, int] | None:
     """(compute slices, memory MiB) an instance of the job's profile takes on `gpu`, if it fits there now."""
-    if not gpu.takes_mig or gpu.mig_product is None or (spec.gpu_models and gpu.model not in spec.gpu_models):
+    if not gpu.takes_mig or gpu.mig_product is None or not model_matches(spec.gpu_models, gpu.model):
         return None
     found = gpu.mig_product.profile(spec.mig_profile)
     if found is None or (found.name.endswith(MEDIA_EXTENSIONS) and gpu.mig_instances):

@@ -43,6 +43,8 @@ class Gpu:
     healthy: bool = True
     nvlink_group: int = -1
     mig_enabled: bool = False
+    # An NPU's HCCS group (libs/core/kernel/accelerators.py); -1 for a GPU or an NPU of no known group.
+    hccs_group: int = -1
     # The GPU's MIG profile table when it is MIG-capable (libs.core.kernel.mig_profiles), else None.
     mig_product: MigProduct | None = None
     # What MIG instances hold of the GPU: compute slices, share (free_milli counts it too) and count. Kept
@@ -106,7 +108,7 @@ class Gpu:
 def new_gpu(node: str, gpu: GpuSpec) -> Gpu:
     return Gpu(node=node, index=gpu.index, model=gpu.model, memory_mib=gpu.memory_mib, free_memory_mib=gpu.memory_mib,
                healthy=gpu.healthy, nvlink_group=gpu.nvlink_group, mig_enabled=gpu.mig_enabled,
-               mig_product=product(gpu.model, gpu.memory_mib))
+               hccs_group=gpu.hccs_group, mig_product=product(gpu.model, gpu.memory_mib))
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contracts import GpuSpec, NodeSpec, ReplicaPlacement
+from libs.core.kernel.accelerators import model_matches
 from libs.core.kernel.mig_profiles import lookup, memory_slices, product
 
 FULL = 1000  # thousandths of a GPU
@@ -61,7 +62,7 @@ def _can_run(run: RunOnNode, name: str, gpus: dict[int, GpuSpec]) -> bool:
             continue
         for i in p.gpu_indices:
             gpu = gpus.get(i)
-            if gpu is None or (models and gpu.model not in models):
+            if gpu is None or not model_matches(models, gpu.model):
                 return False
             if run.mig_profile and not gpu.mig_enabled:
                 return False  # MIG turned off under an instance (one turned on under a share waits for it)

@@ -14,6 +14,7 @@ from libs.core.cluster.feasibility import Request, gpu_fits, node_hosts
 from libs.core.cluster.mig_instance_fit import offers
 from libs.core.cluster.model import Cluster
 from libs.core.cluster.nodes import FULL, Gpu
+from libs.core.kernel.accelerators import model_matches
 from libs.core.kernel.policy import demand_milli, replica_milli
 
 # Reason codes of a placement that failed; also PlacementDeferred.code.
@@ -83,7 +84,7 @@ def explain_shortfall(placer: FitChecker, spec: JobSpec) -> Shortfall:
 def _allowed_gpus(cluster: Cluster, spec: JobSpec) -> list[Gpu]:
     """The GPUs of the job's allowed models on nodes that take work (neither lost nor cordoned)."""
     return [g for n in cluster.sorted_nodes() if n.online for g in n.gpus
-            if not spec.gpu_models or g.model in spec.gpu_models]
+            if model_matches(spec.gpu_models, g.model)]
 
 
 def _none_of(models: str, what: str, counts: dict[str, int]) -> str:

@@ -9,6 +9,7 @@ from contracts import EventBase, JobSpec, ReplicaPlacement
 from libs.core.cluster.job_fit import fits, placement_shape
 from libs.core.cluster.model import Cluster
 from libs.core.cluster.scoring import DEFAULT_POLICY
+from libs.core.kernel.accelerators import model_matches
 
 
 class EmptyInventory:
@@ -42,8 +43,8 @@ def takes_usable_gpus(cluster: Cluster, starving: JobSpec, placements: tuple[Rep
     allowed = starving.gpu_models
     for p in placements:
         node = cluster.nodes.get(p.node)
-        if node is None or (allowed and p.model not in allowed):
+        if node is None or not model_matches(allowed, p.model):
             continue
-        if sum(1 for g in node.gpus if not allowed or g.model in allowed) >= per_replica:
+        if sum(1 for g in node.gpus if model_matches(allowed, g.model)) >= per_replica:
             return True
     return False

@@ -2,9 +2,9 @@
 
 An accelerator is a device of a node that jobs take whole or in parts: an NVIDIA GPU or a Huawei Ascend NPU.
 Quotas, flavors, fair share, budgets and accounting work per model name and need nothing of this table; what
-differs between vendors is how multi-device jobs may be laid out on one server (the interconnect) and how one
-device may be shared (MIG profiles, virtual NPU templates). Each model's layout is data here, read by one
-rule per kind of topology:
+differs between vendors is how multi-device jobs may be laid out on one server (the interconnect), and how one
+device may be split (MIG profiles and vNPU templates: libs/core/kernel/mig_profiles.py). Each model's layout is
+data here, read by one rule per kind of topology:
 
 - NVLink (NVIDIA): GPUs of one NVLink domain talk faster; placement prefers one domain, but any set works.
 - HCCS ring (Ascend 910): the 8 NPUs of a server sit in two rings of 4 that cannot talk to each other, so a
@@ -15,13 +15,19 @@ rule per kind of topology:
 
 Model names are what node backends report: the NVIDIA driver's name shortened ("A100", libs/nodes/nvml.py)
 and "Ascend" plus the chip family for NPUs ("Ascend910", "Ascend910B", from npu-smi, libs/nodes/npu_smi.py).
-A model this table does not list is an NVIDIA GPU with no layout rule: that is what every node reported
-before NPUs were known, so older logs mean the same.
+A model this table does not list is an Ascend NPU when its name says so ("Ascend310P") and an NVIDIA GPU
+otherwise, with no layout rule: that is what every node reported before NPUs were known, so older logs mean
+the same.
+
+A job names the models it may run on (`JobSpec.gpu_models`): model names, or "gpu:*" / "npu:*" for any model
+of a kind. Naming none means any GPU: code written for CUDA does not run on an NPU.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
+from functools import cache
 
 NVIDIA = "nvidia"
 HUAWEI = "huawei"
@@ -35,15 +41,6 @@ HCCS_MESH = "hccs_mesh"
 
 
 @dataclass(frozen=True, slots=True)
-class VirtualTemplate:
-    """A fixed split of one NPU (Ascend's vNPU template): a share of its AI cores and of its memory."""
-
-    name: str
-    ai_cores: int
-    memory_mib: int
-
-
-@dataclass(frozen=True, slots=True)
 class AcceleratorModel:
     name: str
     vendor: str
@@ -54,42 +51,74 @@ class AcceleratorModel:
     # Device counts one server may give one replica; () for any count.
     counts_per_server: tuple[int, ...] = ()
     memory_mib: int = 0
-    ai_cores: int = 0
-    templates: tuple[VirtualTemplate, ...] = ()
 
-    def template(self, name: str) -> VirtualTemplate | None:
-        return next((t for t in self.templates if t.name == name), None)
-
-
-def _vnpu(name: str, ai_cores: int, memory_gib: int) -> VirtualTemplate:
-    return VirtualTemplate(name=name, ai_cores=ai_cores, memory_mib=memory_gib * 1024)
-
-
-# The vNPU templates of the Ascend 910 (32 AI cores, 32 GiB): vir02, vir04, vir08 and vir16 take that many AI
-# cores and a proportional share of memory (the Ascend device plugin's huawei.com/Ascend910-2c ... -16c).
-_ASCEND_910_TEMPLATES = (_vnpu("vir02", 2, 2), _vnpu("vir04", 4, 4), _vnpu("vir08", 8, 8), _vnpu("vir16", 16, 16))
-# The 910B's templates as Ascend's documentation lists them for Atlas A2 servers (20 AI cores, 64 GiB).
-_ASCEND_910B_TEMPLATES = (_vnpu("vir05_1c_16g", 5, 16), _vnpu("vir10_3c_32g", 10, 32))
 
 MODELS: dict[str, AcceleratorModel] = {m.name: m for m in (
     AcceleratorModel(name="Ascend910", vendor=HUAWEI, kind=NPU, topology=HCCS_RING, group_size=4,
-                     counts_per_server=(1, 2, 4, 8), memory_mib=32 * 1024, ai_cores=32,
-                     templates=_ASCEND_910_TEMPLATES),
+                     counts_per_server=(1, 2, 4, 8), memory_mib=32 * 1024),
     AcceleratorModel(name="Ascend910B", vendor=HUAWEI, kind=NPU, topology=HCCS_MESH, group_size=8,
-                     memory_mib=64 * 1024, ai_cores=20, templates=_ASCEND_910B_TEMPLATES),
+                     memory_mib=64 * 1024),
     AcceleratorModel(name="Ascend910C", vendor=HUAWEI, kind=NPU, topology=HCCS_MESH, group_size=16,
-                     memory_mib=64 * 1024, ai_cores=24),
+                     memory_mib=64 * 1024),
 )}
 
 
+NO_TOPOLOGY = "none"
+ASCEND_PREFIX = "Ascend"
+WILDCARD = ":*"  # "npu:*": any model of that kind
+
+
 def accelerator(model: str) -> AcceleratorModel:
-    """The model's entry; an unknown model is an NVIDIA GPU whose NVLink domains only prefer."""
+    """The model's entry; an unknown model is an NPU without a layout rule when its name is Ascend's, else an
+    NVIDIA GPU whose NVLink domains only prefer."""
     known = MODELS.get(model)
-    return known if known is not None else AcceleratorModel(name=model, vendor=NVIDIA, kind=GPU, topology=NVLINK)
+    if known is not None:
+        return known
+    if model.startswith(ASCEND_PREFIX):
+        return AcceleratorModel(name=model, vendor=HUAWEI, kind=NPU, topology=NO_TOPOLOGY)
+    return AcceleratorModel(name=model, vendor=NVIDIA, kind=GPU, topology=NVLINK)
 
 
+@cache
 def kind_of(model: str) -> str:
     return accelerator(model).kind
+
+
+def any_of(kind: str) -> str:
+    """The entry of a job's models that allows any model of `kind`: "npu:*"."""
+    return kind + WILDCARD
+
+
+def wildcard_kind(entry: str) -> str | None:
+    """The kind a job's models entry allows all of ("npu:*" -> "npu"), None for a model name."""
+    return entry[: -len(WILDCARD)] if entry.endswith(WILDCARD) else None
+
+
+def model_matches(models: Collection[str], model: str) -> bool:
+    """May a job naming `models` run on a device of `model`? Naming none allows every GPU and no NPU."""
+    if not models:
+        return kind_of(model) == GPU
+    return model in models or any_of(kind_of(model)) in models
+
+
+def one_model(models: Collection[str]) -> str:
+    """The one model a job naming `models` may run on; "" when it may run on several (or on any of a kind)."""
+    if len(models) != 1:
+        return ""
+    (only,) = models
+    return "" if wildcard_kind(only) else only
+
+
+def kinds_named(models: Collection[str]) -> frozenset[str]:
+    """The kinds of device a job naming `models` may run on."""
+    if not models:
+        return frozenset({GPU})
+    return frozenset(wildcard_kind(m) or kind_of(m) for m in models)
+
+
+def vendors_named(models: Collection[str]) -> frozenset[str]:
+    """The vendors a job naming `models` may run on (a kind's wildcard: that kind's vendor)."""
+    return frozenset(NVIDIA if kind == GPU else HUAWEI for kind in kinds_named(models))
 
 
 def vendor_of(model: str) -> str:

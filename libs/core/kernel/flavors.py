@@ -6,6 +6,7 @@ ask these."""
 from __future__ import annotations
 
 from contracts import JobSpec
+from libs.core.kernel.accelerators import model_matches, one_model
 from libs.core.kernel.queue_limits import ANY, Limits
 
 
@@ -15,7 +16,7 @@ def flavor_name(model: str) -> str:
 
 
 def flavor_matches(flavor: str, spec: JobSpec) -> bool:
-    return flavor == ANY or not spec.gpu_models or flavor in spec.gpu_models
+    return flavor == ANY or model_matches(spec.gpu_models, flavor)
 
 
 def reservation_model(flavor: str, placed_model: str, spec: JobSpec | None) -> str:
@@ -25,7 +26,7 @@ def reservation_model(flavor: str, placed_model: str, spec: JobSpec | None) -> s
         return placed_model
     if flavor != ANY:
         return flavor
-    return spec.gpu_models[0] if spec is not None and len(spec.gpu_models) == 1 else ""
+    return one_model(spec.gpu_models) if spec is not None else ""
 
 
 def charged_flavor(limits: dict[str, Limits], flavor: str, model: str) -> str:

@@ -4,6 +4,11 @@ A product is a model name as nodes report it ("A100", "H100": the driver's name 
 see libs/nodes/nvml.py) plus its memory, because the same model comes with several memory sizes whose profiles
 differ (an A100 40GB offers 3g.20gb, an A100 80GB 3g.40gb). A profile's memory is the nominal size in its name
 (3g.20gb: 20 GiB), which is how NVIDIA names them; the driver's figure is a little lower.
+
+An Ascend NPU splits the same way into virtual NPUs by fixed templates (Ascend's vNPU, "vir04": 4 AI cores), and
+is a product of this table too: its compute slices are its AI cores, a template's memory is what Ascend's
+documentation gives it. One machinery then serves both (placement of instances, quota, accounting, the checks
+after a re-registration); a node reports an NPU split into vNPUs as `mig_enabled`.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from libs.core.kernel.gpu_units import FULL
 
 # A GPU instance profile: compute slices, "g.", memory in GB, "gb", optionally media extensions ("+me").
 _NAME = re.compile(r"([1-9][0-9]*)g\.([1-9][0-9]*)gb(\+me)?")
+# A vNPU template: "vir", AI cores, optionally AI CPUs ("_3c") and memory in GB ("_32g").
+_VNPU = re.compile(r"vir([0-9]+)(?:_([0-9]+)c)?(?:_([0-9]+)g)?")
 MIB_PER_GB = 1024
 # How far a GPU's reported memory may be from a product's nominal size and still be that product: drivers
 # report a little less than the name says (an H100 80GB: 81559 MiB), and 94GB and 96GB parts sit 2% apart.
@@ -42,18 +49,30 @@ class MigProduct:
 
 
 def parse(name: str) -> tuple[int, int] | None:
-    """(slices, memory_mib) a well-formed profile name says ("2g.10gb" -> (2, 10240)); None when it is no
-    profile name at all ("banana", "1c.3g.20gb": a compute instance, not a GPU instance)."""
+    """(slices, memory_mib) a well-formed profile or template name says ("2g.10gb" -> (2, 10240), "vir04" ->
+    (4, 0): memory unsaid); None when it is no such name ("banana", "1c.3g.20gb": a compute instance)."""
     found = _NAME.fullmatch(name)
-    if found is None:
-        return None
-    return int(found.group(1)), int(found.group(2)) * MIB_PER_GB
+    if found is not None:
+        return int(found.group(1)), int(found.group(2)) * MIB_PER_GB
+    vnpu = _VNPU.fullmatch(name)
+    if vnpu is not None and int(vnpu.group(1)) > 0:  # memory 0 when the name does not say it
+        return int(vnpu.group(1)), int(vnpu.group(3) or 0) * MIB_PER_GB
+    return None
+
+
+def is_vnpu(name: str) -> bool:
+    """Is the name an Ascend vNPU template's ("vir04") rather than a MIG profile's?"""
+    return _VNPU.fullmatch(name) is not None
 
 
 def _profile(name: str, max_instances: int) -> MigProfile:
     parsed = parse(name)
     assert parsed is not None, name
     return MigProfile(name=name, slices=parsed[0], memory_mib=parsed[1], max_instances=max_instances)
+
+
+def _vnpu(name: str, ai_cores: int, memory_gb: int, max_instances: int) -> MigProfile:
+    return MigProfile(name=name, slices=ai_cores, memory_mib=memory_gb * MIB_PER_GB, max_instances=max_instances)
 
 
 def _seven_slices(model: str, memory_gb: int, one: int, one_double: int, three: int) -> MigProduct:
@@ -76,6 +95,12 @@ PRODUCTS: tuple[MigProduct, ...] = (
     _seven_slices("H100", 96, one=12, one_double=24, three=48),
     _seven_slices("H200", 141, one=18, one_double=35, three=71),
     _seven_slices("B200", 180, one=23, one_double=45, three=90),
+    # Ascend 910 (32 AI cores, 32 GB): vir02 / vir04 / vir08 / vir16 take that many cores and as many GB.
+    MigProduct(model="Ascend910", memory_gb=32, slices=32, memory_slices=32, profiles=(
+        _vnpu("vir02", 2, 2, 16), _vnpu("vir04", 4, 4, 8), _vnpu("vir08", 8, 8, 4), _vnpu("vir16", 16, 16, 2))),
+    # Ascend 910B of an Atlas A2 server (20 AI cores, 64 GB): the templates Ascend lists for it.
+    MigProduct(model="Ascend910B", memory_gb=64, slices=20, memory_slices=4, profiles=(
+        _vnpu("vir05_1c_16g", 5, 16, 4), _vnpu("vir10_3c_32g", 10, 32, 2))),
 )
 
 

@@ -114,5 +114,10 @@ def replica_milli(spec: JobSpec) -> int:
     return spec.gpu_milli if spec.gpu_milli > 0 else spec.gpus * 1000
 
 
+def takes_devices(spec: JobSpec) -> bool:
+    """Does a replica take a GPU or an NPU (or a share of one)?"""
+    return replica_milli(spec) > 0
+
+
 def demand_milli(spec: JobSpec) -> int:
     return spec.replicas * replica_milli(spec)

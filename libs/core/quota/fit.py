@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from libs.core.kernel.accelerators import model_matches
 from libs.core.kernel.inadmissible import queue_could_hold
 from libs.core.kernel.quota_math import ANY, UNLIMITED
 from libs.core.kernel.usable_flavors import usable_flavors
@@ -160,7 +161,7 @@ def smallest_servable(state: QuotaState, queue: str, flavors: list[str], now: fl
                         not could_hold(state, job)):
                     continue
                 for f in flavors:
-                    if (f == ANY or not job.spec.gpu_models or f in job.spec.gpu_models) \
+                    if (f == ANY or model_matches(job.spec.gpu_models, f)) \
                             and job.demand < smallest.get(f, UNLIMITED):
                         smallest[f] = job.demand
     return smallest
