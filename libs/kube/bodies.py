@@ -19,13 +19,14 @@ def timestamp(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def binding(namespace: str, pod: str, node: str, run: str = "") -> Obj:
+def binding(namespace: str, pod: str, node: str, run: str = "", notes: dict[str, str] | None = None) -> Obj:
     """A Binding; its annotations land on the pod: `gpusched.io/run` names the run the pod was bound for, so a pod
-    that ended is told apart from one of an earlier run."""
+    that ended is told apart from one of an earlier run; `notes` add others (the NPUs chosen for it)."""
     body: Obj = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod, "namespace": namespace},
                  "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-    if run:
-        body["metadata"]["annotations"] = {RUN_ANNOTATION: run}
+    annotations = {**({RUN_ANNOTATION: run} if run else {}), **(notes or {})}
+    if annotations:
+        body["metadata"]["annotations"] = annotations
     return body
 
 

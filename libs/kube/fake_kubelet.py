@@ -45,8 +45,21 @@ def node_body(name: str, gpus: int, product: str = "NVIDIA-A100-SXM4-80GB", memo
             "spec": {}, "status": node_status(gpus, cpu, memory, True)}
 
 
-def node_status(gpus: int, cpu: str, memory: str, ready: bool) -> Obj:
-    resources = {"cpu": cpu, "memory": memory, "pods": "110", "nvidia.com/gpu": str(gpus)}
+def ascend_node_body(name: str, npus: int = 8, chip: str = "910A", rack: str = "", cpu: str = "192",
+                     memory: str = "768Gi") -> Obj:
+    """An Ascend training server as the Ascend device plugin and MindCluster show it: `huawei.com/Ascend910`
+    allocatable and the chip's label."""
+    body = node_body(name, 0, rack=rack, cpu=cpu, memory=memory)
+    labels = body["metadata"]["labels"]
+    for key in [k for k in labels if k.startswith("nvidia.com/")]:
+        del labels[key]
+    labels.update({"accelerator": "huawei-Ascend910", "node.kubernetes.io/npu.chip.name": chip})
+    body["status"] = node_status(0, cpu, memory, True, {"huawei.com/Ascend910": str(npus)})
+    return body
+
+
+def node_status(gpus: int, cpu: str, memory: str, ready: bool, devices: dict[str, str] | None = None) -> Obj:
+    resources = {"cpu": cpu, "memory": memory, "pods": "110", "nvidia.com/gpu": str(gpus), **(devices or {})}
     now = timestamp(time.time())
     return {"capacity": resources, "allocatable": resources,
             "conditions": [ready_condition(ready, now)], "phase": "Running",

@@ -6,6 +6,7 @@
 - Model and memory: GPU Feature Discovery's `nvidia.com/gpu.product` ("NVIDIA-A100-SXM4-80GB" -> "A100") and
   `nvidia.com/gpu.memory` (MiB); `gpusched.io/gpu-model` on the node overrides the model name. SXM products
   are NVLink-connected (one NVLink group per node); others are PCIe only.
+- Ascend NPUs: the Ascend device plugin's resources and labels (libs/kube/ascend.py), after the GPUs.
 - Topology: rack, block and zone from configurable labels (`TopologyLabels`).
 - CPU and memory: from allocatable.
 - Health: Ready=False / Unknown (or a deleted Node) is a lost node; `spec.unschedulable` is a cordon.
@@ -17,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 from contracts import GpuSpec, NodeSpec
+from libs.kube.ascend import NPU_RESOURCES, node_npus
 from libs.kube.client import Obj
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -106,6 +108,8 @@ def node_spec(node: Obj, topology: TopologyLabels = TopologyLabels()) -> NodeSpe
     nvlink = 0 if "SXM" in product.upper() else -1
     gpus = tuple(GpuSpec(index=i, model=model, memory_mib=memory, nvlink_group=nvlink, mig_enabled=i >= whole)
                  for i in range(total))
+    npus = {k: parse_quantity(v) for k, v in allocatable.items() if k in NPU_RESOURCES}
+    gpus += node_npus(labels, npus, len(gpus))
     ours: dict[str, str] = {}
     for domain in ("rack", "block", "zone"):
         value = labels.get(getattr(topology, domain), "")

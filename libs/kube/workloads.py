@@ -7,7 +7,8 @@ platform reads of them (`docs/kubernetes.md` lists it for users):
   team, the namespace its project;
 - priority: `spec.priorityClassName`, the platform's priority class of that name (none: `training`);
 - resources per replica: the containers' `nvidia.com/gpu` (whole GPUs) or one `nvidia.com/mig-<profile>`,
-  CPU and memory requests;
+  or the Ascend device plugin's `huawei.com/Ascend910` (whole NPUs) or one `huawei.com/Ascend910-<N>c` vNPU
+  (libs/kube/ascend.py); CPU and memory requests;
 - a gang: the scheduler-plugins label `scheduling.x-k8s.io/pod-group` (size: the PodGroup's `minMember`, or
   the annotation `gpusched.io/gang-size`), Kueue's `kueue.x-k8s.io/pod-group-name` label with its
   `kueue.x-k8s.io/pod-group-total-count` annotation, or `gpusched.io/gang` with `gpusched.io/gang-size`;
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 from contracts import JobSpec
 from libs.core.kernel.decider import derived_id
+from libs.kube.ascend import RESOURCE_PREFIX, NpuAsk, npu_ask
 from libs.kube.client import Obj
 from libs.kube.nodes import GPU_RESOURCE, MIG_RESOURCE_PREFIX, parse_quantity, quantity_mib, quantity_milli
 
@@ -57,7 +59,8 @@ class Refusal:
 @dataclass(frozen=True)
 class Resources:
     gpus: int = 0
-    mig_profile: str = ""
+    mig_profile: str = ""  # a MIG profile, or an Ascend vNPU template
+    npu_models: tuple[str, ...] = ()  # the NPU models the resources ask for; () for GPUs
     cpu_milli: int = 0
     memory_mib: int = 0
 
@@ -90,11 +93,13 @@ def pod_resources(pod_spec: Obj) -> Resources | Refusal:
     extended resources they must be equal)."""
     gpus, cpu, memory = 0, 0, 0
     migs: dict[str, int] = {}
+    npus: list[NpuAsk] = []
     try:
         for container in pod_spec.get("containers", []) or []:
             res = container.get("resources", {}) or {}
             wanted = {**(res.get("limits", {}) or {}), **(res.get("requests", {}) or {})}
             gpus += int(parse_quantity(wanted.get(GPU_RESOURCE, "0")))
+            npus.append(npu_ask({k: parse_quantity(v) for k, v in wanted.items() if k.startswith(RESOURCE_PREFIX)}))
             cpu += quantity_milli(wanted.get("cpu", "0"))
             memory += quantity_mib(wanted.get("memory", "0"))
             for name, value in wanted.items():
@@ -105,10 +110,25 @@ def pod_resources(pod_spec: Obj) -> Resources | Refusal:
         return Refusal("invalid_resources", str(err))
     if migs and gpus:
         return Refusal("mixed_gpu_resources", "a replica asks for whole GPUs and MIG instances at once")
+    asked = [a for a in npus if a.npus or a.template]
+    if asked:
+        return _npu_resources(asked, gpus + sum(migs.values()), cpu, memory)
     if len(migs) > 1 or any(n != 1 for n in migs.values()):
         return Refusal("invalid_mig_request", "a replica asks for one MIG instance of one profile, got "
                        + ", ".join(f"{n} x {p}" for p, n in sorted(migs.items())))
     return Resources(gpus=gpus, mig_profile=next(iter(migs), ""), cpu_milli=cpu, memory_mib=memory)
+
+
+def _npu_resources(asked: list[NpuAsk], gpus: int, cpu: int, memory: int) -> Resources | Refusal:
+    """A replica's NPUs: whole NPUs of one resource, or one vNPU; never beside GPUs."""
+    if gpus:
+        return Refusal("mixed_vendors", "a replica asks for NVIDIA GPUs and Ascend NPUs at once")
+    templates = [a.template for a in asked if a.template]
+    whole = sum(a.npus for a in asked)
+    if len({a.models for a in asked}) > 1 or len(templates) > 1 or (templates and whole):
+        return Refusal("invalid_npu_request", "a replica asks for whole NPUs of one kind, or one vNPU")
+    return Resources(gpus=whole or 1, mig_profile=templates[0] if templates else "", npu_models=asked[0].models,
+                     cpu_milli=cpu, memory_mib=memory)
 
 
 def _float(notes: dict[str, str], key: str) -> float | None:
@@ -146,7 +166,8 @@ def job_spec(obj: Obj, pod_spec: Obj, replicas: int, team_of_queue: dict[str, st
         return resources
     namespace = str(meta(obj).get("namespace", "default"))
     try:
-        models = tuple(m.strip() for m in notes.get(PREFIX + "gpu-models", "").split(",") if m.strip())
+        models = tuple(m.strip() for m in notes.get(PREFIX + "gpu-models", "").split(",") if m.strip()) \
+            or resources.npu_models
         topology = notes.get(PREFIX + "topology", "")
         if topology not in ("", "node", "rack", "block"):
             raise ValueError(f"{PREFIX}topology must be node, rack or block, got {topology!r}")

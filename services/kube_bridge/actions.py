@@ -50,12 +50,13 @@ class KubeActions:
     def job_path(namespace: str, name: str) -> str:
         return f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"
 
-    async def bind(self, namespace: str, pod: str, node: str, run: str = "") -> None:
-        """Bind one pod. Already bound to that node (a bind repeated after a restart, another bridge's): done.
-        Bound elsewhere: BindConflict."""
+    async def bind(self, namespace: str, pod: str, node: str, run: str = "", notes: dict[str, str] | None = None
+                   ) -> None:
+        """Bind one pod (with `notes` as annotations besides the run's). Already bound to that node (a bind
+        repeated after a restart, another bridge's): done. Bound elsewhere: BindConflict."""
         try:
             await self.client.post(self.pod_path(namespace, pod, "binding"),
-                                   bodies.binding(namespace, pod, node, run))
+                                   bodies.binding(namespace, pod, node, run, notes))
             self.binds += 1
             BINDS.inc()
             if self.crash_after_binds is not None and self.binds >= self.crash_after_binds:
@@ -71,17 +72,20 @@ class KubeActions:
             BIND_CONFLICTS.inc()
             raise BindConflict(f"pod {namespace}/{pod} is bound to {bound or 'nothing'}, not {node}") from err
 
-    async def bind_all(self, namespace: str, targets: list[tuple[str, str]], run: str = "") -> list[str]:
+    async def bind_all(self, namespace: str, targets: list[tuple[str, str]], run: str = "",
+                       notes: dict[str, dict[str, str]] | None = None) -> list[str]:
         """Bind every (pod, node) at once; returns the pods that could not be bound (with the reasons logged).
-        The caller decides what a partial gang means: the bound members are rolled back."""
+        The caller decides what a partial gang means: the bound members are rolled back. `notes`: per pod, its
+        annotations besides the run's."""
+        extra = notes or {}
         results: list[BaseException | None]
         if self.crash_after_binds is None:
-            results = await asyncio.gather(*(self.bind(namespace, pod, node, run) for pod, node in targets),
-                                           return_exceptions=True)
+            results = await asyncio.gather(*(self.bind(namespace, pod, node, run, extra.get(pod))
+                                             for pod, node in targets), return_exceptions=True)
         else:
             results = []
             for pod, node in targets:
-                await self.bind(namespace, pod, node, run)
+                await self.bind(namespace, pod, node, run, extra.get(pod))
                 results.append(None)
         failed = []
         for (pod, node), result in zip(targets, results, strict=True):

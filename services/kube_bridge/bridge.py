@@ -39,9 +39,12 @@ from contracts import (
     QueuePolicyChanged,
     QuotaDeferred,
 )
+from libs.core.kernel.accelerators import GPU
 from libs.core.kernel.decider import derived_id
 from libs.kube import bodies
+from libs.kube.ascend import chosen_devices
 from libs.kube.client import Obj
+from libs.kube.nodes import node_spec
 from libs.kube.run_reports import Run, batch_job_reports, pods_reports
 from libs.kube.workloads import (
     RUN_ANNOTATION,
@@ -217,7 +220,9 @@ class KubeBridge:
                 await self.roll_back(job, state)
                 return
         self.claim_wait_since.pop(job.run, None)
-        failed = await self.actions.bind_all(job.namespace, todo, job.run)
+        devices = {name: self.device_notes(self.cache.pods[(job.namespace, name)], node,
+                                           job.indices_of(job.pods.index(name))) for name, node in todo}
+        failed = await self.actions.bind_all(job.namespace, todo, job.run, devices)
         if failed:
             await self.roll_back(job, f"binding {', '.join(failed)} failed")
             return
@@ -246,10 +251,17 @@ class KubeBridge:
             await self.roll_back(job, state)
             return
         try:
-            await self.actions.bind(job.namespace, meta(pod)["name"], node, job.run)
+            await self.actions.bind(job.namespace, meta(pod)["name"], node, job.run,
+                                    self.device_notes(pod, node, job.indices_of(replica)))
             await self.actions.say_scheduled(pod, node)
         except Exception as err:
             await self.roll_back(job, f"binding {meta(pod)['name']} failed: {err}")
+
+    def device_notes(self, pod: Obj, node: str, indices: tuple[int, ...]) -> dict[str, str]:
+        """The annotation naming the NPUs placed for a pod of whole NPUs (read by Ascend's device plugin)."""
+        node_obj = self.cache.nodes.get(node)
+        gpus_before = 0 if node_obj is None else sum(1 for g in node_spec(node_obj).gpus if g.kind == GPU)
+        return chosen_devices(pod.get("spec", {}) or {}, gpus_before, indices)
 
     async def wait_for_claims(self, job: Tracked) -> None:
         """A placed run waits for its pods' DRA claims to be made; past CLAIM_WAIT_S it is rolled back (a claim
