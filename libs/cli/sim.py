@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from libs.cli import sim_scenario, sim_trace
+from libs.cli import sim_npu, sim_scenario, sim_trace
 from libs.cli.output import add_json_flag
 from libs.core.cluster.scoring import POLICIES
 from libs.runtime.settings import DEFAULT_CLUSTER
@@ -127,4 +127,5 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     add_json_flag(p)
     p.set_defaults(func=cmd_replay_bench)
     sim_scenario.add_parser(ssub)
+    sim_npu.add_parser(ssub)
     sim_trace.add_parser(ssub)
