@@ -13,7 +13,8 @@ preemption and the guarantee checker all ask these.
 - when_can_borrow / when_can_preempt (flavorFungibility): in which of its flavors a job takes quota. The first
   with room ("borrow", "try-next-flavor": today's rule), or a flavor it need not borrow in before one where it
   would ("when_can_borrow: try-next-flavor"), and never past a flavor whose nominal quota would hold it once a
-  reclaim takes back what the queue lent ("when_can_preempt: preempt": it waits there for the reclaim).
+  reclaim takes back what the queue lent, where its reclaim_within_cohort lets it take one of the jobs holding
+  that quota ("when_can_preempt: preempt": it waits there for the reclaim).
 """
 
 from __future__ import annotations
@@ -102,19 +103,24 @@ def waits_to_preempt(spec: QueueSpec | None) -> bool:
 
 
 def flavors_in_turn(spec: QueueSpec | None, flavors: Iterable[str], demand: int,
-                    left: Callable[[str], tuple[int, int]]) -> tuple[str, ...]:
-    """The flavors a job tries, in turn, by its queue's flavor fungibility; `left(flavor)`: what is left of
-    the queue's nominal quota of the flavor, and the queue's room there. With the defaults, `flavors` as they
-    are. With when_can_preempt preempt, none after the first flavor whose nominal quota holds the job but
-    whose room does not (quota lent out: the job waits there for a reclaim); with when_can_borrow
-    try-next-flavor, those it needs not borrow in first, each group in the queue's order."""
+                    left: Callable[[str], tuple[int, int]], priority: int,
+                    lent_to: Callable[[str], Iterable[int]]) -> tuple[str, ...]:
+    """The flavors a job of `priority` tries, in turn, by its queue's flavor fungibility; `left(flavor)`: what is
+    left of the queue's nominal quota of the flavor, and the queue's room there; `lent_to(flavor)`: the
+    priorities of the jobs holding what the queue lent of the flavor (QuotaBook.holders_of_lent, holds_lent).
+    With the defaults, `flavors` as they are. With when_can_preempt preempt, none after the first flavor whose
+    nominal quota holds the job but whose room does not (quota lent out) where a reclaim for it may take one of
+    those jobs (reclaim_allows): the job waits there for the reclaim. Where its reclaim may take none of them
+    (reclaim_within_cohort lower-priority, all of them of its priority or higher), no reclaim would serve it
+    there, and it goes on to the next flavor. With when_can_borrow try-next-flavor, those it needs not borrow
+    in first, each group in the queue's order."""
     flavors = tuple(flavors)
     if not fungible(spec) or spec is None:
         return flavors
     if waits_to_preempt(spec):
         for i, flavor in enumerate(flavors):
             nominal_left, room = left(flavor)
-            if nominal_left >= demand > room:
+            if nominal_left >= demand > room and any(reclaim_allows(spec, priority, p) for p in lent_to(flavor)):
                 flavors = flavors[:i + 1]
                 break
     if spec.when_can_borrow == TRY_NEXT_FLAVOR:
