@@ -98,10 +98,10 @@ class QueuePolicies:
         flavors = book.flavors_for(event.queue, spec)
         if len(flavors) > 1:
             flavors = list(self.models.servable(tuple(flavors), spec, demand))
-        def lent_to(flavor: str) -> list[int]:
-            """The priorities of the jobs holding what the queue lent of the flavor."""
+        def lent_to(flavor: str) -> list[tuple[int, int]]:
+            """The jobs holding what the queue lent of the flavor, each as its priority and its quota."""
             holders = set(book.holders_of_lent(event.queue))
-            return [self.classes.priority_of(specs[j]) for j, h in held.items()
+            return [(self.classes.priority_of(specs[j]), h.milli) for j, h in held.items()
                     if j in specs and h.queue in holders and h.flavor == flavor
                     and book.holds_lent(event.queue, h.queue, flavor, h.over_budget)]
 

@@ -128,7 +128,7 @@ def _victims_for_quota(world: World, job_id: str, spec: JobSpec, grace_over: boo
         flavors = list(flavors_in_turn(queue, flavors, demand, lambda f: (book.nominal_left(spec.queue, f),
                                                                           book.room(spec.queue, f)),
                                        world.policy.priority_of(spec),
-                                       lambda f: world.state.lent_priorities(book, spec.queue, f)))
+                                       lambda f: world.state.lent_to(book, spec.queue, f)))
     if not flavors:
         return [], False
     with _simulation(world, spec, job_id, now) as sim:

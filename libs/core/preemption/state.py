@@ -241,10 +241,10 @@ class PreemptionState:
                                                                                 run.over_budget):
                     yield run
 
-    def lent_priorities(self, book: QuotaBook, lender: str, flavor: str) -> Iterator[int]:
-        """The priorities of the running jobs of the flavor that hold what the lender's queue lent (holding_lent):
-        what its flavor fungibility asks about (kernel/queue_policies.py flavors_in_turn)."""
-        return (run.priority for run in self.holding_lent(book, lender, flavor))
+    def lent_to(self, book: QuotaBook, lender: str, flavor: str) -> Iterator[tuple[int, int]]:
+        """The running jobs of the flavor that hold what the lender's queue lent (holding_lent), each as its priority
+        and its quota: what its flavor fungibility asks about (kernel/queue_policies.py flavors_in_turn)."""
+        return ((run.priority, run.demand) for run in self.holding_lent(book, lender, flavor))
 
     def unprotected(self, now: float) -> list[str]:
         """The queues (sorted) of running jobs whose minimum runtime ended, that overran their declared end or

@@ -31,7 +31,7 @@ from libs.core.quota.fit import (
     could_hold,
     entitled,
     flavors_of,
-    lent_priorities,
+    lent_to,
     may_borrow,
     over_budget,
     quota_left,
@@ -140,7 +140,7 @@ def flavors_to_try(state: QuotaState, job: QuotaJob, cycle: Cycle, spent: bool) 
     if fungible(spec) and not spent and flavors is not ANY_FLAVOR:
         in_turn = flavors_in_turn(spec, flavors_of(state, job), job.demand,
                                   lambda flavor: quota_left(state, job.queue, flavor, cycle), job.priority,
-                                  lambda flavor: lent_priorities(state, job.queue, flavor))
+                                  lambda flavor: lent_to(state, job.queue, flavor))
         flavors = tuple(f for f in in_turn if f in flavors)
     if job.timed_out_flavor is not None and len(flavors) > 1 and job.timed_out_flavor in flavors:
         flavors = (*(f for f in flavors if f != job.timed_out_flavor), job.timed_out_flavor)

@@ -39,8 +39,9 @@ def test_good_settings_are_accepted() -> None:
 
 # (nominal left, room) per flavor, in thousandths: A lent out (nominal left 2, no room), B borrows, C own room.
 LEFT = {"A": (2000, 0), "B": (0, 4000), "C": (4000, 4000)}
-# The priorities of the jobs holding what the queue lent of each flavor: one of priority 100 holds A.
-LENT_TO = {"A": (100,), "B": (), "C": ()}
+# The jobs holding what the queue lent of each flavor, as (priority, thousandths of GPUs): one of priority 100
+# holds A's 2 lent GPUs.
+LENT_TO: dict[str, tuple[tuple[int, int], ...]] = {"A": ((100, 2000),), "B": (), "C": ()}
 
 
 @pytest.mark.parametrize("fields, order", [
@@ -59,16 +60,17 @@ def test_flavors_are_tried_in_turn_by_fungibility(fields: dict[str, Any], order:
 
 
 @pytest.mark.parametrize("reclaim, priority, holders, waits", [
-    ("any", 100, (100,), True),  # any borrower may be taken back
-    ("lower-priority", 200, (100,), True),  # the holder is of lower priority: the reclaim may take it
-    ("lower-priority", 100, (100,), False),  # of its own priority: no reclaim would serve it at A
-    ("lower-priority", 100, (100, 300), False),  # nor of higher priority
-    ("lower-priority", 200, (300, 100), True),  # one of them will do
+    ("any", 100, ((100, 2000),), True),  # any borrower may be taken back
+    ("lower-priority", 200, ((100, 2000),), True),  # the holder is of lower priority: the reclaim may take it
+    ("lower-priority", 100, ((100, 2000),), False),  # of its own priority: no reclaim would serve it at A
+    ("lower-priority", 100, ((100, 1000), (300, 1000)), False),  # nor of higher priority
+    ("lower-priority", 200, ((300, 1000), (100, 1000), (50, 1000)), True),  # those it may take free enough
+    ("lower-priority", 200, ((300, 1000), (100, 1000)), False),  # the one it may take frees 1 GPU of the 2 it lacks
     ("any", 100, (), False),  # nobody holds what the queue lent of A (its room is bounded elsewhere)
-    ("never", 200, (100,), False),  # the queue reclaims nothing
+    ("never", 200, ((100, 2000),), False),  # the queue reclaims nothing
 ])
-def test_a_job_waits_to_preempt_only_where_its_reclaim_may_take_a_holder(
-        reclaim: str, priority: int, holders: tuple[int, ...], waits: bool) -> None:
+def test_a_job_waits_to_preempt_only_where_its_reclaim_could_make_room(
+        reclaim: str, priority: int, holders: tuple[tuple[int, int], ...], waits: bool) -> None:
     queue = QueueSpec(name="q", team="q", when_can_preempt="preempt", reclaim_within_cohort=reclaim)
     lent_to = {**LENT_TO, "A": holders}
     order = flavors_in_turn(queue, ("A", "B", "C"), 2000, LEFT.__getitem__, priority, lent_to.__getitem__)
