@@ -20,7 +20,7 @@ from libs.core.kernel.quota_figures import over_budget_room
 from libs.core.kernel.quota_math import ANY
 from libs.core.kernel.starvation import longest_waiting
 from libs.core.kernel.usable_flavors import usable_flavors
-from libs.core.quota.fit import could_ever_fit, could_hold, smallest_servable
+from libs.core.quota.fit import could_ever_fit, could_hold, lent_to, smallest_servable
 from libs.core.quota.nomination import holding_nominee, nominees
 from libs.core.quota.starvation import may_starve
 
@@ -55,7 +55,8 @@ def quota_flavors_with_room(world: World, spec: JobSpec) -> list[str]:
     flavors = usable_flavors(book, world.quota.fleet, spec, demand)
     if not over:  # by the queue's flavor fungibility: past a flavor it waits at for a reclaim, no room is its
         flavors = flavors_in_turn(world.quota.policy.queues.get(spec.queue), flavors, demand,
-                                  lambda f: (book.nominal_left(spec.queue, f), book.room(spec.queue, f)))
+                                  lambda f: (book.nominal_left(spec.queue, f), book.room(spec.queue, f)),
+                                  priority(world, spec), lambda f: lent_to(world.quota, spec.queue, f))
     return [f for f in flavors
             if (over_budget_room(book, spec.queue, f) if over else book.room(spec.queue, f) if borrows
                 else book.room_within_nominal(spec.queue, f)) >= demand]

@@ -2,13 +2,15 @@
 apply): every victim of a preemption decision is one its preemptor's queue allows, by the victim's reason (a
 reclaim's by reclaim_within_cohort, a borrowing preemptor's by borrow_within_cohort, one of its own queue by
 within_queue_preemption); and no reservation takes a flavor past one its queue's when_can_preempt makes the job
-wait at (its nominal quota there would hold the job, lent out: a reclaim gives it back).
+wait at (its nominal quota there would hold the job, lent out: a reclaim gives it back, one that may take a job
+holding that quota).
 
-Judged by the queue policy bound at the decision's trigger (the QuotaBook of quota_limits.py), the priority
-classes as logged before the decision, and the jobs' submission times."""
+Judged by the queue policy bound at the decision's trigger (the QuotaBook of quota_limits.py, with its
+reservations), the priority classes as logged before the decision, and the jobs' submission times."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -23,6 +25,7 @@ from contracts import (
     PriorityClassesChanged,
     QuotaReserved,
 )
+from libs.audit.guarantees.quota_limits import Held
 from libs.audit.guarantees.violation import QUEUE_POLICY, Violation
 from libs.audit.guarantees.world import World
 from libs.core.kernel.policy import PolicyBook, demand_milli
@@ -84,9 +87,10 @@ class QueuePolicies:
                                      f"its queue's {setting} {getattr(queue, setting, '')!r} does not allow"))
         return out
 
-    def reserved(self, seq: int, event: QuotaReserved, spec: JobSpec | None, book: QuotaBook) -> list[Violation]:
+    def reserved(self, seq: int, event: QuotaReserved, spec: JobSpec | None, book: QuotaBook,
+                 held: Mapping[str, Held], specs: Mapping[str, JobSpec]) -> list[Violation]:
         """The reservation's flavor is one the queue's when_can_preempt lets the job take (judged on the book
-        before it)."""
+        before it, and on the reservations `held` there)."""
         queue = book.queues.get(event.queue)
         if spec is None or event.over_budget or not waits_to_preempt(queue) or not book.governed(event.queue):
             return []
@@ -94,15 +98,23 @@ class QueuePolicies:
         flavors = book.flavors_for(event.queue, spec)
         if len(flavors) > 1:
             flavors = list(self.models.servable(tuple(flavors), spec, demand))
+        def lent_to(flavor: str) -> list[tuple[int, int]]:
+            """The jobs holding what the queue lent of the flavor, each as its priority and its quota."""
+            holders = set(book.holders_of_lent(event.queue))
+            return [(self.classes.priority_of(specs[j]), h.milli) for j, h in held.items()
+                    if j in specs and h.queue in holders and h.flavor == flavor
+                    and book.holds_lent(event.queue, h.queue, flavor, h.over_budget)]
+
         in_turn = flavors_in_turn(queue, flavors, demand, lambda f: (book.nominal_left(event.queue, f),
-                                                                     book.room(event.queue, f)))
+                                                                     book.room(event.queue, f)),
+                                  self.classes.priority_of(spec), lent_to)
         flavor = event.flavor or ANY
         if flavor not in flavors or flavor in in_turn:
             return []
         return [Violation(QUEUE_POLICY, seq, (event.job_id,),
                           f"job {event.job_id} reserved flavor {flavor} of queue {event.queue} past flavor "
-                          f"{in_turn[-1]}, whose nominal quota would hold it once lent quota comes back "
-                          "(when_can_preempt preempt waits there)")]
+                          f"{in_turn[-1]}, whose nominal quota would hold it once a reclaim it may make takes back "
+                          "lent quota (when_can_preempt preempt waits there)")]
 
 
 def reclaim_allowed(world: World, queue: str, first: str | None, running: list[tuple[str, T]]) -> list[tuple[str, T]]:

@@ -71,7 +71,7 @@ def check_safety(events: Sequence[tuple[int, EventBase]]) -> list[Violation]:
                 capacity.release(event.job_id)
             case QuotaReserved():
                 quota.bind_policy(event.trigger_seq or seq)  # (judged on the book before the reservation)
-                out.extend(policies.reserved(seq, event, specs.get(event.job_id), quota.book))
+                out.extend(policies.reserved(seq, event, specs.get(event.job_id), quota.book, quota.held, specs))
                 out.extend(quota.reserved(seq, event, specs.get(event.job_id)))
             case QuotaReleased():
                 quota.released(event)

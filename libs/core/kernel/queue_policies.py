@@ -13,7 +13,8 @@ preemption and the guarantee checker all ask these.
 - when_can_borrow / when_can_preempt (flavorFungibility): in which of its flavors a job takes quota. The first
   with room ("borrow", "try-next-flavor": today's rule), or a flavor it need not borrow in before one where it
   would ("when_can_borrow: try-next-flavor"), and never past a flavor whose nominal quota would hold it once a
-  reclaim takes back what the queue lent ("when_can_preempt: preempt": it waits there for the reclaim).
+  reclaim takes back what the queue lent, where the jobs holding that quota that its reclaim_within_cohort lets it
+  take could free what it lacks ("when_can_preempt: preempt": it waits there for the reclaim).
 """
 
 from __future__ import annotations
@@ -101,20 +102,38 @@ def waits_to_preempt(spec: QueueSpec | None) -> bool:
     return spec is not None and spec.when_can_preempt == PREEMPT and spec.reclaim_within_cohort != NEVER
 
 
+def reclaim_could_serve(spec: QueueSpec | None, priority: int, lacking: int, lent_to: Iterable[tuple[int, int]]
+                        ) -> bool:
+    """Could a reclaim for a job of `priority` of the queue free the `lacking` quota (thousandths of GPUs) it
+    lacks, taking the holders of what the queue lent (`lent_to`: each as its priority and its quota) that its
+    reclaim_within_cohort lets it take? At most: a reclaim may leave some of them to their queue's nominal."""
+    for holder_priority, milli in lent_to:
+        if reclaim_allows(spec, priority, holder_priority):
+            lacking -= milli
+            if lacking <= 0:
+                return True
+    return False
+
+
 def flavors_in_turn(spec: QueueSpec | None, flavors: Iterable[str], demand: int,
-                    left: Callable[[str], tuple[int, int]]) -> tuple[str, ...]:
-    """The flavors a job tries, in turn, by its queue's flavor fungibility; `left(flavor)`: what is left of
-    the queue's nominal quota of the flavor, and the queue's room there. With the defaults, `flavors` as they
-    are. With when_can_preempt preempt, none after the first flavor whose nominal quota holds the job but
-    whose room does not (quota lent out: the job waits there for a reclaim); with when_can_borrow
-    try-next-flavor, those it needs not borrow in first, each group in the queue's order."""
+                    left: Callable[[str], tuple[int, int]], priority: int,
+                    lent_to: Callable[[str], Iterable[tuple[int, int]]]) -> tuple[str, ...]:
+    """The flavors a job of `priority` tries, in turn, by its queue's flavor fungibility; `left(flavor)`: what is
+    left of the queue's nominal quota of the flavor, and the queue's room there; `lent_to(flavor)`: the jobs
+    holding what the queue lent of the flavor (QuotaBook.holders_of_lent, holds_lent), each as its priority and
+    its quota (thousandths of GPUs). With the defaults, `flavors` as they are. With when_can_preempt preempt,
+    none after the first flavor whose nominal quota holds the job but whose room does not (quota lent out) where
+    a reclaim for it could make that room (`reclaim_could_serve`): the job waits there for the reclaim. Where it
+    could not (reclaim_within_cohort lower-priority, the holders of its priority or higher), no reclaim would
+    serve it there, and it goes on to the next flavor. With when_can_borrow try-next-flavor, those it needs not
+    borrow in first, each group in the queue's order."""
     flavors = tuple(flavors)
     if not fungible(spec) or spec is None:
         return flavors
     if waits_to_preempt(spec):
         for i, flavor in enumerate(flavors):
             nominal_left, room = left(flavor)
-            if nominal_left >= demand > room:
+            if nominal_left >= demand > room and reclaim_could_serve(spec, priority, demand - room, lent_to(flavor)):
                 flavors = flavors[:i + 1]
                 break
     if spec.when_can_borrow == TRY_NEXT_FLAVOR:

@@ -148,6 +148,12 @@ class QueueTree:
                             out.setdefault(q, None)
         return list(out)
 
+    def holds_lent(self, lender: str, queue: str, flavor: str, over_budget: bool) -> bool:
+        """Does a job of `queue` (one of `holders_of_lent(lender)`) holding quota of the flavor hold what the lender
+        lent: admitted over budget (borrowed outright), or its queue or its subtree borrows the flavor
+        (`subtree_borrows`)?"""
+        return over_budget or self.subtree_borrows(queue, flavor, lender)
+
     def lending_branch(self, queue: str, flavor: str, demand: int) -> str | None:
         """The nearest parent without quota of the queue, below the top of its pool, whose subtree would hold no
         more of the flavor than its queues' nominal quota of it with `demand` more: a job beyond its own queue's

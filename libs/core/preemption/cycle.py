@@ -126,7 +126,9 @@ def _victims_for_quota(world: World, job_id: str, spec: JobSpec, grace_over: boo
     queue, book, demand = world.policy.queues.get(spec.queue), world.policy.quotas, demand_milli(spec)
     if fungible(queue):  # in the order its queue's flavor fungibility tries them, none past where it waits
         flavors = list(flavors_in_turn(queue, flavors, demand, lambda f: (book.nominal_left(spec.queue, f),
-                                                                          book.room(spec.queue, f))))
+                                                                          book.room(spec.queue, f)),
+                                       world.policy.priority_of(spec),
+                                       lambda f: world.state.lent_to(book, spec.queue, f)))
     if not flavors:
         return [], False
     with _simulation(world, spec, job_id, now) as sim:

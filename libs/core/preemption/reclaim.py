@@ -48,10 +48,8 @@ def borrowers(sim: Simulation, preemptor: JobSpec, flavor: str, preemptor_id: st
 def _lent_holders(sim: Simulation, lender: str, preemptor_id: str) -> list[Running]:
     """Running jobs, of any flavor, that hold what the lender's queue lent (QuotaBook.holders_of_lent): of a
     queue or subtree that borrows their flavor, or admitted over budget; each one a reclaim may take now."""
-    book, state = sim.book, sim.state
-    return [run for q in book.holders_of_lent(lender) for run in state.by_queue.get(q, {}).values()
-            if (run.over_budget or book.subtree_borrows(q, run.flavor, lender))
-            and eligible(state, sim.policy, run, sim.now, preemptor_id, reclaim=True)]
+    return [run for run in sim.state.holding_lent(sim.book, lender)
+            if eligible(sim.state, sim.policy, run, sim.now, preemptor_id, reclaim=True)]
 
 
 def gives_back_borrowed(sim: Simulation, lender: str) -> Callable[[Running], bool]:

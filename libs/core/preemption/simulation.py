@@ -234,7 +234,9 @@ class Simulation:
         spec, book, queue = self.policy.queues.get(self.spec.queue), self.book, self.spec.queue
         if fungible(spec):
             flavors = list(flavors_in_turn(spec, flavors, self.demand,
-                                           lambda f: (book.nominal_left(queue, f), book.room(queue, f))))
+                                           lambda f: (book.nominal_left(queue, f), book.room(queue, f)),
+                                           self.policy.priority_of(self.spec),
+                                           lambda f: self.state.lent_to(book, queue, f)))
         return next((f for f in flavors if self.admits(f)), None)
 
     def _smallest_waiting(self, flavor: str) -> dict[str, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +14,7 @@ from contracts import JobSpec, ReplicaPlacement
 from libs.core.cluster.model import Cluster
 from libs.core.kernel.attained_service import AttainedService
 from libs.core.kernel.policy import PolicyBook
-from libs.core.kernel.quota_math import ANY
+from libs.core.kernel.quota_math import ANY, QuotaBook
 from libs.core.kernel.retries import RetryBook
 from libs.core.kernel.usable_flavors import ModelCounts
 
@@ -230,6 +231,20 @@ class PreemptionState:
             del counts[run.priority]
             if not counts:
                 del self.running_priorities[run.queue]
+
+    def holding_lent(self, book: QuotaBook, lender: str, flavor: str | None = None) -> Iterator[Running]:
+        """The running jobs, of the flavor (None: of any), that hold what the lender's queue lent
+        (QuotaBook.holders_of_lent, holds_lent), nearest level first."""
+        for queue in book.holders_of_lent(lender):
+            for run in self.by_queue.get(queue, {}).values():
+                if (flavor is None or run.flavor == flavor) and book.holds_lent(lender, queue, run.flavor,
+                                                                                run.over_budget):
+                    yield run
+
+    def lent_to(self, book: QuotaBook, lender: str, flavor: str) -> Iterator[tuple[int, int]]:
+        """The running jobs of the flavor that hold what the lender's queue lent (holding_lent), each as its priority
+        and its quota: what its flavor fungibility asks about (kernel/queue_policies.py flavors_in_turn)."""
+        return ((run.priority, run.demand) for run in self.holding_lent(book, lender, flavor))
 
     def unprotected(self, now: float) -> list[str]:
         """The queues (sorted) of running jobs whose minimum runtime ended, that overran their declared end or

@@ -6,7 +6,7 @@ scheduling cycle, the reasons, the reclaim and the guarantee checker all ask the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from libs.core.kernel.accelerators import model_matches
 from libs.core.kernel.inadmissible import queue_could_hold
@@ -190,6 +190,18 @@ def quota_left(state: QuotaState, queue: str, flavor: str, cycle: Cycle) -> tupl
     if left is None:
         left = cycle.quota[key] = (state.book.nominal_left(queue, flavor), state.book.room(queue, flavor))
     return left
+
+
+def lent_to(state: QuotaState, lender: str, flavor: str) -> Iterator[tuple[int, int]]:
+    """The jobs holding quota of the flavor that the lender's queue lent (QuotaBook.holders_of_lent, holds_lent),
+    each as its priority and its quota: those a reclaim for it might take, which its flavor fungibility asks about
+    (kernel/queue_policies.py flavors_in_turn)."""
+    book = state.book
+    for queue in book.holders_of_lent(lender):
+        for job_id in state.reserved.get(queue, ()):
+            job = state.jobs[job_id]
+            if job.flavor == flavor and book.holds_lent(lender, queue, flavor, job.over_budget):
+                yield job.priority, job.demand
 
 
 def entitled(state: QuotaState, job: QuotaJob, cycle: Cycle) -> bool:

@@ -26,7 +26,16 @@ from libs.core.kernel.wait_reasons import (
     USER_LIMIT,
     WAITING_FOR_QUOTA,
 )
-from libs.core.quota.fit import could_ever_fit, could_hold, entitled, flavors_of, may_borrow, over_budget, quota_left
+from libs.core.quota.fit import (
+    could_ever_fit,
+    could_hold,
+    entitled,
+    flavors_of,
+    lent_to,
+    may_borrow,
+    over_budget,
+    quota_left,
+)
 from libs.core.quota.nomination import holding_nominee
 from libs.core.quota.reasons import defer, quota_reason, reason, tells
 from libs.core.quota.shortcuts.repeated_holds import starving_key
@@ -130,7 +139,8 @@ def flavors_to_try(state: QuotaState, job: QuotaJob, cycle: Cycle, spent: bool) 
     spec = state.policy.queues.get(job.queue)
     if fungible(spec) and not spent and flavors is not ANY_FLAVOR:
         in_turn = flavors_in_turn(spec, flavors_of(state, job), job.demand,
-                                  lambda flavor: quota_left(state, job.queue, flavor, cycle))
+                                  lambda flavor: quota_left(state, job.queue, flavor, cycle), job.priority,
+                                  lambda flavor: lent_to(state, job.queue, flavor))
         flavors = tuple(f for f in in_turn if f in flavors)
     if job.timed_out_flavor is not None and len(flavors) > 1 and job.timed_out_flavor in flavors:
         flavors = (*(f for f in flavors if f != job.timed_out_flavor), job.timed_out_flavor)

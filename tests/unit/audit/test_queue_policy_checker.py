@@ -91,15 +91,23 @@ def test_a_borrowing_preemptor_against_borrow_within_cohort_breaks_queue_policy(
         assert "borrow_within_cohort" in found[0].detail
 
 
-@pytest.mark.parametrize("when_can_preempt, broken", [("preempt", True), ("try-next-flavor", False)])
-def test_a_reservation_past_the_flavor_its_job_waits_at_breaks_queue_policy(when_can_preempt: str,
-                                                                            broken: bool) -> None:
+@pytest.mark.parametrize("when_can_preempt, reclaim, holder_priority, broken", [
+    ("preempt", "any", "training", True),
+    ("try-next-flavor", "any", "training", False),
+    # Its reclaim may take only borrowers of lower priority than p1 (training): none would serve it at A100...
+    ("preempt", "lower-priority", "training", False),
+    # ...but d1 of batch it may take.
+    ("preempt", "lower-priority", "batch", True),
+])
+def test_a_reservation_past_the_flavor_its_job_waits_at_breaks_queue_policy(
+        when_can_preempt: str, reclaim: str, holder_priority: str, broken: bool) -> None:
     # p's A100 quota is lent to d: with when_can_preempt preempt, p1 waits there for a reclaim, not on H100.
     log = Log().nodes(node("a", gpus=2, model="A100"), node("h", gpus=2, model="H100"))
     two = (FlavorQuota(model="A100", nominal_gpus=2), FlavorQuota(model="H100", nominal_gpus=2))
-    log.queues(QueueSpec(name="p", team="p", cohort="x", when_can_preempt=when_can_preempt, flavors=two),
+    log.queues(QueueSpec(name="p", team="p", cohort="x", when_can_preempt=when_can_preempt,
+                         reclaim_within_cohort=reclaim, flavors=two),
                QueueSpec(name="d", team="d", cohort="x", flavors=(FlavorQuota(model="A100", nominal_gpus=0),)))
-    log.reserved("d1", spec("d", gpus=2), flavor="A100").placed("d1", on("a", 0, 1))
+    log.reserved("d1", spec("d", gpus=2, priority=holder_priority), flavor="A100").placed("d1", on("a", 0, 1))
     log.reserved("p1", spec("p", gpus=2), flavor="H100")
     found = check_safety(log.events)
     assert ids(found) == ({"queue_policy"} if broken else set())

@@ -21,11 +21,7 @@ from libs.sim.scenario_write import write_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 # Scenario files that fail today, each for a hole in the deciders (file stem -> the hole).
-KNOWN_HOLES: dict[str, str] = {
-    "queue-flavor-preempt-waits-for-a-borrower-its-lower-priority-rule-may-not-reclaim":
-        "queue_policies.flavors_in_turn makes a job of a when_can_preempt preempt queue wait at a flavor whose "
-        "lent quota only borrowers its reclaim_within_cohort lower-priority may not take hold",
-}
+KNOWN_HOLES: dict[str, str] = {}
 
 
 # Kueue conformance: each file is a case of Kueue's own scheduler or preemption tests, in gpusched's terms, expecting

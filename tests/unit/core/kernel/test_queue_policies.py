@@ -39,6 +39,9 @@ def test_good_settings_are_accepted() -> None:
 
 # (nominal left, room) per flavor, in thousandths: A lent out (nominal left 2, no room), B borrows, C own room.
 LEFT = {"A": (2000, 0), "B": (0, 4000), "C": (4000, 4000)}
+# The jobs holding what the queue lent of each flavor, as (priority, thousandths of GPUs): one of priority 100
+# holds A's 2 lent GPUs.
+LENT_TO: dict[str, tuple[tuple[int, int], ...]] = {"A": ((100, 2000),), "B": (), "C": ()}
 
 
 @pytest.mark.parametrize("fields, order", [
@@ -49,8 +52,26 @@ LEFT = {"A": (2000, 0), "B": (0, 4000), "C": (4000, 4000)}
 ])
 def test_flavors_are_tried_in_turn_by_fungibility(fields: dict[str, Any], order: tuple[str, ...]) -> None:
     queue = QueueSpec(name="q", team="q", **fields)
-    assert flavors_in_turn(queue, ("A", "B", "C"), 2000, LEFT.__getitem__) == order
+    assert flavors_in_turn(queue, ("A", "B", "C"), 2000, LEFT.__getitem__, 200, LENT_TO.__getitem__) == order
     # B first: with preempt, B (borrowing) stays before the cut at A; with try-next-flavor, after A.
     both: dict[str, Any] = {"when_can_borrow": "try-next-flavor", "when_can_preempt": "preempt"}
-    assert flavors_in_turn(QueueSpec(name="q", team="q", **both), ("B", "A", "C"), 2000, LEFT.__getitem__) == (
-        "A", "B")
+    assert flavors_in_turn(QueueSpec(name="q", team="q", **both), ("B", "A", "C"), 2000, LEFT.__getitem__, 200,
+                           LENT_TO.__getitem__) == ("A", "B")
+
+
+@pytest.mark.parametrize("reclaim, priority, holders, waits", [
+    ("any", 100, ((100, 2000),), True),  # any borrower may be taken back
+    ("lower-priority", 200, ((100, 2000),), True),  # the holder is of lower priority: the reclaim may take it
+    ("lower-priority", 100, ((100, 2000),), False),  # of its own priority: no reclaim would serve it at A
+    ("lower-priority", 100, ((100, 1000), (300, 1000)), False),  # nor of higher priority
+    ("lower-priority", 200, ((300, 1000), (100, 1000), (50, 1000)), True),  # those it may take free enough
+    ("lower-priority", 200, ((300, 1000), (100, 1000)), False),  # the one it may take frees 1 GPU of the 2 it lacks
+    ("any", 100, (), False),  # nobody holds what the queue lent of A (its room is bounded elsewhere)
+    ("never", 200, ((100, 2000),), False),  # the queue reclaims nothing
+])
+def test_a_job_waits_to_preempt_only_where_its_reclaim_could_make_room(
+        reclaim: str, priority: int, holders: tuple[tuple[int, int], ...], waits: bool) -> None:
+    queue = QueueSpec(name="q", team="q", when_can_preempt="preempt", reclaim_within_cohort=reclaim)
+    lent_to = {**LENT_TO, "A": holders}
+    order = flavors_in_turn(queue, ("A", "B", "C"), 2000, LEFT.__getitem__, priority, lent_to.__getitem__)
+    assert order == (("A",) if waits else ("A", "B", "C"))
