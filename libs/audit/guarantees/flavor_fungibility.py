@@ -54,10 +54,10 @@ class FlavorFungibility:
             return []
         taken = event.flavor or ANY
         tried = flavors_to_try(world.quota, job, Cycle(now=world.now), False)
-        if taken not in tried or _held(world, event.job_id, job):
+        if taken not in tried:
             return []  # a flavor the job may not take at all is quota_ceiling's or queue_policy's to judge
         for flavor in tried[:tried.index(taken)]:
-            if _had_room(world, job, flavor):
+            if _had_room(world, job, flavor) and not _held(world, event.job_id, job):
                 return [Violation(FLAVOR_FUNGIBILITY, seq, (event.job_id,),
                                   f"job {event.job_id} of queue {event.queue} took flavor {taken} while flavor "
                                   f"{flavor}, tried before it, had room for its {gpus(job.demand)} (queue "
