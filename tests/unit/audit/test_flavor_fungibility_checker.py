@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from contracts import FlavorQuota, QueueSpec
+from contracts import FlavorQuota, JobFinished, QueueSpec, QuotaReleased, QuotaReserved
 from libs.audit.guarantees import check_liveness
 from tests.unit.audit.test_guarantee_checker import Log, ids, on, spec
 from tests.unit.builders import node
@@ -46,3 +46,21 @@ def test_a_job_of_higher_priority_waiting_first_explains_the_flavor_passed_over(
     log.admitted("urgent", spec("a", gpus=4, priority="urgent"))
     log.at(1_010.0).reserved("a1", spec("a", gpus=2), flavor="A100", borrowed_milli=2000)
     assert "flavor_fungibility" not in ids(check_liveness(log.events))
+
+
+@pytest.mark.parametrize("release_known, broken", [(False, False), (True, True)])
+def test_a_release_logged_after_the_trigger_by_another_reaction_leaves_the_choice_unjudged(
+        release_known: bool, broken: bool) -> None:
+    # h0 holds a's H100 quota when a1's admission triggers quota; h0's quota comes back before a1's reservation
+    # is logged. Released by another reaction (h0's finish), it came too late for the decider to know: a1
+    # borrowing A100 is not judged. Released in the same reaction as the reservation, the decider knew it.
+    log = cohort("try-next-flavor")
+    log.reserved("h0", spec("a", gpus=2, gpu_models=("H100",)), flavor="H100").placed("h0", on("h", 0, 1))
+    log.at(1_010.0).admitted("a1", spec("a", gpus=2))
+    trigger = len(log.events)
+    log.add(JobFinished, source="sim-executor", job_id="h0")
+    log.add(QuotaReleased, source="quota", job_id="h0", queue="a", gpu_milli=2000, reason="finished",
+            trigger_seq=trigger if release_known else len(log.events))
+    log.add(QuotaReserved, source="quota", job_id="a1", queue="a", gpu_milli=2000, flavor="A100",
+            borrowed_milli=2000, trigger_seq=trigger)
+    assert ids(check_liveness(log.events)) == ({"flavor_fungibility"} if broken else set())
