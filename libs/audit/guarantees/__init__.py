@@ -3,7 +3,8 @@
 - `check_safety`: what must hold at every sequence (capacity, MIG slices, placements, gangs, quota limits,
   nominal quota protected from reclaim).
 - `check_liveness`: what must be true once the platform has had time to act (every job running, ended or
-  waiting for a true reason; no idle capacity while a job that fits waits; lent quota reclaimed in time).
+  waiting for a true reason; no idle capacity while a job that fits waits; lent quota reclaimed in time; each
+  reservation in the first flavor with room of its queue's order).
 - `check`: both.
 - `check_replay`: replay reproduces every recorded decision.
 

@@ -7,14 +7,16 @@ failed, cancelled, or rejected with a code), or waiting with a recorded reason t
 and no job waits while idle quota and idle GPUs could run it.
 
 The reclaim bound is watched over the whole log: for jobs waiting for quota lent out (reclaim.py) and for jobs
-holding quota within their nominal that wait for the GPUs borrowers hold (placement_reclaim.py)."""
+holding quota within their nominal that wait for the GPUs borrowers hold (placement_reclaim.py); and each
+reservation's flavor is judged on the world just before it (flavor_fungibility.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from contracts import AuditCheckpoint, ClockTick, EventBase
+from contracts import AuditCheckpoint, ClockTick, EventBase, QuotaReserved
 from libs.audit.guarantees import holds, reasons
+from libs.audit.guarantees.flavor_fungibility import FlavorFungibility
 from libs.audit.guarantees.placement_reclaim import PlacementReclaimWatch
 from libs.audit.guarantees.reclaim import ReclaimWatch
 from libs.audit.guarantees.violation import (
@@ -36,9 +38,13 @@ def check_liveness(events: Sequence[tuple[int, EventBase]], *, quiet_s: float = 
     world = World()
     watch = ReclaimWatch()
     gpu_watch = PlacementReclaimWatch()
+    flavors = FlavorFungibility()
     out: list[Violation] = []
     last_busy: float | None = None
     for seq, event in events:
+        if isinstance(event, QuotaReserved):  # judged on the world before it
+            out.extend(flavors.reserved(seq, event, world))
+        flavors.fold(seq, event)
         world.apply(event)
         if isinstance(event, ClockTick):
             previous_tick = watch.last_tick

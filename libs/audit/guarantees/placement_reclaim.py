@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from libs.audit.guarantees.holds import fits_now
 from libs.audit.guarantees.reclaim import MAX_JOBS_NAMED, Episode, reclaim_bound
-from libs.audit.guarantees.reclaimable import gpu_borrowers, placeable_without
+from libs.audit.guarantees.reclaimable import borrowers, placeable_without
 from libs.audit.guarantees.violation import RECLAIM_WITHIN_BOUND, Violation, gpus
 from libs.audit.guarantees.world import PLACEMENT, World
 
@@ -52,13 +52,13 @@ class PlacementReclaimWatch:
         waits = job.place_wait_since if job.place_wait_since is not None else job.since
         start = max(previous_tick if previous_tick is not None else -float("inf"), waits,
                     self.excused.get(job_id, -float("inf")))
-        bound, why = reclaim_bound(world, job.spec.queue, gpu_borrowers(world, job.spec.queue), [], start)
+        bound, why = reclaim_bound(world, job.spec.queue, borrowers(world, job.spec.queue, None), [], start)
         return Episode(start, bound, why)
 
     def _broken(self, seq: int, world: World, job_id: str, episode: Episode, tick_s: float) -> Violation:
         job = world.jobs[job_id]
         queue, book = job.spec.queue, world.quota.book
-        running = [j for j, _ in gpu_borrowers(world, queue)]
+        running = [j for j, _ in borrowers(world, queue, None)]
         detail = (f"job {job_id} of queue {queue} holds quota within its nominal (queue holds "
                   f"{gpus(book.usage(queue, job.flavor), job.flavor)} of nominal "
                   f"{book.limits[queue][job.flavor].nominal / 1000:g}) and waited {world.now - episode.start:g} s "

@@ -104,28 +104,29 @@ def _may_go(world: World, running: list[tuple[str, JobState]], flavor: str, lend
     return out
 
 
-def borrowers(world: World, queue: str, flavor: str, phase: str = RUNNING) -> list[tuple[str, JobState]]:
-    """Jobs that hold borrowed quota of the flavor where the queue lent it (QuotaBook.holders_of_lent: its cohort's
-    other queues, up and across the tree, queues that left its cohort while borrowing): running ones (by default),
-    or ones whose quota is reserved while they wait for a place (`phase` PLACEMENT)."""
+def borrowers(world: World, queue: str, flavor: str | None, phase: str = RUNNING) -> list[tuple[str, JobState]]:
+    """Jobs that hold borrowed quota where the queue lent it (QuotaBook.holders_of_lent: its cohort's other queues,
+    up and across the tree, queues that left its cohort while borrowing), of the flavor (of any flavor: None, the
+    GPUs a job of the queue holding quota within its nominal is owed may be held by any of them): admitted over
+    budget, or of a queue or subtree that borrows their flavor; running ones (by default), or ones whose quota is
+    reserved while they wait for a place (`phase` PLACEMENT)."""
     book = world.quota.book
     holders = set(book.holders_of_lent(queue))
     if not holders:
         return []
-    borrowing = {q for q in holders if book.subtree_borrows(q, flavor, queue)}
-    held = sorted(world.capacity.live) if phase == RUNNING else sorted(world.placing)
-    return [(j, job) for j in held if (job := world.jobs.get(j)) is not None and job.phase == phase
-            and job.flavor == flavor and job.spec.queue in holders and (job.spec.queue in borrowing or job.over_budget)]
-
-
-def gpu_borrowers(world: World, queue: str) -> list[tuple[str, JobState]]:
-    """Running jobs of any flavor that hold borrowed quota where the queue lent it (as `borrowers`): the GPUs a
-    job of the queue holding quota within its nominal is owed may be held by any of them."""
-    book = world.quota.book
-    holders = set(book.holders_of_lent(queue))
-    return [(j, job) for j in sorted(world.capacity.live) if (job := world.jobs.get(j)) is not None
-            and job.phase == RUNNING and job.spec.queue in holders
-            and (job.over_budget or book.subtree_borrows(job.spec.queue, job.flavor, queue))]
+    borrowing: dict[tuple[str, str], bool] = {}  # (queue, flavor) -> does it borrow there (asked once each)
+    out = []
+    for j in sorted(world.capacity.live) if phase == RUNNING else sorted(world.placing):
+        job = world.jobs.get(j)
+        if (job is None or job.phase != phase or job.spec.queue not in holders
+                or (flavor is not None and job.flavor != flavor)):
+            continue
+        key = (job.spec.queue, job.flavor)
+        if key not in borrowing:
+            borrowing[key] = book.subtree_borrows(*key, queue)
+        if job.over_budget or borrowing[key]:
+            out.append((j, job))
+    return out
 
 
 def placeable_without(world: World, job_id: str) -> bool:
@@ -134,7 +135,7 @@ def placeable_without(world: World, job_id: str) -> bool:
     reclaim_within_cohort lets a reclaim take, as preemption's `placement_victims` asks) gone? Tried on the
     checker's own cluster, always undone."""
     job = world.jobs[job_id]
-    running = reclaim_allowed(world, job.spec.queue, job_id, gpu_borrowers(world, job.spec.queue))
+    running = reclaim_allowed(world, job.spec.queue, job_id, borrowers(world, job.spec.queue, None))
     victims = [v for f in sorted({b.flavor for _, b in running})
                for v in _may_go(world, [(j, b) for j, b in running if b.flavor == f], f, job.spec.queue)]
     if not victims:

@@ -21,12 +21,15 @@ JOB_FINAL_OR_EXPLAINED: Final = "job_final_or_explained"
 WAITING_REASON_TRUE: Final = "waiting_reason_true"
 NO_IDLE_WHILE_FITTING_WAITS: Final = "no_idle_while_fitting_waits"
 RECLAIM_WITHIN_BOUND: Final = "reclaim_within_bound"
+# Judged at each reservation, on the world the liveness pass folds (the quota decider's own state: its holds).
+FLAVOR_FUNGIBILITY: Final = "flavor_fungibility"  # the first flavor with room, in the queue's order (when_can_borrow)
 # Replay reproduces every recorded decision.
 DETERMINISM: Final = "determinism"
 
 SAFETY: Final = (GPU_CAPACITY, MIG_SLICES, DOUBLE_PLACEMENT, GANG_ALL_OR_NOTHING, QUOTA_CEILING, LENDING_LIMIT,
                  PARENT_QUOTA, RECLAIM_ONLY_WHILE_BORROWING, QUEUE_POLICY, DEVICE_GROUPS)
-LIVENESS: Final = (JOB_FINAL_OR_EXPLAINED, WAITING_REASON_TRUE, NO_IDLE_WHILE_FITTING_WAITS, RECLAIM_WITHIN_BOUND)
+LIVENESS: Final = (JOB_FINAL_OR_EXPLAINED, WAITING_REASON_TRUE, NO_IDLE_WHILE_FITTING_WAITS, RECLAIM_WITHIN_BOUND,
+                   FLAVOR_FUNGIBILITY)
 ALL: Final = (*SAFETY, *LIVENESS, DETERMINISM)
 
 

@@ -412,6 +412,35 @@ def test_a_placement_reclaim_from_a_child_is_owed_only_while_its_parent_borrows(
         assert found == []
 
 
+@pytest.mark.parametrize(("lender_parent", "owed"), [
+    pytest.param("", True, id="the lender beside org: org's subtree borrows from it, whole jobs may go"),
+    pytest.param("org", False, id="the lender under org: org's level is shared, nothing there was lent by it"),
+])
+def test_a_reclaim_from_children_within_their_nominal_is_owed_while_their_parent_borrows(lender_parent: str,
+                                                                                          owed: bool) -> None:
+    # x and y hold 2 GPUs each, within their own nominal, under org (nominal 2): org's subtree borrows 2 of its
+    # cohort's, l's (beside org) or p's (l under org). A lender beside org is owed whole jobs of org's children
+    # back (QuotaBook.subtree_may_lose, the borrowing unit being the subtree); a lender under org lent nothing
+    # org's subtree holds beyond org: its parent's quota, held by its siblings within their nominal, leaves it none.
+    log = Log().nodes(node("n", gpus=4))
+    lender = QueueSpec(name="l", team="l", nominal_gpus=2, reclaim_after_s=10.0,
+                       **({"parent": lender_parent} if lender_parent else {"cohort": "top"}))
+    log.queues(QueueSpec(name="org", team="org", nominal_gpus=2, cohort="top"),
+               QueueSpec(name="p", team="p", nominal_gpus=2 if lender_parent else 0, cohort="top"),
+               QueueSpec(name="x", team="x", nominal_gpus=2, parent="org"),
+               QueueSpec(name="y", team="y", nominal_gpus=2, parent="org"), lender)
+    log.running("x1", spec("x", gpus=2), on("n", 0, 1)).running("y1", spec("y", gpus=2), on("n", 2, 3))
+    log.admitted("l1", spec("l", gpus=2))
+    log.add(QuotaDeferred, source="quota", job_id="l1", queue="l",
+            code="parent_quota_exhausted" if lender_parent else "quota_lent_out", message="no room")
+    log.ticks(until=1_300.0)
+    found = check_liveness(log.events)
+    if owed:
+        assert ids(found) == {"reclaim_within_bound"} and "borrowers running: x1, y1" in found[0].detail
+    else:
+        assert found == []
+
+
 def user_limited_lender() -> Log:
     """Lender's user u1 holds its limit (1 GPU) and waits with a second job; a borrower holds the rest."""
     log = Log().nodes(node("n", gpus=4))
