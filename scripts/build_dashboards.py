@@ -191,9 +191,10 @@ def overview() -> Json:
                   [(f"sum(gpusched_pending_jobs{{{Q}}})", "pending")], decimals=0))],
         [(8, timeseries("GPUs by state", "Cluster GPUs: total, healthy, allocated (gpusched_cluster_gpus).",
                         [("max by (state) (gpusched_cluster_gpus)", "{{state}}")], decimals=0)),
-         (8, timeseries("GPUs by model and state", "Per GPU model: total, healthy, allocated "
-                        "(gpusched_model_gpus).", [("max by (model, state) (gpusched_model_gpus)",
-                                                    "{{model}} {{state}}")])),
+         (8, timeseries("GPUs and NPUs by vendor, model and state", "Per accelerator model (NVIDIA GPUs, Ascend "
+                        "NPUs): total, healthy, allocated (gpusched_model_gpus).",
+                        [("max by (vendor, kind, model, state) (gpusched_model_gpus)",
+                          "{{vendor}} {{kind}} {{model}} {{state}}")])),
          (8, timeseries("Allocation, idle share and fragmentation", "The three capacity ratios over time.",
                         [("max(gpusched_gpu_allocation_ratio)", "allocated"),
                          ("max(gpusched_gpu_idle_ratio)", "idle"),

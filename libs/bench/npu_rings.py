@@ -126,18 +126,20 @@ def run_policy(policy: str, nodes: Sequence[NodeSpec], jobs: Sequence[SimJob],
         if big_waits:
             figures.idle_while_big_waits_npu_h += (npus - busy) * (at - now) / 3600
         now = at
-        if kind == 0:
+        if kind == 0:  # an end frees devices of one kind: only waiting jobs of that kind may start now
             placements = running.pop(index)
             cluster.release(placements)
             busy -= sum(len(p.gpu_indices) for p in placements if kind_of(p.model) == NPU)
-        else:
+            tried = [w for w in waiting if jobs[w].npu == jobs[index].npu]
+        else:  # an arrival frees nothing: only it may start
             waiting.append(index)
-        still = []
-        for w in waiting:
+            tried = [index]
+        started: set[int] = set()
+        for w in tried:
             placed = placer.place_gang(jobs[w].spec, policy=policy if jobs[w].npu else "fgd")
             if not isinstance(placed, tuple):
-                still.append(w)
                 continue
+            started.add(w)
             running[w] = placed
             heapq.heappush(events, (now + jobs[w].runtime_s, 0, w))
             job = jobs[w]
@@ -148,7 +150,8 @@ def run_policy(policy: str, nodes: Sequence[NodeSpec], jobs: Sequence[SimJob],
                 busy += job.spec.gpus * job.spec.replicas
             else:
                 figures.gpu_started += 1
-        waiting = still
+        if started:
+            waiting = [w for w in waiting if w not in started]
         if progress is not None and kind == 1 and index % 1000 == 0:
             progress(f"{policy}: {index} of {len(jobs)} jobs arrived, {len(waiting)} waiting")
     figures.span_h = now / 3600

@@ -14,6 +14,7 @@ from libs.cli import logs
 from libs.cli.client import Client
 from libs.cli.output import add_json_flag, add_table_flags, print_json, wide
 from libs.cli.tables import Column, print_table
+from libs.core.kernel.accelerators import kind_of
 
 
 def node_status(node: dict[str, Any]) -> str:
@@ -37,14 +38,17 @@ def _modes(node: dict[str, Any]) -> str:
 
 # Free GPUs by how they are shared, since each takes other work: an idle GPU takes whole-GPU jobs and fractions, a
 # split GPU more fractions, a MIG-enabled GPU MIG instances only (its free share is no free GPU for anyone else).
-NODES_HELP = ("IDLE: healthy GPUs nothing holds (whole-GPU jobs or fractions); SPLIT-FREE: GPU share free/GPUs split "
-              "into fractions (0.75/1: a quarter of one GPU is held); MIG-FREE: free/all compute slices of the "
+NODES_HELP = ("KIND: GPU (NVIDIA) or NPU (Ascend); DEVICES: its GPUs or NPUs; "
+              "IDLE: healthy devices nothing holds (whole-GPU jobs or fractions); "
+              "SPLIT-FREE: GPU share free/GPUs split into fractions (0.75/1: a quarter of one GPU is held); "
+              "MIG-FREE: free/all compute slices of the "
               "MIG-enabled GPUs (MIG instances only; 1g takes one slice)")
 NODE_COLUMNS: list[Column[dict[str, Any]]] = [
     Column("NAME", lambda n: n["name"]),
     Column("STATUS", node_status),
+    Column("KIND", lambda n: "+".join(sorted({kind_of(m).upper() for m in n.get("models", [])})) or None),
     Column("MODELS", lambda n: ",".join(n.get("models", []))),
-    Column("GPUS", lambda n: n.get("gpus", 0), right=True),
+    Column("DEVICES", lambda n: n.get("gpus", 0), right=True),
     Column("ALLOCATED", lambda n: f"{n.get('allocated_gpus', 0.0):g}", wide=True, right=True),
     Column("HEALTHY", lambda n: n.get("healthy_gpus", 0), right=True),
     Column("IDLE", lambda n: n.get("idle_gpus") if "gpu_modes" in n else None, right=True),

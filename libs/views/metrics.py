@@ -32,7 +32,8 @@ LOST_GPU_SECONDS = Counter("gpusched_eviction_lost_gpu_seconds_total",
 FINISHED = Counter("gpusched_jobs_finished_total", "Jobs that reached a final state", ["queue", "state"])
 
 # Efficiency: how much of the healthy capacity is allocated, stranded or idle.
-MODEL_GPUS = Gauge("gpusched_model_gpus", "GPUs per model by state (total, healthy, allocated)", ["model", "state"])
+MODEL_GPUS = Gauge("gpusched_model_gpus", "Accelerators (GPUs and NPUs) per vendor, kind and model by state (total, "
+                   "healthy, allocated)", ["vendor", "kind", "model", "state"])
 FRAGMENTATION = Gauge("gpusched_gpu_fragmentation_ratio",
                       "Share of free healthy GPU capacity that sits on partly allocated GPUs")
 IDLE = Gauge("gpusched_gpu_idle_ratio", "Share of healthy GPUs with nothing allocated")

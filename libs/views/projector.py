@@ -24,6 +24,7 @@ from contracts import (
 )
 from libs.core.accounting.ledger import Ledger
 from libs.core.cluster.nodes import FULL, Node
+from libs.core.kernel.accelerators import accelerator
 from libs.reports.inference import ServiceTracker
 from libs.reports.rates import Rates
 from libs.views import metrics
@@ -303,9 +304,11 @@ class Projector:
         allocated = sum(c[2] for c in by_model.values()) / FULL
         free, idle, stranded, online = totals.free, totals.idle, totals.stranded, totals.online
         for model, (m_total, m_healthy, m_allocated) in by_model.items():
-            metrics.MODEL_GPUS.labels(model, "total").set(m_total)
-            metrics.MODEL_GPUS.labels(model, "healthy").set(m_healthy)
-            metrics.MODEL_GPUS.labels(model, "allocated").set(m_allocated / FULL)
+            device = accelerator(model)
+            kinds = (device.vendor, device.kind, model)
+            metrics.MODEL_GPUS.labels(*kinds, "total").set(m_total)
+            metrics.MODEL_GPUS.labels(*kinds, "healthy").set(m_healthy)
+            metrics.MODEL_GPUS.labels(*kinds, "allocated").set(m_allocated / FULL)
         metrics.GPUS.labels("total").set(total)
         metrics.GPUS.labels("healthy").set(healthy)
         metrics.GPUS.labels("allocated").set(allocated)

@@ -10,11 +10,12 @@ import msgspec
 
 from contracts import JobSpec
 from libs.core.cluster.arrays import ClusterArrays
+from libs.core.cluster.device_groups import uses_groups
 from libs.core.cluster.feasibility import Request, gpu_fits, node_hosts
 from libs.core.cluster.mig_instance_fit import offers
 from libs.core.cluster.model import Cluster
 from libs.core.cluster.nodes import FULL, Gpu
-from libs.core.kernel.accelerators import model_matches
+from libs.core.kernel.accelerators import GPU, kinds_named, model_matches
 from libs.core.kernel.policy import demand_milli, replica_milli
 
 # Reason codes of a placement that failed; also PlacementDeferred.code.
@@ -62,14 +63,18 @@ def explain_shortfall(placer: FitChecker, spec: JobSpec) -> Shortfall:
     if not any_usable:
         return Shortfall(NO_MODEL_MATCH, _no_gpu_takes_shares(cluster, spec), need)
     per_replica = replica_milli(spec)
+    word = "GPU" if GPU in kinds_named(spec.gpu_models) else "NPU"  # what the job runs on, as its owner says it
     if free < need:
         return Shortfall(INSUFFICIENT_GPUS,
-                         f"needs {need / FULL:g} GPUs of allowed models, {free / FULL:g} free", need - free)
+                         f"needs {need / FULL:g} {word}s of allowed models, {free / FULL:g} free", need - free)
     if not any(node_hosts(n, spec) for n in cluster.sorted_nodes()):
         return Shortfall(INSUFFICIENT_CPU_MEMORY, "no node has the CPU, memory and RDMA NICs a replica needs", 0)
     if spec.replicas > 1 and placer.fits(msgspec.structs.replace(spec, replicas=1)):
-        return Shortfall(GANG, f"{free / FULL:g} GPUs free, but not all {spec.replicas} replicas of "
-                               f"{per_replica / FULL:g} GPU fit at once", per_replica)
+        return Shortfall(GANG, f"{free / FULL:g} {word}s free, but not all {spec.replicas} replicas of "
+                               f"{per_replica / FULL:g} {word} fit at once", per_replica)
+    if uses_groups(spec, a.models):
+        return Shortfall(FRAGMENTATION, f"{free / FULL:g} {word}s free, but no server has {spec.gpus} free inside "
+                                        "one HCCS ring (NPUs of two rings cannot work together)", per_replica)
     if spec.gpu_milli > 0:
         req = Request.of(spec)
         usable = a.online[:, None] & a.gpu_mask(req.models)

@@ -56,7 +56,7 @@ def test_a_batch_exports_capacity_cost_demand_and_replicas() -> None:
     feed.at(25.0).submit("waits", job("mteam", "mq").gpus(4).models("M1"))
     seen = project(feed, projector, 0)
 
-    assert value("gpusched_model_gpus", model="M1", state="allocated") == 4.5
+    assert value("gpusched_model_gpus", vendor="nvidia", kind="gpu", model="M1", state="allocated") == 4.5
     assert value("gpusched_gpu_idle_ratio") == 3 / 8
     assert value("gpusched_gpu_fragmentation_ratio") == 0.5 / 3.5
     assert value("gpusched_gpu_demand_gpus", model="M1") == 4.5 + 4  # held, plus waiting and pinned to M1
