@@ -3,9 +3,10 @@ a state machine driven by arbitrary world inputs, with the guarantee checker as 
 
 Each step is one thing the world does, at the current virtual time, followed by a pause of a few seconds of
 clock ticks: a submission of any shape the API accepts (whole GPUs, fractions with and without GPU memory,
-valid and invalid MIG profiles, gangs, every topology required or preferred, spread, one model, several or
-any, requests that can never fit), a cancellation, a running job finishing, failing or evicted by its
-executor, a node lost or registered again (the same, fewer GPUs, MIG switched, another model), a cordon, a
+valid and invalid MIG profiles and vNPU templates, gangs, every topology required or preferred, spread, one
+model, several, any GPU or any NPU, requests that can never fit), a cancellation, a running job finishing,
+failing or evicted by its executor, a node (GPUs or Ascend NPUs) lost or registered again (the same, fewer
+devices, MIG or vNPU split switched, another model, of the other vendor too), a cordon, a
 drain or an uncordon, a queue change (nominal raised, lowered below usage, flavors removed, limits, a
 budget that runs out mid-run, least attained service switched on or off, its preemption and flavor settings
 turned; each queue starts with settings drawn too), a queue moved to another cohort, out
@@ -99,7 +100,7 @@ COUNTEREXAMPLE_DIR = Path(tempfile.mkdtemp(prefix="gpusched-stateful-"))
 
 @functools.cache
 def node_entries(name: str) -> st.SearchStrategy[NodeEntry]:
-    return st.builds(NodeEntry, name=st.just(name), gpus=st.integers(1, 8), model=st.sampled_from(MODELS),
+    return st.builds(NodeEntry, name=st.just(name), gpus=st.integers(1, 8), model=st.sampled_from(DEVICE_MODELS),
                      nvlink=st.sampled_from([0, 2, 4, 8]), mig=st.sampled_from([False, False, True]),
                      labels=st.sampled_from([{}, {"rack": "r1", "block": "b1"}, {"rack": "r2", "block": "b1"}]))
 
@@ -110,7 +111,7 @@ def quota_fields() -> st.SearchStrategy[dict[str, object]]:
     nominal = st.sampled_from([None, 0, 2, 4, 8, 16])
     any_model = st.fixed_dictionaries({"nominal_gpus": nominal, "borrowing_limit_gpus": limit,
                                        "lending_limit_gpus": limit})
-    flavor = st.builds(FlavorQuota, model=st.sampled_from(MODELS), nominal_gpus=st.sampled_from([0, 2, 4, 8]),
+    flavor = st.builds(FlavorQuota, model=st.sampled_from(DEVICE_MODELS), nominal_gpus=st.sampled_from([0, 2, 4, 8]),
                        borrowing_limit_gpus=limit, lending_limit_gpus=limit)
     per_model = st.lists(flavor, min_size=1, max_size=3, unique_by=lambda f: f.model).map(
         lambda fs: {"flavors": tuple(fs)})
@@ -159,6 +160,12 @@ def mostly(common: Sequence[T], rare: Sequence[T], odds: int) -> st.SearchStrate
     return st.sampled_from(steps.mostly(common, rare, odds))
 
 
+# Ascend servers beside the GPU models (an Ascend 910's NPUs in two HCCS rings of four, a 910B's in one mesh), their
+# vNPU templates beside the MIG profiles, and jobs asking any NPU: the world steps' vocabulary (libs/sim/world_steps.py)
+# stays as it is, since the frozen sequences draw from it.
+DEVICE_MODELS = (*MODELS, "Ascend910", "Ascend910B")
+VNPU_TEMPLATES = ("vir04", "vir16", "vir05_1c_16g", "vir03")
+
 # Most submissions are ones the platform admits: bad queues, classes, models and sizes come rarely.
 QUEUE_OF_JOB = st.sampled_from(steps.QUEUE_OF_JOB)
 SHAPE = st.sampled_from(steps.SHAPES)
@@ -166,12 +173,12 @@ WHOLE_GPUS = st.sampled_from(steps.WHOLE_GPUS)
 HUGE_GPUS = st.sampled_from(steps.HUGE_GPUS)
 GPU_MILLI = st.sampled_from(steps.GPU_MILLI)
 GPU_MEMORY = st.sampled_from(steps.GPU_MEMORY)
-MIG_PROFILE = st.sampled_from(MIG_PROFILES)
+MIG_PROFILE = st.sampled_from((*MIG_PROFILES, *VNPU_TEMPLATES))
 TOPOLOGY = st.sampled_from(steps.TOPOLOGY)
 REPLICAS = st.sampled_from(steps.REPLICAS)
 PRIORITY = st.sampled_from(steps.PRIORITY)
 SPREAD = st.sampled_from(steps.SPREAD)
-MODELS_ALLOWED = st.sampled_from(steps.MODELS_ALLOWED)
+MODELS_ALLOWED = st.sampled_from((*steps.MODELS_ALLOWED, "any_npu"))
 DURATION = st.sampled_from(steps.DURATION)
 CHECKPOINT = st.sampled_from(steps.CHECKPOINT)
 EXIT_PLAN = st.sampled_from(steps.EXIT_PLAN)
@@ -200,6 +207,8 @@ def submissions(draw: st.DrawFn, job: str, models: list[str]) -> Submit:
         gpu_models = tuple(draw(st.lists(st.sampled_from(models), min_size=2, max_size=3, unique=True)))
     elif allowed == "unknown":
         gpu_models = ("V100",)
+    elif allowed == "any_npu":
+        gpu_models = ("npu:*",)
     topology = draw(TOPOLOGY)
     return Submit(
         job=job, team=queue, queue=queue, replicas=draw(REPLICAS), priority=draw(PRIORITY), topology=topology,
@@ -290,7 +299,7 @@ class PipelineMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), count=st.sampled_from([1, 1, 2, 4]), gap=st.sampled_from(GAPS))
     def submit(self, data: st.DataObject, count: int, gap: float) -> None:
-        models = sorted({node_spec(e).gpus[0].model for e in self.nodes.values()}) or list(MODELS)
+        models = sorted({node_spec(e).gpus[0].model for e in self.nodes.values()}) or list(DEVICE_MODELS)
         for i in range(count):
             job = f"j{len(self.jobs):02d}"
             self.jobs.append(job)
@@ -337,8 +346,8 @@ class PipelineMachine(RuleBasedStateMachine):
             replace = msgspec.structs.replace
             entry = {"same": entry, "fewer": replace(entry, gpus=max(1, gpus // 2)),
                      "mig": replace(entry, mig=not entry.mig),
-                     "model": replace(entry, model=data.draw(st.sampled_from([m for m in MODELS if m != entry.model])),
-                                      gpu_memory_mib=None)}[change]
+                     "model": replace(entry, gpu_memory_mib=None, model=data.draw(
+                         st.sampled_from([m for m in DEVICE_MODELS if m != entry.model])))}[change]
         self.nodes[name] = entry
         self.lost.discard(name)
         self.act(Step(register=entry), gap)
@@ -349,7 +358,7 @@ class PipelineMachine(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(sorted(self.nodes)))
         self.act(Step(**{what: name}), gap)  # type: ignore[arg-type]
 
-    @rule(name=st.sampled_from(QUEUES), model=st.sampled_from(MODELS), gap=st.sampled_from(GAPS),
+    @rule(name=st.sampled_from(QUEUES), model=st.sampled_from(DEVICE_MODELS), gap=st.sampled_from(GAPS),
           change=st.sampled_from([*QUEUE_CHANGES, *MORE_QUEUE_CHANGES]))
     def change_queue(self, name: str, change: str, model: str, gap: float) -> None:
         queue = changed_queue(self.queues[name], change, model)
