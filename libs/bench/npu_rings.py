@@ -4,12 +4,19 @@ sit idle while a job waits for a whole ring, when rings are kept whole or not.
 The cluster is the openb trace's GPU nodes beside Ascend 910 servers (8 NPUs in two HCCS rings of 4). GPU pods
 come from an openb pod list, NPU jobs from the Philly trace (its GPU counts as NPU counts, rounded up to what a
 910 server gives one replica: 1, 2, 4 or 8; more than 8 is a gang of 8-NPU replicas). Arrival times are scaled
-so that the NPU jobs offer `load` of the NPUs. Jobs wait first come first served with backfill: at every arrival
-and end, each waiting job is tried in order, and one that fits starts. Placement is the platform's own
-(libs/core/cluster/job_fit.py); only the NPU order changes (libs/core/cluster/device_groups.py):
-`gpusched` (the fewest NPUs left unusable, then Volcano's ring order), `volcano` (Ascend for Volcano's
-documented order), `ignore_rings` (best fit by node, rings ignored: a replica across two rings would fail when
-it starts; it is counted, and let run as if it had not).
+so that the NPU jobs offer `load` of the NPUs.
+
+Jobs wait first come first served with backfill: at every arrival and end, each waiting job is tried in order,
+and one that fits starts. Once the oldest waiting NPU job has waited `hold_after_s`, no later NPU job passes it
+(as the platform's starvation guard holds room for a starving job): large jobs are not starved, and the question
+is how soon a whole ring or server frees up.
+
+Placement is the platform's own (libs/core/cluster/job_fit.py); only the NPU order changes
+(libs/core/cluster/device_groups.py):
+- `gpusched`: the fewest NPUs left unusable, then Volcano's ring order;
+- `volcano`: Ascend for Volcano's documented order;
+- `ignore_rings`: best fit by node, rings ignored. A replica across two rings would fail when it starts; it is
+  counted, and let run as if it had not.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from contracts import JobSpec, NodeSpec, ReplicaPlacement
 from libs.core.cluster.device_groups import group_of
 from libs.core.cluster.job_fit import Placer
 from libs.core.cluster.model import Cluster
+from libs.core.cluster.nodes import FULL
 from libs.core.cluster.shapes import typical_shapes
 from libs.core.kernel.accelerators import NPU, accelerator, kind_of
 from libs.nodes.sim import device_specs
@@ -47,23 +55,30 @@ class SimJob:
 
 @dataclass
 class PolicyFigures:
+    """What one placement order did, measured from the first arrival to the last (after it, jobs only drain)."""
+
     policy: str
     npu_jobs: int = 0
     gpu_jobs: int = 0
     npu_started: int = 0
     gpu_started: int = 0
     across_rings: int = 0  # NPU replicas placed across two rings (they would fail when they start)
-    idle_while_big_waits_npu_h: float = 0.0  # free NPUs x hours while a job of 4 or more NPUs waited
+    # Free NPUs no 4-NPU replica could use (outside a ring with 4 free), x hours.
+    stranded_npu_h: float = 0.0
+    # Jobs of 4 or more NPUs per replica that once could not be placed though enough NPUs were free.
+    blocked_by_rings: set[int] = field(default_factory=set)
     busy_npu_h: float = 0.0
-    span_h: float = 0.0
+    window_h: float = 0.0
     waits: dict[int, list[float]] = field(default_factory=dict)  # NPUs per replica -> waits (s)
 
     def row(self, npus: int) -> dict[str, float | int | str]:
         mean = {k: sum(v) / len(v) if v else 0.0 for k, v in sorted(self.waits.items())}
+        hours = self.window_h or 1.0
         return {"policy": self.policy, "npu_jobs_started": self.npu_started, "gpu_jobs_started": self.gpu_started,
                 "replicas_across_rings": self.across_rings,
-                "npu_hours_idle_while_a_4_or_8_npu_job_waits": round(self.idle_while_big_waits_npu_h, 1),
-                "npu_utilisation": round(self.busy_npu_h / (npus * self.span_h), 4) if self.span_h else 0.0,
+                "big_jobs_blocked_with_enough_npus_free": len(self.blocked_by_rings),
+                "mean_npus_stranded_for_4": round(self.stranded_npu_h / hours, 2),
+                "npu_utilisation": round(self.busy_npu_h / (npus * hours), 4),
                 **{f"mean_wait_s_{k}_npu": round(v, 1) for k, v in mean.items()}}
 
 
@@ -105,57 +120,103 @@ def across_rings(cluster: Cluster, placements: Sequence[ReplicaPlacement]) -> in
     return out
 
 
-def run_policy(policy: str, nodes: Sequence[NodeSpec], jobs: Sequence[SimJob],
-               progress: Callable[[str], None] | None = None) -> PolicyFigures:
-    """Every job through the cluster in virtual time, NPUs placed by `policy`."""
-    cluster = Cluster()
-    for node in nodes:
-        cluster.register(node)
-    placer = Placer(cluster, typical=typical_shapes(j.spec for j in jobs))
-    figures = PolicyFigures(policy, npu_jobs=sum(j.npu for j in jobs), gpu_jobs=sum(not j.npu for j in jobs))
-    npus = sum(1 for n in nodes for g in n.gpus if kind_of(g.model) == NPU)
-    events: list[tuple[float, int, int]] = [(j.submit_s, 1, i) for i, j in enumerate(jobs)]  # (time, 0 end / 1 arrive)
-    heapq.heapify(events)
-    waiting: list[int] = []
-    running: dict[int, tuple[ReplicaPlacement, ...]] = {}
-    busy = now = 0.0
-    while events:
-        at, kind, index = heapq.heappop(events)
-        big_waits = any(jobs[w].npu and jobs[w].spec.gpus >= 4 for w in waiting)
-        figures.busy_npu_h += busy * (at - now) / 3600
-        if big_waits:
-            figures.idle_while_big_waits_npu_h += (npus - busy) * (at - now) / 3600
-        now = at
-        if kind == 0:  # an end frees devices of one kind: only waiting jobs of that kind may start now
-            placements = running.pop(index)
-            cluster.release(placements)
-            busy -= sum(len(p.gpu_indices) for p in placements if kind_of(p.model) == NPU)
-            tried = [w for w in waiting if jobs[w].npu == jobs[index].npu]
-        else:  # an arrival frees nothing: only it may start
-            waiting.append(index)
-            tried = [index]
+HOLD_AFTER_S = 1800.0
+
+
+def stranded_for_four(cluster: Cluster) -> int:
+    """Free NPUs of ring models that no 4-NPU replica could use: those outside a ring with 4 free."""
+    out = 0
+    for node in cluster.nodes.values():
+        if not node.online:
+            continue
+        rings: dict[int, int] = {}
+        for gpu in node.gpus:
+            size = accelerator(gpu.model).group_size
+            if kind_of(gpu.model) == NPU and size == 4 and gpu.free_milli == FULL and gpu.healthy:
+                rings[group_of(gpu, size)] = rings.get(group_of(gpu, size), 0) + 1
+        out += sum(free % 4 for free in rings.values())
+    return out
+
+
+class _Run:
+    """One placement order's run: the event loop's state."""
+
+    def __init__(self, policy: str, nodes: Sequence[NodeSpec], jobs: Sequence[SimJob], hold_after_s: float) -> None:
+        self.policy, self.jobs, self.hold_after_s = policy, jobs, hold_after_s
+        self.cluster = Cluster()
+        for node in nodes:
+            self.cluster.register(node)
+        self.placer = Placer(self.cluster, typical=typical_shapes(j.spec for j in jobs))
+        self.figures = PolicyFigures(policy, npu_jobs=sum(j.npu for j in jobs), gpu_jobs=sum(not j.npu for j in jobs))
+        self.npus = sum(1 for n in nodes for g in n.gpus if kind_of(g.model) == NPU)
+        self.last_arrival = max((j.submit_s for j in jobs), default=0.0)
+        self.events: list[tuple[float, int, int]] = [(j.submit_s, 1, i) for i, j in enumerate(jobs)]
+        heapq.heapify(self.events)  # (time, 0 an end / 1 an arrival, job)
+        self.waiting: list[int] = []
+        self.running: dict[int, tuple[ReplicaPlacement, ...]] = {}
+        self.busy = 0
+        self.now = 0.0
+
+    def advance(self, at: float) -> None:
+        """Count the time up to `at` (within the arrival window) at the cluster's current use."""
+        span = max(0.0, min(at, self.last_arrival) - min(self.now, self.last_arrival)) / 3600
+        self.figures.busy_npu_h += self.busy * span
+        if span:
+            self.figures.stranded_npu_h += stranded_for_four(self.cluster) * span
+        self.now = at
+
+    def start(self, w: int, placed: tuple[ReplicaPlacement, ...]) -> None:
+        job = self.jobs[w]
+        self.running[w] = placed
+        heapq.heappush(self.events, (self.now + job.runtime_s, 0, w))
+        if not job.npu:
+            self.figures.gpu_started += 1
+            return
+        self.figures.npu_started += 1
+        self.figures.across_rings += across_rings(self.cluster, placed)
+        self.figures.waits.setdefault(job.spec.gpus, []).append(self.now - job.submit_s)
+        self.busy += job.spec.gpus * job.spec.replicas
+
+    def try_start(self, tried: list[int]) -> None:
+        """Start what fits of `tried`, in order; once the oldest waiting NPU job is held for, nothing passes it."""
         started: set[int] = set()
+        oldest = next((w for w in self.waiting if self.jobs[w].npu), None)
+        held = oldest is not None and self.now - self.jobs[oldest].submit_s >= self.hold_after_s
         for w in tried:
-            placed = placer.place_gang(jobs[w].spec, policy=policy if jobs[w].npu else "fgd")
-            if not isinstance(placed, tuple):
-                continue
-            started.add(w)
-            running[w] = placed
-            heapq.heappush(events, (now + jobs[w].runtime_s, 0, w))
-            job = jobs[w]
-            if job.npu:
-                figures.npu_started += 1
-                figures.across_rings += across_rings(cluster, placed)
-                figures.waits.setdefault(job.spec.gpus, []).append(now - job.submit_s)
-                busy += job.spec.gpus * job.spec.replicas
-            else:
-                figures.gpu_started += 1
+            job = self.jobs[w]
+            if held and job.npu and w != oldest:
+                break
+            placed = self.placer.place_gang(job.spec, policy=self.policy if job.npu else "fgd")
+            if isinstance(placed, tuple):
+                started.add(w)
+                self.start(w, placed)
+            elif job.npu and job.spec.gpus >= 4 and self.npus - self.busy >= job.spec.gpus * job.spec.replicas:
+                self.figures.blocked_by_rings.add(w)
         if started:
-            waiting = [w for w in waiting if w not in started]
-        if progress is not None and kind == 1 and index % 1000 == 0:
-            progress(f"{policy}: {index} of {len(jobs)} jobs arrived, {len(waiting)} waiting")
-    figures.span_h = now / 3600
-    return figures
+            self.waiting = [w for w in self.waiting if w not in started]
+
+    def run(self, progress: Callable[[str], None] | None) -> PolicyFigures:
+        while self.events:
+            at, kind, index = heapq.heappop(self.events)
+            self.advance(at)
+            if kind == 0:  # an end frees devices of one kind: only waiting jobs of that kind may start now
+                placements = self.running.pop(index)
+                self.cluster.release(placements)
+                self.busy -= sum(len(p.gpu_indices) for p in placements if kind_of(p.model) == NPU)
+                self.try_start([w for w in self.waiting if self.jobs[w].npu == self.jobs[index].npu])
+            else:  # an arrival frees nothing: only it may start
+                self.waiting.append(index)
+                self.try_start([index])
+                if progress is not None and index % 5000 == 0:
+                    progress(f"{self.policy}: {index:,} of {len(self.jobs):,} jobs arrived")
+        self.figures.window_h = self.last_arrival / 3600
+        return self.figures
+
+
+def run_policy(policy: str, nodes: Sequence[NodeSpec], jobs: Sequence[SimJob],
+               progress: Callable[[str], None] | None = None, hold_after_s: float = HOLD_AFTER_S) -> PolicyFigures:
+    """Every job through the cluster in virtual time, NPUs placed by `policy`."""
+    return _Run(policy, nodes, jobs, hold_after_s).run(progress)
 
 
 def shuffle_ties(jobs: list[SimJob], seed: int) -> list[SimJob]:

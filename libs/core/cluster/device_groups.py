@@ -25,6 +25,7 @@ from functools import cache
 
 from contracts import JobSpec
 from libs.core.cluster.nodes import FULL, Gpu, Node
+from libs.core.cluster.shapes import TypicalShapes
 from libs.core.kernel.accelerators import (
     NVLINK,
     accelerator,
@@ -123,6 +124,14 @@ def workload_demand(model: str, typical: Iterable[tuple[int, tuple[str, ...], in
         if count > 0 and model_matches(models, model) and count_fits_server(model, count):
             asked[count] = asked.get(count, 0) + weight
     return sorted(asked.items())
+
+
+def demand_by_model(typical: TypicalShapes | None, models: Iterable[str]) -> dict[str, Demand]:
+    """Per model, workload_demand of the workload's typical whole-device shapes (common and rare)."""
+    shapes = [] if typical is None else [
+        (s.gpus, s.models, n) for s, n in zip((*typical.shapes, *typical.rare), (*typical.counts, *typical.rare_counts),
+                                              strict=True) if s.gpu_milli == FULL]
+    return {m: workload_demand(m, shapes) for m in models}
 
 
 def choose_in_groups(nodes: Sequence[Node], spec: JobSpec, host_ok: Sequence[bool],

@@ -23,8 +23,8 @@ from libs.core.cluster.device_groups import (
     GROUP_POLICIES,
     Demand,
     choose_in_groups,
+    demand_by_model,
     uses_groups,
-    workload_demand,
 )
 from libs.core.cluster.feasibility import Mask, Request, feasible_rows, node_hosts
 from libs.core.cluster.fragmentation import FragModel, packing_shapes
@@ -67,6 +67,7 @@ class Placer:
         # Rows refreshed outside a sync (gang domains, explanations): the models keep their older values
         # until they change again or are rebuilt, so until then they depend on more than the cluster now.
         self.stale: dict[str, set[int]] = {}
+        self._demand: tuple[tuple[int, int], dict[str, Demand]] | None = None
 
     def set_typical(self, typical: TypicalShapes | None) -> None:
         self.typical = typical
@@ -192,7 +193,9 @@ class Placer:
         if rows:
             self._pending_rows.update(rows)
         nodes = self.arrays.nodes
-        host = [(allowed is None or bool(allowed[i])) and node_hosts(n, spec) for i, n in enumerate(nodes)]
+        with_models = self.arrays.model_mask_rows(tuple(spec.gpu_models))  # only these can hold it: asked first
+        host = [with_models[i] and (allowed is None or bool(allowed[i])) and node_hosts(n, spec)
+                for i, n in enumerate(nodes)]
         choice = choose_in_groups(nodes, spec, host, self._group_demand(),
                                   policy if policy in GROUP_POLICIES else GPUSCHED)
         if choice is None:
@@ -205,13 +208,11 @@ class Placer:
         return placement
 
     def _group_demand(self) -> dict[str, Demand]:
-        """Per registered model, the workload's typical whole-device requests it could serve."""
-        typical = self.typical
-        shapes = [] if typical is None else [
-            (s.gpus, s.models, n) for s, n in zip((*typical.shapes, *typical.rare),
-                                                  (*typical.counts, *typical.rare_counts), strict=True)
-            if s.gpu_milli == FULL]
-        return {m: workload_demand(m, shapes) for m in self.arrays.models}
+        """demand_by_model, kept until the typical shapes or the registered models change."""
+        key = (id(self.typical), self.arrays.version)
+        if self._demand is None or self._demand[0] != key:
+            self._demand = (key, demand_by_model(self.typical, self.arrays.models))
+        return self._demand[1]
 
     # --- a gang --------------------------------------------------------------------------------------
 
