@@ -184,6 +184,14 @@ class QuotaReleased(EventBase, frozen=True, kw_only=True):
     reason: str
 
 
+# Quota asks an unplaced reservation back (placement timeout); it goes back once placement lets the job go
+# (PlacementDeferred `reservation_returned`): a job placed first keeps it. No placement runs on quota given back.
+class QuotaRecalled(EventBase, frozen=True, kw_only=True):
+    job_id: str
+    queue: str
+    reason: str
+
+
 class QuotaDeferred(EventBase, frozen=True, kw_only=True):
     job_id: str
     queue: str
@@ -357,6 +365,7 @@ Event = (
     | SchedulingSettingsChanged
     | QuotaReserved
     | QuotaReleased
+    | QuotaRecalled
     | QuotaDeferred
     | JobPlaced
     | PlacementDeferred

@@ -53,6 +53,7 @@ from contracts.events import (
     PriorityClassesChanged,
     QueuePolicyChanged,
     QuotaDeferred,
+    QuotaRecalled,
     QuotaReleased,
     QuotaReserved,
     RemoveNode,
@@ -87,8 +88,8 @@ PUBLISHES: Final[Mapping[str, frozenset[type[EventBase]]]] = {
                             JobCancelled, ServiceDeployed, ServiceRejected, ServiceScaled, ServiceDeleted,
                             AuditCheckpoint}),
     # Its decisions, and the policy file's changes it publishes at start (libs/runtime/policy_file.py).
-    "quota": frozenset({QuotaReserved, QuotaReleased, QuotaDeferred, QueuePolicyChanged, PriorityClassesChanged,
-                        SchedulingSettingsChanged, AuditCheckpoint}),
+    "quota": frozenset({QuotaReserved, QuotaReleased, QuotaRecalled, QuotaDeferred, QueuePolicyChanged,
+                        PriorityClassesChanged, SchedulingSettingsChanged, AuditCheckpoint}),
     "placement": frozenset({JobPlaced, PlacementDeferred, AuditCheckpoint}),
     "preemption": frozenset({PreemptionDecided, AuditCheckpoint}),
     "accounting": frozenset(),  # reads everything, writes Redis views and metrics only

@@ -37,6 +37,7 @@ from contracts import (
     PriorityClassesChanged,
     QueuePolicyChanged,
     QuotaDeferred,
+    QuotaRecalled,
     QuotaReleased,
     QuotaReserved,
     SchedulingSettingsChanged,
@@ -59,6 +60,9 @@ class Reads(Flag):
     NOMINATIONS = auto()  # preemptors whose victims were chosen
     RUNS = auto()  # runs going on: GPU time spent (budgets, attained service), checkpoints
     CLOCK = auto()  # time itself: budgets spent, graces, minimum runtimes, backoffs, nominations lapsing
+    # reservations quota asks back at their placement timeout, and placement's answers: a reservation goes back
+    # only once placement let its job go (so no placement runs on quota given back)
+    RECALLS = auto()
 
 
 _NODES_GOING = (NodeLost, NodeCordoned)  # (only ever take GPUs away)
@@ -77,11 +81,13 @@ CHANGES: Mapping[type[EventBase], Reads] = {
     # its job's wait for quota, and nomination, end; it waits for a place
     QuotaReserved: Reads.HELD | Reads.RESERVED | Reads.DEFERRALS | Reads.NOMINATIONS,
     QuotaReleased: Reads.HELD | Reads.NOMINATIONS,  # a nominee whose quota went back holds no room for itself
+    # placement lets the job go (it waits no more, holds nothing for itself) and answers
+    QuotaRecalled: Reads.HELD | Reads.NOMINATIONS | Reads.RECALLS,
     JobPlaced: Reads.HELD | Reads.RUNS | Reads.NOMINATIONS,  # a nominee placed holds nobody any more
     **dict.fromkeys(_RUN_ENDS, Reads.HELD | Reads.RUNS | Reads.NOMINATIONS | Reads.FREED),  # nor one that ends
     JobCancelled: Reads.HELD | Reads.NOMINATIONS,
     QuotaDeferred: Reads.DEFERRALS,
-    PlacementDeferred: Reads.DEFERRALS,
+    PlacementDeferred: Reads.DEFERRALS | Reads.RECALLS,  # (placement's answer to a recall is one)
     PreemptionDecided: Reads.NOMINATIONS,
     JobStarted: Reads.RUNS,
     JobCheckpointed: Reads.RUNS,

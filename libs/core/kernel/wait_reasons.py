@@ -26,6 +26,9 @@ NOMINAL_QUOTA_ONLY = "nominal_quota_only"  # a job that cannot be preempted neve
 # for starvation) until a node that could hold it registers or comes back.
 NO_NODE_COULD_HOLD = "no_node_could_hold"
 PLACEMENT_TIMED_OUT = "placement_timed_out"  # no node held it in time: its quota went back; it waits a backoff
+# Placement's answer to quota asking a reservation back (QuotaRecalled): it let the job go, unplaced, and will
+# not place it until quota reserves it again; quota releases the reservation on this answer.
+RESERVATION_RETURNED = "reservation_returned"
 BACKING_OFF = frozenset({RETRY_BACKOFF, PLACEMENT_TIMED_OUT})
 # Deferrals that evicting other jobs can cure: the preemption service acts on these.
 PREEMPTION_MAY_HELP = frozenset({QUEUE_QUOTA_EXHAUSTED, COHORT_QUOTA_EXHAUSTED, QUOTA_LENT_OUT, PARENT_QUOTA_EXHAUSTED,

@@ -3,7 +3,8 @@
 A reservation tries its own job; capacity coming back (a run over, a node registered or uncordoned, a GPU
 healthy again) or the order changing (new priorities) tries every waiting job; a queue's change tries them if it
 moved a waiting reservation to another flavor; a tick first settles who holds capacity (nominations lapse, the
-starving job is found and told), then tries every waiting job if a hold ended or moved. Which inputs trigger a
+starving job is found and told), then tries every waiting job if a hold ended or moved; a reservation quota asks
+back is answered (the fold let its job go). Which inputs trigger a
 pass follows from what it reads (PASS, libs/core/placement/decider.py); REACTIONS answers each of them."""
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from contracts import (
     JobFinished,
     NodeRegistered,
     NodeUncordoned,
+    PlacementDeferred,
     PriorityClassesChanged,
     QueuePolicyChanged,
+    QuotaRecalled,
     QuotaReserved,
 )
 from libs.core.kernel.decider import Decisions
 from libs.core.kernel.policy import demand_milli
+from libs.core.kernel.wait_reasons import RESERVATION_RETURNED
 from libs.core.placement.attempt import try_place
 from libs.core.placement.codes import TOLD_ELSE
 from libs.core.placement.starvation import find_starving, tell_starving
@@ -43,6 +47,16 @@ def decide(state: PlacementState, out: Decisions) -> None:
 def reserved(state: PlacementState, event: QuotaReserved, out: Decisions) -> None:
     if event.job_id in state.waiting:
         try_place(state, event.job_id, out)
+
+
+def recalled(state: PlacementState, event: QuotaRecalled, out: Decisions) -> None:
+    """Quota asked a reservation back, and the fold let its job go: quota is told, and releases it. (A job
+    placed before the ask was read is not answered: quota reads its placement, and it keeps its quota.)"""
+    job_id, state.let_go = state.let_go, None
+    if job_id is not None:
+        out.emit(PlacementDeferred, correlation_id=job_id, job_id=job_id, code=RESERVATION_RETURNED,
+                 message="no node held it before its placement timeout: placement let it go, and its quota "
+                         "goes back")
 
 
 def try_every_waiting(state: PlacementState, event: EventBase, out: Decisions) -> None:
@@ -104,6 +118,7 @@ def place_waiting(state: PlacementState, out: Decisions) -> None:
 
 REACTIONS: dict[type[EventBase], Callable[[PlacementState, Any, Decisions], None]] = {
     QuotaReserved: reserved,
+    QuotaRecalled: recalled,
     **dict.fromkeys((JobFinished, JobFailed, JobEvicted, NodeRegistered, NodeUncordoned, PriorityClassesChanged),
                     try_every_waiting),
     GpuHealthChanged: gpu_health,

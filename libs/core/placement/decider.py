@@ -2,9 +2,10 @@
 
 The decider wires the package together: its state (state.py), folded one handler per event type (fold.py), and
 its cycle (cycle.py), which tries the waiting jobs in their order (order.py), one at a time (attempt.py), under
-the holds of nominated preemptors (nomination.py) and of the starving job (starvation.py). Any other job whose
-quota goes back before it is placed (quota's placement timeout) is forgotten until quota reserves it again,
-its wait for capacity going on.
+the holds of nominated preemptors (nomination.py) and of the starving job (starvation.py). A job whose
+reservation quota asks back before it is placed (its placement timeout, QuotaRecalled) is let go, and quota is
+told so (the reservation goes back on that answer): it is forgotten until quota reserves it again, its wait for
+capacity going on.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from contracts import (
     PreemptionDecided,
     PriorityClassesChanged,
     QueuePolicyChanged,
+    QuotaRecalled,
     QuotaReleased,
     QuotaReserved,
     SchedulingSettingsChanged,
@@ -52,7 +54,8 @@ _NEXT_TICK = ("a hold that ends with it, a nominee's or the starving job's, is l
 # order or a flavor that lets a held-back job go, a hold ended; a change that only takes away waits.
 PASS = PassDependencies(
     reads=(Reads.QUEUES | Reads.CLASSES | Reads.SETTINGS | Reads.NODES | Reads.FREED | Reads.SUBMISSIONS
-           | Reads.HELD | Reads.RESERVED | Reads.DEFERRALS | Reads.NOMINATIONS | Reads.RUNS | Reads.CLOCK),
+           | Reads.HELD | Reads.RESERVED | Reads.DEFERRALS | Reads.NOMINATIONS | Reads.RUNS | Reads.CLOCK
+           | Reads.RECALLS),
     not_triggered={
         Reads.SETTINGS: "the starvation limit is read on ticks, which find the starving job; retries on a run's end",
         Reads.NODES: "a node lost or cordoned only takes GPUs away; one that may bring some frees them (FREED)",
@@ -77,7 +80,7 @@ class PlacementDecider:
     def input_types(self) -> Iterable[type[EventBase]]:
         return (NodeRegistered, NodeLost, GpuHealthChanged, NodeCordoned, NodeUncordoned, QueuePolicyChanged,
                 PriorityClassesChanged, SchedulingSettingsChanged, JobSubmitted, QuotaReserved, JobCancelled,
-                JobFinished, JobFailed, JobEvicted, PreemptionDecided, ClockTick, QuotaReleased)
+                JobFinished, JobFailed, JobEvicted, PreemptionDecided, ClockTick, QuotaReleased, QuotaRecalled)
 
     def reacts_to(self) -> tuple[type[EventBase], ...]:
         """The inputs `react` may decide something about: those that change what a pass reads (PASS); to any

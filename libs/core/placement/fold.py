@@ -27,6 +27,7 @@ from contracts import (
     PreemptionDecided,
     PriorityClassesChanged,
     QueuePolicyChanged,
+    QuotaRecalled,
     QuotaReleased,
     QuotaReserved,
 )
@@ -109,14 +110,25 @@ def deferred(state: PlacementState, event: PlacementDeferred) -> None:
 
 
 def quota_released(state: PlacementState, event: QuotaReleased) -> None:
-    if event.job_id not in state.waiting:
-        return
-    # Its quota went back before it was placed: it is placed only once quota reserves it again, its wait for
-    # capacity going on.
-    state.waiting.pop(event.job_id)
-    state.deferred.pop(event.job_id, None)
-    end_nomination(state, event.job_id)
-    if state.starving is not None and state.starving.job_id == event.job_id:
+    if event.job_id in state.waiting:
+        let_go(state, event.job_id)
+
+
+def quota_recalled(state: PlacementState, event: QuotaRecalled) -> None:
+    """Quota asks the job's reservation back (its placement timeout): a job still waiting is let go, and the
+    cycle answers quota, which then releases it; one placed already keeps its quota (quota reads the placement)."""
+    if event.job_id in state.waiting:
+        let_go(state, event.job_id)
+        state.let_go = event.job_id
+
+
+def let_go(state: PlacementState, job_id: str) -> None:
+    """Its quota goes back before it was placed: it is placed only once quota reserves it again, its wait for
+    capacity going on."""
+    state.waiting.pop(job_id)
+    state.deferred.pop(job_id, None)
+    end_nomination(state, job_id)
+    if state.starving is not None and state.starving.job_id == job_id:
         # Its hold ends with it: what it held back is tried on the next tick, as after a nomination's end.
         state.starving = None
         state.held_back_free = True
@@ -217,6 +229,7 @@ FOLDS: dict[type[EventBase], Callable[[PlacementState, Any], None]] = {
     ClockTick: tick,
     PlacementDeferred: deferred,
     QuotaReleased: quota_released,
+    QuotaRecalled: quota_recalled,
     PreemptionDecided: preemption_decided,
     JobCancelled: cancelled,
     NodeRegistered: node_event,

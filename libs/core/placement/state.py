@@ -64,6 +64,8 @@ class PlacementState:
     nominated: dict[str, Nomination] = field(default_factory=dict)
     # Waiting jobs whose reservation a queue change moved to another flavor (fold.queue_policy), to try again.
     recharged: list[str] = field(default_factory=list)
+    # The waiting job whose reservation quota just asked back (fold.quota_recalled): let go, to answer quota.
+    let_go: str | None = None
     lapsed: bool = False  # did the last tick end a nomination?
     held_back_free: bool = False  # did a hold end (a nomination, the starving job's quota gone) since the last tick?
     starving: StarvingJob | None = None

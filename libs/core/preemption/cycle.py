@@ -149,7 +149,7 @@ def _victims_for_quota(world: World, job_id: str, spec: JobSpec, grace_over: boo
 def _giving_back(world: World, job_id: str, now: float) -> bool:
     """Is the job's placement timeout over, so that quota gives its reservation back (as quota_timeout does:
     unless capacity is held for it)? Without a timeout, quota gives it back while a lender waits for the quota
-    it borrows (timeout.give_back_lent). It is reserved again later, and may evict then."""
+    it borrows (timeout.recall_lent). It is reserved again later, and may evict then."""
     timeout = world.policy.settings.placement_timeout_s
     reserved_at = world.state.reserved_at.get(job_id)
     if reserved_at is None:

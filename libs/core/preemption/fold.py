@@ -40,7 +40,13 @@ from libs.core.kernel.flavors import reservation_model
 from libs.core.kernel.policy import PolicyBook, declared_runtime, demand_milli
 from libs.core.kernel.quota_math import ANY
 from libs.core.kernel.starvation import CAPACITY_HELD
-from libs.core.kernel.wait_reasons import BUDGET_WAITS, RETRY_BACKOFF, USER_LIMIT, WAITING_FOR_QUOTA
+from libs.core.kernel.wait_reasons import (
+    BUDGET_WAITS,
+    RESERVATION_RETURNED,
+    RETRY_BACKOFF,
+    USER_LIMIT,
+    WAITING_FOR_QUOTA,
+)
 from libs.core.preemption.state import PLACEMENT, PreemptionState, Running, World
 
 # Quota deferrals of a job held by its own circumstances, not by others' use of quota or GPUs: its reclaim
@@ -113,6 +119,12 @@ def fold_run_over(world: World, event: JobFinished | JobFailed | JobEvicted) -> 
 
 
 def fold_placement_deferred(world: World, event: PlacementDeferred) -> None:
+    if event.code == RESERVATION_RETURNED:
+        # Placement let the job go at its placement timeout, and its reservation goes back on this answer: it
+        # waits for no place (and quota tells it how it waits next), so nothing is evicted for it as one.
+        world.state.unwait(event.job_id)
+        world.state.capacity_held.pop(event.job_id, None)
+        return
     _wait(world, event.job_id, PLACEMENT, event.ts)
     if event.code == CAPACITY_HELD:
         world.state.capacity_held[event.job_id] = None

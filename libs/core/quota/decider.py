@@ -23,7 +23,8 @@ nothing; so does one no node present could hold, even with every running job gon
 node registering again smaller, or with MIG on) or lose GPUs (it holds no job below it, freezes no borrower, and
 nobody reclaims for it), though it still takes quota that is free. Per-user limits and GPU-hour budgets (charged
 for run time: accounting/budgets.py) are checked per job. A reservation that placement has not placed within the
-settings' placement timeout goes back, and its job waits again after a backoff. Each waiting job gets one
+settings' placement timeout is asked back (QuotaRecalled) and goes back once placement lets its job go, and
+its job waits again after a backoff. Each waiting job gets one
 QuotaDeferred per reason, which the preemption service uses to reclaim quota.
 
 The package's parts (libs/core/quota/), one job each: state (the decider's state as data), fold (one handler
@@ -130,11 +131,12 @@ SERVICE = "quota"
 PASS = PassDependencies(
     reads=(Reads.QUEUES | Reads.CLASSES | Reads.SETTINGS | Reads.NODES | Reads.FREED | Reads.SUBMISSIONS
            | Reads.ARRIVALS | Reads.HELD | Reads.RESERVED | Reads.DEFERRALS | Reads.NOMINATIONS | Reads.RUNS
-           | Reads.CLOCK),
+           | Reads.CLOCK | Reads.RECALLS),
     not_triggered={
         Reads.SUBMISSIONS: "a submission is only kept until its admission, which triggers a pass",
         Reads.DEFERRALS: "a deferral (its own, or placement's word on a reservation) frees no quota; a reservation "
-                         "placement cannot place goes back on a tick (the placement timeout)",
+                         "placement cannot place is asked back on a tick (the placement timeout), and goes back "
+                         "on placement's answer (RECALLS)",
         Reads.NOMINATIONS: "a nomination only puts its preemptor first and holds others back; the quota its victims "
                            "free comes back with their end, a trigger, and a lapse is noted on a tick",
         Reads.RUNS: "GPU time spent changes a verdict only as it accrues: a tick notes a budget that ran out "

@@ -5,7 +5,7 @@ reservation goes back; a reservation charges its queue's, user's and flavor's us
 placement's and the executors' reports mark reservations placed and charge budgets; the fleet, the policy and
 the clock change what the next cycle sees. Nothing is decided here: react (libs/core/quota/decider.py) does that
 after the fold, reading what the last event left for it (`left_waiting`, `lapsed`, `backoffs_ended`,
-`placed_while_waiting`)."""
+`returned`)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from contracts import (
     PriorityClassesChanged,
     QueuePolicyChanged,
     QuotaDeferred,
+    QuotaRecalled,
     QuotaReleased,
     QuotaReserved,
     SchedulingSettingsChanged,
@@ -42,7 +43,7 @@ from libs.core.kernel.nomination import NOMINATION_TTL_S
 from libs.core.kernel.policy import demand_milli
 from libs.core.kernel.quota_figures import budget_period
 from libs.core.kernel.quota_math import ANY
-from libs.core.kernel.wait_reasons import BUDGET_WAITS, NO_NODE_COULD_HOLD, WAITING_FOR_QUOTA
+from libs.core.kernel.wait_reasons import BUDGET_WAITS, NO_NODE_COULD_HOLD, RESERVATION_RETURNED, WAITING_FOR_QUOTA
 from libs.core.quota.state import QuotaJob, QuotaState
 from libs.core.quota.timeout import PLACEMENT_TIMEOUT, end_placement_backoffs, placement_backoff_s
 from libs.core.quota.usage import charge, recharge, usage_changed
@@ -57,7 +58,7 @@ def fold(state: QuotaState, event: EventBase) -> None:
     state.lapsed = []
     state.backoffs_ended = []
     state.budget_turned = []
-    state.placed_while_waiting = None
+    state.returned = None
     FOLDS.get(type(event), fold_policy)(state, event)
 
 
@@ -97,6 +98,7 @@ def end(state: QuotaState, job_id: str) -> None:
     state.attained.forget(job_id)
     state.las_nominated.pop(job_id, None)
     state.victims_of.pop(job_id, None)
+    state.recalled.pop(job_id, None)
     state.backing_off.pop(job_id, None)
     state.requeued.pop(job_id, None)
     if job.state == "pending":
@@ -118,9 +120,8 @@ def fold_reserved(state: QuotaState, event: QuotaReserved) -> None:
     dequeue(state, job)
     job.state, job.flavor, job.reserved_at = "reserved", event.flavor or ANY, event.ts
     job.over_budget = event.over_budget
-    job.placed, job.placed_while_pending, job.placement_code = job.placed_while_pending, False, ""
-    if not job.placed:
-        state.unplaced[job.job_id] = None
+    job.placed, job.placement_code = False, ""
+    state.unplaced[job.job_id] = None
     state.reserved.setdefault(job.queue, {})[job.job_id] = None
     charge(state, job, +1, event.ts)
     state.deferred.pop(event.job_id, None)
@@ -139,6 +140,7 @@ def fold_released(state: QuotaState, event: QuotaReleased) -> None:
         return
     state.reserved[job.queue].pop(job.job_id, None)
     state.unplaced.pop(job.job_id, None)
+    state.recalled.pop(job.job_id, None)
     charge(state, job, -1, event.ts)
     # Its run, if any, is over: a next reservation is for the model its next placement finds, as the other
     # folds of reservations (the preemption decider, the checker) see it.
@@ -161,6 +163,13 @@ def fold_released(state: QuotaState, event: QuotaReleased) -> None:
         job.state = "ended"
         del state.jobs[job.job_id]
         state.budgets.forget(job.job_id)
+
+
+def fold_recalled(state: QuotaState, event: QuotaRecalled) -> None:
+    """Its reservation was asked back: it is not asked again, and goes back once placement lets the job go."""
+    job = state.jobs.get(event.job_id)
+    if job is not None and job.state == "reserved" and not job.placed:
+        state.recalled[event.job_id] = None
 
 
 def fold_deferred(state: QuotaState, event: QuotaDeferred) -> None:
@@ -204,8 +213,12 @@ def fold_preemption_decided(state: QuotaState, event: PreemptionDecided) -> None
 
 def fold_placement_deferred(state: QuotaState, event: PlacementDeferred) -> None:
     job = state.jobs.get(event.job_id)
-    if job is not None and job.state == "reserved" and not job.placed:
+    if job is None or job.state != "reserved" or job.placed:
+        return
+    if event.code != RESERVATION_RETURNED:
         job.placement_code = event.code
+    elif event.job_id in state.recalled:  # placement let it go: react releases its reservation
+        state.returned = event.job_id
 
 
 def fold_placed(state: QuotaState, event: JobPlaced) -> None:
@@ -218,15 +231,13 @@ def fold_placed(state: QuotaState, event: JobPlaced) -> None:
     if job.state == "reserved":
         job.placed, job.placement_code = True, ""
         state.unplaced.pop(job.job_id, None)
+        state.recalled.pop(job.job_id, None)  # placed before placement read the ask: it keeps its quota
         # Now its model is known: charged to a flavor its queue no longer has, it moves to its model's.
         flavor = state.book.recharge_placed(job.queue, job.flavor, job.model, job.demand, job.over_budget)
         if flavor != job.flavor:
             job.flavor = flavor
             usage_changed(state, job.queue)  # (the book moves usage only with the flavor: its rooms changed)
             queue_changed(state, job.queue)  # its usage moved between its flavors
-    else:  # placed before placement read that its quota went back: react takes the quota again
-        job.placed_while_pending = True
-        state.placed_while_waiting = job.job_id
 
 
 def fold_started(state: QuotaState, event: JobStarted) -> None:
@@ -360,6 +371,7 @@ FOLDS: dict[type[EventBase], Callable[[QuotaState, Any], None]] = {
     JobCancelled: fold_cancelled,
     QuotaReserved: fold_reserved,
     QuotaReleased: fold_released,
+    QuotaRecalled: fold_recalled,
     PreemptionDecided: fold_preemption_decided,
     PlacementDeferred: fold_placement_deferred,
     JobPlaced: fold_placed,

@@ -22,6 +22,7 @@ from contracts import (
     NodeLost,
     NodeRegistered,
     NodeUncordoned,
+    PlacementDeferred,
     PriorityClassesChanged,
     QueuePolicyChanged,
     QuotaReleased,
@@ -34,7 +35,7 @@ from libs.core.quota.fit import flavors_moved_queues, group_of, groups, judged_a
 from libs.core.quota.reasons import tell_new, tell_no_node
 from libs.core.quota.reserve import never_fits
 from libs.core.quota.state import QuotaState
-from libs.core.quota.timeout import give_back_unplaced, take_back
+from libs.core.quota.timeout import give_back_returned, recall_unplaced
 
 # Capacity that may let a job placement could not place go: the wait after a placement timeout ends on these.
 CAPACITY_GREW = (NodeRegistered, NodeUncordoned, GpuHealthChanged)
@@ -46,22 +47,23 @@ class AfterFold(NamedTuple):
     left_waiting: str | None  # the queue of a waiting job the trigger ended
     lapsed: list[str]  # the queues of nominations the trigger let lapse
     backoffs_ended: list[str]  # the queues of jobs whose placement backoff new capacity ended
-    placed_while_waiting: str | None  # the job placed after its quota went back
+    returned: str | None  # the recalled job placement let go
     budget_turned: list[str]  # the queues whose budget ran out, or came back, by the tick
 
 
 def after_fold(state: QuotaState) -> AfterFold:
-    return AfterFold(state.left_waiting, state.lapsed, state.backoffs_ended, state.placed_while_waiting,
+    return AfterFold(state.left_waiting, state.lapsed, state.backoffs_ended, state.returned,
                      state.budget_turned)
 
 
 def decides_nothing(state: QuotaState, event: EventBase) -> bool:
     """Triggers that certainly decide nothing, answered before any work: a tick while no job waits for time
-    to cycle, and a placement of a job that holds its quota."""
+    to cycle, and placement's word on a job (a placement, a deferral) other than its letting go of a recalled
+    one."""
     if isinstance(event, ClockTick):
         return (not state.budget_deferred and not state.backing_off and not state.requeued and not state.unplaced
                 and not state.lapsed and not state.budget_turned)
-    return isinstance(event, JobPlaced) and state.placed_while_waiting is None
+    return isinstance(event, (PlacementDeferred, JobPlaced)) and state.returned is None
 
 
 def schedule_groups_of(state: QuotaState, queues: set[str], now: float, out: Decisions) -> None:
@@ -71,9 +73,15 @@ def schedule_groups_of(state: QuotaState, queues: set[str], now: float, out: Dec
             schedule(state, group, now, out)
 
 
-def react_placed(state: QuotaState, event: JobPlaced, after: AfterFold, out: Decisions) -> None:
-    if after.placed_while_waiting is not None:
-        take_back(state, state.jobs[after.placed_while_waiting], out)
+def react_answer(state: QuotaState, event: PlacementDeferred | JobPlaced, after: AfterFold, out: Decisions) -> None:
+    """Placement's word on a reserved job answers a recall (timeout.recall_unplaced): placed, the job keeps its
+    quota (placement placed it before it read the ask, and nobody took that quota meanwhile); let go (a
+    deferral `reservation_returned`), its reservation goes back, and a cycle runs over each group whose room
+    that changes (its own, and in a tree those linked to it). A placement frees no quota: it decides nothing."""
+    if after.returned is not None:
+        job = state.jobs[after.returned]
+        give_back_returned(state, job, event.ts, out)
+        schedule_groups_of(state, {group[0] for group in linked_groups(state, job.queue)}, event.ts, out)
 
 
 def react_admitted(state: QuotaState, event: JobAdmitted, after: AfterFold, out: Decisions) -> None:
@@ -156,20 +164,21 @@ def tell_inadmissible(state: QuotaState, out: Decisions) -> None:
 def react_tick(state: QuotaState, event: ClockTick, after: AfterFold, out: Decisions) -> None:
     """Time alone can change a verdict: a new budget period opens, a budget runs out (its queue is owed no
     nominal quota any more: what it lent is free for its cohort), a backoff ends, a reservation that placement
-    could not place in time goes back, a preemptor's nomination lapses."""
+    could not place in time is asked back (recall_unplaced: it goes back on placement's answer), a preemptor's
+    nomination lapses."""
     now = event.ts
     waiting = {state.jobs[j].queue for j in state.budget_deferred}
     waiting.update(after.lapsed)
     waiting.update(after.budget_turned)
-    waiting.update(q for given_back in give_back_unplaced(state, now, out)
-                   for group in linked_groups(state, given_back) for q in group[:1])
+    recall_unplaced(state, now, out)
     for backoffs in (state.backing_off, state.requeued):
         waiting.update(state.jobs[j].queue for j, t in backoffs.items() if t <= now and j in state.jobs)
     schedule_groups_of(state, waiting, now, out)
 
 
 REACTIONS: dict[type[EventBase], Callable[[QuotaState, Any, AfterFold, Decisions], None]] = {
-    JobPlaced: react_placed,
+    JobPlaced: react_answer,
+    PlacementDeferred: react_answer,
     JobAdmitted: react_admitted,
     JobFinished: react_ended,
     JobFailed: react_ended,

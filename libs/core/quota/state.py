@@ -76,7 +76,6 @@ class QuotaJob:
     placed: bool = False
     model: str = ""  # the GPU model placement placed it on ("" not placed): the flavor that covers it follows it
     placement_code: str = ""
-    placed_while_pending: bool = False  # placed before placement read that its quota went back
     timeouts: int = 0  # how often its reservation went back unplaced (its backoff doubles each time)
     timed_out_flavor: str | None = None  # the flavor of its last reservation that went back unplaced
 
@@ -109,7 +108,9 @@ class QuotaState:
     attained: AttainedService = field(default_factory=AttainedService)
     # Reserved jobs placement has not placed yet (in reservation order): the placement timeout looks at these.
     unplaced: dict[str, None] = field(default_factory=dict)
-    placed_while_waiting: str | None = None  # the job whose JobPlaced, just folded, found it waiting
+    # Those of them asked back at their timeout (QuotaRecalled): they go back once placement lets them go.
+    recalled: dict[str, None] = field(default_factory=dict)
+    returned: str | None = None  # the recalled job placement let go, by the answer just folded (react releases it)
     deferred: dict[str, str] = field(default_factory=dict)  # job -> the reason code it was last told
     # The deferred jobs waiting for a budget (BUDGET_SPENT, OVER_BUDGET_WAITS): clock ticks look at these.
     budget_deferred: dict[str, None] = field(default_factory=dict)

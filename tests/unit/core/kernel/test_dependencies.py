@@ -11,7 +11,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from contracts import ClockTick, JobPlaced, PlacementDeferred, QuotaDeferred, QuotaReleased, QuotaReserved
+from contracts import (
+    ClockTick,
+    JobPlaced,
+    PlacementDeferred,
+    QuotaDeferred,
+    QuotaRecalled,
+    QuotaReleased,
+    QuotaReserved,
+)
 from libs.core.kernel.dependencies import CHANGES, Reads
 from libs.core.placement.cycle import REACTIONS as PLACEMENT_REACTIONS
 from libs.core.placement.decider import PASS as PLACEMENT_PASS
@@ -62,6 +70,9 @@ QUOTA_PARTS: dict[Reads, Callable[[QuotaState], object]] = {
                                 if j in s.jobs and s.jobs[j].state == "pending"},
     Reads.NOMINATIONS: lambda s: {j: at for j, at in s.nominated.items() if j in s.jobs},
     Reads.RUNS: lambda s: sorted(s.budgets.runs),
+    # (a reservation asked back leaves the part as it goes back, or as its job is placed: see `same`)
+    Reads.RECALLS: lambda s: {j: j == s.returned for j in s.recalled
+                              if j in s.jobs and s.jobs[j].state == "reserved" and not s.jobs[j].placed},
 }
 
 
@@ -88,6 +99,7 @@ PLACEMENT_PARTS: dict[Reads, Callable[[PlacementState], object]] = {
     Reads.DEFERRALS: lambda s: {j: code for j, code in s.deferred.items() if j in s.waiting},
     Reads.NOMINATIONS: lambda s: {j: (n.at, n.victims, n.reclaim, n.least_served) for j, n in s.nominated.items()},
     Reads.RUNS: lambda s: dict(s.ends),
+    Reads.RECALLS: lambda s: s.let_go,
 }
 GAINS = Reads.FREED | Reads.RESERVED
 
@@ -131,7 +143,7 @@ def test_preemption_reacts_to_deferrals_and_the_clock_and_leaves_the_rest_to_the
 def test_no_quota_fold_changes_a_part_its_input_does_not_declare(name: str) -> None:
     log = [e for _, e in run_scenario(load_scenario(SCENARIOS / f"{name}.yaml")).log]
     decider = QuotaDecider()
-    folded = {*decider.input_types(), QuotaReserved, QuotaReleased, QuotaDeferred}
+    folded = {*decider.input_types(), QuotaReserved, QuotaReleased, QuotaRecalled, QuotaDeferred}
     for event in log:
         if type(event) not in folded:
             continue

@@ -4,7 +4,8 @@ tried again (and told the true reason) when a node of its model registers, even 
 
 from __future__ import annotations
 
-from contracts import JobPlaced, JobSubmitted, PlacementDeferred, QuotaReleased, QuotaReserved
+from contracts import JobPlaced, JobSubmitted, PlacementDeferred, QuotaRecalled, QuotaReleased, QuotaReserved
+from libs.core.kernel.wait_reasons import RESERVATION_RETURNED
 from libs.core.placement.decider import PlacementDecider
 from tests.unit.builders import EventFeed, job, node, of, queue
 
@@ -44,3 +45,26 @@ def test_no_model_match_is_told_again_when_a_node_of_the_model_registers_busy_or
     # model now exists.
     told = feed.nodes(node("h", gpus=1, model="H100"))
     assert [(d.job_id, d.code) for d in of(told, PlacementDeferred)] == [("big", "insufficient_gpus")]
+
+
+def test_a_reservation_asked_back_lets_a_waiting_job_go_and_says_so() -> None:
+    feed = EventFeed(PlacementDecider())
+    feed.queues(queue("q", "t"))
+    feed.nodes(node("t4", gpus=1, model="T4"))
+    feed.send(JobSubmitted, job_id="j", spec=job("t", "q", gpus=2).spec)
+    assert of(feed.send(QuotaReserved, job_id="j", queue="q", gpu_milli=2000), PlacementDeferred)
+    answer = feed.send(QuotaRecalled, job_id="j", queue="q", reason="placement_timeout")
+    assert [(d.job_id, d.code) for d in of(answer, PlacementDeferred)] == [("j", RESERVATION_RETURNED)]
+    # Let go, it is not placed, even on a node that could hold it, until quota reserves it again.
+    assert of(feed.nodes(node("big", gpus=2, model="T4")), JobPlaced) == []
+    again = feed.send(QuotaReserved, job_id="j", queue="q", gpu_milli=2000)
+    assert [p.placements[0].node for p in of(again, JobPlaced)] == ["big"]
+
+
+def test_a_reservation_asked_back_after_its_job_was_placed_is_not_answered() -> None:
+    feed = EventFeed(PlacementDecider())
+    feed.queues(queue("q", "t"))
+    feed.nodes(node("t4", gpus=1, model="T4"))
+    feed.send(JobSubmitted, job_id="j", spec=job("t", "q", gpus=1).spec)
+    assert of(feed.send(QuotaReserved, job_id="j", queue="q", gpu_milli=1000), JobPlaced)
+    assert feed.send(QuotaRecalled, job_id="j", queue="q", reason="placement_timeout") == []

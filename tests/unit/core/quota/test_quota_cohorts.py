@@ -504,9 +504,9 @@ def unplaced_borrowers(code: str = "insufficient_gpus") -> EventFeed:
 
 
 def test_an_unplaced_borrower_keeps_its_quota_until_its_placement_timeout() -> None:
-    """Quota cannot know whether placement is placing the borrower right then (a job placed after its quota
-    went back takes it again whatever the lender holds by then): the lender waits, no borrower grows, and the
-    placement timeout gives the quota back."""
+    """Quota cannot know whether placement is placing the borrower right then (a reservation goes back only
+    once placement lets its job go, asked at its placement timeout): the lender waits, no borrower grows, and
+    the placement timeout asks the quota back."""
     feed = unplaced_borrowers()
     decisions = feed.admit("a1", on("a", 1))
     assert of(decisions, QuotaReleased) == []

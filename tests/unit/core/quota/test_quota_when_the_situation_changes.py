@@ -12,6 +12,7 @@ import pytest
 
 from contracts import (
     ClockTick,
+    EventBase,
     FlavorQuota,
     JobFinished,
     JobPlaced,
@@ -20,13 +21,16 @@ from contracts import (
     NodeCordoned,
     PlacementDeferred,
     QuotaDeferred,
+    QuotaRecalled,
     QuotaReleased,
+    QuotaReserved,
     ReplicaPlacement,
     SchedulingSettings,
     SchedulingSettingsChanged,
 )
 from contracts.views import JobView, QueueView
 from libs.core.kernel.starvation import UNKNOWN_START, Starving, backfills, holds
+from libs.core.kernel.wait_reasons import RESERVATION_RETURNED
 from libs.core.quota.decider import QuotaDecider
 from libs.views.explain import explain
 from tests.unit.builders import EventFeed, kinds, node, of
@@ -316,12 +320,20 @@ def unplaceable(timeout_s: float | None = 300.0) -> EventFeed:
     return feed
 
 
-def test_a_reservation_no_node_holds_is_given_back_after_the_placement_timeout() -> None:
+def let_go(feed: EventFeed, job_id: str) -> list[EventBase]:
+    """Placement's answer to quota asking the job's reservation back: it let the job go."""
+    return feed.send(PlacementDeferred, job_id=job_id, code=RESERVATION_RETURNED, message="let go")
+
+
+def test_a_reservation_no_node_holds_is_asked_back_at_the_placement_timeout_and_goes_back_once_let_go() -> None:
     feed = unplaceable()
     assert feed.at(D + 299).send(ClockTick) == []
-    decisions = feed.at(D + 300).send(ClockTick)
-    released = of(decisions, QuotaReleased)
-    assert [(r.job_id, r.reason) for r in released] == [("big", "placement_timeout")]
+    asked = feed.at(D + 300).send(ClockTick)
+    assert [(r.job_id, r.reason) for r in of(asked, QuotaRecalled)] == [("big", "placement_timeout")]
+    assert of(asked, QuotaReleased) == [] and reserved(asked) == []
+    assert of(feed.at(D + 305).send(ClockTick), QuotaRecalled) == []  # asked once
+    decisions = let_go(feed, "big")
+    assert [(r.job_id, r.reason) for r in of(decisions, QuotaReleased)] == [("big", "placement_timeout")]
     assert reserved(decisions) == ["small"]
     assert outcome(decisions, "big") == ("deferred", "placement_timed_out")
 
@@ -329,11 +341,13 @@ def test_a_reservation_no_node_holds_is_given_back_after_the_placement_timeout()
 def test_a_job_that_gave_its_quota_back_waits_out_a_growing_backoff() -> None:
     feed = unplaceable()
     feed.at(D + 300).send(ClockTick)
+    let_go(feed, "big")
     feed.send(JobFinished, job_id="small")
     assert reserved(feed.at(D + 359).send(ClockTick)) == []
     assert reserved(feed.at(D + 360).send(ClockTick)) == ["big"]
     feed.at(D + 361).send(PlacementDeferred, job_id="big", code="fragmentation", message="no node holds it")
-    assert [r.job_id for r in of(feed.at(D + 660).send(ClockTick), QuotaReleased)] == ["big"]
+    assert [r.job_id for r in of(feed.at(D + 660).send(ClockTick), QuotaRecalled)] == ["big"]
+    assert [r.job_id for r in of(let_go(feed, "big"), QuotaReleased)] == ["big"]
     # The second time it waits twice as long.
     assert reserved(feed.at(D + 779).send(ClockTick)) == []
     assert reserved(feed.at(D + 780).send(ClockTick)) == ["big"]
@@ -343,22 +357,24 @@ def test_a_placed_job_keeps_its_quota() -> None:
     feed = unplaceable()
     feed.at(D + 200).send(JobPlaced, job_id="big", placements=(
         ReplicaPlacement(replica=0, node="n1", gpu_indices=(0, 1, 2, 3), gpu_milli=1000, model="A100"),))
-    assert of(feed.at(D + 600).send(ClockTick), QuotaReleased) == []
+    assert of(feed.at(D + 600).send(ClockTick), QuotaRecalled) == []
 
 
 def test_without_a_placement_timeout_a_reservation_is_kept() -> None:
     feed = unplaceable(timeout_s=None)
-    assert of(feed.at(D + 10_000).send(ClockTick), QuotaReleased) == []
+    assert of(feed.at(D + 10_000).send(ClockTick), QuotaRecalled) == []
 
 
-def test_a_job_placed_before_placement_read_its_release_takes_its_quota_again() -> None:
+def test_a_job_placed_before_placement_read_the_ask_keeps_its_quota_and_nobody_took_it() -> None:
+    """Quota and placement react to the same tick: placement may place the job as quota asks its reservation
+    back. Placed first, the job keeps its quota; the quota was never free meanwhile, so small still waits."""
     feed = unplaceable()
-    feed.at(D + 300).send(ClockTick)
-    feed.send(JobFinished, job_id="small")
+    assert [r.job_id for r in of(feed.at(D + 300).send(ClockTick), QuotaRecalled)] == ["big"]
     decisions = feed.send(JobPlaced, job_id="big", placements=(
         ReplicaPlacement(replica=0, node="n1", gpu_indices=(0, 1, 2, 3), gpu_milli=1000, model="A100"),))
-    assert reserved(decisions) == ["big"]
+    assert of(decisions, QuotaReleased) == [] and of(decisions, QuotaReserved) == []
     assert decider(feed).state.queue_used["a"] == 4000
+    assert of(feed.at(D + 600).send(ClockTick), QuotaRecalled) == []
 
 
 def test_placement_forgets_a_job_whose_quota_went_back() -> None:
@@ -379,7 +395,8 @@ def test_placement_forgets_a_job_whose_quota_went_back() -> None:
 
 def test_the_deferral_after_a_timeout_says_when_the_job_runs_again() -> None:
     feed = unplaceable()
-    told = [d for d in of(feed.at(D + 300).send(ClockTick), QuotaDeferred) if d.job_id == "big"]
+    feed.at(D + 300).send(ClockTick)
+    told = [d for d in of(let_go(feed, "big"), QuotaDeferred) if d.job_id == "big"]
     assert "60 s from now" in told[0].message
 
 
