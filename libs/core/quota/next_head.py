@@ -8,7 +8,7 @@ import math
 
 from libs.core.kernel.decider import Decisions
 from libs.core.kernel.wait_reasons import BACKING_OFF, BEHIND_HIGHER_PRIORITY, RETRY_BACKOFF, WAITING_FOR_QUOTA
-from libs.core.quota.fit import flavors_of
+from libs.core.quota.fit import borrows_over_budget, flavors_of
 from libs.core.quota.order import Order
 from libs.core.quota.reasons import defer, quota_reason, tells
 from libs.core.quota.reserve import ANY_FLAVOR, never_fits
@@ -53,7 +53,7 @@ def next_head(state: QuotaState, queue: str, order: Order, cycle: Cycle, out: De
                     if below_all and deferred.get(job_id) in WAITING_FOR_QUOTA:
                         cycle.stopped_at = job
                         return None  # everything after it is of lower priority still, held in every flavor, and told
-                    tell_behind(state, job, out)
+                    tell_behind(state, job, cycle, out)
                     continue
             if failures:
                 if flavors is not seen_flavors:
@@ -90,11 +90,11 @@ def backs_off(state: QuotaState, job: QuotaJob, now: float, out: Decisions) -> b
     return False
 
 
-def tell_behind(state: QuotaState, job: QuotaJob, out: Decisions) -> None:
+def tell_behind(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) -> None:
     """The job is held back behind a job of higher priority of its queue: told so, once. One its queue could
     never hold as the quota is now is told that instead (reserve.never_fits): no job ahead of it is what it waits
     for, and it hears the same whether it was submitted so or its quota was lowered under it."""
-    if never_fits(state, job, out):
+    if never_fits(state, job, out, borrows_over_budget(state, job.queue, cycle.now, cycle)):
         return
     if tells(state, job, BEHIND_HIGHER_PRIORITY):
         defer(state, job, BEHIND_HIGHER_PRIORITY, f"a job of higher priority waits for queue {job.queue}'s quota "

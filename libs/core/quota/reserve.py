@@ -44,7 +44,8 @@ def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) 
     spent = cycle.over_budget.get(job.queue)
     if spent is None:
         spent = over_budget(state, job.queue, cycle)
-    if (spent and waits_for_budget(state, job, spent, out)) or never_fits(state, job, out):
+    # (Over budget a job gets here only if its queue goes on borrowing: one that waits stopped above.)
+    if (spent and waits_for_budget(state, job, spent, out)) or never_fits(state, job, out, spent):
         return False
     flavors = flavors_to_try(state, job, cycle, spent)
     held_for_starving_job = False
@@ -110,15 +111,17 @@ def waits_for_budget(state: QuotaState, job: QuotaJob, spent: bool, out: Decisio
     return True
 
 
-def never_fits(state: QuotaState, job: QuotaJob, out: Decisions) -> bool:
+def never_fits(state: QuotaState, job: QuotaJob, out: Decisions, spent: bool = False) -> bool:
     """Can its queue not hold the job at all as its quota is now (more than its ceiling, no quota of its models:
     submitted so, or quota lowered, flavor removed)? It waits, holding nothing, until a policy change gives it
-    room (libs/core/kernel/inadmissible.py)."""
-    if (job.fits if job.fits_version == state.flavors_epoch else could_ever_fit(state, job)):  # (kept on the job)
+    room (libs/core/kernel/inadmissible.py). `spent`: its queue is over budget and borrows (fit.borrows_over_budget),
+    so the job is judged by the ceiling with borrowing, as it is reserved (fit.may_borrow)."""
+    if (job.fits if job.fits_version == state.flavors_epoch and job.fits_spent == spent
+            else could_ever_fit(state, job, spent)):  # (kept on the job)
         return False
     code = NO_QUOTA_FOR_MODELS if not flavors_of(state, job) else EXCEEDS_QUEUE_QUOTA
     if tells(state, job, code):
-        defer(state, job, *reason(state, job), out)
+        defer(state, job, *reason(state, job, spent), out)
     return True
 
 
