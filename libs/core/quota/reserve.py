@@ -39,13 +39,10 @@ ANY_FLAVOR: tuple[str, ...] = (ANY,)  # the flavors of a job in a queue without 
 def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) -> bool:
     """Try the job: reserve quota for it (True), or tell it why it waits, once (False)."""
     # (Codes that do not wait for quota are told whenever they are new: see tells.)
-    if over_user_limit(state, job, out):
-        return False
     spent = cycle.over_budget.get(job.queue)
     if spent is None:
         spent = over_budget(state, job.queue, cycle)
-    # (Over budget a job gets here only if its queue goes on borrowing: one that waits stopped above.)
-    if (spent and waits_for_budget(state, job, spent, out)) or never_fits(state, job, out, spent):
+    if held_by_its_own(state, job, spent, out):
         return False
     flavors = flavors_to_try(state, job, cycle, spent)
     held_for_starving_job = False
@@ -86,6 +83,15 @@ def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) 
     else:
         not_reserved(state, job, flavors, borrows, spent, cycle, out)
     return False
+
+
+def held_by_its_own(state: QuotaState, job: QuotaJob, spent: bool, out: Decisions) -> bool:
+    """Does a hold of the job's own keep it from quota whatever room there is: its user's limit, its queue's spent
+    budget where the queue then waits, a ceiling its queue could never hold it under (`spent`: its queue is over
+    budget)? Told so, each in that order."""
+    # (Over budget a job gets to never_fits only if its queue goes on borrowing: one that waits stopped before.)
+    return over_user_limit(state, job, out) or (spent and waits_for_budget(state, job, spent, out)) \
+        or never_fits(state, job, out, spent)
 
 
 def over_user_limit(state: QuotaState, job: QuotaJob, out: Decisions) -> bool:
