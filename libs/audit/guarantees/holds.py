@@ -13,6 +13,7 @@ import msgspec
 from contracts import JobSpec
 from libs.audit.guarantees.world import PLACEMENT, QUOTA, JobState, World
 from libs.core.cluster.job_fit import fits
+from libs.core.kernel.lent_quota import first_in_turn, waits_for_lent_quota
 from libs.core.kernel.nomination import NOMINATION_TTL_S
 from libs.core.kernel.policy import demand_milli
 from libs.core.kernel.queue_policies import flavors_in_turn
@@ -20,8 +21,9 @@ from libs.core.kernel.quota_figures import over_budget_room
 from libs.core.kernel.quota_math import ANY
 from libs.core.kernel.starvation import longest_waiting
 from libs.core.kernel.usable_flavors import usable_flavors
-from libs.core.quota.fit import could_ever_fit, could_hold, lent_to, smallest_servable
+from libs.core.quota.fit import could_hold, lent_to
 from libs.core.quota.nomination import holding_nominee, nominees
+from libs.core.quota.reclaim import waiting_in_turn
 from libs.core.quota.starvation import may_starve
 
 
@@ -190,55 +192,32 @@ def waiting_lenders(world: World, queue: str, flavor: str) -> list[str]:
 
 
 def lent_out_while_waiting(world: World, queue: str, flavor: str) -> bool:
-    """Does the queue's smallest waiting job that the flavor could serve fit its nominal quota of the flavor,
-    but not the room its cohort leaves it? Then borrowers hold the part of its quota it waits for. The job is
-    found as quota finds it for the same question (`quota_reclaim.lent_out`): jobs held by their user's limit
-    or backing off wait for neither, so they hold no borrower back."""
+    """Does the queue wait for its quota of the flavor lent out: the job its order admits next there fits its
+    nominal quota of the flavor, but not the room its cohort leaves it? Then borrowers hold the part of its quota
+    it waits for. One rule for quota, preemption and the checker (libs/core/kernel/lent_quota.py), asked of the
+    jobs quota lists for it (`quota_reclaim.waiting_in_turn`): jobs held by their user's limit, backing off, that
+    no node present could hold or that their queue could never hold wait for neither, so they hold no borrower
+    back and are owed no reclaim."""
     book = world.quota.book
     if not world.quota.pending.get(queue) or flavor not in book.limits.get(queue, {}) or _over_budget(world, queue):
         return False
-    smallest = smallest_servable(world.quota, queue, [flavor], world.now).get(flavor)
-    return smallest is not None and book.nominal_left(queue, flavor) >= smallest > book.room(queue, flavor)
+    return waits_for_lent_quota(book, queue, flavor, waiting_in_turn(world.quota, queue, flavor, world.now))
 
 
 def reclaim_due(world: World, queue: str, flavor: str) -> bool:
-    """Does the queue's first waiting job (see first_waiting) fit the queue's nominal quota of the flavor, but
-    not the room its cohort leaves it? That is what reclaim is for, in a flavor the job may use (preemption
-    reclaims only there: quota's own narrowing, usable_flavors)."""
-    book = world.quota.book
-    lim = book.limits.get(queue, {}).get(flavor)
-    if lim is None or _over_budget(world, queue):
-        return False
-    first = first_waiting(world, queue)
-    if first is None:
-        return False
-    job = world.quota.jobs[first]
-    demand = job.demand
-    return (book.usage(queue, flavor) + demand <= lim.nominal and demand > book.room(queue, flavor)
-            and flavor in usable_flavors(book, world.quota.fleet, job.spec, demand))
+    """Is a reclaim of the flavor's lent quota due to the queue? Exactly where quota lets no borrower of it grow
+    (lent_out_while_waiting): its first job in turn there (first_waiting) fits its nominal quota of the flavor but
+    not its room. A job that would have to borrow is owed none, nor are the jobs waiting behind it."""
+    return lent_out_while_waiting(world, queue, flavor)
 
 
-def first_waiting(world: World, queue: str) -> str | None:
-    """The queue's first job waiting for quota: the smallest of its highest waiting priority (jobs below it
-    wait behind it by the queue's own order). Jobs that quota would not serve whatever room the queue had wait
-    for something else, and are no job's turn: those backing off (after a failure, or after their reservation
-    went back unplaced) wait for time, those held by their user's limit for that user's jobs to end (the jobs
-    quota's `smallest_servable` leaves out; preemption stops counting them as waiting on their USER_LIMIT
-    deferral, so jobs of lower priority are not behind them), and those their queue could never hold as its
-    quota is now for a policy change (quota holds nothing for them, and preemption counts them as waiting on
-    no such deferral)."""
-    levels = world.quota.pending.get(queue)
-    if not levels:
-        return None
-    backing_off, requeued, now = world.quota.backing_off, world.quota.requeued, world.now
-    for prio in sorted(levels, reverse=True):
-        waiting = [(world.quota.jobs[j].demand, j) for keys in levels[prio].values() for _, j in keys
-                   if backing_off.get(j, 0.0) <= now and requeued.get(j, 0.0) <= now
-                   and not user_limit_hold(world, j, world.quota.jobs[j].spec)
-                   and could_ever_fit(world.quota, world.quota.jobs[j])]
-        if waiting:
-            return min(waiting)[1]
-    return None
+def first_waiting(world: World, queue: str, flavor: str) -> str | None:
+    """The queue's first job waiting for quota in the flavor, as its order admits them (the kernel's rule,
+    libs/core/kernel/lent_quota.py `first_in_turn`: of the highest priority waiting there, the smallest; jobs
+    below it wait behind it by the queue's own order), among the jobs quota would try there (see
+    lent_out_while_waiting)."""
+    first = first_in_turn(waiting_in_turn(world.quota, queue, flavor, world.now))
+    return None if first is None else first[2]
 
 
 # --- placement ----------------------------------------------------------------------------------------

@@ -68,7 +68,8 @@ def _inadmissible(world: World, job_id: str, job: JobState) -> str:
     any flavor it may use (the quota decider's own answer, quota_fit.could_ever_fit). Once a policy change gave
     it room the claim is false, and a job still told so was never looked at again."""
     held = world.quota.jobs.get(job_id)
-    if held is None or not quota_fit.could_ever_fit(world.quota, held):
+    if held is None or not quota_fit.could_ever_fit(world.quota, held,
+                                                    quota_fit.borrows_over_budget(world.quota, held.queue, world.now)):
         return ""
     return f"queue {job.spec.queue}'s quota as it is now could hold it"
 

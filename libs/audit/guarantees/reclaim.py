@@ -5,10 +5,12 @@ reserved but which is not placed, the rest of the placement timeout after which 
 plus what the settings and budgets allow on purpose (a job about to end is left to end; an eviction budget
 defers evictions to its next window), plus two clock ticks (decisions happen on ticks).
 
-Watched on every clock tick. An episode of a (queue, flavor) begins when first seen: the queue's first
-waiting job (of its highest waiting priority: the jobs below wait behind it by the queue's own order; never one
-backing off or held by its user's limit, which no reclaim would let run: see holds.first_waiting) fits its
-nominal quota but not the room its cohort leaves it. It ends when that is no longer so, and breaks the
+Watched on every clock tick. An episode of a (queue, flavor) begins when first seen: the queue's first job in
+turn in the flavor (of its highest priority waiting there, the smallest: the jobs below wait behind it by the
+queue's own order; never one backing off, held by its user's limit, that no node present could hold or that its
+queue could never hold, which no reclaim would let run: see holds.first_waiting) fits what is left of its nominal
+quota but not the room its cohort leaves it, the one rule quota and preemption ask too
+(libs/core/kernel/lent_quota.py). It ends when that is no longer so, and breaks the
 guarantee once it outlasts its bound. A first job that would have to borrow is owed no reclaim, nor are the
 jobs waiting behind it; nor is a queue while taking back what borrowers hold would still leave that job without
 room or a place (see reclaimable.py)."""

@@ -26,7 +26,7 @@ from libs.core.kernel.policy import demand_milli
 
 
 def reclaimable(world: World, queue: str, flavor: str) -> bool:
-    first = first_waiting(world, queue)
+    first = first_waiting(world, queue, flavor)
     if first is None:
         return False
     demand = world.quota.jobs[first].demand

@@ -20,6 +20,18 @@ from libs.core.kernel.wait_reasons import EXCEEDS_QUEUE_QUOTA, NO_QUOTA_FOR_MODE
 Reason = tuple[str, str, int]  # (code, message, shortfall in thousandths of a GPU)
 
 
+def may_borrow(preemptible: bool, over_budget: bool) -> bool:
+    """May a job use quota its queue borrows, and so is it judged by its queue's ceiling borrowing included? One
+    that can be preempted may. One that cannot never borrows while its queue is within its GPU-hour budget (the
+    lender would never get that quota back while it runs, as KAI Scheduler keeps such jobs within their queue's
+    quota); but over its budget (`over_budget` here: spent, going on with `over_budget: borrow`) quota reserves
+    every job of the queue as borrowed outright, preemptible whatever its class (kernel/quota_figures.py
+    `over_budget_room`), so there it borrows, and its queue's ceiling is the one with borrowing. One rule for the
+    room quota gives a job and the ceiling it tells it: quota (libs/core/quota/fit.py), the answer at submission
+    (within budget: the budget is not known there) and the checker ask it."""
+    return preemptible or over_budget
+
+
 def queue_could_hold(book: QuotaBook, queue: str, demand: int, flavors: Sequence[str], borrows: bool) -> bool:
     """Could the queue, as its quota is now, ever hold `demand` in one of `flavors` (by the borrowing rule the
     job is under: a job that cannot be preempted never borrows)? A queue without quota holds anything."""
@@ -53,7 +65,8 @@ def waits_by_policy(spec: JobSpec, policy: PolicyBook) -> Reason | None:
     queue's per-user limit alone, then no quota of its models or more than its queue's ceiling (in the flavors
     of its queue it may use, as quota tries them: its user limit first). None when only others' use could hold
     it. Quota narrows the flavors further to those of a model a present node serves, so it may yet tell a job
-    this answer let through that its queue cannot hold it."""
+    this answer let through that its queue cannot hold it; and it judges a job of a queue over its budget by the
+    ceiling with borrowing (may_borrow), which this answer, knowing no budget, does not."""
     queue = policy.queues.get(spec.queue)
     demand = demand_milli(spec)
     if queue is not None and queue.user_max_gpus is not None and demand > queue.user_max_gpus * 1000:
@@ -61,7 +74,7 @@ def waits_by_policy(spec: JobSpec, policy: PolicyBook) -> Reason | None:
                 0)
     book = policy.quotas
     flavors = book.flavors_for(spec.queue, spec)
-    borrows = policy.preemptible(spec)
+    borrows = may_borrow(policy.preemptible(spec), over_budget=False)
     if queue_could_hold(book, spec.queue, demand, flavors, borrows):
         return None
     return ceiling_reason(book, spec.queue, demand, flavors, borrows, spec.gpu_models)

@@ -18,6 +18,7 @@ from contracts import (
 )
 from libs.core.kernel.attained_service import threshold_milli_s
 from libs.core.kernel.decider import Decisions
+from libs.core.kernel.lent_quota import waits_for_lent_quota
 from libs.core.kernel.policy import demand_milli
 from libs.core.kernel.queue_policies import evicts_equal_priority, flavors_in_turn, fungible, preempts_while_borrowing
 from libs.core.kernel.quota_math import ANY
@@ -25,7 +26,7 @@ from libs.core.preemption.candidates import candidates, las_level
 from libs.core.preemption.holds import free_flavors
 from libs.core.preemption.reclaim import borrowing_victims, placement_victims, reclaim_victims
 from libs.core.preemption.shortcuts import AlikeJobs
-from libs.core.preemption.simulation import Simulation, smallest_waiting
+from libs.core.preemption.simulation import Simulation, waiting_in_turn
 from libs.core.preemption.state import PLACEMENT, Running, World
 from libs.core.preemption.tick_jobs import could_evict_in, grace_ends, heads_of_queues, placement_waiters
 
@@ -172,8 +173,8 @@ def _lender_waits(world: World, job_id: str) -> bool:
     cohort = book.cohort.get(queue, "")
     if not cohort or (not over_budget and book.borrowed(queue, flavor) <= 0):
         return False
-    smallest = smallest_waiting(world.state, flavor)
-    return any(other != queue and other in smallest and book.waits_for_lent_quota(other, flavor, smallest[other])
+    waiting = waiting_in_turn(world.state, book, world.models, flavor)
+    return any(other != queue and other in waiting and waits_for_lent_quota(book, other, flavor, waiting[other])
                for other in book.members[cohort])
 
 

@@ -22,9 +22,10 @@ from contracts import JobSpec, ReplicaPlacement
 from libs.core.cluster.job_fit import Shortfall, fits, place_gang
 from libs.core.cluster.model import Cluster
 from libs.core.kernel.flavors import flavor_matches
+from libs.core.kernel.lent_quota import Waiter, waits_for_lent_quota
 from libs.core.kernel.policy import PolicyBook, demand_milli
 from libs.core.kernel.queue_policies import flavors_in_turn, fungible
-from libs.core.kernel.quota_math import ANY
+from libs.core.kernel.quota_math import ANY, QuotaBook
 from libs.core.kernel.usable_flavors import ModelCounts, usable_flavors
 from libs.core.preemption.candidates import budget_left
 from libs.core.preemption.state import PLACEMENT, PreemptionState, Running
@@ -51,7 +52,7 @@ class Simulation:
         self.leaving = leaving  # on their way out already, claimed by nobody: their GPUs count as free
         self.applied: list[Running] = []
         self.now = now
-        self._smallest: dict[str, dict[str, int]] = {}  # flavor -> queue -> smallest waiting demand
+        self._in_turn: dict[str, dict[str, list[Waiter]]] = {}  # flavor -> queue -> its jobs waiting there
         # (queue, flavor) -> what preemptors still waiting for quota claim there: room they will take, not
         # quota their queue holds, so never quota a reclaim could count as borrowed.
         self._claims: dict[tuple[str, str], int] = {}
@@ -223,9 +224,8 @@ class Simulation:
         cohort = book.cohort.get(queue, "")
         if not cohort:
             return True
-        smallest = self._smallest_waiting(flavor)
-        return not any(q in smallest and book.waits_for_lent_quota(q, flavor, smallest[q])
-                       for q in book.members[cohort])
+        waiting = self._waiting_in_turn(flavor)
+        return not any(q in waiting and waits_for_lent_quota(book, q, flavor, waiting[q]) for q in book.members[cohort])
 
     def quota_flavor(self, flavors: list[str]) -> str | None:
         """The flavor quota would reserve the preemptor in now: the first it admits it in, in the order its
@@ -239,30 +239,30 @@ class Simulation:
                                            lambda f: self.state.lent_to(book, queue, f)))
         return next((f for f in flavors if self.admits(f)), None)
 
-    def _smallest_waiting(self, flavor: str) -> dict[str, int]:
-        """Per queue, the smallest job waiting for quota that the flavor could serve (preemptors whose claim
-        the book holds excepted): what quota asks of each queue to know whether it waits for quota lent out.
-        Jobs held by their user limit or backing off wait for other reasons, so they are not among them.
-        Waiting does not change during a simulation: found once per flavor."""
-        smallest = self._smallest.get(flavor)
-        if smallest is None:
-            smallest = self._smallest[flavor] = smallest_waiting(self.state, flavor)
-        return smallest
+    def _waiting_in_turn(self, flavor: str) -> dict[str, list[Waiter]]:
+        """waiting_in_turn, found once per flavor: waiting does not change during a simulation."""
+        waiting = self._in_turn.get(flavor)
+        if waiting is None:
+            waiting = self._in_turn[flavor] = waiting_in_turn(self.state, self.book, self.models, flavor)
+        return waiting
 
 
-def smallest_waiting(state: PreemptionState, flavor: str) -> dict[str, int]:
-    """Per queue, the smallest job waiting for quota that the flavor could serve, preemptors whose claim the
-    book holds excepted (see Simulation._smallest_waiting)."""
-    smallest: dict[str, int] = {}
+def waiting_in_turn(state: PreemptionState, book: QuotaBook, models: ModelCounts,
+                    flavor: str) -> dict[str, list[Waiter]]:
+    """Per queue, its jobs waiting for quota that may use the flavor (kernel/usable_flavors.py), preemptors
+    whose claim the book holds excepted: what quota asks of each queue to know whether it waits for quota lent
+    out (the kernel's rule, kernel/lent_quota.py). Jobs held by their user limit, backing off or that no node
+    present could hold wait for other reasons, told so: preemption does not count them as waiting."""
+    waiting_in: dict[str, list[Waiter]] = {}
     for job_id, waiting in state.waiting.items():
         spec = state.specs.get(job_id)
         if waiting.code == PLACEMENT or spec is None or not flavor_matches(flavor, spec) or (
                 job_id in state.in_flight and job_id not in state.reserved):
             continue
         milli = demand_milli(spec)
-        if milli < smallest.get(spec.queue, milli + 1):
-            smallest[spec.queue] = milli
-    return smallest
+        if flavor in usable_flavors(book, models, spec, milli):
+            waiting_in.setdefault(spec.queue, []).append((waiting.priority, milli, job_id))
+    return waiting_in
 
 
 def _all(placements: Iterable[tuple[ReplicaPlacement, ...]]) -> tuple[ReplicaPlacement, ...]:

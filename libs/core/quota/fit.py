@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from libs.core.kernel import inadmissible
 from libs.core.kernel.accelerators import model_matches
 from libs.core.kernel.inadmissible import queue_could_hold
 from libs.core.kernel.quota_math import ANY, UNLIMITED
@@ -60,14 +61,27 @@ def flavors_moved(state: QuotaState, job: QuotaJob) -> bool:
     return before != flavors_of(state, job)
 
 
-def may_borrow(state: QuotaState, job: QuotaJob) -> bool:
-    """May the job use quota its queue borrows? Not a job that cannot be preempted: the lender would never
-    get that quota back while it runs (as KAI Scheduler keeps such jobs within their queue's quota). Kept on the
-    job per policy version: every try asks it, and only the priority classes (policy) change the answer."""
+def may_borrow(state: QuotaState, job: QuotaJob, spent: bool = False) -> bool:
+    """May the job use quota its queue borrows (the kernel's rule, inadmissible.may_borrow)? Within budget not a
+    job that cannot be preempted; `spent`: its queue is over its budget and goes on borrowing
+    (borrows_over_budget), where every job borrows. Whether it can be preempted is kept on the job per policy
+    version: every try asks it, and only the priority classes (policy) change it."""
     if job.borrows_version != state.policy_version:
         job.borrows = state.policy.preemptible(job.spec)
         job.borrows_version = state.policy_version
-    return job.borrows
+    return inadmissible.may_borrow(job.borrows, spent)
+
+
+def borrows_over_budget(state: QuotaState, queue: str, now: float, cycle: Cycle | None = None) -> bool:
+    """Is the queue over its GPU-hour budget and going on with borrowed quota only (`over_budget: borrow`)?
+    Then every job of it borrows (may_borrow). Read from the cycle's view when given (over_budget)."""
+    spec = state.policy.queues.get(queue)
+    if spec is None or spec.budget_gpu_hours is None or spec.over_budget != "borrow":
+        return False
+    if cycle is not None:
+        return over_budget(state, queue, cycle)
+    left = state.budget_left_s(queue, now)
+    return left is not None and left <= 0
 
 
 def could_hold(state: QuotaState, job: QuotaJob) -> bool:
@@ -86,23 +100,24 @@ def placeable(state: QuotaState, job: QuotaJob) -> bool:
     return state.fleet.could_place(flavors_of(state, job) or (ANY,), job.spec)
 
 
-def could_ever_fit(state: QuotaState, job: QuotaJob) -> bool:
-    if job.fits_version != state.flavors_epoch:
-        job.fits = ever_fits(state, job)
-        job.fits_version = state.flavors_epoch
+def could_ever_fit(state: QuotaState, job: QuotaJob, spent: bool = False) -> bool:
+    """ever_fits, kept on the job per flavors epoch and borrowing rule (`spent`: see may_borrow)."""
+    if job.fits_version != state.flavors_epoch or job.fits_spent != spent:
+        job.fits = ever_fits(state, job, spent)
+        job.fits_version, job.fits_spent = state.flavors_epoch, spent
     return job.fits
 
 
-def ever_fits(state: QuotaState, job: QuotaJob) -> bool:
+def ever_fits(state: QuotaState, job: QuotaJob, spent: bool = False) -> bool:
     """Could the job's queue, as its quota is now, ever hold the job (in a flavor it may use, by the borrowing
-    rule it is under: kernel/inadmissible.py)?"""
+    rule it is under: kernel/inadmissible.py may_borrow; `spent`: its queue is over budget, borrowing)?"""
     if not state.book.governed(job.queue):
         return True
     # Ceilings change with policy alone: the answers are kept per policy version.
     if state.ever_fits_version != state.policy_version:
         state.ever_fits.clear()
         state.ever_fits_version = state.policy_version
-    borrows = may_borrow(state, job)
+    borrows = may_borrow(state, job, spent)
     key = (job.queue, job.demand if borrows else -job.demand, flavors_of(state, job))  # one key per borrowing rule
     fits = state.ever_fits.get(key)
     if fits is None:

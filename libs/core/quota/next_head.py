@@ -1,17 +1,24 @@
-"""Finding, in a scheduling cycle, a queue's next job worth trying: the jobs backing off, the jobs held behind
-a job of higher priority, and those at least as large as a job of the same flavors that already failed this
-cycle (quota only shrinks during a cycle) are skipped and told why, once."""
+"""Finding, in a scheduling cycle, a queue's next job worth trying: the jobs backing off, the jobs told their
+queue could never hold them and still so (no head: they hold nobody and take nothing, so their queue ranks by
+the job after them), the jobs held behind a job of higher priority, and those at least as large as a job of the
+same flavors that already failed this cycle (quota only shrinks during a cycle) are skipped and told why, once."""
 
 from __future__ import annotations
 
 import math
 
 from libs.core.kernel.decider import Decisions
-from libs.core.kernel.wait_reasons import BACKING_OFF, BEHIND_HIGHER_PRIORITY, RETRY_BACKOFF, WAITING_FOR_QUOTA
-from libs.core.quota.fit import flavors_of
+from libs.core.kernel.wait_reasons import (
+    BACKING_OFF,
+    BEHIND_HIGHER_PRIORITY,
+    INADMISSIBLE,
+    RETRY_BACKOFF,
+    WAITING_FOR_QUOTA,
+)
+from libs.core.quota.fit import borrows_over_budget, flavors_of, over_budget
 from libs.core.quota.order import Order
 from libs.core.quota.reasons import defer, quota_reason, tells
-from libs.core.quota.reserve import ANY_FLAVOR, never_fits
+from libs.core.quota.reserve import ANY_FLAVOR, held_by_its_own, never_fits
 from libs.core.quota.shortcuts.repeated_holds import held_like_another
 from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
@@ -24,7 +31,7 @@ def next_head(state: QuotaState, queue: str, order: Order, cycle: Cycle, out: De
     held_all = cycle.held_all.get(queue)
     failures = cycle.failed
     held_for_starving = cycle.held_for_starving
-    now, deferred, version = cycle.now, state.deferred, state.flavors_epoch
+    deferred, version = state.deferred, state.flavors_epoch
     # The last flavors (interned: see fit.flavors_of) and level seen, with what the cycle knows of them.
     seen_flavors: tuple[str, ...] | None = None
     seen_failed: int | None = None
@@ -39,7 +46,8 @@ def next_head(state: QuotaState, queue: str, order: Order, cycle: Cycle, out: De
     under: float | None = None
     for job in order.remaining:
         job_id = job.job_id
-        if (backing_off or requeued) and backs_off(state, job, now, out):
+        backoffs = bool(backing_off or requeued)
+        if (backoffs or deferred.get(job_id) in INADMISSIBLE) and held_apart(state, job, backoffs, cycle, out):
             continue
         if held is not None or failures:
             flavors = job.flavors if job.flavors_version == version else flavors_of(state, job)
@@ -53,7 +61,7 @@ def next_head(state: QuotaState, queue: str, order: Order, cycle: Cycle, out: De
                     if below_all and deferred.get(job_id) in WAITING_FOR_QUOTA:
                         cycle.stopped_at = job
                         return None  # everything after it is of lower priority still, held in every flavor, and told
-                    tell_behind(state, job, out)
+                    tell_behind(state, job, cycle, out)
                     continue
             if failures:
                 if flavors is not seen_flavors:
@@ -76,6 +84,17 @@ def next_head(state: QuotaState, queue: str, order: Order, cycle: Cycle, out: De
     return None
 
 
+def held_apart(state: QuotaState, job: QuotaJob, backoffs: bool, cycle: Cycle, out: Decisions) -> bool:
+    """Is the job no head, by a hold of its own: backing off still (`backoffs`: some job may), or told its queue
+    could never hold it and still so? Such a job holds nobody and takes nothing, so its queue ranks by the job
+    after it (order.order_key: one within its queue's nominal quota before any borrower, as quota given back to
+    a lender is the lender's). It hears what a try would tell it."""
+    if backoffs and backs_off(state, job, cycle.now, out):
+        return True
+    return state.deferred.get(job.job_id) in INADMISSIBLE \
+        and held_by_its_own(state, job, over_budget(state, job.queue, cycle), out)
+
+
 def backs_off(state: QuotaState, job: QuotaJob, now: float, out: Decisions) -> bool:
     """Does the job back off still (told so, once)? A backoff that is over is forgotten here."""
     backoffs = state.backing_off if job.job_id in state.backing_off else state.requeued
@@ -90,11 +109,11 @@ def backs_off(state: QuotaState, job: QuotaJob, now: float, out: Decisions) -> b
     return False
 
 
-def tell_behind(state: QuotaState, job: QuotaJob, out: Decisions) -> None:
+def tell_behind(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) -> None:
     """The job is held back behind a job of higher priority of its queue: told so, once. One its queue could
     never hold as the quota is now is told that instead (reserve.never_fits): no job ahead of it is what it waits
     for, and it hears the same whether it was submitted so or its quota was lowered under it."""
-    if never_fits(state, job, out):
+    if never_fits(state, job, out, borrows_over_budget(state, job.queue, cycle.now, cycle)):
         return
     if tells(state, job, BEHIND_HIGHER_PRIORITY):
         defer(state, job, BEHIND_HIGHER_PRIORITY, f"a job of higher priority waits for queue {job.queue}'s quota "

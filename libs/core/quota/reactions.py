@@ -31,7 +31,7 @@ from contracts import (
 from libs.core.kernel.decider import Decisions
 from libs.core.kernel.wait_reasons import HELD_FOR_PREEMPTOR, WAITING_OR_HELD
 from libs.core.quota.cycle import schedule
-from libs.core.quota.fit import flavors_moved_queues, group_of, groups, judged_anew, linked_groups
+from libs.core.quota.fit import borrows_over_budget, flavors_moved_queues, group_of, groups, judged_anew, linked_groups
 from libs.core.quota.reasons import tell_new, tell_no_node
 from libs.core.quota.reserve import never_fits
 from libs.core.quota.state import QuotaState
@@ -131,7 +131,7 @@ def react_capacity_grew(state: QuotaState, event: NodeRegistered | NodeUncordone
     if isinstance(event, NodeRegistered) or (isinstance(event, GpuHealthChanged) and not event.healthy):
         # Capacity may have shrunk too: a GPU turned sick, or a node registered again smaller (fewer GPUs,
         # MIG on), so a waiting job no node could hold any more holds nobody now.
-        changed.update(tell_no_node(state, out))
+        changed.update(tell_no_node(state, event.ts, out))
     schedule_groups_of(state, changed, event.ts, out)
 
 
@@ -139,7 +139,7 @@ def react_capacity_shrank(state: QuotaState, event: NodeLost | NodeCordoned, aft
                           out: Decisions) -> None:
     """Nodes went: the jobs no node present could hold any more are told so, and the queues of waiting jobs
     whose usable flavors moved (fit.flavors_moved_queues) are looked at again."""
-    told = tell_no_node(state, out)
+    told = tell_no_node(state, event.ts, out)
     schedule_groups_of(state, flavors_moved_queues(state, told), event.ts, out)
 
 
@@ -147,10 +147,10 @@ def react_policy(state: QuotaState, event: QueuePolicyChanged | PriorityClassesC
                  after: AfterFold, out: Decisions) -> None:
     for group in groups(state):
         schedule(state, group, event.ts, out)
-    tell_inadmissible(state, out)
+    tell_inadmissible(state, event.ts, out)
 
 
-def tell_inadmissible(state: QuotaState, out: Decisions) -> None:
+def tell_inadmissible(state: QuotaState, now: float, out: Decisions) -> None:
     """A policy change may leave a waiting job its queue could never hold: it is told so (reserve.never_fits)
     even where no cycle tried it (one held behind a job of higher priority is not tried), so that it hears
     what a job submitted after the change hears. Only a job told it waits for quota: a hold of its own (its
@@ -158,7 +158,7 @@ def tell_inadmissible(state: QuotaState, out: Decisions) -> None:
     for job_id, code in list(state.deferred.items()):
         job = state.jobs.get(job_id)
         if code in WAITING_OR_HELD and job is not None and job.state == "pending":
-            never_fits(state, job, out)
+            never_fits(state, job, out, borrows_over_budget(state, job.queue, now))
 
 
 def react_tick(state: QuotaState, event: ClockTick, after: AfterFold, out: Decisions) -> None:

@@ -20,7 +20,7 @@ from libs.core.kernel.wait_reasons import (
     QUOTA_LENT_OUT,
     WAITING_FOR_QUOTA,
 )
-from libs.core.quota.fit import could_ever_fit, could_hold, flavors_of, may_borrow
+from libs.core.quota.fit import borrows_over_budget, could_ever_fit, could_hold, flavors_of, may_borrow
 from libs.core.quota.state import Cycle, QuotaJob, QuotaState
 
 
@@ -29,18 +29,20 @@ def quota_reason(state: QuotaState, job: QuotaJob, cycle: Cycle | None = None) -
     (`p`) the answer is kept until the next reservation."""
     if cycle is None:
         return reason(state, job)
-    key = (job.queue, job.demand if may_borrow(state, job) else -job.demand, flavors_of(state, job),
+    spent = borrows_over_budget(state, job.queue, cycle.now, cycle)
+    key = (job.queue, job.demand if may_borrow(state, job, spent) else -job.demand, flavors_of(state, job),
            could_hold(state, job))  # (two jobs alike to quota may differ in shape, hence to the nodes)
     found = cycle.reasons.get(key)
     if found is None:
-        found = cycle.reasons[key] = reason(state, job)
+        found = cycle.reasons[key] = reason(state, job, spent)
     return found
 
 
-def reason(state: QuotaState, job: QuotaJob) -> tuple[str, str, int]:
+def reason(state: QuotaState, job: QuotaJob, spent: bool = False) -> tuple[str, str, int]:
+    """Why the job waits for quota; `spent`: its queue is over budget and borrows (fit.borrows_over_budget)."""
     book = state.book
-    borrows = may_borrow(state, job)
-    if not could_ever_fit(state, job):
+    borrows = may_borrow(state, job, spent)
+    if not could_ever_fit(state, job, spent):
         return ceiling_reason(book, job.queue, job.demand, flavors_of(state, job), borrows, job.spec.gpu_models)
     if not could_hold(state, job):
         return (NO_NODE_COULD_HOLD, f"the job needs {job.demand / 1000:g} GPUs and no node present (registered, "
@@ -80,11 +82,12 @@ def tell_new(state: QuotaState, job: QuotaJob, now: float, out: Decisions) -> No
     could never hold as the quota is now hears that, not the jobs ahead of it: only a policy change helps it,
     whether it was submitted so or the quota was lowered under it."""
     levels = state.pending.get(job.queue)
-    if levels and max(levels) > job.priority and could_ever_fit(state, job):
+    spent = borrows_over_budget(state, job.queue, now)
+    if levels and max(levels) > job.priority and could_ever_fit(state, job, spent):
         defer(state, job, BEHIND_HIGHER_PRIORITY, f"a job of higher priority waits for queue {job.queue}'s quota first",
               0, out)
     else:
-        defer(state, job, *quota_reason(state, job), out)
+        defer(state, job, *reason(state, job, spent), out)
 
 
 def tells(state: QuotaState, job: QuotaJob, code: str) -> bool:
@@ -104,7 +107,7 @@ def defer(state: QuotaState, job: QuotaJob, code: str, message: str, shortfall: 
                  message=message, shortfall_milli=shortfall)
 
 
-def tell_no_node(state: QuotaState, out: Decisions) -> set[str]:
+def tell_no_node(state: QuotaState, now: float, out: Decisions) -> set[str]:
     """Nodes went or shrank (lost, cordoned, a GPU sick, registered again smaller or with MIG on): a job waiting
     for quota that no node present could hold any more is told so (preemption then stops acting for it), and
     holds nobody from now on. The queues of the jobs that may have held others (those waiting for quota, or for
@@ -117,5 +120,5 @@ def tell_no_node(state: QuotaState, out: Decisions) -> set[str]:
         if not could_hold(state, job):
             queues.add(job.queue)
             if code in WAITING_FOR_QUOTA:
-                defer(state, job, *reason(state, job), out)
+                defer(state, job, *reason(state, job, borrows_over_budget(state, job.queue, now)), out)
     return queues

@@ -48,12 +48,10 @@ ANY_FLAVOR: tuple[str, ...] = (ANY,)  # the flavors of a job in a queue without 
 def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) -> bool:
     """Try the job: reserve quota for it (True), or tell it why it waits, once (False)."""
     # (Codes that do not wait for quota are told whenever they are new: see tells.)
-    if over_user_limit(state, job, out):
-        return False
     spent = cycle.over_budget.get(job.queue)
     if spent is None:
         spent = over_budget(state, job.queue, cycle)
-    if (spent and waits_for_budget(state, job, spent, out)) or never_fits(state, job, out):
+    if held_by_its_own(state, job, spent, out):
         return False
     flavors = flavors_to_try(state, job, cycle, spent)
     held_for_starving_job = False
@@ -96,6 +94,15 @@ def try_reserve(state: QuotaState, job: QuotaJob, cycle: Cycle, out: Decisions) 
     return False
 
 
+def held_by_its_own(state: QuotaState, job: QuotaJob, spent: bool, out: Decisions) -> bool:
+    """Does a hold of the job's own keep it from quota whatever room there is: its user's limit, its queue's spent
+    budget where the queue then waits, a ceiling its queue could never hold it under (`spent`: its queue is over
+    budget)? Told so, each in that order."""
+    # (Over budget a job gets to never_fits only if its queue goes on borrowing: one that waits stopped before.)
+    return over_user_limit(state, job, out) or (spent and waits_for_budget(state, job, spent, out)) \
+        or never_fits(state, job, out, spent)
+
+
 def over_user_limit(state: QuotaState, job: QuotaJob, out: Decisions) -> bool:
     """Would the job take its user past the user limit of its queue? Then it waits, told so."""
     queue = state.policy.queues.get(job.queue)
@@ -119,15 +126,17 @@ def waits_for_budget(state: QuotaState, job: QuotaJob, spent: bool, out: Decisio
     return True
 
 
-def never_fits(state: QuotaState, job: QuotaJob, out: Decisions) -> bool:
+def never_fits(state: QuotaState, job: QuotaJob, out: Decisions, spent: bool = False) -> bool:
     """Can its queue not hold the job at all as its quota is now (more than its ceiling, no quota of its models:
     submitted so, or quota lowered, flavor removed)? It waits, holding nothing, until a policy change gives it
-    room (libs/core/kernel/inadmissible.py)."""
-    if (job.fits if job.fits_version == state.flavors_epoch else could_ever_fit(state, job)):  # (kept on the job)
+    room (libs/core/kernel/inadmissible.py). `spent`: its queue is over budget and borrows (fit.borrows_over_budget),
+    so the job is judged by the ceiling with borrowing, as it is reserved (fit.may_borrow)."""
+    if (job.fits if job.fits_version == state.flavors_epoch and job.fits_spent == spent
+            else could_ever_fit(state, job, spent)):  # (kept on the job)
         return False
     code = NO_QUOTA_FOR_MODELS if not flavors_of(state, job) else EXCEEDS_QUEUE_QUOTA
     if tells(state, job, code):
-        defer(state, job, *reason(state, job), out)
+        defer(state, job, *reason(state, job, spent), out)
     return True
 
 

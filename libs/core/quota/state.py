@@ -66,6 +66,7 @@ class QuotaJob:
     # epoch `holdable_version`); its spec never changes.
     fits: bool = False
     fits_version: int = -1
+    fits_spent: bool = False  # the borrowing rule `fits` was judged by: its queue over budget (fit.may_borrow)
     holdable: bool = False
     holdable_inventory: int = -1
     holdable_version: int = -1
