@@ -122,7 +122,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p = rsub.add_parser("usage", help="GPU-seconds and cost grouped by team, model, queue, user, project, ...")
     p.add_argument("--from", dest="from_", help="start: Unix seconds or ISO time (default: the log's start)")
     p.add_argument("--to", help="end: Unix seconds or ISO time (default: the log's last event)")
-    p.add_argument("--by", default="team", help="comma-separated: team,queue,project,user,model,priority,job")
+    p.add_argument("--by", default="team",
+                   help="comma-separated: team,queue,project,user,model,vendor,kind,priority,job")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p.add_argument("--rates", help="rates file (default $GPUSCHED_RATES or infra/config/rates.toml)")
     p.add_argument("--log", help="an exported log (gpusched audit export); default: the live stream")

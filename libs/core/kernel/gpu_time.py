@@ -21,10 +21,11 @@ from contracts import (
     ReplicaPlacement,
 )
 from contracts.model import JobSpec
+from libs.core.kernel.accelerators import accelerator
 from libs.core.kernel.gpu_units import FULL
 
 # What a usage report can group by, in the order rows are sorted.
-USAGE_KEYS = ("team", "queue", "project", "user", "model", "priority", "job")
+USAGE_KEYS = ("team", "queue", "project", "user", "model", "vendor", "kind", "priority", "job")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,16 @@ class GpuRun:
     gpus: float
     start: float
     end: float | None = None
+
+    @property
+    def vendor(self) -> str:
+        """nvidia or huawei: the model's (libs/core/kernel/accelerators.py)."""
+        return accelerator(self.model).vendor
+
+    @property
+    def kind(self) -> str:
+        """gpu or npu."""
+        return accelerator(self.model).kind
 
     def key(self, by: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(getattr(self, k) for k in by)

@@ -127,3 +127,19 @@ def test_the_cli_prints_json_csv_and_a_table(tmp_path: Path, capsys: pytest.Capt
     with pytest.raises(SystemExit):
         main(["report", "usage", "--log", str(log), "--from", "yesterday"])
     assert "ISO time" in capsys.readouterr().err
+
+
+def test_npu_time_is_accounted_like_gpu_time_and_reported_by_vendor_and_kind() -> None:
+    feed = pipeline(ledger=True)
+    feed.at(900.0).queues(queue("ml-train", "ml"))
+    feed.nodes(node("a", 8), node("npu", 8, model="Ascend910"))
+    feed.at(1000.0).submit("gpu-job", job().gpus(2))
+    feed.submit("npu-job", job().gpus(4).models("Ascend910"))
+    for j in ("gpu-job", "npu-job"):
+        feed.send(JobStarted, job_id=j)
+    feed.at(1100.0).send(JobFinished, job_id="gpu-job")  # 2 GPUs x 100 s
+    feed.at(1200.0).send(JobFinished, job_id="npu-job")  # 4 NPUs x 200 s
+    rows = usage_rows(UsageHistory.fold(feed.log), ("vendor", "kind", "model"), RATES)
+    assert [(r["vendor"], r["kind"], r["model"], r["gpu_seconds"]) for r in rows] == [
+        ("huawei", "npu", "Ascend910", 800.0), ("nvidia", "gpu", "A100", 200.0)]
+    assert rows[0]["cost"] == round(800.0 / 3600, 4)  # the default rate for a model the rates do not name
