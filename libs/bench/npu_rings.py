@@ -7,7 +7,7 @@ come from an openb pod list, NPU jobs from the Philly trace (its GPU counts as N
 so that the NPU jobs offer `load` of the NPUs.
 
 Jobs wait first come first served with backfill: at every arrival and end, each waiting job is tried in order,
-and one that fits starts. Once the oldest waiting NPU job has waited `hold_after_s`, no later NPU job passes it
+and one that fits starts. Once the oldest waiting job of a kind has waited `hold_after_s`, no later one passes it
 (as the platform's starvation guard holds room for a starving job): large jobs are not starved, and the question
 is how soon a whole ring or server frees up.
 
@@ -120,7 +120,8 @@ def across_rings(cluster: Cluster, placements: Sequence[ReplicaPlacement]) -> in
     return out
 
 
-HOLD_AFTER_S = 1800.0
+HOLD_AFTER_S = 4 * 3600.0
+TRIES_PER_EVENT = 64  # waiting GPU jobs tried at one end: a backlog of thousands would cost minutes and start no more
 
 
 def stranded_for_four(cluster: Cluster) -> int:
@@ -178,14 +179,18 @@ class _Run:
         self.busy += job.spec.gpus * job.spec.replicas
 
     def try_start(self, tried: list[int]) -> None:
-        """Start what fits of `tried`, in order; once the oldest waiting NPU job is held for, nothing passes it."""
+        """Start what fits of `tried` (jobs of one kind), in order; once the oldest waiting job of that kind is held
+        for, nothing passes it; of GPU jobs at most TRIES_PER_EVENT are tried (the rest wait for the next event)."""
         started: set[int] = set()
-        oldest = next((w for w in self.waiting if self.jobs[w].npu), None)
+        npu = bool(tried) and self.jobs[tried[0]].npu
+        oldest = next((w for w in self.waiting if self.jobs[w].npu == npu), None)
         held = oldest is not None and self.now - self.jobs[oldest].submit_s >= self.hold_after_s
-        for w in tried:
+        for w in tried if npu else tried[:TRIES_PER_EVENT]:
             job = self.jobs[w]
-            if held and job.npu and w != oldest:
+            if held and w != oldest:
                 break
+            if npu and job.spec.gpus * job.spec.replicas > self.npus - self.busy:
+                continue  # more than is free: no need to ask the placer
             placed = self.placer.place_gang(job.spec, policy=self.policy if job.npu else "fgd")
             if isinstance(placed, tuple):
                 started.add(w)
@@ -225,13 +230,20 @@ def shuffle_ties(jobs: list[SimJob], seed: int) -> list[SimJob]:
     return sorted(jobs, key=lambda j: (j.submit_s, rng.random()))
 
 
-def philly_npu_jobs(path: str, limit: int) -> list[SimJob]:
-    """The first `limit` jobs of a Philly trace as NPU jobs (npu_count), submit times from the first."""
+# The NPU counts of a richer mix than Philly's (93 % single-device jobs), with how often each is asked.
+MIXED_SIZES = {1: 0.45, 2: 0.30, 4: 0.15, 8: 0.10}
+
+
+def philly_npu_jobs(path: str, limit: int, sizes: dict[int, float] | None = None, seed: int = 1) -> list[SimJob]:
+    """The first `limit` jobs of a Philly trace as NPU jobs (npu_count), submit times from the first; with
+    `sizes`, each job's count drawn from it instead (seeded), its submit time and runtime kept."""
     from libs.sim.trace_model import read_trace
 
+    rng = random.Random(seed)
     out = []
     for job in read_trace(Path(path), limit=limit).jobs:
-        replicas, each = npu_count(job.gpus)
+        gpus = rng.choices(list(sizes), list(sizes.values()))[0] if sizes else job.gpus
+        replicas, each = npu_count(gpus)
         spec = JobSpec(team="npu", queue="npu", name=job.job_id, replicas=replicas, gpus=each,
                        gpu_models=(NPU_MODEL,), cpu_milli=4000 * each, memory_mib=32768 * each)
         out.append(SimJob(f"npu-{job.job_id}", job.submit_s, job.runtime_s, spec))

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from libs.bench.npu_rings import (
+    MIXED_SIZES,
     SERVER_NPUS,
     SimJob,
     npu_servers,
@@ -49,7 +50,9 @@ def cmd_npu_rings(args: argparse.Namespace) -> None:
         if not Path(path).exists():
             sys.exit(f"{path} not found")
     npu_nodes = npu_servers(args.npu_servers)
-    npu_jobs = scale_arrivals(philly_npu_jobs(args.trace, args.npu_jobs), args.npu_servers * SERVER_NPUS, args.load)
+    sizes = MIXED_SIZES if args.sizes == "mixed" else None
+    npu_jobs = scale_arrivals(philly_npu_jobs(args.trace, args.npu_jobs, sizes, args.seed),
+                              args.npu_servers * SERVER_NPUS, args.load)
     gpu_nodes = [n for n in load_cluster_csv(args.gpu_nodes) if n.gpus]
     jobs = shuffle_ties(_together(npu_jobs, openb_gpu_jobs(args.gpu_pods, args.gpu_jobs)), args.seed)
     console = Console(stderr=True, quiet=args.quiet)
@@ -59,7 +62,7 @@ def cmd_npu_rings(args: argparse.Namespace) -> None:
     for policy in policies:
         figures = run_policy(policy, [*gpu_nodes, *npu_nodes], jobs, progress=console.print)
         rows.append(figures.row(args.npu_servers * SERVER_NPUS))
-    result: dict[str, Any] = {"gpu_nodes": len(gpu_nodes), "npu_servers": args.npu_servers,
+    result: dict[str, Any] = {"gpu_nodes": len(gpu_nodes), "npu_servers": args.npu_servers, "sizes": args.sizes,
                               "npu_jobs": len(npu_jobs), "gpu_jobs": len(jobs) - len(npu_jobs), "load": args.load,
                               "policies": rows}
     if args.json:
@@ -80,10 +83,12 @@ def add_parser(ssub: argparse._SubParsersAction) -> None:
                    help="NPU jobs: a Philly trace (its GPU counts as NPU counts)")
     p.add_argument("--gpu-nodes", default=str(SHARED / "openb" / "openb_node_list_gpu_node.csv"))
     p.add_argument("--gpu-pods", default=str(SHARED / "openb" / "openb_pod_list_cpu050.csv"))
-    p.add_argument("--npu-servers", type=int, default=32, help="Ascend 910 servers (8 NPUs each)")
-    p.add_argument("--npu-jobs", type=int, default=3000, help="the trace's first N jobs")
-    p.add_argument("--gpu-jobs", type=int, default=2000, help="the pod list's first N GPU pods")
-    p.add_argument("--load", type=float, default=0.9, help="share of the NPUs the NPU jobs offer to use")
+    p.add_argument("--npu-servers", type=int, default=16, help="Ascend 910 servers (8 NPUs each)")
+    p.add_argument("--npu-jobs", type=int, default=2000, help="the trace's first N jobs")
+    p.add_argument("--gpu-jobs", type=int, default=500, help="the pod list's first N GPU pods")
+    p.add_argument("--load", type=float, default=0.85, help="share of the NPUs the NPU jobs offer to use")
+    p.add_argument("--sizes", choices=("philly", "mixed"), default="philly",
+                   help="NPUs per job: the trace's GPU counts, or drawn 45/30/15/10 %% from 1/2/4/8")
     p.add_argument("--policies", default=",".join(GROUP_POLICIES))
     p.add_argument("--seed", type=int, default=1, help="order of jobs submitted at the same second")
     p.add_argument("--quiet", action="store_true", help="no progress")
