@@ -24,6 +24,7 @@ Of the sets found within the need plus the slack (`acceptable`), the best is, in
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
@@ -89,7 +90,8 @@ def _orders(candidates: list[Running], cluster: Cluster) -> list[tuple[list[Runn
         for key in _groups(candidate, cluster):
             by_group.setdefault(key, []).append(candidate)
     places = list(by_node.values()) if len(by_node) > 1 else []  # one node: its pass is the victim order's
-    split = {node for node, _ in by_group if sum(1 for other, _ in by_group if other == node) > 1}
+    groups_per_node = Counter(node for node, _ in by_group)
+    split = {node for node, groups in groups_per_node.items() if groups > 1}
     places += [on_group for (node, _), on_group in by_group.items() if node in split]
     for on_place in places:
         chosen = {candidate.job_id for candidate in on_place}
