@@ -67,6 +67,17 @@ def group_of(gpu: Gpu, group_size: int) -> int:
     return gpu.hccs_group if gpu.hccs_group >= 0 else gpu.index // group_size
 
 
+def groups_held(node: Node, indices: Iterable[int]) -> set[int]:
+    """The groups of a model with a strict group rule that the node's devices `indices` sit in (none for
+    devices of a model whose groups only prefer)."""
+    held: set[int] = set()
+    for index in indices:
+        gpu = node.listed_gpu(index)
+        if gpu is not None and strict(gpu.model):
+            held.add(group_of(gpu, accelerator(gpu.model).group_size))
+    return held
+
+
 def free_groups(node: Node, model: str, spec: JobSpec) -> dict[int, list[Gpu]]:
     """The node's idle healthy devices of `model` (with the memory the job declares), by group."""
     size = accelerator(model).group_size or len(node.gpus) or 1

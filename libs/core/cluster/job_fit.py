@@ -134,6 +134,11 @@ class Placer:
         """Choose and allocate one replica; None when it fits nowhere (within `allowed` rows)."""
         if spec.mig_profile:
             return self._place_mig(spec, replica, allowed)
+        # The models registered now decide the rule: the arrays brought up to date first (after a registration
+        # they still list the models of before, and a first NPU job would be placed as GPUs are, across rings).
+        rows = self.arrays.refresh()
+        if rows:
+            self._pending_rows.update(rows)
         if uses_groups(spec, self.arrays.models):
             return self._place_in_groups(spec, replica, policy, allowed)
         policy = policy if policy in POLICIES else DEFAULT_POLICY

@@ -5,9 +5,11 @@ A victim set comes from a greedy pass over the candidates in some order: each ca
 be admitted and placed (`enough`); then each victim, last taken first, is given back while the others still
 suffice, so that no victim in the set is unneeded. Passes are made in victim order, then once per node with
 that node's candidates first: the work of one node may make room where cheaper victims spread over many
-nodes cannot, or cost less than the many victims of another node. (Past the node's own candidates a pass
-goes on only when placement already succeeds, i.e. quota still lacks: a node's pass is never a second
-search of the whole cluster.)
+nodes cannot, or cost less than the many victims of another node. Likewise once per interconnect group of a
+node whose candidates sit in several (an Ascend 910's HCCS rings): a replica of NPUs needs its devices free
+inside one ring, and the cheapest victims of a node, spread over both rings, free none. (Past the node's or
+group's own candidates a pass goes on only when placement already succeeds, i.e. quota still lacks: such a
+pass is never a second search of the whole cluster.)
 
 Of the sets found within the need plus the slack (`acceptable`), the best is, in this order:
   1. in a reclaim, the fewest GPUs taken from the preemptor's own queue: borrowers give back first; then a set
@@ -22,9 +24,12 @@ Of the sets found within the need plus the slack (`acceptable`), the best is, in
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
+from libs.core.cluster.device_groups import groups_held
+from libs.core.cluster.model import Cluster
 from libs.core.preemption.ordering import VictimOrder, victim_order
 from libs.core.preemption.state import Running
 
@@ -37,6 +42,7 @@ class Trial(Protocol):
 
     now: float
     applied: list[Running]
+    cluster: Cluster
 
     def evict(self, victim: Running, at: int | None = None) -> None: ...
 
@@ -52,7 +58,7 @@ def choose_victims(sim: Trial, candidates: list[Running], enough: Callable[[], b
     if enough():
         return []
     found: dict[tuple[str, ...], list[Running]] = {}
-    for first, rest in _orders(candidates):
+    for first, rest in _orders(candidates, sim.cluster):
         victims = _greedy(sim, first, rest, enough, allowed, placed)
         if victims is not None and acceptable(victims):
             found.setdefault(tuple(sorted(v.job_id for v in victims)), victims)
@@ -72,20 +78,35 @@ def set_key(victims: list[Running], now: float, own_queue: str | None) -> Victim
             sum(v.demand for v in victims), tuple(sorted(victim_order(v, now) for v in victims)))
 
 
-def _orders(candidates: list[Running]) -> list[tuple[list[Running], list[Running]]]:
+def _orders(candidates: list[Running], cluster: Cluster) -> list[tuple[list[Running], list[Running]]]:
     """(taken first, then the rest) per pass: victim order, then each node's candidates first (nodes in the
-    order their first candidate comes)."""
+    order their first candidate comes), then each interconnect group's of a node with candidates in several."""
     orders: list[tuple[list[Running], list[Running]]] = [(candidates, [])]
     by_node: dict[str, list[Running]] = {}
+    by_group: dict[tuple[str, int], list[Running]] = {}
     for candidate in candidates:
         for node in candidate.nodes():
             by_node.setdefault(node, []).append(candidate)
-    if len(by_node) < 2:
-        return orders  # one node: its pass is the victim order's
-    for on_node in by_node.values():
-        chosen = {candidate.job_id for candidate in on_node}
-        orders.append((on_node, [other for other in candidates if other.job_id not in chosen]))
+        for key in _groups(candidate, cluster):
+            by_group.setdefault(key, []).append(candidate)
+    places = list(by_node.values()) if len(by_node) > 1 else []  # one node: its pass is the victim order's
+    groups_per_node = Counter(node for node, _ in by_group)
+    split = {node for node, groups in groups_per_node.items() if groups > 1}
+    places += [on_group for (node, _), on_group in by_group.items() if node in split]
+    for on_place in places:
+        chosen = {candidate.job_id for candidate in on_place}
+        orders.append((on_place, [other for other in candidates if other.job_id not in chosen]))
     return orders
+
+
+def _groups(candidate: Running, cluster: Cluster) -> list[tuple[str, int]]:
+    """The (node, group) of each strict interconnect group the candidate's devices sit in, in replica order."""
+    held: list[tuple[str, int]] = []
+    for placement in candidate.placements:
+        node = cluster.nodes.get(placement.node)
+        if node is not None:
+            held += [(placement.node, g) for g in sorted(groups_held(node, placement.gpu_indices))]
+    return list(dict.fromkeys(held))
 
 
 def _greedy(sim: Trial, first: list[Running], rest: list[Running], enough: Callable[[], bool],

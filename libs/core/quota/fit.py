@@ -163,7 +163,8 @@ def smallest_servable(state: QuotaState, queue: str, flavors: list[str], now: fl
         for models, demands in state.demands_by_models.get(queue, {}).items():
             need = min(demands)
             for f in flavors:
-                if (f == ANY or not models or f in models) and need < smallest.get(f, UNLIMITED):
+                # (the flavors a job may use by its models, "npu:*" and none included: QuotaBook.flavors_for)
+                if (f == ANY or model_matches(models, f)) and need < smallest.get(f, UNLIMITED):
                     smallest[f] = need
         return smallest
     for users in state.pending.get(queue, {}).values():

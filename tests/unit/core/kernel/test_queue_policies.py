@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from contracts import QueueSpec
+from contracts import FlavorQuota, QueueSpec
 from libs.core.kernel.queue_limits import check_tree
 from libs.core.kernel.queue_policies import flavors_in_turn
 
@@ -28,6 +28,15 @@ from libs.core.kernel.queue_policies import flavors_in_turn
 ])
 def test_a_bad_setting_is_refused_with_its_name(fields: dict[str, Any], error: str) -> None:
     assert check_tree({}, QueueSpec(name="q", team="q", **fields)) == error
+
+
+@pytest.mark.parametrize("kind", ["npu:*", "gpu:*"])
+def test_a_kind_of_device_is_no_flavor(kind: str) -> None:
+    """A flavor of "npu:*" once let a job of any GPU (which never runs on an NPU) take its quota and be placed on
+    NPUs: the flavor's name is what placement narrows the job's models to."""
+    queue = QueueSpec(name="q", team="q", flavors=(FlavorQuota(model=kind, nominal_gpus=4),
+                                                    FlavorQuota(model="A100", nominal_gpus=4)))
+    assert check_tree({}, queue) == f'a flavor is quota of one model or of any model ("*"), not of a kind ({kind})'
 
 
 def test_good_settings_are_accepted() -> None:
