@@ -51,8 +51,11 @@ def cmd_npu_rings(args: argparse.Namespace) -> None:
             sys.exit(f"{path} not found")
     npu_nodes = npu_servers(args.npu_servers)
     sizes = MIXED_SIZES if args.sizes == "mixed" else None
-    npu_jobs = scale_arrivals(philly_npu_jobs(args.trace, args.npu_jobs, sizes, args.seed),
-                              args.npu_servers * SERVER_NPUS, args.load)
+    npus = args.npu_servers * SERVER_NPUS
+    drawn = philly_npu_jobs(args.trace, args.npu_jobs, sizes, args.seed)
+    # A job of more than half the NPUs would hold the whole pool for itself, whatever the rings: left out, counted.
+    kept = [j for j in drawn if j.spec.gpus * j.spec.replicas * 2 <= npus]
+    npu_jobs = scale_arrivals(kept, npus, args.load)
     gpu_nodes = [n for n in load_cluster_csv(args.gpu_nodes) if n.gpus]
     jobs = shuffle_ties(_together(npu_jobs, openb_gpu_jobs(args.gpu_pods, args.gpu_jobs)), args.seed)
     console = Console(stderr=True, quiet=args.quiet)
@@ -63,7 +66,8 @@ def cmd_npu_rings(args: argparse.Namespace) -> None:
         figures = run_policy(policy, [*gpu_nodes, *npu_nodes], jobs, progress=console.print)
         rows.append(figures.row(args.npu_servers * SERVER_NPUS))
     result: dict[str, Any] = {"gpu_nodes": len(gpu_nodes), "npu_servers": args.npu_servers, "sizes": args.sizes,
-                              "npu_jobs": len(npu_jobs), "gpu_jobs": len(jobs) - len(npu_jobs), "load": args.load,
+                              "npu_jobs": len(npu_jobs), "npu_jobs_left_out_over_half_the_npus": len(drawn) - len(kept),
+                              "gpu_jobs": len(jobs) - len(npu_jobs), "load": args.load,
                               "policies": rows}
     if args.json:
         print(json.dumps(result, indent=2))

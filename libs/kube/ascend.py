@@ -22,7 +22,7 @@ from libs.nodes.npu_smi import short_npu_model
 RESOURCE_PREFIX = "huawei.com/"
 # Whole-NPU resources of the device plugin, and the models each may be given.
 NPU_RESOURCES: dict[str, tuple[str, ...]] = {
-    "huawei.com/Ascend910": ("Ascend910", "Ascend910B", "Ascend910C"),
+    "huawei.com/Ascend910": ("Ascend910*",),
     "huawei.com/Ascend310P": ("Ascend310P",),
     "huawei.com/Ascend310": ("Ascend310",),
 }

@@ -76,12 +76,17 @@ def ready_condition(ready: bool, now: str) -> Obj:
 
 
 async def create_nodes(client: KubeClient, names: list[str], gpus: int, racks: int = 1, pool: str = "",
-                       product: str = "NVIDIA-A100-SXM4-80GB", concurrency: int = 32) -> None:
-    """Create the nodes (and their status, a subresource of its own), many at once."""
+                       product: str = "NVIDIA-A100-SXM4-80GB", concurrency: int = 32, ascend_chip: str = "") -> None:
+    """Create the nodes (and their status, a subresource of its own), many at once; with `ascend_chip`, Ascend
+    servers of `gpus` NPUs of that chip ("910A") instead of GPU nodes."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(i: int, name: str) -> None:
         body = node_body(name, gpus, product=product, rack=f"rack-{i % max(racks, 1)}", pool=pool)
+        if ascend_chip:
+            body = ascend_node_body(name, gpus, chip=ascend_chip, rack=f"rack-{i % max(racks, 1)}")
+            if pool:
+                body["metadata"]["labels"]["gpusched.io/pool"] = pool
         async with gate:
             with contextlib.suppress(ApiError):
                 await client.post("/api/v1/nodes", body)
@@ -204,6 +209,10 @@ async def serve(args: argparse.Namespace) -> None:
         if names:
             await create_nodes(client, names, args.gpus, racks=args.racks, pool=args.pool, product=args.product)
             log.info("%d fake node(s) with %d GPU(s) each", len(names), args.gpus)
+        ascend = [f"{args.prefix}ascend-{i}" for i in range(args.ascend_nodes)]
+        if ascend:
+            await create_nodes(client, ascend, 8, racks=args.racks, pool=args.pool, ascend_chip=args.ascend_chip)
+            log.info("%d fake Ascend server(s) of 8 %s NPUs", len(ascend), args.ascend_chip)
         await FakeKubelet(client, pool=args.pool).run()
     finally:
         await client.close()
@@ -218,6 +227,8 @@ def main() -> None:
     p.add_argument("--prefix", default="gpu-node-")
     p.add_argument("--pool", default="", help="label the nodes gpusched.io/pool=POOL, and serve only those")
     p.add_argument("--product", default="NVIDIA-A100-SXM4-80GB")
+    p.add_argument("--ascend-nodes", type=int, default=0, help="fake Ascend servers (8 NPUs each) to create too")
+    p.add_argument("--ascend-chip", default="910A", help="their chip, as MindCluster labels it")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s fake-kubelet %(levelname)s %(message)s")
     with contextlib.suppress(KeyboardInterrupt):

@@ -76,10 +76,11 @@ class KubeWorld:
         self.procs[name] = proc
         return proc
 
-    def start_kubelet(self, nodes: int, gpus: int, racks: int = 1) -> None:
+    def start_kubelet(self, nodes: int, gpus: int, racks: int = 1, ascend: int = 0) -> None:
         self._spawn("kubelet", [sys.executable, "-m", "libs.kube.fake_kubelet", "--kubeconfig",
                                 str(self.cluster.kubeconfig()), "--nodes", str(nodes), "--gpus", str(gpus),
-                                "--racks", str(racks), "--prefix", f"{self.pool}-n", "--pool", self.pool])
+                                "--racks", str(racks), "--prefix", f"{self.pool}-n", "--pool", self.pool,
+                                "--ascend-nodes", str(ascend)])
 
     def start_bridge(self, name: str = "bridge", standby: bool = False, extra: list[str] | None = None) -> None:
         port = free_port()
@@ -263,7 +264,7 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluste
 
 
 def start_world(cluster: DevCluster, tmp: Path, name: str, nodes: int, gpus: int, racks: int = 1,
-                policy: str = POLICY, bridge: bool = True) -> KubeWorld:
+                policy: str = POLICY, bridge: bool = True, ascend: int = 0) -> KubeWorld:
     (tmp / "policy.toml").write_text(policy)
     (tmp / "cluster.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n")
     sup, servers, env = start_platform(tmp, tmp / "cluster.csv", tmp / "policy.toml", free_port(), own_servers=True,
@@ -273,10 +274,11 @@ def start_world(cluster: DevCluster, tmp: Path, name: str, nodes: int, gpus: int
                       namespace=name, pool=name)
     try:
         world.kubectl("create", "namespace", name)
-        world.start_kubelet(nodes, gpus, racks)
+        world.start_kubelet(nodes, gpus, racks, ascend)
         if bridge:
             world.start_bridge()
-            wait_for(lambda: len(world.api.nodes()) == nodes, "the pool's nodes never registered", timeout=30)
+            wait_for(lambda: len(world.api.nodes()) == nodes + ascend, "the pool's nodes never registered",
+                     timeout=30)
     except BaseException:
         world.stop()
         raise

@@ -21,6 +21,7 @@ from libs.core.kernel.accelerators import (
     NPU,
     accelerator,
     count_fits_server,
+    is_pattern,
     kinds_named,
     vendors_named,
     wildcard_kind,
@@ -53,7 +54,7 @@ def accelerator_problem(spec: JobSpec) -> Rejection | None:
 
 
 def _count_problem(spec: JobSpec) -> Rejection | None:
-    named = [m for m in spec.gpu_models if wildcard_kind(m) is None]
+    named = [m for m in spec.gpu_models if not is_pattern(m)]
     if spec.gpu_milli > 0 or spec.mig_profile or not named or len(named) != len(spec.gpu_models):
         return None
     if any(count_fits_server(m, spec.gpus) for m in named):

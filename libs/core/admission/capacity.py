@@ -19,7 +19,7 @@ from libs.core.admission.accelerator_asks import accelerator_problem
 from libs.core.admission.rejection import Rejection
 from libs.core.cluster.nodes import FULL
 from libs.core.kernel import mig_profiles
-from libs.core.kernel.accelerators import kinds_named, model_matches, wildcard_kind
+from libs.core.kernel.accelerators import is_pattern, kinds_named, model_matches
 from libs.core.kernel.policy import demand_milli
 
 TOPOLOGY_DOMAINS = ("node", "rack", "block")
@@ -168,7 +168,7 @@ def capacity_rejection(spec: JobSpec, inventory: Inventory) -> Rejection | None:
     could, or when no node has registered yet."""
     if not inventory.known:
         return None
-    unknown = [m for m in spec.gpu_models if not wildcard_kind(m) and m not in inventory.total]
+    unknown = [m for m in spec.gpu_models if not is_pattern(m) and m not in inventory.total]
     if unknown:
         known = ", ".join(sorted(inventory.total)) or "no GPUs"
         return Rejection("unknown_gpu_model", f"GPU model(s) {', '.join(unknown)} unknown (cluster has {known})")
@@ -182,7 +182,7 @@ def capacity_rejection(spec: JobSpec, inventory: Inventory) -> Rejection | None:
 def named_models(models: tuple[str, ...], registered: Iterable[str]) -> tuple[str, ...]:
     """The registered models a job naming `models` may run on, in name order; the named ones themselves when
     it names models only (an unknown one is refused apart)."""
-    if models and not any(wildcard_kind(m) for m in models):
+    if models and not any(is_pattern(m) for m in models):
         return models
     return tuple(m for m in sorted(registered) if model_matches(models, m))
 

@@ -19,8 +19,9 @@ A model this table does not list is an Ascend NPU when its name says so ("Ascend
 otherwise, with no layout rule: that is what every node reported before NPUs were known, so older logs mean
 the same.
 
-A job names the models it may run on (`JobSpec.gpu_models`): model names, or "gpu:*" / "npu:*" for any model
-of a kind. Naming none means any GPU: code written for CUDA does not run on an NPU.
+A job names the models it may run on (`JobSpec.gpu_models`): model names, "gpu:*" / "npu:*" for any model of a
+kind, or a family ("Ascend910*": every model whose name starts so). Naming none means any GPU: code written for
+CUDA does not run on an NPU.
 """
 
 from __future__ import annotations
@@ -90,15 +91,25 @@ def any_of(kind: str) -> str:
 
 
 def wildcard_kind(entry: str) -> str | None:
-    """The kind a job's models entry allows all of ("npu:*" -> "npu"), None for a model name."""
+    """The kind a job's models entry allows all of ("npu:*" -> "npu"), None for anything else."""
     return entry[: -len(WILDCARD)] if entry.endswith(WILDCARD) else None
+
+
+def is_pattern(entry: str) -> bool:
+    """Does a job's models entry stand for several models: a kind ("npu:*") or a family ("Ascend910*": the 910,
+    910B and 910C, as the Ascend device plugin's `huawei.com/Ascend910` resource gives any of them)?"""
+    return entry.endswith("*")
 
 
 def model_matches(models: Collection[str], model: str) -> bool:
     """May a job naming `models` run on a device of `model`? Naming none allows every GPU and no NPU."""
     if not models:
         return kind_of(model) == GPU
-    return model in models or any_of(kind_of(model)) in models
+    if model in models:
+        return True
+    return any(is_pattern(m) and (m == any_of(kind_of(model)) or (wildcard_kind(m) is None
+                                                                   and model.startswith(m[:-1])))
+               for m in models)
 
 
 def one_model(models: Collection[str]) -> str:
@@ -106,14 +117,14 @@ def one_model(models: Collection[str]) -> str:
     if len(models) != 1:
         return ""
     (only,) = models
-    return "" if wildcard_kind(only) else only
+    return "" if is_pattern(only) else only
 
 
 def kinds_named(models: Collection[str]) -> frozenset[str]:
     """The kinds of device a job naming `models` may run on."""
     if not models:
         return frozenset({GPU})
-    return frozenset(wildcard_kind(m) or kind_of(m) for m in models)
+    return frozenset(wildcard_kind(m) or kind_of(m.rstrip("*")) for m in models)
 
 
 def vendors_named(models: Collection[str]) -> frozenset[str]:

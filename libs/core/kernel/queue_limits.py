@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contracts import FlavorQuota, QueueSpec
-from libs.core.kernel.accelerators import wildcard_kind
+from libs.core.kernel.accelerators import is_pattern
 from libs.core.kernel.queue_policies import policy_problem
 
 ANY = "*"  # the flavor of any GPU model
@@ -85,10 +85,10 @@ def check_tree(queues: dict[str, QueueSpec], candidate: QueueSpec) -> str | None
     models = [f.model for f in candidate.flavors]
     if len(set(models)) != len(models):
         return "a flavor is listed twice"
-    # A job's "npu:*" is no model: a flavor of it would match jobs by a name no device has (an any-GPU job
-    # reads it as a GPU model) and hand them to placement as the models they may run on, NPUs for CUDA code.
-    if kinds := [m for m in models if wildcard_kind(m)]:
-        return f"a flavor is quota of one model or of any model (\"*\"), not of a kind ({', '.join(kinds)})"
+    # A job's "npu:*" (or "Ascend910*") is no model: a flavor of it would match jobs by a name no device has (an
+    # any-GPU job reads it as a GPU model) and hand them to placement as the models they may run on, NPUs for CUDA.
+    if kinds := [m for m in models if m != ANY and is_pattern(m)]:
+        return f"a flavor is quota of one model or of any model (\"*\"), not of a kind or family ({', '.join(kinds)})"
     for f in flavor_quotas(candidate):
         for name, value in (("nominal_gpus", f.nominal_gpus), ("borrowing_limit_gpus", f.borrowing_limit_gpus),
                             ("lending_limit_gpus", f.lending_limit_gpus)):

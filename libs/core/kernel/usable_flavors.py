@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from contracts import EventBase, GpuHealthChanged, JobSpec, NodeCordoned, NodeLost, NodeRegistered, NodeUncordoned
-from libs.core.kernel.accelerators import model_matches, wildcard_kind
+from libs.core.kernel.accelerators import is_pattern, model_matches
 from libs.core.kernel.quota_math import ANY, QuotaBook
 
 MODEL_EVENTS = (NodeRegistered, NodeLost, GpuHealthChanged, NodeCordoned, NodeUncordoned)
@@ -93,6 +93,6 @@ def usable_flavors(book: QuotaBook, models: ModelCounts, spec: JobSpec, demand_m
 def _models(flavor: str, spec: JobSpec, by_model: dict[str, int]) -> Iterable[str]:
     if flavor != ANY:
         return (flavor,)
-    if spec.gpu_models and not any(wildcard_kind(m) for m in spec.gpu_models):
+    if spec.gpu_models and not any(is_pattern(m) for m in spec.gpu_models):
         return spec.gpu_models
     return [m for m in by_model if model_matches(spec.gpu_models, m)]

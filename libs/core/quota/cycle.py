@@ -162,7 +162,7 @@ class QueueHeads:
                 return
             self.orders[queue] = order
             head, key = found, order_key(state, found, cycle)
-            if keep:
+            if keep and queue not in cycle.passed_inadmissible:
                 keep_head(state, queue, cycle, head, key)
         self.heads[queue] = head
         self.current[queue] = key

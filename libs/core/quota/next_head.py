@@ -91,8 +91,11 @@ def held_apart(state: QuotaState, job: QuotaJob, backoffs: bool, cycle: Cycle, o
     a lender is the lender's). It hears what a try would tell it."""
     if backoffs and backs_off(state, job, cycle.now, out):
         return True
-    return state.deferred.get(job.job_id) in INADMISSIBLE \
-        and held_by_its_own(state, job, over_budget(state, job.queue, cycle), out)
+    if state.deferred.get(job.job_id) in INADMISSIBLE \
+            and held_by_its_own(state, job, over_budget(state, job.queue, cycle), out):
+        cycle.passed_inadmissible.add(job.queue)
+        return True
+    return False
 
 
 def backs_off(state: QuotaState, job: QuotaJob, now: float, out: Decisions) -> bool:

@@ -202,6 +202,9 @@ class Cycle:
     held_all: dict[str, int] = field(default_factory=dict)  # queue -> the priority holding it in every flavor
     # Flavors a queue under its nominal quota waits for (lent out): no borrower of them grows this cycle.
     no_borrowing: set[str] = field(default_factory=set)
+    # Queues whose head was found past a job told its queue could never hold it: whether that job still could not
+    # is asked afresh each time (next_head.held_apart), so such a head is not kept between cycles.
+    passed_inadmissible: set[str] = field(default_factory=set)
     starving: QuotaJob | None = None
     rule: Starving | None = None  # the starving job as the starvation rule sees it
     ending: tuple[QuotaJob, ...] = ()  # the reserved jobs that end by its shadow time

@@ -54,7 +54,7 @@ def test_a_gpu_node_has_no_npus() -> None:
 
 def test_a_pod_of_whole_npus_may_run_on_any_910_generation() -> None:
     spec = spec_of(npu_pod("p", {"huawei.com/Ascend910": "4"}))
-    assert (spec.gpus, spec.gpu_models, spec.mig_profile) == (4, ("Ascend910", "Ascend910B", "Ascend910C"), "")
+    assert (spec.gpus, spec.gpu_models, spec.mig_profile) == (4, ("Ascend910*",), "")
     named = npu_pod("p", {"huawei.com/Ascend910": "2"})
     named["metadata"]["annotations"]["gpusched.io/gpu-models"] = "Ascend910B"
     assert spec_of(named).gpu_models == ("Ascend910B",)
@@ -62,7 +62,7 @@ def test_a_pod_of_whole_npus_may_run_on_any_910_generation() -> None:
 
 def test_a_vnpu_resource_is_one_template() -> None:
     spec = spec_of(npu_pod("v", {"huawei.com/Ascend910-4c": "1"}))
-    assert (spec.gpus, spec.mig_profile, spec.gpu_models[0]) == (1, "vir04", "Ascend910")
+    assert (spec.gpus, spec.mig_profile, spec.gpu_models[0]) == (1, "vir04", "Ascend910*")
 
 
 @pytest.mark.parametrize(("limits", "code"), [
@@ -81,3 +81,11 @@ def test_the_binding_names_the_npus_chosen_for_the_device_plugin() -> None:
     body = bodies.binding("ns", "p", "npu-1", "run-1", notes)
     assert body["metadata"]["annotations"]["huawei.com/Ascend910"] == "Ascend910-4,Ascend910-5"
     assert chosen_devices(gpu_pod("g")["spec"], 0, (0,)) == {}
+
+
+def test_a_910_family_pattern_matches_every_910_generation_and_nothing_else() -> None:
+    from libs.core.kernel.accelerators import kinds_named, model_matches
+
+    assert [model_matches(("Ascend910*",), m) for m in ("Ascend910", "Ascend910B", "Ascend910C", "Ascend310P",
+                                                         "A100")] == [True, True, True, False, False]
+    assert kinds_named(("Ascend910*",)) == frozenset({"npu"})

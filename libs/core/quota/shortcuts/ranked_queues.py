@@ -62,7 +62,8 @@ def ranked_head(state: QuotaState, queue: str, cycle: Cycle, out: Decisions) -> 
     head = next_head(state, queue, Order(state, queue), cycle, out)
     assert head is not None  # (a waiting queue's order yields its first job: nothing of the cycle holds it yet)
     key = order_key(state, head, cycle)
-    keep_head(state, queue, cycle, head, key)
+    if queue not in cycle.passed_inadmissible:
+        keep_head(state, queue, cycle, head, key)
     return head, key
 
 

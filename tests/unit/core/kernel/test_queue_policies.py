@@ -30,13 +30,14 @@ def test_a_bad_setting_is_refused_with_its_name(fields: dict[str, Any], error: s
     assert check_tree({}, QueueSpec(name="q", team="q", **fields)) == error
 
 
-@pytest.mark.parametrize("kind", ["npu:*", "gpu:*"])
+@pytest.mark.parametrize("kind", ["npu:*", "gpu:*", "Ascend910*"])
 def test_a_kind_of_device_is_no_flavor(kind: str) -> None:
     """A flavor of "npu:*" once let a job of any GPU (which never runs on an NPU) take its quota and be placed on
     NPUs: the flavor's name is what placement narrows the job's models to."""
     queue = QueueSpec(name="q", team="q", flavors=(FlavorQuota(model=kind, nominal_gpus=4),
                                                     FlavorQuota(model="A100", nominal_gpus=4)))
-    assert check_tree({}, queue) == f'a flavor is quota of one model or of any model ("*"), not of a kind ({kind})'
+    assert check_tree({}, queue) == (f'a flavor is quota of one model or of any model ("*"), not of a kind or '
+                                     f'family ({kind})')
 
 
 def test_good_settings_are_accepted() -> None:
