@@ -58,6 +58,7 @@ def fold(world: World, event: EventBase) -> None:
     """Fold one event into the world."""
     if type(event) is not ClockTick:
         world.state.changed = True
+    world.state.clock = event.ts
     FOLDS.get(type(event), fold_other)(world, event)
 
 

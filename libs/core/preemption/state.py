@@ -102,6 +102,13 @@ class PreemptionState:
     # the first (grace_over).
     waits: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
     wait_of: dict[str, tuple[str, tuple[float, str]]] = field(default_factory=dict)
+    # queue -> when its unbroken wait began: it has had a job waiting (for quota or GPUs) ever since, whichever
+    # of its jobs were served or came to wait meanwhile (the reclaim grace counts from there: grace_over). A
+    # wait that ended goes on if a job of the queue waits again at that same instant (a job evicted for another
+    # of its queue comes to wait as that one is served): queue -> (when it began, when it ended).
+    queue_waits_since: dict[str, float] = field(default_factory=dict)
+    queue_wait_ended: dict[str, tuple[float, float]] = field(default_factory=dict)
+    clock: float = 0.0  # the time of the last event folded
     # `running` by queue (each queue's victim candidates, without scanning every running job).
     by_queue: dict[str, dict[str, Running]] = field(default_factory=dict)
     # queue -> priority -> how many of its jobs run at that priority
@@ -134,6 +141,7 @@ class PreemptionState:
         bisect.insort(self.heads.setdefault(queue, []), head)
         self.wait_of[job_id] = (queue, (since, job_id))
         bisect.insort(self.waits.setdefault(queue, []), (since, job_id))
+        self._queue_waits(queue, since)
         entry = (since, job_id)  # a job waiting for placement may reclaim GPUs too (reclaim.placement_victims)
         self.grace_of[job_id] = (queue, entry)
         bisect.insort(self.grace.setdefault(queue, []), entry)
@@ -142,24 +150,40 @@ class PreemptionState:
             counts[priority] = counts.get(priority, 0) + 1
 
     def grace_over(self, job_id: str, reclaim_after_s: float, now: float) -> bool:
-        """Is the reclaim grace of the waiting job's queue over? The grace is the queue's: it counts from the
-        earliest wait of the queue's waiting jobs (for quota or GPUs), so a job that comes to wait ahead of
-        others does not start it again (the reclaim bound a lender is owed counts so too)."""
+        """Is the reclaim grace of the waiting job's queue over? The grace is the queue's: it counts from when
+        the queue began its unbroken wait (queue_waits_since), so neither a job that comes to wait ahead of
+        others nor its earliest waiting job served while others still wait (one of its own evicted to make room
+        for it, say) starts it again (the reclaim bound a lender is owed counts so too)."""
         entry = self.wait_of.get(job_id)
-        since = self.waits[entry[0]][0][0] if entry is not None else self.waiting[job_id].since
+        since = self.queue_waits_since[entry[0]] if entry is not None else self.waiting[job_id].since
         return now >= since + reclaim_after_s
+
+    def _queue_waits(self, queue: str, since: float) -> None:
+        """A job of the queue waits since `since`: the queue's unbroken wait began then at the latest (earlier
+        if it goes on from a wait that ended at this instant)."""
+        began = self.queue_waits_since.get(queue)
+        if began is None:
+            ended = self.queue_wait_ended.pop(queue, None)
+            began = ended[0] if ended is not None and ended[1] == self.clock else since
+        self.queue_waits_since[queue] = min(began, since)
 
     def index(self, job_id: str, queue: str, priority: int, grace: bool) -> None:
         """Enter a waiting job into the indexes (`grace`: among those whose reclaim grace is unchecked)."""
         self.head_of[job_id] = _sorted_in(self.heads, queue, (-priority, job_id))
         since = (self.waiting[job_id].since, job_id)
         self.wait_of[job_id] = _sorted_in(self.waits, queue, since)
+        self._queue_waits(queue, since[0])
         if grace:
             self.grace_of[job_id] = _sorted_in(self.grace, queue, since)
 
     def unindex(self, job_id: str) -> None:
         _sorted_out(self.heads, self.head_of.pop(job_id, None))
-        _sorted_out(self.waits, self.wait_of.pop(job_id, None))
+        entry = self.wait_of.pop(job_id, None)
+        _sorted_out(self.waits, entry)
+        if entry is not None and entry[0] not in self.waits:  # its last waiting job: the queue's wait is over
+            began = self.queue_waits_since.pop(entry[0], None)
+            if began is not None:
+                self.queue_wait_ended[entry[0]] = (began, self.clock)
         self.ungrace(job_id)
 
     def ungrace(self, job_id: str) -> None:

@@ -12,15 +12,17 @@ from libs.core.preemption.state import PLACEMENT, PreemptionState, World
 def grace_ends(state: PreemptionState, policy: PolicyBook, now: float) -> list[str]:
     """The waiting jobs whose reclaim grace has run out since they were last considered (so reclaim may
     start for them), in id order. Each job counts once: it is considered on this tick, and marked. (The grace is
-    the queue's, counted from its earliest wait, PreemptionState.grace_over: the first of its jobs to be due
-    ends it, and the tick tries the queue's heads with it.)"""
+    the queue's, counted from when it began its unbroken wait, PreemptionState.grace_over: the first of its jobs
+    to be due ends it, and the tick tries the queue's heads with it.)"""
     due = []
     for name, keys in state.grace.items():  # per queue, the unchecked jobs by how long they have waited
         queue = policy.queues.get(name)
         if queue is None or queue.reclaim_after_s <= 0:
             continue
+        # (From when the queue began its unbroken wait, which is no later than any of its jobs' waits.)
+        began = state.queue_waits_since.get(name, keys[0][0])
         for since, job_id in keys:
-            if since + queue.reclaim_after_s > now:
+            if min(since, began) + queue.reclaim_after_s > now:
                 break
             due.append(job_id)
     due.sort()

@@ -9,7 +9,11 @@ nodes cannot, or cost less than the many victims of another node. Likewise once 
 node whose candidates sit in several (an Ascend 910's HCCS rings): a replica of NPUs needs its devices free
 inside one ring, and the cheapest victims of a node, spread over both rings, free none. (Past the node's or
 group's own candidates a pass goes on only when placement already succeeds, i.e. quota still lacks: such a
-pass is never a second search of the whole cluster.)
+pass is never a second search of the whole cluster.) In a reclaim, one more pass takes the largest candidates
+first: a borrower queue gives back whole jobs only while it borrows with the largest of them back
+(kernel/queue_limits.py taken_while_borrowing), so a small job taken first, not enough by itself, can bar the
+queue's larger job that alone would make room (a queue borrowing one GPU, holding jobs of one and four GPUs,
+where only the four GPUs' node can hold the preemptor); its largest job a borrowing queue always gives back.
 
 Of the sets found within the need plus the slack (`acceptable`), the best is, in this order:
   1. in a reclaim, the fewest GPUs taken from the preemptor's own queue: borrowers give back first; then a set
@@ -58,7 +62,7 @@ def choose_victims(sim: Trial, candidates: list[Running], enough: Callable[[], b
     if enough():
         return []
     found: dict[tuple[str, ...], list[Running]] = {}
-    for first, rest in _orders(candidates, sim.cluster):
+    for first, rest in _orders(candidates, sim.cluster, largest_first=own_queue is not None):
         victims = _greedy(sim, first, rest, enough, allowed, placed)
         if victims is not None and acceptable(victims):
             found.setdefault(tuple(sorted(v.job_id for v in victims)), victims)
@@ -78,10 +82,16 @@ def set_key(victims: list[Running], now: float, own_queue: str | None) -> Victim
             sum(v.demand for v in victims), tuple(sorted(victim_order(v, now) for v in victims)))
 
 
-def _orders(candidates: list[Running], cluster: Cluster) -> list[tuple[list[Running], list[Running]]]:
-    """(taken first, then the rest) per pass: victim order, then each node's candidates first (nodes in the
-    order their first candidate comes), then each interconnect group's of a node with candidates in several."""
+def _orders(candidates: list[Running], cluster: Cluster, largest_first: bool = False
+            ) -> list[tuple[list[Running], list[Running]]]:
+    """(taken first, then the rest) per pass: victim order, then (`largest_first`: in a reclaim) the largest
+    candidates first (in victim order among equals), then each node's candidates first (nodes in the order
+    their first candidate comes), then each interconnect group's of a node with candidates in several."""
     orders: list[tuple[list[Running], list[Running]]] = [(candidates, [])]
+    if largest_first:
+        largest = sorted(candidates, key=lambda candidate: -candidate.demand)  # (stable: victim order kept)
+        if largest != candidates:
+            orders.append((largest, []))
     by_node: dict[str, list[Running]] = {}
     by_group: dict[tuple[str, int], list[Running]] = {}
     for candidate in candidates:

@@ -77,11 +77,12 @@ def react_answer(state: QuotaState, event: PlacementDeferred | JobPlaced, after:
     """Placement's word on a reserved job answers a recall (timeout.recall_unplaced): placed, the job keeps its
     quota (placement placed it before it read the ask, and nobody took that quota meanwhile); let go (a
     deferral `reservation_returned`), its reservation goes back, and a cycle runs over each group whose room
-    that changes (its own, and in a tree those linked to it). A placement frees no quota: it decides nothing."""
+    that changes, deepest first, as for any release (schedule_freed). A placement frees no quota: it decides
+    nothing."""
     if after.returned is not None:
         job = state.jobs[after.returned]
         give_back_returned(state, job, event.ts, out)
-        schedule_groups_of(state, {group[0] for group in linked_groups(state, job.queue)}, event.ts, out)
+        schedule_freed(state, job.queue, event.ts, out)
 
 
 def react_admitted(state: QuotaState, event: JobAdmitted, after: AfterFold, out: Decisions) -> None:
@@ -108,18 +109,25 @@ def release(state: QuotaState, event: JobFinished | JobFailed | JobCancelled | J
     reason = "retry" if event.job_id in state.retry_in else type(event).__name__.removeprefix("Job").lower()
     out.emit(QuotaReleased, correlation_id=event.job_id, job_id=event.job_id, queue=job.queue,
              gpu_milli=job.demand, reason=reason)
-    linked = linked_groups(state, job.queue)
+    schedule_freed(state, job.queue, event.ts, out)
+    if job.state == "pending" and job.job_id not in state.deferred:
+        tell_new(state, job, event.ts, out)  # evicted back into its queue, and not reached by the cycle
+
+
+def schedule_freed(state: QuotaState, queue: str, now: float, out: Decisions) -> None:
+    """Quota of the queue went back (a job ended, or a reservation not placed in time): a cycle over each group
+    whose room that changes, deepest first (linked_groups: a subtree's quota is its own before the cohort above
+    may borrow it, so a child waiting for what its parent lent is served before that cohort's borrowers)."""
+    linked = linked_groups(state, queue)
     for group in linked:  # its group's room, and in a tree the rooms above and below
-        schedule(state, group, event.ts, out)
+        schedule(state, group, now, out)
     for group in linked[:-1]:
         # A job held for a preemptor of a cohort above its group (nomination.nominees) was tried before that
         # preemptor's group took the quota freed for it: it is tried again, to learn why it waits now.
         members = set(group)
         if any(code == HELD_FOR_PREEMPTOR and (held := state.jobs.get(j)) is not None and held.queue in members
                for j, code in state.deferred.items()):
-            schedule(state, group, event.ts, out)
-    if job.state == "pending" and job.job_id not in state.deferred:
-        tell_new(state, job, event.ts, out)  # evicted back into its queue, and not reached by the cycle
+            schedule(state, group, now, out)
 
 
 def react_capacity_grew(state: QuotaState, event: NodeRegistered | NodeUncordoned | GpuHealthChanged,
