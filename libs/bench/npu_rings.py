@@ -7,9 +7,9 @@ come from an openb pod list, NPU jobs from the Philly trace (its GPU counts as N
 so that the NPU jobs offer `load` of the NPUs.
 
 Jobs wait first come first served with backfill: at every arrival and end, each waiting job is tried in order,
-and one that fits starts. Once the oldest waiting job of a kind has waited `hold_after_s`, no later one passes it
-(as the platform's starvation guard holds room for a starving job): large jobs are not starved, and the question
-is how soon a whole ring or server frees up.
+and one that fits starts (with `hold_after_s`, once the oldest waiting job of a kind has waited that long no later
+one passes it; by default none is held, as a hold that blocks every later job convoys the whole pool behind one
+8-NPU job on a trace whose small jobs run for days).
 
 Placement is the platform's own (libs/core/cluster/job_fit.py); only the NPU order changes
 (libs/core/cluster/device_groups.py):
@@ -120,7 +120,7 @@ def across_rings(cluster: Cluster, placements: Sequence[ReplicaPlacement]) -> in
     return out
 
 
-HOLD_AFTER_S = 4 * 3600.0
+HOLD_AFTER_S = math.inf  # no hold: any waiting job that fits starts (pass --hold-after-s for one)
 TRIES_PER_EVENT = 64  # waiting GPU jobs tried at one end: a backlog of thousands would cost minutes and start no more
 
 

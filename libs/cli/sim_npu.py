@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from libs.bench.npu_rings import (
+    HOLD_AFTER_S,
     MIXED_SIZES,
     SERVER_NPUS,
     SimJob,
@@ -63,7 +64,8 @@ def cmd_npu_rings(args: argparse.Namespace) -> None:
                   f"({len(npu_jobs):,} NPU, offering {args.load:.0%} of the NPUs)")
     rows = []
     for policy in policies:
-        figures = run_policy(policy, [*gpu_nodes, *npu_nodes], jobs, progress=console.print)
+        figures = run_policy(policy, [*gpu_nodes, *npu_nodes], jobs, progress=console.print,
+                             hold_after_s=args.hold_after_s)
         rows.append(figures.row(args.npu_servers * SERVER_NPUS))
     result: dict[str, Any] = {"gpu_nodes": len(gpu_nodes), "npu_servers": args.npu_servers, "sizes": args.sizes,
                               "npu_jobs": len(npu_jobs), "npu_jobs_left_out_over_half_the_npus": len(drawn) - len(kept),
@@ -95,6 +97,8 @@ def add_parser(ssub: argparse._SubParsersAction) -> None:
                    help="NPUs per job: the trace's GPU counts, or drawn 45/30/15/10 %% from 1/2/4/8")
     p.add_argument("--policies", default=",".join(GROUP_POLICIES))
     p.add_argument("--seed", type=int, default=1, help="order of jobs submitted at the same second")
+    p.add_argument("--hold-after-s", type=float, default=HOLD_AFTER_S,
+                   help="once the oldest waiting job of a kind has waited this long, no later one passes it")
     p.add_argument("--quiet", action="store_true", help="no progress")
     add_json_flag(p)
     p.set_defaults(func=cmd_npu_rings)
