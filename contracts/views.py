@@ -133,6 +133,8 @@ class NodeView(msgspec.Struct, kw_only=True):
     online: bool = True
     gpus: int = 0
     models: tuple[str, ...] = ()
+    # "gpu", "npu" or both: the kinds of its devices (libs/core/kernel/accelerators.py).
+    kinds: tuple[str, ...] = ()
     allocated_gpus: float = 0.0
     healthy_gpus: int = 0
     gpu_free_milli: tuple[int, ...] = ()

@@ -14,7 +14,6 @@ from libs.cli import logs
 from libs.cli.client import Client
 from libs.cli.output import add_json_flag, add_table_flags, print_json, wide
 from libs.cli.tables import Column, print_table
-from libs.core.kernel.accelerators import kind_of
 
 
 def node_status(node: dict[str, Any]) -> str:
@@ -46,7 +45,7 @@ NODES_HELP = ("KIND: GPU (NVIDIA) or NPU (Ascend); DEVICES: its GPUs or NPUs; "
 NODE_COLUMNS: list[Column[dict[str, Any]]] = [
     Column("NAME", lambda n: n["name"]),
     Column("STATUS", node_status),
-    Column("KIND", lambda n: "+".join(sorted({kind_of(m).upper() for m in n.get("models", [])})) or None),
+    Column("KIND", lambda n: "+".join(k.upper() for k in n.get("kinds", [])) or None, wide=True),
     Column("MODELS", lambda n: ",".join(n.get("models", []))),
     Column("DEVICES", lambda n: n.get("gpus", 0), right=True),
     Column("ALLOCATED", lambda n: f"{n.get('allocated_gpus', 0.0):g}", wide=True, right=True),

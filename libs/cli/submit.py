@@ -93,7 +93,10 @@ def _add_resources(p: argparse.ArgumentParser) -> None:
                    help="GPU memory per replica: 20G, 20Gi, 40960 (MiB)")
     g.add_argument("--gpu-memory-mib", dest="gpu_memory_mib", type=int, metavar="MIB", help="the same, in MiB")
     g.add_argument("--model", dest="gpu_models", action="append", metavar="MODEL",
-                   help="an allowed GPU model (repeatable, or comma-separated; default: any)")
+                   help="an allowed model: A100, Ascend910, npu:* for any NPU, Ascend910* for a family (repeatable, "
+                        "or comma-separated; default: any GPU)")
+    g.add_argument("--mixed-vendors", action=argparse.BooleanOptionalAction,
+                   help="the job's code runs on NVIDIA GPUs and Ascend NPUs alike: --model may name both")
     g.add_argument("--cpus", dest="cpu_milli", type=quantities.cpu_milli, metavar="CPUS", help="CPUs: 2, 0.5, 500m")
     g.add_argument("--cpu-milli", type=int, help="CPUs in thousandths")
     g.add_argument("--memory", dest="memory_mib", type=quantities.mib, metavar="SIZE", help="host memory: 64G, 512Mi")

@@ -7,6 +7,7 @@ from contracts.views import FlavorUsage, NodeView, QueueView
 from libs.core.accounting.state import LedgerState
 from libs.core.accounting.view_books import HELD, UNPLACED
 from libs.core.cluster.nodes import Gpu
+from libs.core.kernel.accelerators import kind_of
 from libs.core.kernel.gpu_units import FULL
 
 
@@ -18,6 +19,7 @@ def node_view(books: LedgerState, name: str) -> NodeView:
     view = NodeView(cordon=cordon, cordon_reason=reason,
         name=name, online=node.online, gpus=len(node.gpus),
         models=tuple(sorted({gpu.model for gpu in node.gpus})),
+        kinds=tuple(sorted({kind_of(gpu.model) for gpu in node.gpus})),
         allocated_gpus=sum(FULL - milli for milli in free) / FULL,
         healthy_gpus=sum(1 for gpu in node.gpus if gpu.healthy), gpu_free_milli=free, gpu_modes=modes,
         seq=books.last_seq)

@@ -25,7 +25,7 @@ EVERY_FLAG = [
     "--workload", "inference", "--priority", "urgent", "--replicas", "2", "--gpus", "4",
     "--gpu-milli", "500", "--gpu-memory", "20G", "--cpus", "2.5", "--memory", "64Gi", "--model", "A100",
     "--duration", "30m", "--time", "1:00:00", "--label", "exp=lr", "--key", "run-42", "--mig", "1g.10gb",
-    "--rdma-nics", "1", "--topology", "rack", "--topology-required", "--spread",
+    "--rdma-nics", "1", "--topology", "rack", "--topology-required", "--spread", "--mixed-vendors",
     "--checkpoint-interval", "5m", "--retry-exit-code", "3", "--service", "chat", "--ready-signal",
     "--", "python", "train.py",
 ]
@@ -34,7 +34,7 @@ EXPECTED = JobSpec(team="ml", queue="ml-train", user="ada", project="p1", name="
                    memory_mib=65536, gpu_models=("A100",), duration_s=1800.0, max_runtime_s=3600.0,
                    command=("python", "train.py"), labels={"exp": "lr"}, idempotency_key="run-42",
                    mig_profile="1g.10gb", rdma_nics=1, topology="rack", topology_required=True, spread=True,
-                   checkpoint_interval_s=300.0, retry_exit_codes=(3,), service="chat", ready_signal=True)
+                   mixed_vendors=True, checkpoint_interval_s=300.0, retry_exit_codes=(3,), service="chat", ready_signal=True)
 FIELDS = msgspec.structs.fields(JobSpec)
 
 
