@@ -34,7 +34,8 @@ EXPECTED = JobSpec(team="ml", queue="ml-train", user="ada", project="p1", name="
                    memory_mib=65536, gpu_models=("A100",), duration_s=1800.0, max_runtime_s=3600.0,
                    command=("python", "train.py"), labels={"exp": "lr"}, idempotency_key="run-42",
                    mig_profile="1g.10gb", rdma_nics=1, topology="rack", topology_required=True, spread=True,
-                   mixed_vendors=True, checkpoint_interval_s=300.0, retry_exit_codes=(3,), service="chat", ready_signal=True)
+                   mixed_vendors=True, checkpoint_interval_s=300.0, retry_exit_codes=(3,), service="chat",
+                   ready_signal=True)
 FIELDS = msgspec.structs.fields(JobSpec)
 
 
