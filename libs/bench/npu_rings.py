@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contracts import JobSpec, NodeSpec, ReplicaPlacement
-from libs.core.cluster.device_groups import group_of
+from libs.core.cluster.device_groups import group_of, groups_held
 from libs.core.cluster.job_fit import Placer
 from libs.core.cluster.model import Cluster
 from libs.core.cluster.nodes import FULL
@@ -109,15 +109,8 @@ def scale_arrivals(jobs: Sequence[SimJob], capacity: int, load: float) -> list[S
 
 def across_rings(cluster: Cluster, placements: Sequence[ReplicaPlacement]) -> int:
     """Replicas whose NPUs span two HCCS rings though their count fits one."""
-    out = 0
-    for p in placements:
-        node = cluster.nodes[p.node]
-        size = accelerator(p.model).group_size
-        if kind_of(p.model) != NPU or not size or len(p.gpu_indices) > size:
-            continue
-        if len({group_of(node.gpu(i), size) for i in p.gpu_indices}) > 1:
-            out += 1
-    return out
+    return sum(1 for p in placements if len(p.gpu_indices) <= accelerator(p.model).group_size
+               and len(groups_held(cluster.nodes[p.node], p.gpu_indices)) > 1)
 
 
 HOLD_AFTER_S = math.inf  # no hold: any waiting job that fits starts (pass --hold-after-s for one)

@@ -193,10 +193,8 @@ class Placer:
 
     def _place_in_groups(self, spec: JobSpec, replica: int, policy: str, allowed: Mask | None
                          ) -> ReplicaPlacement | None:
-        """Whole NPUs inside their interconnect groups (device_groups), over the nodes as they are now."""
-        rows = self.arrays.refresh()
-        if rows:
-            self._pending_rows.update(rows)
+        """Whole NPUs inside their interconnect groups (device_groups), over the nodes as they are now (the
+        arrays were brought up to date by place_replica)."""
         nodes = self.arrays.nodes
         with_models = self.arrays.model_mask_rows(tuple(spec.gpu_models))  # only these can hold it: asked first
         host = [with_models[i] and (allowed is None or bool(allowed[i])) and node_hosts(n, spec)
